@@ -1,0 +1,36 @@
+"""The HTTP API: a QuartTrio app with one blueprint per area."""
+
+from __future__ import annotations
+
+import time
+
+from quart import g, request
+from quart_trio import QuartTrio
+
+from ..context import BrokerContext
+from .errors import install_error_handlers
+from .ops import ops
+
+
+def create_app(broker: BrokerContext) -> QuartTrio:
+    app = QuartTrio("queen_trio")
+    app.config["BROKER"] = broker
+    app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024  # above any plan's message ceiling
+    app.json.sort_keys = False
+    install_error_handlers(app)
+    app.register_blueprint(ops)
+
+    @app.before_request
+    async def _start_timer() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    async def _count(response):  # type: ignore[no-untyped-def]
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        broker.metrics.http_requests.labels(rule, request.method, str(response.status_code)).inc()
+        started = getattr(g, "started", None)
+        if started is not None:
+            broker.metrics.http_request_seconds.labels(rule).observe(time.perf_counter() - started)
+        return response
+
+    return app

@@ -1,0 +1,94 @@
+"""HTTP errors: one JSON shape, one place that maps failures to statuses.
+
+Every error answer is ``{"ok": false, "error": "<snake_case_code>", "message": "<text>"}``.
+Client mistakes get a 4xx with a stable code; anything unexpected is logged with its traceback
+and answered 500 ``internal_error`` without one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from ..errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """Raise from a handler to answer with a JSON error."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> Response:
+    body = {"ok": False, "error": code, "message": message, **extra}
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+async def read_json_body() -> Any:
+    """The request body parsed as JSON, or a 400 ``malformed_json`` error."""
+    raw = await request.get_data(as_text=False)
+    if not raw:
+        raise ApiError(400, "malformed_json", "the request body is empty; a JSON body is required")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
+
+
+async def read_json_object() -> dict[str, Any]:
+    body = await read_json_body()
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_body", "the request body must be a JSON object")
+    return body
+
+
+def install_error_handlers(app: Quart) -> None:
+    @app.errorhandler(ApiError)
+    async def _api_error(exc: ApiError) -> Response:
+        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, "http_error")
+        message = exc.description or exc.name
+        if status == 404:
+            message = f"no route for {request.method} {request.path}"
+        response = error_response(status, code, message)
+        if status == 405 and getattr(exc, "valid_methods", None):
+            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        return response
+
+    @app.errorhandler(DatabaseUnavailable)
+    async def _db_down(exc: DatabaseUnavailable) -> Response:
+        log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
+        return error_response(503, "database_unavailable", "the database is unreachable; retry")
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error during %s %s", request.method, request.path)
+        return error_response(500, "internal_error", "the broker failed to handle this request")

@@ -1,0 +1,61 @@
+"""Operational endpoints: /health, /metrics, /openapi.json."""
+
+from __future__ import annotations
+
+import psycopg
+import trio
+from quart import Blueprint, Response, current_app, jsonify
+
+from ..context import BrokerContext
+from ..db import queries
+from ..errors import DatabaseUnavailable
+from ..metrics import CONTENT_TYPE
+from .openapi import openapi_document
+
+ops = Blueprint("ops", __name__)
+Q = queries.load("ops")
+
+_HEALTH_DB_TIMEOUT_S = 2.0
+
+
+def _broker() -> BrokerContext:
+    return current_app.config["BROKER"]
+
+
+@ops.get("/health")
+async def health() -> Response:
+    broker = _broker()
+    schema_version = None
+    database = "down"
+    with trio.move_on_after(_HEALTH_DB_TIMEOUT_S):
+        try:
+            async with broker.db.connection() as conn:
+                schema_version = await conn.fetchval(Q.health)
+            database = "up"
+        except (DatabaseUnavailable, psycopg.Error, OSError) as exc:
+            database = f"down: {exc}".splitlines()[0]
+    services = {name: ("up" if alive() else "down") for name, alive in broker.services.items()}
+    ok = database == "up" and all(state == "up" for state in services.values())
+    body = {
+        "ok": ok,
+        "database": "up" if database == "up" else "down",
+        "schemaVersion": schema_version,
+        "services": services,
+    }
+    if database != "up":
+        body["error"] = "database_unavailable"
+        body["message"] = database if database != "down" else "no answer from the database in time"
+    response = jsonify(body)
+    response.status_code = 200 if ok else 503
+    return response
+
+
+@ops.get("/metrics")
+@ops.get("/metrics/prometheus")
+async def metrics() -> Response:
+    return Response(_broker().metrics.render(), content_type=CONTENT_TYPE)
+
+
+@ops.get("/openapi.json")
+async def openapi() -> Response:
+    return jsonify(openapi_document())

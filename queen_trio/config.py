@@ -1,0 +1,124 @@
+"""Settings: every ``QUEEN_*`` variable parsed and validated in one place.
+
+``load_settings(environ)`` returns a frozen :class:`Settings` or raises :class:`ConfigError`
+naming the first variable that is wrong and what it expects. Units are part of the field
+names (``lease_ms``, ``max_horizon_s``) so a reader never has to guess them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from .errors import ConfigError
+
+ONE_MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str | None = None
+    data_dir: Path = Path(".queen")
+    host: str = "127.0.0.1"
+    port: int = 6632
+    auth: bool = False
+    log_level: str = "INFO"
+    db_pool_size: int = 10
+    graceful_timeout_ms: int = 3000
+    sweeper_min_sleep_ms: int = 10
+    sweeper_max_sleep_ms: int = 1000
+    sweeper_lease_ms: int = 30000
+    sweeper_max_attempts: int = 5
+    sweeper_batch: int = 500
+    sweeper_backoff_ms: int = 1000
+    timers_max_horizon_s: int = 7_776_000
+    # None means "1 MiB, or the tenant plan's message ceiling if smaller".
+    timers_max_payload_bytes: int | None = None
+
+    def with_database_url(self, url: str) -> Settings:
+        return dataclasses.replace(self, database_url=url)
+
+    def timer_payload_ceiling(self, plan_max_message_bytes: int) -> int:
+        """The largest serialized timer payload a tenant with this plan may schedule."""
+        own = self.timers_max_payload_bytes or ONE_MIB
+        return min(own, ONE_MIB, plan_max_message_bytes)
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_HOST_RE = re.compile(r"^[A-Za-z0-9.:\-\[\]]+$")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    expected = f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}"
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise ConfigError(name, raw, expected)
+    value = int(text)
+    if value < lo or (hi is not None and value > hi):
+        raise ConfigError(name, raw, expected)
+    return value
+
+
+def load_settings(env: Mapping[str, str]) -> Settings:
+    """Build :class:`Settings` from an environment mapping (usually ``os.environ``)."""
+    url = env.get("QUEEN_DATABASE_URL", "").strip() or None
+    if url is not None and not url.startswith(("postgres://", "postgresql://")) and "=" not in url:
+        raise ConfigError(
+            "QUEEN_DATABASE_URL", url, "a libpq URL such as postgresql://user@host:5432/db"
+        )
+
+    data_dir = Path(env.get("QUEEN_DATA_DIR", "").strip() or ".queen")
+
+    host = env.get("QUEEN_HOST", "").strip() or "127.0.0.1"
+    if not _HOST_RE.fullmatch(host):
+        raise ConfigError("QUEEN_HOST", host, "a host name or IP address")
+
+    auth_raw = env.get("QUEEN_AUTH", "").strip().lower() or "off"
+    if auth_raw not in ("on", "off"):
+        raise ConfigError("QUEEN_AUTH", env["QUEEN_AUTH"], "'on' or 'off'")
+
+    level = env.get("QUEEN_LOG_LEVEL", "").strip().upper() or "INFO"
+    if level not in _LOG_LEVELS:
+        raise ConfigError("QUEEN_LOG_LEVEL", env["QUEEN_LOG_LEVEL"], " or ".join(_LOG_LEVELS))
+
+    min_sleep = _int(env, "QUEEN_SWEEPER_MIN_SLEEP_MS", 10, lo=0, hi=60_000)
+    max_sleep = _int(env, "QUEEN_SWEEPER_MAX_SLEEP_MS", 1000, lo=1, hi=3_600_000)
+    if min_sleep > max_sleep:
+        raise ConfigError(
+            "QUEEN_SWEEPER_MIN_SLEEP_MS",
+            str(min_sleep),
+            f"a value no larger than QUEEN_SWEEPER_MAX_SLEEP_MS ({max_sleep})",
+        )
+
+    payload_raw = env.get("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", "").strip()
+    payload = (
+        _int(env, "QUEEN_TIMERS_MAX_PAYLOAD_BYTES", ONE_MIB, lo=1, hi=ONE_MIB)
+        if payload_raw
+        else None
+    )
+
+    return Settings(
+        database_url=url,
+        data_dir=data_dir,
+        host=host,
+        port=_int(env, "QUEEN_PORT", 6632, lo=0, hi=65535),
+        auth=auth_raw == "on",
+        log_level=level,
+        db_pool_size=_int(env, "QUEEN_DB_POOL_SIZE", 10, lo=1, hi=1000),
+        graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
+        sweeper_min_sleep_ms=min_sleep,
+        sweeper_max_sleep_ms=max_sleep,
+        sweeper_lease_ms=_int(env, "QUEEN_SWEEPER_LEASE_MS", 30000, lo=100, hi=3_600_000),
+        sweeper_max_attempts=_int(env, "QUEEN_SWEEPER_MAX_ATTEMPTS", 5, lo=1, hi=1000),
+        sweeper_batch=_int(env, "QUEEN_SWEEPER_BATCH", 500, lo=1, hi=100_000),
+        sweeper_backoff_ms=_int(env, "QUEEN_SWEEPER_BACKOFF_MS", 1000, lo=0, hi=3_600_000),
+        timers_max_horizon_s=_int(
+            env, "QUEEN_TIMERS_MAX_HORIZON_S", 7_776_000, lo=1, hi=10 * 365 * 86400
+        ),
+        timers_max_payload_bytes=payload,
+    )

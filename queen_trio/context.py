@@ -1,0 +1,21 @@
+"""What the HTTP API and the background services share inside one broker process."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .config import Settings
+from .db import Database, Listener
+from .metrics import BrokerMetrics
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerContext:
+    settings: Settings
+    db: Database
+    listener: Listener
+    metrics: BrokerMetrics
+    # name -> "is it alive right now?"; every long-lived service registers itself here and
+    # /health reports them all.
+    services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)

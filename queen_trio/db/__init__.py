@@ -1,0 +1,6 @@
+"""PostgreSQL access for trio: the connection pool, the LISTEN connection and migrations."""
+
+from .listener import MISSED, Listener, Notification
+from .pool import Connection, Database, PoolStatistics
+
+__all__ = ["MISSED", "Connection", "Database", "Listener", "Notification", "PoolStatistics"]

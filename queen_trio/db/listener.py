@@ -1,0 +1,235 @@
+"""LISTEN/NOTIFY delivered to trio tasks, on a dedicated connection that heals itself.
+
+The listening connection is a plain psycopg connection used through its libpq handle
+(``conn.pgconn``): trio waits for its socket to become readable with
+``trio.lowlevel.wait_readable``, then ``consume_input()`` and ``notifies()`` drain whatever
+arrived. No worker thread sits between PostgreSQL and the woken task, so the bridge adds only a
+scheduler hop to the wake-up.
+
+A notification is a hint, never the only source of truth: after a reconnect every subscriber
+receives :data:`MISSED` because notifications sent while the connection was down are gone, and a
+subscriber that lets its buffer fill up receives :data:`MISSED` instead of the dropped ones.
+Consumers re-read the database when they see it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import psycopg
+import trio
+from psycopg import pq, sql
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notification:
+    channel: str
+    payload: str
+    pid: int
+
+
+class _Missed:
+    """Marker: notifications may have been lost; re-read the state they describe."""
+
+    _instance: _Missed | None = None
+
+    def __new__(cls) -> _Missed:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSED"
+
+
+MISSED: Final = _Missed()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListenerStatistics:
+    connected: bool
+    connects_total: int
+    reconnects_total: int
+    notifications_total: int
+    dropped_total: int
+    subscribers: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Subscription:
+    channel: str
+    send: trio.MemorySendChannel[Notification | _Missed]
+    missed: bool = False
+
+
+class Listener:
+    """Holds one LISTEN connection for a fixed set of channels and fans notifications out.
+
+    Start it with ``await nursery.start(listener.run)``; ``started()`` is reported once every
+    channel is being listened to. Subscribe with ``with listener.subscribe(channel) as rx:``.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        channels: Iterable[str],
+        *,
+        buffer_size: int = 256,
+        reconnect_initial_s: float = 0.05,
+        reconnect_max_s: float = 2.0,
+    ) -> None:
+        self.conninfo = conninfo
+        self.channels = tuple(dict.fromkeys(channels))
+        if not self.channels:
+            raise ValueError("a Listener needs at least one channel")
+        self._buffer_size = buffer_size
+        self._reconnect_initial_s = reconnect_initial_s
+        self._reconnect_max_s = reconnect_max_s
+        self._subscriptions: dict[str, set[_Subscription]] = {c: set() for c in self.channels}
+        self._raw: psycopg.Connection[Any] | None = None
+        self._connects = 0
+        self._notifications = 0
+        self._dropped = 0
+        self._connected_event = trio.Event()
+
+    # -- public API ---------------------------------------------------------------------
+
+    @contextmanager
+    def subscribe(self, channel: str) -> Iterator[trio.MemoryReceiveChannel[Notification | _Missed]]:
+        if channel not in self._subscriptions:
+            raise ValueError(f"channel {channel!r} is not one this listener listens to")
+        send, receive = trio.open_memory_channel[Notification | _Missed](self._buffer_size)
+        sub = _Subscription(channel, send)
+        self._subscriptions[channel].add(sub)
+        try:
+            yield receive
+        finally:
+            self._subscriptions[channel].discard(sub)
+            send.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._raw is not None
+
+    async def wait_connected(self) -> None:
+        """Return once the listener is connected (immediately if it is)."""
+        while self._raw is None:
+            await self._connected_event.wait()
+
+    @property
+    def backend_pid(self) -> int | None:
+        """PID of the listening backend, for tests and diagnostics."""
+        return None if self._raw is None else self._raw.info.backend_pid
+
+    def statistics(self) -> ListenerStatistics:
+        return ListenerStatistics(
+            connected=self.connected,
+            connects_total=self._connects,
+            reconnects_total=max(0, self._connects - 1),
+            notifications_total=self._notifications,
+            dropped_total=self._dropped,
+            subscribers=sum(len(s) for s in self._subscriptions.values()),
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED):
+        """Listen until cancelled, reconnecting with jittered exponential backoff.
+
+        The first connection must succeed (a broker that cannot LISTEN should not start);
+        after that, connection loss is logged and healed.
+        """
+        raw = await self._connect()
+        task_status.started(self)
+        delay = self._reconnect_initial_s
+        while True:
+            try:
+                await self._pump(raw)
+            except psycopg.OperationalError as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting", str(exc).strip())
+            finally:
+                self._raw = None
+                raw.close()
+            while True:
+                await trio.sleep(delay * random.uniform(0.5, 1.0))
+                try:
+                    raw = await self._connect()
+                except psycopg.OperationalError as exc:
+                    delay = min(delay * 2, self._reconnect_max_s)
+                    log.warning("LISTEN reconnect failed (%s); retrying", str(exc).strip())
+                    continue
+                delay = self._reconnect_initial_s
+                log.info("LISTEN connection re-established")
+                self._broadcast_missed()
+                break
+
+    # -- internals ----------------------------------------------------------------------
+
+    async def _connect(self) -> psycopg.Connection[Any]:
+        channels = self.channels
+
+        def connect() -> psycopg.Connection[Any]:
+            raw = psycopg.connect(
+                self.conninfo,
+                autocommit=True,
+                application_name="queen-trio-listener",
+                connect_timeout=5,
+            )
+            try:
+                for channel in channels:
+                    raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            except BaseException:
+                raw.close()
+                raise
+            return raw
+
+        raw = await trio.to_thread.run_sync(connect, abandon_on_cancel=True)
+        self._raw = raw
+        self._connects += 1
+        self._connected_event.set()
+        self._connected_event = trio.Event()
+        return raw
+
+    async def _pump(self, raw: psycopg.Connection[Any]) -> None:
+        pgconn = raw.pgconn
+        fd = pgconn.socket
+        while True:
+            # Anything already buffered by libpq is drained before waiting on the socket.
+            self._drain(pgconn)
+            await trio.lowlevel.wait_readable(fd)
+            pgconn.consume_input()  # raises OperationalError once the server has gone
+            if pgconn.status == pq.ConnStatus.BAD:
+                raise psycopg.OperationalError("the server closed the LISTEN connection")
+
+    def _drain(self, pgconn: pq.abc.PGconn) -> None:
+        while (n := pgconn.notifies()) is not None:
+            self._dispatch(Notification(n.relname.decode(), n.extra.decode(), n.be_pid))
+
+    def _dispatch(self, item: Notification) -> None:
+        self._notifications += 1
+        for sub in self._subscriptions.get(item.channel, ()):
+            self._offer(sub, item)
+
+    def _broadcast_missed(self) -> None:
+        for subs in self._subscriptions.values():
+            for sub in subs:
+                sub.missed = True
+                self._offer(sub, None)
+
+    def _offer(self, sub: _Subscription, item: Notification | None) -> None:
+        try:
+            if sub.missed:
+                sub.send.send_nowait(MISSED)
+                sub.missed = False
+            if item is not None:
+                sub.send.send_nowait(item)
+        except trio.WouldBlock:
+            sub.missed = True
+            self._dropped += item is not None
+        except trio.BrokenResourceError:
+            pass  # the subscriber left; its context manager removes it

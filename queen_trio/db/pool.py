@@ -1,0 +1,356 @@
+"""A bounded pool of psycopg connections, used from trio.
+
+psycopg's async API only runs on asyncio (psycopg issue #29), so the query side of the bridge
+drives psycopg's *sync* connections from trio worker threads, through one private call
+(:meth:`Connection._call`). Every statement is one thread hop; :meth:`Database.run` does a whole
+transaction in a single hop for hot paths. psycopg releases the GIL while it waits on the
+socket, so the event loop never blocks. (The LISTEN side needs no thread at all: see
+:mod:`queen_trio.db.listener`.)
+
+Cancellation contract:
+
+* A cancelled statement returns control to trio at once. The worker thread is abandoned, the
+  server is asked to cancel the query, and the connection is closed as soon as the thread lets
+  go of it: it never goes back to the pool, so nothing half-done can leak into another task.
+* Leaving a :meth:`Database.transaction` block with an exception (cancellation included) rolls
+  back inside a bounded shield; if the rollback cannot finish, the connection is discarded
+  and the server rolls back when it sees the socket close.
+* ``transaction(shield_commit=True)`` is for the one commit that must finish (a timer fire):
+  once started it runs to its end, bounded by ``commit_timeout``; cancellation is delivered
+  afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+from psycopg import pq
+from psycopg.rows import dict_row
+
+from ..errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Params = Sequence[Any] | dict[str, Any] | None
+
+_ROLLBACK_TIMEOUT_S = 5.0
+_CANCEL_REQUEST_TIMEOUT_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    max_size: int
+    size: int
+    idle: int
+    in_use: int
+    waiting: int
+    connects_total: int
+    discarded_total: int
+
+
+class Connection:
+    """A pooled connection as seen from trio: every call runs in a worker thread.
+
+    Rows come back as dicts. Obtain one from :meth:`Database.connection` (autocommit) or
+    :meth:`Database.transaction`; never keep it beyond that block.
+    """
+
+    def __init__(self, raw: psycopg.Connection[dict[str, Any]], limiter: trio.CapacityLimiter):
+        self._raw = raw
+        self._limiter = limiter
+        self._state = threading.Lock()
+        self._running = False
+        self._abandoned = False
+        self._begin_pending = False
+
+    @property
+    def usable(self) -> bool:
+        """Whether this connection may go back to the pool as it is."""
+        return not (self._abandoned or self._raw.closed or self._raw.broken)
+
+    @property
+    def backend_pid(self) -> int:
+        return self._raw.info.backend_pid
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._raw.info.transaction_status != pq.TransactionStatus.IDLE
+
+    async def execute(self, query: str, params: Params = None) -> int:
+        """Run a statement; return the affected row count."""
+        return await self._call(_execute, query, params)
+
+    async def fetch(self, query: str, params: Params = None) -> list[dict[str, Any]]:
+        return await self._call(_fetchall, query, params)
+
+    async def fetchrow(self, query: str, params: Params = None) -> dict[str, Any] | None:
+        return await self._call(_fetchone, query, params)
+
+    async def fetchval(self, query: str, params: Params = None) -> Any:
+        row = await self._call(_fetchone, query, params)
+        return None if row is None else next(iter(row.values()))
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(raw_connection, *args)`` in one thread hop (several statements at once)."""
+        return await self._call(fn, *args)
+
+    # -- the bridge ---------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if not self.usable:
+            raise DatabaseUnavailable("connection is closed")
+        try:
+            return await trio.to_thread.run_sync(
+                self._in_thread, fn, args, abandon_on_cancel=True, limiter=self._limiter
+            )
+        except trio.Cancelled:
+            await self._abandon()
+            raise
+        except psycopg.OperationalError as exc:
+            if self._raw.broken or self._raw.closed:
+                raise DatabaseUnavailable(str(exc).strip()) from exc
+            raise
+
+    def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        with self._state:
+            if self._abandoned:
+                raise DatabaseUnavailable("connection was abandoned before the call started")
+            self._running = True
+        try:
+            if self._begin_pending:
+                # Deferred BEGIN: rides the first statement's hop instead of costing its own.
+                self._raw.execute("BEGIN")
+                self._begin_pending = False
+            return fn(self._raw, *args)
+        finally:
+            with self._state:
+                self._running = False
+                close_now = self._abandoned
+            if close_now:
+                self._raw.close()
+
+    async def _abandon(self) -> None:
+        """A call was cancelled: make sure this connection is never reused."""
+        with self._state:
+            self._abandoned = True
+            running = self._running
+        if not running:
+            self._raw.close()
+            return
+        # The thread still owns the socket and will close it when it returns; ask the server
+        # to stop the statement so that happens soon.
+        with trio.move_on_after(_CANCEL_REQUEST_TIMEOUT_S, shield=True):
+            await trio.to_thread.run_sync(self._raw.cancel_safe, abandon_on_cancel=True)
+
+    def _close(self) -> None:
+        with self._state:
+            self._abandoned = True
+            running = self._running
+        if not running:
+            self._raw.close()
+
+
+def _execute(raw: psycopg.Connection[Any], query: str, params: Params) -> int:
+    return raw.execute(query, params).rowcount
+
+
+def _fetchall(raw: psycopg.Connection[Any], query: str, params: Params) -> list[dict[str, Any]]:
+    return raw.execute(query, params).fetchall()
+
+
+def _fetchone(raw: psycopg.Connection[Any], query: str, params: Params) -> dict[str, Any] | None:
+    return raw.execute(query, params).fetchone()
+
+
+def _run_transaction(raw: psycopg.Connection[Any], fn: Callable[..., T], args: tuple) -> T:
+    with raw.transaction():
+        return fn(raw, *args)
+
+
+class Database:
+    """A bounded pool of :class:`Connection` objects for one PostgreSQL database.
+
+    Connections are opened lazily up to ``max_size``; tasks beyond that wait their turn in
+    FIFO order. A connection that failed, was cancelled mid-call, or was left inside a
+    transaction is discarded rather than returned.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        max_size: int = 10,
+        connect_timeout_s: float = 5.0,
+        commit_timeout_s: float = 10.0,
+        application_name: str = "queen-trio",
+        session_settings: dict[str, str] | None = None,
+    ) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be at least 1")
+        self.conninfo = conninfo
+        self.max_size = max_size
+        self._connect_timeout_s = connect_timeout_s
+        self._commit_timeout_s = commit_timeout_s
+        self._application_name = application_name
+        self._session_settings = dict(session_settings or {})
+        self._slots = trio.Semaphore(max_size)
+        self._threads = trio.CapacityLimiter(max_size + 2)
+        self._idle: list[Connection] = []
+        self._in_use = 0
+        self._waiting = 0
+        self._connects = 0
+        self._discarded = 0
+        self._closed = False
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            max_size=self.max_size,
+            size=len(self._idle) + self._in_use,
+            idle=len(self._idle),
+            in_use=self._in_use,
+            waiting=self._waiting,
+            connects_total=self._connects,
+            discarded_total=self._discarded,
+        )
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """Borrow an autocommit connection: each statement commits on its own."""
+        conn = await self._acquire()
+        try:
+            yield conn
+        finally:
+            await self._release(conn)
+
+    @asynccontextmanager
+    async def transaction(self, *, shield_commit: bool = False) -> AsyncIterator[Connection]:
+        """Borrow a connection inside ``BEGIN … COMMIT``; any exception rolls back."""
+        conn = await self._acquire()
+        try:
+            conn._begin_pending = True
+            try:
+                yield conn
+            except BaseException:
+                await self._rollback(conn)
+                raise
+            await self._commit(conn, shield=shield_commit)
+        finally:
+            await self._release(conn)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(raw_psycopg_connection, *args)`` as one transaction in one thread hop."""
+        async with self.connection() as conn:
+            return await conn._call(_run_transaction, fn, args)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn._close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals ----------------------------------------------------------------------
+
+    async def _commit(self, conn: Connection, *, shield: bool) -> None:
+        if conn._begin_pending:  # nothing was executed: there is nothing to commit
+            conn._begin_pending = False
+            return
+        if not shield:
+            await conn._call(_commit)
+            return
+        # Shielded from outside cancellation, but bounded: a commit that cannot finish within
+        # commit_timeout_s is abandoned (connection closed) and reported as of unknown outcome.
+        with trio.move_on_after(self._commit_timeout_s, shield=True) as scope:
+            await conn._call(_commit)
+        if scope.cancelled_caught:
+            conn._close()
+            raise DatabaseUnavailable("commit did not finish in time; its outcome is unknown")
+
+    async def _rollback(self, conn: Connection) -> None:
+        conn._begin_pending = False
+        if not conn.usable or not conn.in_transaction:
+            return
+        with trio.move_on_after(_ROLLBACK_TIMEOUT_S, shield=True):
+            try:
+                await conn._call(_rollback)
+                return
+            except Exception:  # noqa: BLE001 - any failure here means: discard the connection
+                log.debug("rollback failed; discarding the connection", exc_info=True)
+        conn._close()
+
+    async def _acquire(self) -> Connection:
+        if self._closed:
+            raise DatabaseUnavailable("the connection pool is closed")
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.usable:
+                    break
+                self._discarded += 1
+            else:
+                conn = await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+        self._in_use += 1
+        return conn
+
+    async def _release(self, conn: Connection) -> None:
+        self._in_use -= 1
+        try:
+            if conn.usable and conn.in_transaction:
+                await self._rollback(conn)
+            if conn.usable and not self._closed:
+                self._idle.append(conn)
+                return
+            if not conn.usable:
+                self._discarded += 1
+            conn._close()
+        finally:
+            self._slots.release()
+
+    async def _connect(self) -> Connection:
+        def connect() -> psycopg.Connection[dict[str, Any]]:
+            raw = psycopg.connect(
+                self.conninfo,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, int(self._connect_timeout_s)),
+                application_name=self._application_name,
+            )
+            for name, value in self._session_settings.items():
+                raw.execute("SELECT set_config(%s, %s, false)", (name, value))
+            return raw
+
+        try:
+            raw = await trio.to_thread.run_sync(connect, abandon_on_cancel=True)
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(str(exc).strip()) from exc
+        self._connects += 1
+        return Connection(raw, self._threads)
+
+
+def _commit(raw: psycopg.Connection[Any]) -> None:
+    raw.execute("COMMIT")
+
+
+def _rollback(raw: psycopg.Connection[Any]) -> None:
+    raw.execute("ROLLBACK")

@@ -1,0 +1,110 @@
+"""Prometheus metrics of one broker.
+
+Each broker owns its own ``CollectorRegistry`` (several brokers can live in one test process
+without clashing). Pool and listener figures are read from their ``statistics()`` at scrape
+time rather than mirrored into gauges on every change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .db.listener import ListenerStatistics
+from .db.pool import PoolStatistics
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Milliseconds matter for a broker sold on latency: fine buckets below 100 ms.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+class _StatisticsCollector(Collector):
+    def __init__(
+        self,
+        pool: Callable[[], PoolStatistics] | None,
+        listener: Callable[[], ListenerStatistics] | None,
+    ) -> None:
+        self._pool = pool
+        self._listener = listener
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        if self._pool is not None:
+            s = self._pool()
+            conns = GaugeMetricFamily(
+                "queen_db_pool_connections", "Open pool connections by state", labels=["state"]
+            )
+            conns.add_metric(["idle"], s.idle)
+            conns.add_metric(["in_use"], s.in_use)
+            yield conns
+            yield GaugeMetricFamily("queen_db_pool_max", "Pool size limit", value=s.max_size)
+            yield GaugeMetricFamily(
+                "queen_db_pool_waiting", "Tasks waiting for a pool connection", value=s.waiting
+            )
+            yield CounterMetricFamily(
+                "queen_db_pool_connects", "Connections opened by the pool", value=s.connects_total
+            )
+            yield CounterMetricFamily(
+                "queen_db_pool_discarded",
+                "Connections discarded (broken, cancelled mid-call, or left in a transaction)",
+                value=s.discarded_total,
+            )
+        if self._listener is not None:
+            s = self._listener()
+            yield GaugeMetricFamily(
+                "queen_listener_connected", "1 while the LISTEN connection is up",
+                value=int(s.connected),
+            )
+            yield CounterMetricFamily(
+                "queen_listener_reconnects", "LISTEN reconnections", value=s.reconnects_total
+            )
+            yield CounterMetricFamily(
+                "queen_listener_notifications", "NOTIFY messages received",
+                value=s.notifications_total,
+            )
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.http_requests = Counter(
+            "queen_http_requests",
+            "HTTP requests answered, by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.http_request_seconds = Histogram(
+            "queen_http_request_seconds",
+            "HTTP request handling time",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch(
+        self,
+        *,
+        pool: Callable[[], PoolStatistics] | None = None,
+        listener: Callable[[], ListenerStatistics] | None = None,
+    ) -> None:
+        """Expose the ``statistics()`` of the pool and the listener."""
+        self.registry.register(_StatisticsCollector(pool, listener))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

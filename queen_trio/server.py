@@ -1,0 +1,118 @@
+"""The broker process: one nursery that owns every long-lived task.
+
+``run_broker`` is the whole picture:
+
+1. migrate the database (advisory-locked, so brokers starting together don't race);
+2. open the connection pool;
+3. in one nursery: the LISTEN connection, then the HTTP server (hypercorn serving the
+   QuartTrio app);
+4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM from the CLI): stop accepting connections,
+   let in-flight requests finish for up to ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the
+   background services and close the pool.
+
+A service that crashes takes the whole nursery down with it: the broker exits with an error
+rather than serving HTTP with a dead service behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from .api import create_app
+from .config import Settings
+from .context import BrokerContext
+from .db import Database, Listener
+from .db.migrations import apply_migrations
+from .metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+# Every NOTIFY channel the broker uses; the listener subscribes to all of them at connect.
+NOTIFY_CHANNELS = ("queen_broker",)
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerHandle:
+    """What ``nursery.start(run_broker, …)`` hands back once the broker is serving."""
+
+    urls: list[str]
+    context: BrokerContext
+    _shutdown: trio.Event
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def shutdown(self) -> None:
+        """Begin a graceful shutdown; ``run_broker`` returns when it is complete."""
+        self._shutdown.set()
+
+
+async def run_broker(
+    settings: Settings, *, task_status: trio.TaskStatus[BrokerHandle] = trio.TASK_STATUS_IGNORED
+) -> None:
+    if settings.database_url is None:
+        raise ValueError("run_broker needs settings.database_url (the CLI starts the embedded one)")
+    url = settings.database_url
+    await trio.to_thread.run_sync(apply_migrations, url)
+
+    metrics = BrokerMetrics()
+    shutdown = trio.Event()
+    async with Database(url, max_size=settings.db_pool_size) as db:
+        listener = Listener(url, NOTIFY_CHANNELS)
+        context = BrokerContext(settings, db, listener, metrics)
+        metrics.watch(pool=db.statistics, listener=listener.statistics)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            context.services["listener"] = lambda: listener.connected
+            # The sweeper and log housekeeping are started here by their own issues.
+
+            http_done = trio.Event()
+            urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,
+                                       http_done)
+            context.services["http"] = lambda: not http_done.is_set()
+            log.info("queen-trio listening on %s", ", ".join(urls))
+            task_status.started(BrokerHandle(urls, context, shutdown))
+
+            await http_done.wait()  # the API has drained: now stop the background services
+            nursery.cancel_scope.cancel()
+    log.info("queen-trio stopped")
+
+
+async def _serve_http(
+    app: object,
+    settings: Settings,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    done: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    config = HypercornConfig()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.graceful_timeout = settings.graceful_timeout_ms / 1000
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = 75
+    try:
+        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    finally:
+        done.set()
+
+
+async def serve_until_signalled(settings: Settings) -> None:
+    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully."""
+    import signal
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            broker: BrokerHandle = await nursery.start(run_broker, settings)
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                broker.shutdown()
+                break
