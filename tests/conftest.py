@@ -1,0 +1,73 @@
+"""Fixtures shared by every test: the PostgreSQL server, per-test databases, a running broker."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle, run_broker
+
+from .pgserver import Databases, session_server
+
+_server_description = "not started"
+
+
+@pytest.fixture(scope="session")
+def databases() -> Iterator[Databases]:
+    global _server_description
+    with session_server() as (admin_url, description):
+        with psycopg.connect(admin_url) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+        _server_description = f"{description}, PostgreSQL {version}"
+        yield Databases(admin_url)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    terminalreporter.write_line(f"database server: {_server_description}")
+
+
+@pytest.fixture
+def database_url(databases: Databases) -> Iterator[str]:
+    """A fresh database with every migration applied, dropped after the test."""
+    url = databases.create()
+    yield url
+    databases.drop(url)
+
+
+@pytest.fixture
+def empty_database_url(databases: Databases) -> Iterator[str]:
+    """A fresh database on which no migration has run."""
+    url = databases.create(migrated=False)
+    yield url
+    databases.drop(url)
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Broker settings for in-process tests: the test database and an ephemeral port."""
+    return Settings(database_url=database_url, port=0, graceful_timeout_ms=1000, db_pool_size=5)
+
+
+@pytest.fixture
+async def broker(settings: Settings) -> AsyncIterator[BrokerHandle]:
+    """A broker running in the test's trio run, serving HTTP on 127.0.0.1:<random>."""
+    async with trio.open_nursery() as nursery:
+        handle: BrokerHandle = await nursery.start(run_broker, settings)
+        yield handle
+        handle.shutdown()
+
+
+@pytest.fixture
+async def http(broker: BrokerHandle) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10) as client:
+        yield client
+
+
+def replace_settings(settings: Settings, **changes: object) -> Settings:
+    return dataclasses.replace(settings, **changes)

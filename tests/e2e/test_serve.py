@@ -1,0 +1,142 @@
+"""The real command line, in subprocesses: the README's promises about `queen-trio serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "queen_trio"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")}
+    env.update(extra)
+    return env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited early with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            r = httpx.get(url + "/health", timeout=1)
+            if r.status_code == 200:
+                return r
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"no healthy answer from {url} within {timeout} s")
+
+
+def _postgres_processes_for(data_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "postgres" in (proc.info["name"] or "") and str(data_dir) in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_serve_on_embedded_postgres_then_sigterm(tmp_path: Path) -> None:
+    data_dir = tmp_path / "queen-data"
+    port = _free_port()
+    proc = subprocess.Popen(
+        CLI + ["serve"],
+        env=_env(QUEEN_DATA_DIR=str(data_dir), QUEEN_PORT=str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        r = _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=15)
+        assert r.json()["database"] == "up"
+        assert _postgres_processes_for(data_dir), "the embedded server should be running"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read()
+    assert "using embedded PostgreSQL at postgresql://" in stderr
+    assert "Traceback" not in stderr
+    deadline = time.monotonic() + 5
+    while _postgres_processes_for(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _postgres_processes_for(data_dir), "serve left its PostgreSQL running"
+    assert (data_dir / "pg" / "PG_VERSION").exists(), "the data directory is kept for next time"
+
+
+def test_serve_with_a_database_url_touches_no_embedded_server(
+    tmp_path: Path, database_url: str
+) -> None:
+    data_dir = tmp_path / "never-created"
+    port = _free_port()
+    proc = subprocess.Popen(
+        CLI + ["serve"],
+        env=_env(QUEEN_DATABASE_URL=database_url, QUEEN_DATA_DIR=str(data_dir),
+                 QUEEN_PORT=str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=15)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not data_dir.exists()
+    assert "embedded" not in proc.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("QUEEN_PORT", "http"), ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-1"), ("QUEEN_AUTH", "maybe")],
+)
+def test_a_bad_setting_stops_start_up_with_one_line(variable: str, value: str) -> None:
+    result = subprocess.run(
+        CLI + ["serve"], env=_env(**{variable: value}), capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert variable in lines[0]
+    assert result.stdout == ""
+
+
+def test_an_unreachable_database_is_one_line_and_exit_1() -> None:
+    result = subprocess.run(
+        CLI + ["migrate"],
+        env=_env(QUEEN_DATABASE_URL="postgresql://postgres@127.0.0.1:1/queen"),
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert "cannot reach the database" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version_and_help() -> None:
+    version = subprocess.run(CLI + ["version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("queen-trio ")
+    helptext = subprocess.run(CLI + ["--help"], capture_output=True, text=True, check=True).stdout
+    for word in ("serve", "migrate", "version", "QUEEN_DATABASE_URL"):
+        assert word in helptext
+    bare = subprocess.run(CLI, capture_output=True, text=True)
+    assert bare.returncode == 2

@@ -1,0 +1,124 @@
+"""The ops endpoints and the uniform JSON error shape, over real HTTP."""
+
+from __future__ import annotations
+
+import httpx
+import psycopg
+import trio
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from quart import Blueprint
+
+from queen_trio.api import create_app
+from queen_trio.api.errors import read_json_object
+from queen_trio.db.migrations import latest_version
+from queen_trio.server import BrokerHandle
+
+from ..pgserver import with_dbname
+
+
+async def test_health_reports_database_schema_and_services(http: httpx.AsyncClient) -> None:
+    r = await http.get("/health")
+    assert r.status_code == 200
+    assert r.json() == {
+        "ok": True,
+        "database": "up",
+        "schemaVersion": latest_version(),
+        "services": {"listener": "up", "http": "up"},
+    }
+
+
+async def test_health_is_503_while_the_database_is_unreachable(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
+    name = conninfo_to_dict(database_url)["dbname"]
+    admin_url = with_dbname(database_url, "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+        try:
+            r = await http.get("/health")
+            assert r.status_code == 503
+            body = r.json()
+            assert (body["ok"], body["database"], body["error"]) == (
+                False, "down", "database_unavailable"
+            )
+        finally:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+            )
+    # The pool and the listener heal by themselves.
+    with trio.fail_after(5):
+        while (r := await http.get("/health")).status_code != 200:
+            await trio.sleep(0.05)
+    assert r.json()["services"] == {"listener": "up", "http": "up"}
+
+
+async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncClient) -> None:
+    await http.get("/health")
+    for path in ("/metrics", "/metrics/prometheus"):
+        r = await http.get(path)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain")
+        text = r.text
+        for family in (
+            "process_resident_memory_bytes",
+            'queen_db_pool_connections{state="idle"}',
+            "queen_db_pool_max 5.0",
+            "queen_listener_connected 1.0",
+            'queen_http_requests_total{method="GET",route="/health",status="200"}',
+        ):
+            assert family in text, family
+
+
+async def test_openapi_describes_every_route(broker: BrokerHandle, http: httpx.AsyncClient) -> None:
+    r = await http.get("/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["openapi"].startswith("3.")
+    app = create_app(broker.context)
+    served = {
+        rule.rule.replace("<", "{").replace(">", "}")
+        for rule in app.url_map.iter_rules()
+        if rule.endpoint != "static"
+    }
+    assert served <= set(doc["paths"]), served - set(doc["paths"])
+
+
+async def test_unknown_route_and_wrong_method_are_json_errors(http: httpx.AsyncClient) -> None:
+    r = await http.get("/api/v1/nothing-here")
+    assert r.status_code == 404
+    assert r.json() == {
+        "ok": False, "error": "not_found", "message": "no route for GET /api/v1/nothing-here"
+    }
+    r = await http.delete("/health")
+    assert r.status_code == 405
+    assert r.json()["error"] == "method_not_allowed"
+    assert "GET" in r.headers["allow"]
+
+
+async def test_malformed_json_is_a_400_with_a_code(broker: BrokerHandle) -> None:
+    app = create_app(broker.context)
+    echo = Blueprint("echo", __name__)
+
+    @echo.post("/echo")
+    async def _echo():  # type: ignore[no-untyped-def]
+        return {"ok": True, "got": await read_json_object()}
+
+    app.register_blueprint(echo)
+    client = app.test_client()
+    cases = [
+        (b"{not json", "malformed_json"),
+        (b"", "malformed_json"),
+        (b"\xff\xfe", "malformed_json"),
+        (b"[1, 2]", "invalid_body"),
+        (b"[" * 100_000 + b"]" * 100_000, "malformed_json"),
+    ]
+    for body, code in cases:
+        r = await client.post("/echo", data=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, body[:20]
+        assert (await r.get_json())["error"] == code
+    r = await client.post("/echo", data=b'{"a": 1}')
+    assert (await r.get_json()) == {"ok": True, "got": {"a": 1}}

