@@ -57,11 +57,13 @@ from queen_trio.db.listener import Listener, Notification
 from queen_trio.db.pool import Database
 from queen_trio.embedded import EmbeddedPostgres
 
-ROUNDS = 10
+ROUNDS = 20
 QUERY = "SELECT 1"
-QUERY_BATCH = 300  # x ROUNDS = 3000 measured calls per variant
+QUERY_N = 3000  # measured calls per variant, in ROUNDS batches
+QUERY_BATCH = QUERY_N // ROUNDS
 QUERY_WARMUP = 50  # per batch
-WAKE_BATCH = 200  # x ROUNDS = 2000 measured notifications per receiver
+WAKE_N = 2000  # measured notifications per receiver, in ROUNDS batches
+WAKE_BATCH = WAKE_N // ROUNDS
 WAKE_WARMUP = 20  # per batch
 WAKE_CHANNEL = "bench_wake"
 WAKE_TIMEOUT_S = 30.0  # per batch: a lost notification must not hang the script
@@ -263,7 +265,9 @@ def check_payload(payload: str, seq: int) -> None:
         raise RuntimeError(f"expected notification {seq}, received payload {payload!r}")
 
 
-def wake_batches(url: str, listener_stats: list[dict[str, Any]]) -> dict[str, Callable[[], Samples]]:
+def wake_batches(
+    url: str, listener_stats: list[dict[str, Any]]
+) -> dict[str, Callable[[], Samples]]:
     """Bridge and baseline receivers; the bridge batch appends its listener statistics."""
     total = WAKE_WARMUP + WAKE_BATCH
 
@@ -463,12 +467,13 @@ def main() -> None:
         "unit": "microseconds",
         "elapsed_s": round(time.monotonic() - started, 1),
         "query": {
-            "sql": QUERY, "rounds": ROUNDS, "batch": QUERY_BATCH, "warmup_per_batch": QUERY_WARMUP,
+            "sql": QUERY, "n": QUERY_N, "rounds": ROUNDS, "batch": QUERY_BATCH,
+            "warmup_per_batch": QUERY_WARMUP,
             "variants": {key: dataclasses.asdict(s) for key, s in q.items()},
             **qc,
         },
         "wake": {
-            "channel": WAKE_CHANNEL, "rounds": ROUNDS, "batch": WAKE_BATCH,
+            "channel": WAKE_CHANNEL, "n": WAKE_N, "rounds": ROUNDS, "batch": WAKE_BATCH,
             "warmup_per_batch": WAKE_WARMUP,
             "variants": {key: dataclasses.asdict(s) for key, s in w.items()},
             "bridge_minus_plain_us": wc,
