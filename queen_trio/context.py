@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from .config import Settings
 from .db import Database, Listener
+from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 
 
@@ -16,6 +17,8 @@ class BrokerContext:
     db: Database
     listener: Listener
     metrics: BrokerMetrics
+    default_tenant_id: int
+    wakeups: QueueWakeups
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)

@@ -7,7 +7,11 @@
      ├── DatabaseError          PostgreSQL trouble the broker could not hide
      │    ├── DatabaseUnavailable    connection refused, lost, or pool closed (transient)
      │    └── MigrationError         schema/ is inconsistent with the database
-     └── EmbeddedPostgresError  the embedded server could not be prepared or started
+     ├── EmbeddedPostgresError  the embedded server could not be prepared or started
+     └── ClientError            the request cannot be honoured as sent (maps to a 4xx)
+          ├── ValidationError        malformed or out-of-range input (400, 413 for size)
+          ├── NotFound               the named resource does not exist for this tenant (404)
+          └── Conflict               the resource is in a state that forbids it (409)
 
 HTTP-facing errors live in :mod:`queen_trio.api.errors`; they map domain errors to a status
 and a stable snake_case code in exactly one place.
@@ -44,3 +48,29 @@ class MigrationError(DatabaseError):
 
 class EmbeddedPostgresError(QueenError):
     """The embedded PostgreSQL server could not be initialised or started."""
+
+
+class ClientError(QueenError):
+    """The client's request cannot be honoured as sent; the API answers a 4xx with ``code``."""
+
+    status = 400
+
+    def __init__(self, code: str, message: str, *, status: int | None = None, **extra: object):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+        if status is not None:
+            self.status = status
+
+
+class ValidationError(ClientError):
+    status = 400
+
+
+class NotFound(ClientError):
+    status = 404
+
+
+class Conflict(ClientError):
+    status = 409

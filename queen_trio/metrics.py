@@ -13,6 +13,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -94,6 +95,29 @@ class BrokerMetrics:
             "HTTP request handling time",
             ["route"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+        # The log.
+        self.messages_pushed = Counter(
+            "queen_messages_pushed", "Push items by outcome", ["status"], registry=self.registry
+        )
+        self.pops = Counter(
+            "queen_pop_requests", "Pop requests by outcome", ["result"], registry=self.registry
+        )
+        self.messages_popped = Counter(
+            "queen_messages_popped", "Messages handed out by pops", registry=self.registry
+        )
+        self.acks = Counter(
+            "queen_acks", "Acknowledgements applied, by status", ["status"],
+            registry=self.registry,
+        )
+        self.dead_lettered = Counter(
+            "queen_messages_dead_lettered", "Messages moved to dead letters by acks",
+            registry=self.registry,
+        )
+        self.longpoll_waiters = Gauge(
+            "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,
         )
 

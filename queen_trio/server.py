@@ -27,14 +27,17 @@ from hypercorn.trio import serve
 from .api import create_app
 from .config import Settings
 from .context import BrokerContext
-from .db import Database, Listener
+from .db import Database, Listener, queries
 from .db.migrations import apply_migrations
+from .log import store as log_store
+from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
 # Every NOTIFY channel the broker uses; the listener subscribes to all of them at connect.
-NOTIFY_CHANNELS = ("queen_broker",)
+NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL,)
+TENANTS = queries.load("tenants")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +68,17 @@ async def run_broker(
     metrics = BrokerMetrics()
     shutdown = trio.Event()
     async with Database(url, max_size=settings.db_pool_size) as db:
+        async with db.connection() as conn:
+            default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
         listener = Listener(url, NOTIFY_CHANNELS)
-        context = BrokerContext(settings, db, listener, metrics)
+        wakeups = QueueWakeups()
+        context = BrokerContext(settings, db, listener, metrics, default_tenant, wakeups)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.run)
             context.services["listener"] = lambda: listener.connected
-            # The sweeper and log housekeeping are started here by their own issues.
+            await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
+            # The timer sweeper and log housekeeping are started here by their own issues.
 
             http_done = trio.Event()
             urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,

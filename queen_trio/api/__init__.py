@@ -9,6 +9,7 @@ from quart_trio import QuartTrio
 
 from ..context import BrokerContext
 from .errors import install_error_handlers
+from .log import log_routes
 from .ops import ops
 
 
@@ -19,6 +20,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.json.sort_keys = False
     install_error_handlers(app)
     app.register_blueprint(ops)
+    app.register_blueprint(log_routes)
 
     @app.before_request
     async def _start_timer() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..errors import DatabaseUnavailable
+from ..errors import ClientError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,10 @@ async def read_json_object() -> dict[str, Any]:
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
+        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+
+    @app.errorhandler(ClientError)
+    async def _client_error(exc: ClientError) -> Response:
         return error_response(exc.status, exc.code, exc.message, **exc.extra)
 
     @app.errorhandler(HTTPException)

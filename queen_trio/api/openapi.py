@@ -19,6 +19,147 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
+def _errors(*statuses: int) -> dict[str, Any]:
+    texts = {400: "Invalid input", 404: "Not found", 409: "Conflict", 413: "Payload too large"}
+    return {str(s): _json(_ERROR, texts[s]) for s in statuses}
+
+
+def _path_param(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+            "description": description}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_POP_PARAMS = [
+    _query("consumerGroup", {"type": "string"}, "default __QUEUE_MODE__ (competing consumers)"),
+    _query("batch", {"type": "integer", "minimum": 1, "maximum": 10000}, "messages at most"),
+    _query("wait", {"type": "boolean"}, "long-poll until a message arrives or timeout"),
+    _query("timeout", {"type": "integer", "minimum": 0, "maximum": 300000}, "long-poll ms"),
+    _query("autoAck", {"type": "boolean"}, "advance the cursor at delivery; no lease"),
+]
+_POP_RESPONSES = {
+    "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
+    "204": {"description": "No message available"},
+    **_errors(400),
+}
+
+
+def _log_paths() -> dict[str, Any]:
+    ack_schema = {"$ref": "#/components/schemas/Ack"}
+    ack_results = _json({"type": "array", "items": {"type": "object"}}, "One result per ack")
+    return {
+        "/api/v1/configure": {"post": {
+            "summary": "Create or reconfigure a queue (omitted options take their defaults)",
+            "operationId": "configure",
+            "requestBody": _body({"type": "object", "required": ["queue"], "properties": {
+                "queue": {"type": "string"},
+                "options": {"type": "object", "properties": {
+                    "leaseTime": {"type": "integer"}, "retryLimit": {"type": "integer"},
+                    "delayedProcessing": {"type": "integer"},
+                    "retentionSeconds": {"type": "integer"},
+                    "deadLetterQueue": {"type": "boolean"}}}}}),
+            "responses": {"200": _json({"type": "object"}, "Configured"), **_errors(400)},
+        }},
+        "/api/v1/push": {"post": {
+            "summary": "Append 1..N messages, any mix of queues and partitions, atomically",
+            "operationId": "push",
+            "requestBody": _body({"type": "object", "required": ["items"], "properties": {
+                "items": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["queue", "payload"], "properties": {
+                        "queue": {"type": "string"}, "partition": {"type": "string"},
+                        "payload": {}, "transactionId": {"type": "string"}}}}}}),
+            "responses": {
+                "201": _json({"type": "array", "items": {"$ref": "#/components/schemas/Pushed"}},
+                             "One result per item, in order"),
+                **_errors(400, 413),
+            },
+        }},
+        "/api/v1/pop/queue/{queue}": {"get": {
+            "summary": "Pop from any partition of a queue not leased to the group",
+            "operationId": "popQueue",
+            "parameters": [_path_param("queue", "queue name"), *_POP_PARAMS],
+            "responses": _POP_RESPONSES,
+        }},
+        "/api/v1/pop/queue/{queue}/partition/{partition}": {"get": {
+            "summary": "Pop from one partition",
+            "operationId": "popPartition",
+            "parameters": [_path_param("queue", "queue name"),
+                           _path_param("partition", "partition name"), *_POP_PARAMS],
+            "responses": _POP_RESPONSES,
+        }},
+        "/api/v1/ack": {"post": {
+            "summary": "Acknowledge one message (completed, failed, dlq or retry)",
+            "operationId": "ack",
+            "requestBody": _body(ack_schema),
+            "responses": {"200": ack_results, **_errors(400, 404, 409)},
+        }},
+        "/api/v1/ack/batch": {"post": {
+            "summary": "Acknowledge several messages in one transaction (all or nothing)",
+            "operationId": "ackBatch",
+            "requestBody": _body({"type": "object", "required": ["acknowledgments"],
+                                  "properties": {"consumerGroup": {"type": "string"},
+                                                 "acknowledgments": {"type": "array",
+                                                                     "items": ack_schema}}}),
+            "responses": {"200": ack_results, **_errors(400, 404, 409)},
+        }},
+        "/api/v1/lease/{lease_id}/extend": {"post": {
+            "summary": "Extend a live partition lease",
+            "operationId": "extendLease",
+            "parameters": [_path_param("lease_id", "lease id from a pop")],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
+            "responses": {"200": _json({"type": "array"}, "New expiry"),
+                          **_errors(400, 404, 409)},
+        }},
+        "/api/v1/dlq": {"get": {
+            "summary": "List dead letters (keyset pagination with cursor)",
+            "operationId": "listDeadLetters",
+            "parameters": [
+                _query("queue", {"type": "string"}, "queue name"),
+                _query("consumerGroup", {"type": "string"}, "consumer group"),
+                _query("partition", {"type": "string"}, "partition name"),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
+                _query("cursor", {"type": "string"}, "next from the previous page"),
+            ],
+            "responses": {"200": _json({"type": "object"}, "A page of dead letters"),
+                          **_errors(400)},
+        }},
+        "/api/v1/dlq/{dead_letter_id}/replay": {"post": {
+            "summary": "Push a dead letter again as a new message",
+            "operationId": "replayDeadLetter",
+            "parameters": [_path_param("dead_letter_id", "id from the listing")],
+            "responses": {"200": _json({"type": "object"}, "Replayed"), **_errors(404, 409)},
+        }},
+        "/api/v1/resources/queues": {"get": {
+            "summary": "The tenant's queues",
+            "operationId": "listQueues",
+            "responses": {"200": _json({"type": "object"}, "Queues")},
+        }},
+        "/api/v1/resources/queues/{queue}": {
+            "get": {
+                "summary": "One queue: options, partitions, offsets, consumer groups",
+                "operationId": "getQueue",
+                "parameters": [_path_param("queue", "queue name")],
+                "responses": {"200": _json({"type": "object"}, "Queue"), **_errors(400, 404)},
+            },
+            "delete": {
+                "summary": "Delete a queue with its messages, cursors and dead letters",
+                "operationId": "deleteQueue",
+                "parameters": [_path_param("queue", "queue name")],
+                "responses": {"200": _json({"type": "object"}, "Deleted"), **_errors(400)},
+            },
+        },
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     return {
@@ -67,6 +208,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_log_paths(),
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
@@ -77,6 +219,33 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {
             "schemas": {
+                "Pushed": {"type": "object", "properties": {
+                    "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
+                    "transactionId": {"type": "string"}, "partitionId": {"type": "string"},
+                    "queue": {"type": "string"}, "partition": {"type": "string"},
+                    "offset": {"type": ["integer", "null"]}}},
+                "Message": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "transactionId": {"type": "string"},
+                    "partitionId": {"type": "string"}, "partition": {"type": "string"},
+                    "queue": {"type": "string"}, "offset": {"type": "integer"},
+                    "leaseId": {"type": ["string", "null"]},
+                    "consumerGroup": {"type": "string"}, "data": {},
+                    "createdAt": {"type": "string"}, "retryCount": {"type": "integer"},
+                    "timer": {"type": "object"}}},
+                "PopResponse": {"type": "object", "properties": {
+                    "queue": {"type": "string"}, "partition": {"type": "string"},
+                    "partitionId": {"type": "string"}, "leaseId": {"type": ["string", "null"]},
+                    "consumerGroup": {"type": "string"},
+                    "messages": {"type": "array",
+                                 "items": {"$ref": "#/components/schemas/Message"}}}},
+                "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
+                        "properties": {
+                            "transactionId": {"type": "string"},
+                            "partitionId": {"type": "string"},
+                            "status": {"enum": ["completed", "success", "failed", "dlq",
+                                                "retry"]},
+                            "consumerGroup": {"type": "string"},
+                            "leaseId": {"type": "string"}, "error": {"type": "string"}}},
                 "Error": {
                     "type": "object",
                     "required": ["ok", "error", "message"],

@@ -23,6 +23,7 @@ Cancellation contract:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -245,8 +246,11 @@ class Database:
         finally:
             await self._release(conn)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(raw_psycopg_connection, *args)`` as one transaction in one thread hop."""
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` as one transaction in one
+        thread hop."""
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
         async with self.connection() as conn:
             return await conn._call(_run_transaction, fn, args)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import psycopg
 import trio
@@ -80,7 +82,7 @@ async def test_openapi_describes_every_route(broker: BrokerHandle, http: httpx.A
     assert doc["openapi"].startswith("3.")
     app = create_app(broker.context)
     served = {
-        rule.rule.replace("<", "{").replace(">", "}")
+        re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
         for rule in app.url_map.iter_rules()
         if rule.endpoint != "static"
     }

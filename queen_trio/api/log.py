@@ -1,0 +1,331 @@
+"""The log's HTTP routes (Queen v1 wire): configure, push, pop, ack, leases, dead letters,
+queue resources."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, current_app, jsonify, request
+
+from ..context import BrokerContext
+from ..errors import ValidationError
+from ..log import rules, store
+from ..log.rules import DEFAULT_MAX_MESSAGE_BYTES
+from .errors import read_json_object
+from .tenancy import current_tenant_id
+
+log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
+
+# Notifications are hints: a waiting pop also looks again this often, which covers a lease that
+# expired without anyone pushing or acking.
+_LONGPOLL_RECHECK_S = 1.0
+
+
+def _broker() -> BrokerContext:
+    return current_app.config["BROKER"]
+
+
+def iso(ts: datetime | None) -> str | None:
+    """ISO-8601 UTC with microseconds and a Z, as Queen writes createdAt."""
+    return None if ts is None else ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    return response
+
+
+# -- configure & push -------------------------------------------------------------------------
+
+
+@log_routes.post("/configure")
+async def configure() -> Response:
+    body = await read_json_object()
+    name = rules.queue_name(body.get("queue"))
+    options = rules.queue_options(body.get("options"))
+    broker = _broker()
+    outcome = await broker.db.run(store.configure, current_tenant_id(), name, options)
+    return _json({"configured": True, "created": outcome["created"], "queue": name,
+                  "options": options.to_wire()})
+
+
+def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
+    pid = str(a.partition_id)
+    return {
+        "index": index,
+        "status": a.status,
+        "transactionId": a.transaction_id,
+        "partitionId": pid,
+        "queue": a.queue,
+        "partition": a.partition,
+        "offset": a.offset,
+        # Queen v1 spells these in snake_case on push results; its clients read them so.
+        "transaction_id": a.transaction_id,
+        "partition_id": pid,
+        "queueName": a.queue,
+    }
+
+
+@log_routes.post("/push")
+async def push() -> Response:
+    body = await read_json_object()
+    items = rules.push_items(body, DEFAULT_MAX_MESSAGE_BYTES)
+    frames = [
+        store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
+                       dedupe=i.client_transaction_id)
+        for i in items
+    ]
+    broker = _broker()
+    appended = await broker.db.run(store.append, current_tenant_id(), frames)
+    for a in appended:
+        broker.metrics.messages_pushed.labels(a.status).inc()
+    return _json([appended_to_wire(i, a) for i, a in enumerate(appended)], status=201)
+
+
+# -- pop --------------------------------------------------------------------------------------
+
+
+def message_to_wire(batch: store.PopBatch, m: store.Message) -> dict[str, Any]:
+    pid = str(batch.partition_id)
+    wire = {
+        "id": f"{pid}:{m.offset}",
+        "transactionId": m.transaction_id,
+        "partitionId": pid,
+        "partition": batch.partition,
+        "queue": batch.queue,
+        "offset": m.offset,
+        "leaseId": None if batch.lease_id is None else str(batch.lease_id),
+        "consumerGroup": batch.group,
+        "data": m.payload,
+        "createdAt": iso(m.created_at),
+        "retryCount": m.retry_count,
+    }
+    if m.meta and "timer" in m.meta:
+        wire["timer"] = m.meta["timer"]
+    return wire
+
+
+@log_routes.get("/pop/queue/<queue>")
+async def pop_queue(queue: str) -> Response:
+    return await _pop(queue, None)
+
+
+@log_routes.get("/pop/queue/<queue>/partition/<partition>")
+async def pop_partition(queue: str, partition: str) -> Response:
+    return await _pop(queue, partition)
+
+
+async def _pop(queue: str, partition: str | None) -> Response:
+    req = rules.pop_request(queue, partition, dict(request.args))
+    broker = _broker()
+    tenant = current_tenant_id()
+    key = store.wake_key(tenant, req.queue)
+    deadline = trio.current_time() + req.timeout_ms / 1000
+    waiting = False
+    try:
+        while True:
+            changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
+            outcome = await broker.db.run(store.pop, tenant, req)
+            remaining = deadline - trio.current_time()
+            if outcome.batch is not None or not req.wait or remaining <= 0:
+                break
+            if not waiting:
+                waiting = True
+                broker.metrics.longpoll_waiters.inc()
+            pause = min(remaining, _LONGPOLL_RECHECK_S, outcome.retry_in_s or math.inf)
+            with trio.move_on_after(pause):
+                await changed.wait()
+    finally:
+        if waiting:
+            broker.metrics.longpoll_waiters.dec()
+
+    batch = outcome.batch
+    if batch is None:
+        broker.metrics.pops.labels("empty").inc()
+        return Response(b"", status=204)
+    broker.metrics.pops.labels("messages").inc()
+    broker.metrics.messages_popped.inc(len(batch.messages))
+    return _json({
+        "success": True,
+        "queue": batch.queue,
+        "partition": batch.partition,
+        "partitionId": str(batch.partition_id),
+        "leaseId": None if batch.lease_id is None else str(batch.lease_id),
+        "leaseExpiresAt": iso(batch.lease_expires_at),
+        "consumerGroup": batch.group,
+        "messages": [message_to_wire(batch, m) for m in batch.messages],
+    })
+
+
+# -- ack & leases -----------------------------------------------------------------------------
+
+
+def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
+    return {
+        "index": r.index,
+        "transactionId": r.transaction_id,
+        "partitionId": str(r.partition_id),
+        "status": r.status,
+        "success": True,
+        "error": None,
+        "queueName": r.queue,
+        "partitionName": r.partition,
+        "leaseReleased": r.lease_released,
+        "dlq": r.dead_lettered,
+        "alreadyAcked": r.already_acked,
+    }
+
+
+async def _apply_acks(acks: list[rules.Ack]) -> Response:
+    broker = _broker()
+    results = await broker.db.run(store.ack, current_tenant_id(), acks)
+    for r in results:
+        if not r.already_acked:
+            broker.metrics.acks.labels(r.status).inc()
+        if r.dead_lettered:
+            broker.metrics.dead_lettered.inc()
+    return _json([ack_to_wire(r) for r in results])
+
+
+@log_routes.post("/ack")
+async def ack() -> Response:
+    body = await read_json_object()
+    return await _apply_acks([rules.ack(body, 0)])
+
+
+@log_routes.post("/ack/batch")
+async def ack_batch() -> Response:
+    body = await read_json_object()
+    return await _apply_acks(rules.ack_batch(body))
+
+
+@log_routes.post("/lease/<lease_id>/extend")
+async def extend_lease(lease_id: str) -> Response:
+    lease = rules.lease_id(lease_id)
+    raw = await request.get_data()
+    body = await read_json_object() if raw.strip() else {}
+    seconds = body.get("seconds", 60)
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 86_400:
+        raise ValidationError("invalid_parameter", "seconds must be an integer from 1 to 86400")
+    expires = await _broker().db.run(store.extend_lease, current_tenant_id(), lease, seconds)
+    return _json([{"index": 0, "leaseId": str(lease), "success": True, "error": None,
+                   "expiresAt": iso(expires)}])
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def _optional(args: dict[str, str], key: str, check) -> Any:  # type: ignore[no-untyped-def]
+    value = args.get(key)
+    return None if value in (None, "") else check(value)
+
+
+@log_routes.get("/dlq")
+async def list_dead_letters() -> Response:
+    args = dict(request.args)
+    limit = rules._query_int(args, "limit", 100, lo=1, hi=1000)
+    after = rules._query_int(args, "cursor", 0, lo=0, hi=10**18)
+    group = args.get("consumerGroup") or None
+    if group is not None:
+        group = rules.consumer_group(group, for_pop=False)
+    rows = await _broker().db.run(
+        store.list_dead_letters, current_tenant_id(),
+        queue=_optional(args, "queue", rules.queue_name),
+        group=group,
+        partition=_optional(args, "partition", rules.partition_name),
+        after=after, limit=limit,
+    )
+    messages = [
+        {
+            "id": row["dead_letter_id"],
+            "transactionId": row["transaction_id"],
+            "partitionId": None if row["partition_id"] is None else str(row["partition_id"]),
+            "queue": row["queue"],
+            "partition": row["partition"],
+            "consumerGroup": row["consumer_group"],
+            "offset": row["offset"],
+            "errorMessage": row["error"],
+            "retryCount": row["retry_count"],
+            "data": row["payload"],
+            "createdAt": iso(row["frame_created_at"]),
+            "failedAt": iso(row["created_at"]),
+            "replayedAt": iso(row["replayed_at"]),
+            "replayTransactionId": row["replay_transaction_id"],
+        }
+        for row in rows
+    ]
+    next_cursor = str(rows[-1]["dead_letter_id"]) if len(rows) == limit else None
+    return _json({"messages": messages, "next": next_cursor})
+
+
+@log_routes.post("/dlq/<int:dead_letter_id>/replay")
+async def replay_dead_letter(dead_letter_id: int) -> Response:
+    appended = await _broker().db.run(store.replay_dead_letter, current_tenant_id(), dead_letter_id)
+    return _json({"ok": True, "replayed": dead_letter_id, **appended_to_wire(0, appended)})
+
+
+# -- queue resources --------------------------------------------------------------------------
+
+
+def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
+    return rules.QueueOptions(
+        q["lease_time_s"], q["retry_limit"], q["delayed_processing_s"], q["retention_s"],
+        q["dead_letter_queue"],
+    ).to_wire()
+
+
+@log_routes.get("/resources/queues")
+async def list_queues() -> Response:
+    rows = await _broker().db.run(store.list_queues, current_tenant_id())
+    return _json({"queues": [
+        {"name": r["name"], "createdAt": iso(r["created_at"]), "partitions": r["partitions"],
+         "messages": {"total": r["messages"]}, "options": _options_wire(r)}
+        for r in rows
+    ]})
+
+
+@log_routes.get("/resources/queues/<queue>")
+async def queue_detail(queue: str) -> Response:
+    name = rules.queue_name(queue)
+    detail = await _broker().db.run(store.queue_detail, current_tenant_id(), name)
+    q = detail["queue"]
+    groups: dict[str, dict[str, Any]] = {}
+    for c in detail["cursors"]:
+        groups.setdefault(c["consumer_group"], {})[str(c["partition_id"])] = c
+    partitions = []
+    for p in detail["partitions"]:
+        pid = str(p["partition_id"])
+        partitions.append({
+            "id": pid,
+            "name": p["name"],
+            "createdAt": iso(p["created_at"]),
+            "logStart": p["log_start"],
+            "nextOffset": p["next_offset"],
+            "messages": p["next_offset"] - p["log_start"],
+            "groups": {
+                g: {"committed": c[pid]["committed"],
+                    "lag": p["next_offset"] - 1 - max(c[pid]["committed"], p["log_start"] - 1),
+                    "leased": bool(c[pid]["leased"])}
+                for g, c in groups.items() if pid in c
+            },
+        })
+    return _json({
+        "name": q["name"],
+        "createdAt": iso(q["created_at"]),
+        "options": _options_wire(q),
+        "partitions": partitions,
+        "consumerGroups": sorted(groups),
+        "totals": {"messages": sum(p["messages"] for p in partitions),
+                   "deadLetters": detail["dead_letters"]},
+    })
+
+
+@log_routes.delete("/resources/queues/<queue>")
+async def delete_queue(queue: str) -> Response:
+    name = rules.queue_name(queue)
+    existed = await _broker().db.run(store.delete_queue, current_tenant_id(), name)
+    return _json({"deleted": True, "queue": name, "existed": existed})

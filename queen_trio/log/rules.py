@@ -1,0 +1,329 @@
+"""Pure rules of the log: names, options and request bodies validated without I/O.
+
+Everything here raises :class:`ValidationError` with a stable code and a message a client can
+act on; the HTTP layer turns it into a 400 (or 413 for size). Nothing here touches the database,
+so it is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+from ..errors import ValidationError
+
+DEFAULT_PARTITION = "Default"
+QUEUE_MODE_GROUP = "__QUEUE_MODE__"
+TIMER_GROUP = "__timer__"  # dead letters of timers that could not be fired
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_PUSH_ITEMS = 10_000
+MAX_POP_BATCH = 10_000
+MAX_POP_TIMEOUT_MS = 300_000
+DEFAULT_POP_TIMEOUT_MS = 30_000
+MAX_TRANSACTION_ID_LENGTH = 256
+
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,256}$")
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def queue_name(value: Any, field: str = "queue") -> str:
+    if not isinstance(value, str) or not _QUEUE_RE.fullmatch(value):
+        raise ValidationError(
+            "invalid_queue",
+            f"{field} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'",
+        )
+    return value
+
+
+def partition_name(value: Any, field: str = "partition") -> str:
+    if value is None:
+        return DEFAULT_PARTITION
+    if not isinstance(value, str) or not _PARTITION_RE.fullmatch(value):
+        raise ValidationError(
+            "invalid_partition",
+            f"{field} must be 1-256 characters of letters, digits or '_.:@=+-'",
+        )
+    return value
+
+
+def consumer_group(value: Any, *, for_pop: bool = True) -> str:
+    if value is None or value == "":
+        return QUEUE_MODE_GROUP
+    if not isinstance(value, str) or not _GROUP_RE.fullmatch(value):
+        raise ValidationError(
+            "invalid_consumer_group",
+            "consumerGroup must be 1-128 characters of letters, digits, '_', '.', ':' or '-'",
+        )
+    if for_pop and value == TIMER_GROUP:
+        raise ValidationError(
+            "reserved_consumer_group",
+            f"{TIMER_GROUP} is reserved for timers that could not be fired; it cannot consume",
+        )
+    return value
+
+
+def transaction_id(value: Any, field: str = "transactionId") -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_TRANSACTION_ID_LENGTH:
+        raise ValidationError(
+            "invalid_transaction_id",
+            f"{field} must be a non-empty string of at most {MAX_TRANSACTION_ID_LENGTH} characters",
+        )
+    if _CONTROL_RE.search(value) or not _encodable(value):
+        raise ValidationError(
+            "invalid_transaction_id", f"{field} must not contain control characters or surrogates"
+        )
+    return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def new_transaction_id() -> str:
+    """A fresh transactionId: a UUIDv7, so ids sort by creation time."""
+    return str(uuid7())
+
+
+def uuid7() -> uuid.UUID:
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80
+    value |= 0x7 << 76
+    value |= (rand >> 68 & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & 0x3FFF_FFFF_FFFF_FFFF
+    return uuid.UUID(int=value)
+
+
+def encoded_size(payload: Any) -> int:
+    """Bytes of the payload serialized as compact JSON (what the ceilings are measured on)."""
+    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def check_payload_size(payload: Any, ceiling: int, where: str) -> None:
+    try:
+        size = encoded_size(payload)
+    except UnicodeEncodeError:
+        # JSON allows "\ud800" escapes that are not characters; PostgreSQL cannot store them.
+        raise ValidationError(
+            "invalid_payload", f"{where}: payload contains an unpaired UTF-16 surrogate"
+        ) from None
+    if size > ceiling:
+        raise ValidationError(
+            "payload_too_large",
+            f"{where}: payload is {size} bytes, above the {ceiling}-byte message ceiling",
+            status=413,
+        )
+
+
+def _int_field(obj: dict[str, Any], key: str, default: int, *, lo: int, hi: int) -> int:
+    value = obj.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValidationError("invalid_option", f"{key} must be an integer from {lo} to {hi}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueOptions:
+    lease_time_s: int = 300
+    retry_limit: int = 3
+    delayed_processing_s: int = 0
+    retention_s: int = 0
+    dead_letter_queue: bool = True
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "leaseTime": self.lease_time_s,
+            "retryLimit": self.retry_limit,
+            "delayedProcessing": self.delayed_processing_s,
+            "retentionSeconds": self.retention_s,
+            "deadLetterQueue": self.dead_letter_queue,
+        }
+
+
+def queue_options(options: Any) -> QueueOptions:
+    """Options of ``POST /configure``. As in Queen, omitted options take their defaults; option
+    names this broker does not implement (priority, maxSize, …) are accepted and ignored."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise ValidationError("invalid_option", "options must be a JSON object")
+    dlq = options.get("deadLetterQueue", True)
+    if dlq is None:
+        dlq = True
+    if not isinstance(dlq, bool):
+        raise ValidationError("invalid_option", "deadLetterQueue must be true or false")
+    return QueueOptions(
+        lease_time_s=_int_field(options, "leaseTime", 300, lo=1, hi=86_400),
+        retry_limit=_int_field(options, "retryLimit", 3, lo=0, hi=1000),
+        delayed_processing_s=_int_field(options, "delayedProcessing", 0, lo=0, hi=7 * 86_400),
+        retention_s=_int_field(options, "retentionSeconds", 0, lo=0, hi=10 * 365 * 86_400),
+        dead_letter_queue=dlq,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushItem:
+    index: int
+    queue: str
+    partition: str
+    payload: Any
+    transaction_id: str
+    client_transaction_id: bool  # supplied by the client: duplicates are detected
+
+
+def push_items(body: dict[str, Any], ceiling: int) -> list[PushItem]:
+    items = body.get("items")
+    if not isinstance(items, list) or not items:
+        raise ValidationError("invalid_items", "items must be a non-empty array")
+    if len(items) > MAX_PUSH_ITEMS:
+        raise ValidationError("invalid_items", f"at most {MAX_PUSH_ITEMS} items per push")
+    parsed = []
+    for i, item in enumerate(items):
+        where = f"items[{i}]"
+        if not isinstance(item, dict):
+            raise ValidationError("invalid_items", f"{where} must be an object")
+        if "payload" not in item:
+            raise ValidationError("missing_field", f"{where}.payload is required")
+        txn = item.get("transactionId")
+        supplied = txn is not None
+        txn = transaction_id(txn, f"{where}.transactionId") if supplied else new_transaction_id()
+        check_payload_size(item["payload"], ceiling, where)
+        parsed.append(
+            PushItem(
+                index=i,
+                queue=queue_name(item.get("queue"), f"{where}.queue"),
+                partition=partition_name(item.get("partition"), f"{where}.partition"),
+                payload=item["payload"],
+                transaction_id=txn,
+                client_transaction_id=supplied,
+            )
+        )
+    return parsed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PopRequest:
+    queue: str
+    partition: str | None
+    group: str
+    batch: int
+    wait: bool
+    timeout_ms: int
+    auto_ack: bool
+
+
+def _query_bool(args: dict[str, str], key: str) -> bool:
+    raw = args.get(key)
+    if raw is None or raw == "":
+        return False
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0"):
+        return False
+    raise ValidationError("invalid_parameter", f"{key} must be true or false")
+
+
+def _query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int) -> int:
+    raw = args.get(key)
+    if raw is None or raw == "":
+        return default
+    if not re.fullmatch(r"[0-9]{1,19}", raw) or not lo <= int(raw) <= hi:
+        raise ValidationError("invalid_parameter", f"{key} must be an integer from {lo} to {hi}")
+    return int(raw)
+
+
+def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopRequest:
+    return PopRequest(
+        queue=queue_name(queue),
+        partition=None if partition is None else partition_name(partition),
+        group=consumer_group(args.get("consumerGroup")),
+        batch=_query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
+        wait=_query_bool(args, "wait"),
+        timeout_ms=_query_int(
+            args, "timeout", DEFAULT_POP_TIMEOUT_MS, lo=0, hi=MAX_POP_TIMEOUT_MS
+        ),
+        auto_ack=_query_bool(args, "autoAck"),
+    )
+
+
+ACK_STATUSES = ("completed", "failed", "dlq", "retry")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ack:
+    index: int
+    transaction_id: str
+    partition_id: uuid.UUID
+    status: str
+    group: str
+    lease_id: uuid.UUID | None
+    error: str | None
+
+
+def _uuid(value: Any, field: str, code: str) -> uuid.UUID:
+    if not isinstance(value, str):
+        raise ValidationError(code, f"{field} must be a UUID string")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValidationError(code, f"{field} is not a valid UUID") from None
+
+
+def lease_id(value: Any, field: str = "leaseId") -> uuid.UUID:
+    return _uuid(value, field, "invalid_lease_id")
+
+
+def ack(obj: Any, index: int, *, group_override: str | None = None, where: str = "") -> Ack:
+    if not isinstance(obj, dict):
+        raise ValidationError("invalid_body", f"{where or 'the body'} must be an object")
+    prefix = f"{where}." if where else ""
+    status = obj.get("status") or "completed"
+    if status == "success":
+        status = "completed"
+    if status not in ACK_STATUSES:
+        raise ValidationError(
+            "invalid_status", f"{prefix}status must be one of {', '.join(ACK_STATUSES)}"
+        )
+    if "transactionId" not in obj:
+        raise ValidationError("missing_field", f"{prefix}transactionId is required")
+    if "partitionId" not in obj:
+        raise ValidationError("missing_field", f"{prefix}partitionId is required")
+    lease = obj.get("leaseId")
+    error = obj.get("error")
+    if error is not None and not isinstance(error, str):
+        error = json.dumps(error)
+    return Ack(
+        index=index,
+        transaction_id=transaction_id(obj["transactionId"], f"{prefix}transactionId"),
+        partition_id=_uuid(obj["partitionId"], f"{prefix}partitionId", "invalid_partition_id"),
+        status=status,
+        group=group_override or consumer_group(obj.get("consumerGroup"), for_pop=False),
+        lease_id=None if lease in (None, "") else lease_id(lease, f"{prefix}leaseId"),
+        error=error[:2000] if error else None,
+    )
+
+
+def ack_batch(body: dict[str, Any]) -> list[Ack]:
+    acks = body.get("acknowledgments")
+    if not isinstance(acks, list) or not acks:
+        raise ValidationError("invalid_body", "acknowledgments must be a non-empty array")
+    group = body.get("consumerGroup")
+    override = consumer_group(group, for_pop=False) if group else None
+    return [
+        ack(item, i, group_override=override, where=f"acknowledgments[{i}]")
+        for i, item in enumerate(acks)
+    ]

@@ -1,0 +1,457 @@
+"""The log's database operations.
+
+Each public function takes a raw psycopg connection that is already inside a transaction and
+does all of its statements there, so the API runs it through ``Database.run`` in one thread hop
+and one transaction (a bundle in ``POST /transaction`` runs several of them in one transaction).
+SQL text lives in ``queen_trio/sql/log.sql``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from ..db import queries
+from ..errors import Conflict, NotFound
+from . import rules
+from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
+
+Q = queries.load("log")
+NOTIFY_CHANNEL = "queen_log"
+
+Raw = psycopg.Connection[dict[str, Any]]
+
+
+# -- append (push, replay, and later timer fires) --------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewFrame:
+    queue: str
+    partition: str
+    payload: Any
+    transaction_id: str
+    dedupe: bool = False  # a client-supplied txn already in the partition is not appended twice
+    meta: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Appended:
+    status: str  # "queued" | "duplicate"
+    queue: str
+    partition: str
+    partition_id: uuid.UUID
+    transaction_id: str
+    offset: int | None  # None for a duplicate
+
+
+def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appended]:
+    """Append frames to their partitions (creating queues and partitions as needed).
+
+    Offsets are dense per partition: the partition row is locked, offsets are taken from its
+    ``next_offset`` and written back in the same transaction.
+    """
+    queue_names = sorted({f.queue for f in frames})
+    raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": queue_names})
+    queue_ids = {
+        row["name"]: row["queue_id"]
+        for row in raw.execute(Q.queues_by_name, {"tenant_id": tenant_id, "names": queue_names})
+    }
+    pairs = sorted({(queue_ids[f.queue], f.partition) for f in frames})
+    keys = {"tenant_id": tenant_id, "queue_ids": [p[0] for p in pairs], "names": [p[1] for p in pairs]}
+    raw.execute(Q.ensure_partitions, keys)
+    partitions = {
+        (row["queue_id"], row["name"]): row for row in raw.execute(Q.lock_partitions, keys)
+    }
+
+    results: list[Appended | None] = [None] * len(frames)
+    by_partition: dict[tuple[int, str], list[int]] = {}
+    for i, frame in enumerate(frames):
+        by_partition.setdefault((queue_ids[frame.queue], frame.partition), []).append(i)
+
+    for key, indexes in by_partition.items():
+        part = partitions[key]
+        pid = part["partition_id"]
+        wanted = [frames[i].transaction_id for i in indexes if frames[i].dedupe]
+        seen = set()
+        if wanted:
+            seen = {
+                row["transaction_id"]
+                for row in raw.execute(Q.existing_transactions, {"partition_id": pid, "txns": wanted})
+            }
+        offsets, txns, payloads, metas = [], [], [], []
+        next_offset = part["next_offset"]
+        for i in indexes:
+            frame = frames[i]
+            if frame.dedupe and frame.transaction_id in seen:
+                results[i] = Appended("duplicate", frame.queue, frame.partition, pid,
+                                      frame.transaction_id, None)
+                continue
+            if frame.dedupe:
+                seen.add(frame.transaction_id)  # the same txn twice in one push: once
+            offsets.append(next_offset)
+            txns.append(frame.transaction_id)
+            payloads.append(_json(frame.payload))
+            metas.append(None if frame.meta is None else _json(frame.meta))
+            results[i] = Appended("queued", frame.queue, frame.partition, pid,
+                                  frame.transaction_id, next_offset)
+            next_offset += 1
+        if offsets:
+            raw.execute(
+                Q.insert_frames,
+                {"partition_id": pid, "tenant_id": tenant_id, "offsets": offsets, "txns": txns,
+                 "payloads": payloads, "metas": metas},
+            )
+            raw.execute(Q.advance_next_offset, {"partition_id": pid, "next_offset": next_offset})
+    for name in queue_names:
+        raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
+    return [r for r in results if r is not None]
+
+
+def wake_key(tenant_id: int, queue: str) -> str:
+    """NOTIFY payload naming a queue, and the key long-polling pops wait on."""
+    return f"{tenant_id}:{queue}"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# -- configure --------------------------------------------------------------------------------
+
+
+def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dict[str, Any]:
+    row = raw.execute(
+        Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}
+    ).fetchone()
+    raw.execute(
+        Q.ensure_partitions,
+        {"tenant_id": tenant_id, "queue_ids": [row["queue_id"]], "names": [DEFAULT_PARTITION]},
+    )
+    return {"created": row["created"]}
+
+
+# -- pop --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    offset: int
+    transaction_id: str
+    payload: Any
+    created_at: datetime
+    retry_count: int
+    meta: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PopBatch:
+    queue: str
+    partition: str
+    partition_id: uuid.UUID
+    group: str
+    lease_id: uuid.UUID | None
+    lease_expires_at: datetime | None
+    messages: list[Message]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PopOutcome:
+    batch: PopBatch | None
+    retry_in_s: float | None = None  # a held-back frame matures this soon (delayedProcessing)
+
+
+def pop(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome:
+    queue = raw.execute(Q.queue_for_pop, {"tenant_id": tenant_id, "name": req.queue}).fetchone()
+    if queue is None:
+        return PopOutcome(None)
+    candidates = raw.execute(
+        Q.pop_candidates,
+        {"queue_id": queue["queue_id"], "group": req.group, "partition": req.partition},
+    ).fetchall()
+    retry_in: float | None = None
+    for cand in candidates:
+        batch, matures_in = _pop_partition(raw, tenant_id, req, queue, cand)
+        if batch is not None:
+            return PopOutcome(batch)
+        if matures_in is not None:
+            retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
+    return PopOutcome(None, retry_in)
+
+
+def _pop_partition(
+    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any]
+) -> tuple[PopBatch | None, float | None]:
+    pid = cand["partition_id"]
+    key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
+    raw.execute(Q.ensure_cursor, {**key, "log_start": cand["log_start"]})
+    cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+    if cursor is None:
+        return None, None  # another consumer of the group holds (or is taking) it
+    committed = cursor["start_after"]
+    ahead = {o for o in cursor["acked_ahead"] if o > committed}
+
+    if cursor["lease_expires_at"] is not None and (cursor["leased_to"] or -1) > committed:
+        # The previous holder's lease ran out with deliveries unacknowledged.
+        raw.execute(
+            Q.count_expired_delivery,
+            {**key, "from_offset": committed + 1, "to_offset": cursor["leased_to"],
+             "acked_ahead": sorted(ahead)},
+        )
+
+    frames = raw.execute(
+        Q.read_frames,
+        {"partition_id": pid, "group": req.group, "from_offset": committed + 1,
+         "count": req.batch + len(ahead), "delay_s": queue["delayed_processing_s"]},
+    ).fetchall()
+    picked: list[Message] = []
+    matures_in = None
+    for f in frames:
+        offset = f["offset"]
+        if offset in ahead:
+            continue
+        if f["retry_count"] > queue["retry_limit"]:
+            _dead_letter(raw, tenant_id, queue, pid, req.group, offset, f["retry_count"],
+                         f["last_error"] or "retries exhausted")
+            ahead.add(offset)
+            continue
+        if f["matures_in_s"] > 0:
+            matures_in = f["matures_in_s"]
+            break  # contiguous scan: nothing after a held-back frame is handed out
+        picked.append(Message(offset, f["transaction_id"], f["payload"], f["created_at"],
+                              f["retry_count"], f["meta"]))
+        if len(picked) == req.batch:
+            break
+
+    if req.auto_ack:
+        ahead.update(m.offset for m in picked)
+    committed, ahead_left = advance(committed, ahead)
+    release = not picked or req.auto_ack
+    raw.execute(
+        Q.save_cursor,
+        {**key, "committed": committed, "acked_ahead": ahead_left, "release": release},
+    )
+    if req.auto_ack:
+        raw.execute(Q.forget_retries, {**key, "committed": committed})
+    if not picked:
+        return None, matures_in
+    lease_id = lease_expires_at = None
+    if not req.auto_ack:
+        lease = raw.execute(
+            Q.take_lease,
+            {**key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset},
+        ).fetchone()
+        lease_id, lease_expires_at = lease["lease_id"], lease["lease_expires_at"]
+    return (
+        PopBatch(req.queue, cand["name"], pid, req.group, lease_id, lease_expires_at, picked),
+        None,
+    )
+
+
+def advance(committed: int, ahead: Iterable[int]) -> tuple[int, list[int]]:
+    """Move the cursor over the offsets done out of order that now touch it."""
+    pending = set(ahead)
+    while committed + 1 in pending:
+        committed += 1
+        pending.remove(committed)
+    return committed, sorted(o for o in pending if o > committed)
+
+
+def _dead_letter(
+    raw: Raw, tenant_id: int, queue: dict[str, Any], partition_id: uuid.UUID, group: str,
+    offset: int, retry_count: int, error: str | None,
+) -> bool:
+    if not queue["dead_letter_queue"]:
+        return False
+    raw.execute(
+        Q.dead_letter_frame,
+        {"tenant_id": tenant_id, "partition_id": partition_id, "group": group, "offset": offset,
+         "retry_count": retry_count, "error": error},
+    )
+    return True
+
+
+# -- ack --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AckResult:
+    index: int
+    transaction_id: str
+    partition_id: uuid.UUID
+    status: str
+    queue: str
+    partition: str
+    lease_released: bool
+    dead_lettered: bool
+    already_acked: bool
+
+
+def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
+    """Apply acknowledgements in order, all or nothing: any unknown message, foreign lease or
+    undelivered frame raises and the caller's transaction rolls back."""
+    results = [_ack_one(raw, tenant_id, a) for a in acks]
+    for queue in {r.queue for r in results if r.lease_released}:
+        raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, queue)})
+    return results
+
+
+def _ack_one(raw: Raw, tenant_id: int, a: Ack) -> AckResult:
+    where = f"acknowledgement {a.index}" if a.index else "acknowledgement"
+    key = {"partition_id": a.partition_id, "group": a.group, "tenant_id": tenant_id}
+    rows = raw.execute(
+        Q.frames_for_ack, {**key, "transaction_id": a.transaction_id}
+    ).fetchall()
+    if not rows:
+        raise NotFound(
+            "message_not_found",
+            f"{where}: no message with transactionId {a.transaction_id!r} in partition "
+            f"{a.partition_id}",
+            index=a.index,
+        )
+    info = rows[0]
+    cursor = raw.execute(Q.lock_cursor, key).fetchone()
+    if cursor is None:
+        raise Conflict(
+            "not_delivered",
+            f"{where}: consumer group {a.group!r} has never popped this partition",
+            index=a.index,
+        )
+    if a.lease_id is not None and a.lease_id != cursor["lease_id"]:
+        raise Conflict(
+            "lease_lost",
+            f"{where}: lease {a.lease_id} is no longer this partition's lease (it expired and "
+            "the messages were handed out again)",
+            index=a.index,
+        )
+    committed = cursor["committed"]
+    ahead = set(cursor["acked_ahead"])
+    leased_to = cursor["leased_to"] if cursor["leased_to"] is not None else committed
+    offsets = [r["offset"] for r in rows]
+    open_offsets = [o for o in offsets if committed < o <= leased_to and o not in ahead]
+
+    def result(**kw: bool) -> AckResult:
+        return AckResult(a.index, a.transaction_id, a.partition_id, a.status, info["queue"],
+                         info["partition"], kw.get("released", False), kw.get("dlq", False),
+                         kw.get("already", False))
+
+    if not open_offsets:
+        if any(o <= committed or o in ahead for o in offsets):
+            return result(already=True)  # acks are idempotent
+        raise Conflict(
+            "not_delivered",
+            f"{where}: message {a.transaction_id!r} has not been delivered to group {a.group!r}",
+            index=a.index,
+        )
+    offset = open_offsets[0]
+    dead = False
+    if a.status == "retry":
+        raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
+                                    "release": True})
+        return result(released=True)
+    if a.status == "failed":
+        count = raw.execute(
+            Q.bump_retry, {**key, "offset": offset, "error": a.error}
+        ).fetchone()["retry_count"]
+        if count <= info["retry_limit"]:
+            raw.execute(Q.save_cursor, {**key, "committed": committed,
+                                        "acked_ahead": sorted(ahead), "release": True})
+            return result(released=True)
+        dead = _dead_letter(raw, tenant_id, info, a.partition_id, a.group, offset, count,
+                            a.error or "retries exhausted")
+    elif a.status == "dlq":
+        row = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
+        dead = _dead_letter(raw, tenant_id, info, a.partition_id, a.group, offset,
+                            row["retry_count"] if row else 0, a.error or "sent to dead letters")
+    ahead.add(offset)
+    committed, ahead_left = advance(committed, ahead)
+    release = committed >= leased_to
+    raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": ahead_left,
+                                "release": release})
+    raw.execute(Q.forget_retries, {**key, "committed": committed})
+    return result(released=release, dlq=dead)
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) -> datetime:
+    row = raw.execute(
+        Q.extend_lease, {"lease_id": lease_id, "tenant_id": tenant_id, "seconds": seconds}
+    ).fetchone()
+    if row is not None:
+        return row["lease_expires_at"]
+    exists = raw.execute(Q.lease_exists, {"lease_id": lease_id, "tenant_id": tenant_id}).fetchone()
+    if exists:
+        raise Conflict("lease_expired", f"lease {lease_id} has expired or was released")
+    raise NotFound("lease_not_found", f"no lease {lease_id}")
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def list_dead_letters(
+    raw: Raw, tenant_id: int, *, queue: str | None, group: str | None, partition: str | None,
+    after: int, limit: int,
+) -> list[dict[str, Any]]:
+    return raw.execute(
+        Q.list_dead_letters,
+        {"tenant_id": tenant_id, "queue": queue, "group": group, "partition": partition,
+         "after": after, "limit": limit},
+    ).fetchall()
+
+
+def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int) -> Appended:
+    row = raw.execute(Q.lock_dead_letter, {"id": dead_letter_id, "tenant_id": tenant_id}).fetchone()
+    if row is None:
+        raise NotFound("dead_letter_not_found", f"no dead letter {dead_letter_id}")
+    if row["consumer_group"] == rules.TIMER_GROUP:
+        raise Conflict(
+            "timer_dead_letter_not_replayable",
+            "this dead letter comes from a timer that could not be fired: it never had a "
+            "consumer group and has no offset to return to; schedule a new timer instead",
+        )
+    if row["replayed_at"] is not None:
+        raise Conflict(
+            "already_replayed",
+            f"dead letter {dead_letter_id} was already replayed as "
+            f"{row['replay_transaction_id']}",
+        )
+    txn = rules.new_transaction_id()
+    (appended,) = append(
+        raw, tenant_id,
+        [NewFrame(row["queue"], row["partition"] or DEFAULT_PARTITION, row["payload"], txn,
+                  meta={"replayOf": dead_letter_id})],
+    )
+    raw.execute(Q.mark_replayed, {"id": dead_letter_id, "transaction_id": txn})
+    return appended
+
+
+# -- resources --------------------------------------------------------------------------------
+
+
+def list_queues(raw: Raw, tenant_id: int) -> list[dict[str, Any]]:
+    return raw.execute(Q.list_queues, {"tenant_id": tenant_id}).fetchall()
+
+
+def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
+    queue = raw.execute(Q.queue_detail, {"tenant_id": tenant_id, "name": name}).fetchone()
+    if queue is None:
+        raise NotFound("queue_not_found", f"no queue {name!r}")
+    key = {"queue_id": queue["queue_id"]}
+    return {
+        "queue": queue,
+        "partitions": raw.execute(Q.queue_partitions, key).fetchall(),
+        "cursors": raw.execute(Q.queue_cursors, key).fetchall(),
+        "dead_letters": raw.execute(Q.queue_dead_letter_count, key).fetchone()["n"],
+    }
+
+
+def delete_queue(raw: Raw, tenant_id: int, name: str) -> bool:
+    return raw.execute(Q.delete_queue, {"tenant_id": tenant_id, "name": name}).fetchone() is not None

@@ -1,0 +1,254 @@
+-- Runtime queries of the log (queen_trio/log/store.py). Every query is tenant-scoped.
+
+-- name: upsert_queue
+-- Configure: as in Queen, every option is set (omitted ones take their defaults).
+INSERT INTO queen.queues AS q
+    (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
+     dead_letter_queue)
+VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
+        %(retention_s)s, %(dead_letter_queue)s)
+ON CONFLICT (tenant_id, name) DO UPDATE SET
+    lease_time_s = excluded.lease_time_s,
+    retry_limit = excluded.retry_limit,
+    delayed_processing_s = excluded.delayed_processing_s,
+    retention_s = excluded.retention_s,
+    dead_letter_queue = excluded.dead_letter_queue,
+    updated_at = now()
+RETURNING queue_id, (xmax = 0) AS created
+
+-- name: ensure_queues
+-- Implicit creation by push (or timer): default options, never overwrites a configured queue.
+INSERT INTO queen.queues (tenant_id, name)
+SELECT %(tenant_id)s, unnest(%(names)s::text[])
+ON CONFLICT (tenant_id, name) DO NOTHING
+
+-- name: queues_by_name
+SELECT queue_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
+       dead_letter_queue, created_at
+FROM queen.queues
+WHERE tenant_id = %(tenant_id)s AND name = ANY(%(names)s::text[])
+
+-- name: ensure_partitions
+INSERT INTO queen.partitions (tenant_id, queue_id, name)
+SELECT %(tenant_id)s, unnest(%(queue_ids)s::bigint[]), unnest(%(names)s::text[])
+ON CONFLICT (queue_id, name) DO NOTHING
+
+-- name: lock_partitions
+-- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
+-- deadlocking each other.
+SELECT partition_id, queue_id, name, next_offset
+FROM queen.partitions
+WHERE tenant_id = %(tenant_id)s
+  AND (queue_id, name) IN (SELECT unnest(%(queue_ids)s::bigint[]), unnest(%(names)s::text[]))
+ORDER BY partition_id
+FOR UPDATE
+
+-- name: existing_transactions
+SELECT DISTINCT transaction_id
+FROM queen.frames
+WHERE partition_id = %(partition_id)s AND transaction_id = ANY(%(txns)s::text[])
+
+-- name: insert_frames
+INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload, created_at,
+                          meta)
+SELECT %(partition_id)s, o, %(tenant_id)s, t, p::jsonb, clock_timestamp(), m::jsonb
+FROM unnest(%(offsets)s::bigint[], %(txns)s::text[], %(payloads)s::text[], %(metas)s::text[])
+     AS u(o, t, p, m)
+
+-- name: advance_next_offset
+UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %(partition_id)s
+
+-- name: notify_queue
+-- Wakes long-polling pops of this queue (on every broker); delivered only if we commit.
+SELECT pg_notify('queen_log', %(payload)s)
+
+-- name: queue_for_pop
+SELECT queue_id, lease_time_s, retry_limit, delayed_processing_s, dead_letter_queue
+FROM queen.queues
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: pop_candidates
+-- Partitions of the queue with frames past the group's cursor and no live lease for the group,
+-- least recently served first.
+SELECT p.partition_id, p.name, p.log_start
+FROM queen.partitions p
+LEFT JOIN queen.cursors c
+       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
+WHERE p.queue_id = %(queue_id)s
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+  AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+ORDER BY c.updated_at NULLS FIRST
+LIMIT 8
+
+-- name: ensure_cursor
+INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
+VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(log_start)s - 1)
+ON CONFLICT (partition_id, consumer_group) DO NOTHING
+
+-- name: lock_free_cursor
+-- Two consumers of one group never hold one partition: whoever locks the cursor first and
+-- finds no live lease takes it; the other skips to the next candidate.
+SELECT c.committed, c.acked_ahead, c.lease_id, c.lease_expires_at, c.leased_to,
+       greatest(c.committed, p.log_start - 1) AS start_after
+FROM queen.cursors c
+JOIN queen.partitions p USING (partition_id)
+WHERE c.partition_id = %(partition_id)s AND c.consumer_group = %(group)s
+  AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+FOR UPDATE OF c SKIP LOCKED
+
+-- name: count_expired_delivery
+-- A lease expired with frames it handed out still unacknowledged: each counts as a failed
+-- delivery.
+INSERT INTO queen.retries (partition_id, consumer_group, "offset", tenant_id, retry_count,
+                           last_error)
+SELECT %(partition_id)s, %(group)s, o, %(tenant_id)s, 1, 'lease expired'
+FROM generate_series(%(from_offset)s::bigint, %(to_offset)s::bigint) AS o
+WHERE o <> ALL(%(acked_ahead)s::bigint[])
+ON CONFLICT (partition_id, consumer_group, "offset") DO UPDATE
+    SET retry_count = queen.retries.retry_count + 1, last_error = 'lease expired'
+
+-- name: read_frames
+SELECT f."offset", f.transaction_id, f.payload, f.created_at, f.meta,
+       coalesce(r.retry_count, 0) AS retry_count, r.last_error,
+       -- delayedProcessing: seconds until this frame may be popped (<= 0: now)
+       extract(epoch FROM f.created_at + make_interval(secs => %(delay_s)s) - now())::float8
+           AS matures_in_s
+FROM queen.read_frames(%(partition_id)s, %(from_offset)s, %(count)s) f
+LEFT JOIN queen.retries r
+       ON r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
+      AND r."offset" = f."offset"
+ORDER BY f."offset"
+
+-- name: take_lease
+UPDATE queen.cursors
+SET lease_id = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+    leased_to = %(leased_to)s,
+    updated_at = now()
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+RETURNING lease_id, lease_expires_at
+
+-- name: save_cursor
+UPDATE queen.cursors
+SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
+    lease_expires_at = CASE WHEN %(release)s THEN NULL ELSE lease_expires_at END,
+    updated_at = now()
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+
+-- name: forget_retries
+DELETE FROM queen.retries
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+  AND "offset" <= %(committed)s
+
+-- name: frames_for_ack
+-- Usually one row; several when a timer re-used a txn after its first message went out.
+SELECT f."offset", p.queue_id, p.name AS partition, q.name AS queue, q.retry_limit,
+       q.dead_letter_queue
+FROM queen.partitions p
+JOIN queen.queues q USING (queue_id)
+JOIN queen.frames f ON f.partition_id = p.partition_id
+WHERE p.partition_id = %(partition_id)s AND p.tenant_id = %(tenant_id)s
+  AND f.transaction_id = %(transaction_id)s
+ORDER BY f."offset"
+
+-- name: lock_cursor
+SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to,
+       lease_expires_at > now() AS lease_live
+FROM queen.cursors
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s AND tenant_id = %(tenant_id)s
+FOR UPDATE
+
+-- name: bump_retry
+INSERT INTO queen.retries (partition_id, consumer_group, "offset", tenant_id, retry_count,
+                           last_error)
+VALUES (%(partition_id)s, %(group)s, %(offset)s, %(tenant_id)s, 1, %(error)s)
+ON CONFLICT (partition_id, consumer_group, "offset") DO UPDATE
+    SET retry_count = queen.retries.retry_count + 1, last_error = excluded.last_error
+RETURNING retry_count
+
+-- name: retry_count
+SELECT retry_count FROM queen.retries
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s AND "offset" = %(offset)s
+
+-- name: dead_letter_frame
+INSERT INTO queen.dead_letters (tenant_id, queue_id, partition_id, consumer_group, "offset",
+                                transaction_id, payload, frame_created_at, retry_count, error)
+SELECT %(tenant_id)s, p.queue_id, p.partition_id, %(group)s, f."offset", f.transaction_id,
+       f.payload, f.created_at, %(retry_count)s, %(error)s
+FROM queen.read_frames(%(partition_id)s, %(offset)s, 1) f
+JOIN queen.partitions p ON p.partition_id = %(partition_id)s
+
+-- name: extend_lease
+UPDATE queen.cursors
+SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(seconds)s))
+WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s AND lease_expires_at > now()
+RETURNING lease_expires_at
+
+-- name: lease_exists
+SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s
+
+-- name: list_dead_letters
+SELECT d.dead_letter_id, d.transaction_id, d.partition_id, q.name AS queue,
+       p.name AS partition, d.consumer_group, d."offset", d.error, d.retry_count, d.payload,
+       d.frame_created_at, d.created_at, d.replayed_at, d.replay_transaction_id
+FROM queen.dead_letters d
+JOIN queen.queues q USING (queue_id)
+LEFT JOIN queen.partitions p ON p.partition_id = d.partition_id
+WHERE d.tenant_id = %(tenant_id)s
+  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(group)s::text IS NULL OR d.consumer_group = %(group)s)
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND d.dead_letter_id > %(after)s
+ORDER BY d.dead_letter_id
+LIMIT %(limit)s
+
+-- name: lock_dead_letter
+SELECT d.dead_letter_id, d.consumer_group, d.payload, d.replayed_at, d.replay_transaction_id,
+       q.name AS queue, p.name AS partition
+FROM queen.dead_letters d
+JOIN queen.queues q USING (queue_id)
+LEFT JOIN queen.partitions p ON p.partition_id = d.partition_id
+WHERE d.dead_letter_id = %(id)s AND d.tenant_id = %(tenant_id)s
+FOR UPDATE OF d
+
+-- name: mark_replayed
+UPDATE queen.dead_letters
+SET replayed_at = now(), replay_transaction_id = %(transaction_id)s
+WHERE dead_letter_id = %(id)s
+
+-- name: list_queues
+SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
+       q.retention_s, q.dead_letter_queue,
+       count(p.partition_id) AS partitions,
+       coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
+FROM queen.queues q
+LEFT JOIN queen.partitions p USING (queue_id)
+WHERE q.tenant_id = %(tenant_id)s
+GROUP BY q.queue_id
+ORDER BY q.name
+
+-- name: queue_detail
+SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
+       dead_letter_queue
+FROM queen.queues
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: queue_partitions
+SELECT partition_id, name, next_offset, log_start, created_at
+FROM queen.partitions
+WHERE queue_id = %(queue_id)s
+ORDER BY name
+
+-- name: queue_cursors
+SELECT c.partition_id, c.consumer_group, c.committed, c.lease_expires_at > now() AS leased
+FROM queen.cursors c
+JOIN queen.partitions p USING (partition_id)
+WHERE p.queue_id = %(queue_id)s
+ORDER BY c.consumer_group, c.partition_id
+
+-- name: queue_dead_letter_count
+SELECT count(*) AS n FROM queen.dead_letters WHERE queue_id = %(queue_id)s AND replayed_at IS NULL
+
+-- name: delete_queue
+DELETE FROM queen.queues WHERE tenant_id = %(tenant_id)s AND name = %(name)s RETURNING queue_id
