@@ -141,7 +141,8 @@ class Failures:
                  request=f"{method} {path}", request_body=_clip(body),
                  status=response.status_code, response_body=_clip(response.text))
 
-    def exception(self, scenario: str, method: str, path: str, body: Any, exc: BaseException) -> None:
+    def exception(self, scenario: str, method: str, path: str, body: Any,
+                  exc: BaseException) -> None:
         self.add(scenario, f"{method} {path.split('?')[0]} raised {type(exc).__name__}",
                  str(exc) or repr(exc), request=f"{method} {path}", request_body=_clip(body))
 
@@ -196,9 +197,10 @@ def push_body(queue: str, layout: str, client: int, request: int, seq0: int,
 class Broker:
     """An httpx client for one broker, checking every answer and recording failures."""
 
-    def __init__(self, client: httpx.AsyncClient, failures: Failures) -> None:
+    def __init__(self, client: httpx.AsyncClient, failures: Failures, cpu: CpuMeter) -> None:
         self.client = client
         self.failures = failures
+        self.cpu = cpu
 
     async def push(self, scenario: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         """POST /push; the per-item results if every item was queued, else None."""
@@ -320,6 +322,7 @@ async def push_scenario(broker: Broker, run: str, layout: str, clients: int) -> 
     clock: dict[str, float] = {}
     started = trio.Event()
     warmed = [0]
+    cpu: dict[str, dict[str, float]] = {}
 
     async def client(c: int) -> None:
         request = 0
@@ -328,6 +331,7 @@ async def push_scenario(broker: Broker, run: str, layout: str, clients: int) -> 
             if request == PUSH_WARMUP_REQUESTS:
                 warmed[0] += 1
                 if warmed[0] == clients:
+                    cpu["before"] = broker.cpu.snapshot()
                     clock["start"] = time.perf_counter()
                     clock["stop"] = clock["start"] + PUSH_SECONDS
                     started.set()
@@ -353,10 +357,13 @@ async def push_scenario(broker: Broker, run: str, layout: str, clients: int) -> 
     async with trio.open_nursery() as nursery:
         for c in range(clients):
             nursery.start_soon(client, c)
+    cores = CpuMeter.cores(cpu["before"], broker.cpu.snapshot(),
+                           time.perf_counter() - clock["start"])
     elapsed = clock.get("end", clock["start"]) - clock["start"]
     rate = counters["messages"] / elapsed if elapsed > 0 else 0.0
     return {"layout": layout, "clients": clients, "batch": PUSH_BATCH, "seconds": round(elapsed, 2),
-            **counters, "msgs_per_s": round(rate), "latency_ms": distribution(latencies)}
+            **counters, "msgs_per_s": round(rate), "latency_ms": distribution(latencies),
+            "cpu_cores": cores}
 
 
 # -- 2. pop + ack -----------------------------------------------------------------------------
@@ -456,10 +463,12 @@ async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> 
                 clock["end"] = t3  # all received and all acks answered
                 cancel.cancel()  # the others may be parked in a long-poll
 
+    cpu_before = broker.cpu.snapshot()
     clock["start"] = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for _ in range(consumers):
             nursery.start_soon(consumer, nursery.cancel_scope)
+    cores = CpuMeter.cores(cpu_before, broker.cpu.snapshot(), time.perf_counter() - clock["start"])
     end = clock.get("end", time.perf_counter())
     leftover = await broker.pop(scenario, queue, batch=POP_BATCH, timeout_ms=0, auto_ack=False)
     if isinstance(leftover, dict):
@@ -479,6 +488,7 @@ async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> 
         "final_pop_empty": not isinstance(leftover, dict),
         **counters,
         "pop_latency_ms": distribution(pop_lat), "ack_latency_ms": distribution(ack_lat),
+        "cpu_cores": cores,
     }
 
 
@@ -551,6 +561,56 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
             "wake_latency_ms": distribution(wakes), "push_rtt_ms": distribution(pushes)}
 
 
+# -- CPU accounting --------------------------------------------------------------------------
+
+
+class CpuMeter:
+    """CPU seconds used by this client, the broker process and its descendants (the embedded
+    PostgreSQL), read from /proc. Without a broker pid (``--url``) only the client is known."""
+
+    TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+
+    def snapshot(self) -> dict[str, float]:
+        snap = {"client": time.process_time()}
+        if self.broker_pid is None or not Path("/proc").is_dir():
+            return snap
+        stats = _proc_stats()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+        below, stack = 0.0, list(children.get(self.broker_pid, []))
+        while stack:
+            pid = stack.pop()
+            below += stats[pid][1]
+            stack.extend(children.get(pid, []))
+        snap["broker"] = stats.get(self.broker_pid, (0, 0.0))[1] / self.TICK
+        snap["postgres"] = below / self.TICK
+        return snap
+
+    @staticmethod
+    def cores(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+        """Average cores busy per party over ``wall_s``."""
+        return {k: round((after[k] - before[k]) / wall_s, 2) for k in before if wall_s > 0}
+
+
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (ppid, utime + stime in ticks) for every readable process."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+        stats[int(entry.name)] = (int(fields[1]), float(int(fields[11]) + int(fields[12])))
+    return stats
+
+
 # -- the broker -------------------------------------------------------------------------------
 
 
@@ -584,13 +644,24 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def error_lines(path: Path, limit: int = 60) -> list[str]:
+    """The broker log from its first ERROR or traceback on (at most ``limit`` lines)."""
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    for i, line in enumerate(lines):
+        if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback"):
+            return lines[i:i + limit]
+    return []
+
+
 @dataclasses.dataclass
 class BrokerProcess:
     url: str
     source: str
     database_url: str | None
     log_path: Path | None
+    pid: int | None = None
     exit_code: int | None = None
+    log_errors: list[str] = dataclasses.field(default_factory=list)
 
 
 @contextmanager
@@ -612,7 +683,7 @@ def broker_process(url: str | None) -> Iterator[BrokerProcess]:
         process = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], env=env,
                                    stdout=log_file, stderr=subprocess.STDOUT)
     handle = BrokerProcess(f"http://127.0.0.1:{port}", f"subprocess, database {source}",
-                           external_db, log_path)
+                           external_db, log_path, process.pid)
     try:
         wait_healthy(handle.url, process, log_path)
         if handle.database_url is None:
@@ -630,6 +701,7 @@ def broker_process(url: str | None) -> Iterator[BrokerProcess]:
                 process.kill()
                 process.wait()
         handle.exit_code = process.returncode
+        handle.log_errors = error_lines(log_path)
         if handle.exit_code != 0:
             print(f"broker exited with {handle.exit_code}:\n{log_tail(log_path)}", file=sys.stderr)
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -673,35 +745,48 @@ def dist_cells(d: dict[str, Any]) -> str:
     return f"{d['p50']:7.1f} {d['p90']:7.1f} {d['p99']:7.1f} {d['max']:8.1f}"
 
 
+def cpu_cell(cores: dict[str, float]) -> str:
+    """Cores busy as client/broker/postgres."""
+    return "/".join(f"{cores[k]:.2f}" if k in cores else "-"
+                    for k in ("client", "broker", "postgres"))
+
+
 def print_push(rows: list[dict[str, Any]]) -> None:
     print(f"1. push: {PUSH_BATCH}-item batches, ~{event_size()}-byte events, {PARTITIONS} "
           f"partitions, {PUSH_SECONDS:.0f} s per row after {PUSH_WARMUP_REQUESTS} warm-up "
           f"requests per client")
-    print("   layout  C   requests  failed    msgs/s   latency ms: p50     p90     p99      max")
+    print("   layout  C  requests  failed    msgs/s   latency ms: p50     p90     p99      max"
+          "   CPU cores client/broker/pg")
     for r in rows:
-        print(f"   {r['layout']:<6} {r['clients']:>2}  {r['requests']:>9} {r['failed']:>7} "
-              f"{r['msgs_per_s']:>9,}               {dist_cells(r['latency_ms'])}")
+        print(f"   {r['layout']:<6} {r['clients']:>2} {r['requests']:>9} {r['failed']:>7} "
+              f"{r['msgs_per_s']:>9,}               {dist_cells(r['latency_ms'])}"
+              f"   {cpu_cell(r['cpu_cores'])}")
 
 
 def print_pop(rows: list[dict[str, Any]]) -> None:
     print(f"2. pop+ack: {POP_MESSAGES:,} messages pre-pushed over {PARTITIONS} partitions, "
           f"C consumers loop pop(batch={POP_BATCH}, wait=true) -> ack/batch(completed)")
-    print("   C   msgs/s   seconds  pop ms: p50     p90     p99      max   "
-          "ack ms: p50     p90     p99      max")
+    print("    C   msgs/s  seconds  pop ms: p50     p90     p99      max   "
+          "ack ms: p50     p90     p99      max   CPU cores client/broker/pg")
     for r in rows:
         print(f"   {r['consumers']:>2} {r['msgs_per_s']:>8,} {r['seconds']:>8.2f}        "
-              f"{dist_cells(r['pop_latency_ms'])}          {dist_cells(r['ack_latency_ms'])}")
+              f"{dist_cells(r['pop_latency_ms'])}          {dist_cells(r['ack_latency_ms'])}"
+              f"   {cpu_cell(r['cpu_cores'])}")
     print("   delivery check:")
     for r in rows:
-        ok = (r["lost"] == 0 and r["duplicates"] == 0 and r["unexpected"] == 0
-              and r["wrong_payload"] == 0 and r["final_pop_empty"])
-        print(f"     C={r['consumers']}: pushed {r['pushed']:,}, received {r['received_distinct']:,} "
-              f"distinct, duplicates {r['duplicates']}, lost {r['lost']}, unexpected "
-              f"{r['unexpected']}, wrong payload {r['wrong_payload']}, final pop empty "
-              f"{'yes' if r['final_pop_empty'] else 'NO'} -> {'OK' if ok else 'FAILED'}")
+        print(f"     C={r['consumers']}: pushed {r['pushed']:,}, received "
+              f"{r['received_distinct']:,} distinct, duplicates {r['duplicates']}, "
+              f"lost {r['lost']}, unexpected {r['unexpected']}, wrong payload "
+              f"{r['wrong_payload']}, final pop empty {'yes' if r['final_pop_empty'] else 'NO'}"
+              f" -> {'OK' if delivered_exactly_once(r) else 'FAILED'}")
         print(f"          pops {r['pops']:,} (empty {r['empty_pops']}, failed {r['failed_pops']}), "
               f"failed acks {r['failed_acks']}; prefill {r['prefill_msgs_per_s']:,} msgs/s "
               f"with {PREFILL_CLIENTS} clients")
+
+
+def delivered_exactly_once(r: dict[str, Any]) -> bool:
+    return (r["lost"] == 0 and r["duplicates"] == 0 and r["unexpected"] == 0
+            and r["wrong_payload"] == 0 and r["final_pop_empty"])
 
 
 def print_wake(w: dict[str, Any]) -> None:
@@ -720,7 +805,7 @@ def targets(push: list[dict[str, Any]], pop: list[dict[str, Any]],
             wake: dict[str, Any]) -> list[dict[str, Any]]:
     best_push = max(push, key=lambda r: r["msgs_per_s"])
     best_pop = max(pop, key=lambda r: r["msgs_per_s"])
-    delivered = all(r["lost"] == 0 and r["duplicates"] == 0 for r in pop)
+    delivered = all(delivered_exactly_once(r) for r in pop)
     p99 = wake["wake_latency_ms"].get("p99", math.inf)
     return [
         {"target": f"push >= {TARGET_PUSH:,.0f} msgs/s", "measured": best_push["msgs_per_s"],
@@ -743,8 +828,12 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
         print(f"   {t['target']:<32} {shown:>12}  ({t['where']})  {verdict(t['pass'])}")
 
 
-def print_failures(failures: Failures, counts: dict[str, int]) -> None:
+def print_failures(failures: Failures, counts: dict[str, int], log_errors: list[str]) -> None:
     print(f"broker requests by status (from /metrics): {counts or 'unavailable'}")
+    if log_errors:
+        print("broker log from its first error on:")
+        for line in log_errors:
+            print(f"   | {line}")
     if not failures.total():
         print("failures: none (every response had the expected status and shape)")
         return
@@ -758,12 +847,12 @@ def print_failures(failures: Failures, counts: dict[str, int]) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-async def run_scenarios(url: str, failures: Failures) -> dict[str, Any]:
+async def run_scenarios(url: str, failures: Failures, cpu: CpuMeter) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     async with httpx.AsyncClient(base_url=url, limits=limits,
                                  timeout=REQUEST_TIMEOUT_S) as client:
-        broker = Broker(client, failures)
+        broker = Broker(client, failures, cpu)
         out: dict[str, Any] = {"push": [], "pop_ack": [], "wake": None}
         for layout in PUSH_LAYOUTS:
             for c in PUSH_CONCURRENCY:
@@ -800,7 +889,7 @@ def main() -> int:
     started = time.monotonic()
     with broker_process(args.url) as handle:
         info = machine_info(handle)
-        results = trio.run(run_scenarios, handle.url, failures)
+        results = trio.run(run_scenarios, handle.url, failures, CpuMeter(handle.pid))
     info["broker_exit_code"] = handle.exit_code
 
     print("queen-trio log throughput (HTTP, Queen v1 wire)")
@@ -821,7 +910,7 @@ def main() -> int:
         verdicts = targets(results["push"], results["pop_ack"], results["wake"])
         print_targets(verdicts)
         print()
-    print_failures(failures, results["broker_requests"])
+    print_failures(failures, results["broker_requests"], handle.log_errors)
     elapsed = round(time.monotonic() - started, 1)
     print(f"elapsed {elapsed} s")
 
@@ -836,7 +925,7 @@ def main() -> int:
         **{k: v for k, v in results.items()},
         "targets": verdicts,
         "failures": {"total": failures.total(), "counts": failures.counts,
-                     "examples": failures.examples},
+                     "examples": failures.examples, "broker_log_errors": handle.log_errors},
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -56,6 +56,36 @@ def _parser() -> argparse.ArgumentParser:
         "while brokers are starting: an advisory lock serialises migrators.",
     )
     commands.add_parser("version", help="print the version and exit")
+
+    tenants = commands.add_parser(
+        "tenants",
+        help="manage tenants, their tokens and plans (works with or without a running broker)",
+        description="Tenants own every queue, message, timer and KV key. With QUEEN_AUTH=on a "
+        "request's bearer token selects its tenant.",
+    )
+    sub = tenants.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
+    create = sub.add_parser("create", help="create a tenant")
+    create.add_argument("name")
+    sub.add_parser("list", help="list tenants with their plans and usage").add_argument(
+        "--json", action="store_true", help="machine-readable output"
+    )
+    token = sub.add_parser("token", help="create or revoke bearer tokens")
+    token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    token_create = token_sub.add_parser("create", help="create a token (printed once, never stored)")
+    token_create.add_argument("name", help="tenant name")
+    token_create.add_argument("--json", action="store_true", help='print {"tenant", "token"}')
+    token_revoke = token_sub.add_parser("revoke", help="revoke a token by its prefix")
+    token_revoke.add_argument("prefix", help="the token's prefix (qt_<prefix>_…) or the token")
+    plan = sub.add_parser(
+        "plan", help="change a tenant's plan (running brokers apply it within a second)"
+    )
+    plan.add_argument("name")
+    plan.add_argument("--max-message-bytes", type=int, metavar="N",
+                      help="message ceiling, 1..1048576")
+    plan.add_argument("--max-stored-bytes", type=int, metavar="N",
+                      help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
+    plan.add_argument("--requests-per-second", type=int, metavar="N",
+                      help="request-rate quota per broker; -1 removes the quota")
     return parser
 
 
@@ -82,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             return _with_database(settings, _migrate)
+        if args.command == "tenants":
+            return _with_database(settings, lambda s: _tenants(s, args))
         return _with_database(settings, _serve)
     except QueenError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
@@ -125,6 +157,76 @@ def _migrate(settings: Settings) -> int:
         return EXIT_FAILURE
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
     return EXIT_OK
+
+
+def _tenants(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from .db.migrations import apply_migrations
+    from .errors import ClientError
+    from .tenants import store
+
+    assert settings.database_url is not None
+    try:
+        apply_migrations(settings.database_url)
+        with psycopg.connect(settings.database_url, row_factory=dict_row) as raw:
+            action = args.tenants_command
+            if action == "create":
+                store.create_tenant(raw, args.name)
+                print(f"created tenant {args.name}")
+            elif action == "list":
+                rows = store.list_tenants(raw)
+                if args.json:
+                    print(json.dumps([{k: v for k, v in r.items() if k != "created_at"}
+                                      for r in rows]))
+                else:
+                    _print_tenants(rows)
+            elif action == "token" and args.token_command == "create":
+                token = store.create_token(raw, args.name)
+                print(json.dumps({"tenant": args.name, "token": token}) if args.json else token)
+            elif action == "token":
+                store.revoke_token(raw, args.prefix)
+                print("revoked")
+            elif action == "plan":
+                changed = store.set_plan(
+                    raw, args.name,
+                    max_message_bytes=args.max_message_bytes,
+                    max_stored_bytes=_unset(args.max_stored_bytes),
+                    requests_per_second=_unset(args.requests_per_second),
+                    set_stored=args.max_stored_bytes is not None,
+                    set_rate=args.requests_per_second is not None,
+                )
+                print(json.dumps({k: v for k, v in changed.items() if k != "tenant_id"}))
+    except ClientError as exc:
+        print(f"queen-trio: {exc.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    except psycopg.errors.CheckViolation:
+        print("queen-trio: a plan value is out of range (see --help)", file=sys.stderr)
+        return EXIT_USAGE
+    except psycopg.OperationalError as exc:
+        print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _unset(value: int | None) -> int | None:
+    """-1 on the command line means "no limit" (stored as NULL)."""
+    return None if value is None or value == -1 else value
+
+
+def _print_tenants(rows: list[dict]) -> None:  # type: ignore[type-arg]
+    def limit(v: object) -> str:
+        return "unlimited" if v is None else str(v)
+
+    header = f"{'TENANT':<24} {'TOKENS':>6} {'MAX MSG':>9} {'STORED':>12} {'GATE':>12} {'RPS':>9}"
+    print(header)
+    for r in rows:
+        print(f"{r['name']:<24} {r['active_tokens']:>6} {r['max_message_bytes']:>9} "
+              f"{r['stored_bytes']:>12} {limit(r['max_stored_bytes']):>12} "
+              f"{limit(r['requests_per_second']):>9}")
 
 
 def _serve(settings: Settings) -> int:

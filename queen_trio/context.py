@@ -9,6 +9,7 @@ from .config import Settings
 from .db import Database, Listener
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
+from .tenants.directory import TenantDirectory
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -17,7 +18,7 @@ class BrokerContext:
     db: Database
     listener: Listener
     metrics: BrokerMetrics
-    default_tenant_id: int
+    tenants: TenantDirectory
     wakeups: QueueWakeups
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.

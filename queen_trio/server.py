@@ -31,12 +31,15 @@ from .db import Database, Listener, queries
 from .db.migrations import apply_migrations
 from .log import store as log_store
 from .log.wakeups import QueueWakeups
+from .kv import store as kv_store
+from .tenants import store as tenant_store
+from .tenants.directory import TenantDirectory
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
 # Every NOTIFY channel the broker uses; the listener subscribes to all of them at connect.
-NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL,)
+NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL)
 TENANTS = queries.load("tenants")
 
 
@@ -72,12 +75,15 @@ async def run_broker(
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
         listener = Listener(url, NOTIFY_CHANNELS)
         wakeups = QueueWakeups()
-        context = BrokerContext(settings, db, listener, metrics, default_tenant, wakeups)
+        tenants = TenantDirectory(db, default_tenant)
+        context = BrokerContext(settings, db, listener, metrics, tenants, wakeups)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.run)
             context.services["listener"] = lambda: listener.connected
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
+            await nursery.start(tenants.run, listener)  # plans, usage, token cache
+            await nursery.start(kv_store.run_purger, db)  # expired KV keys
             # The timer sweeper and log housekeeping are started here by their own issues.
 
             http_done = trio.Event()

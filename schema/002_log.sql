@@ -39,6 +39,7 @@ CREATE TABLE queen.frames (
     tenant_id      integer     NOT NULL,
     transaction_id text        NOT NULL,
     payload        jsonb       NOT NULL,
+    size_bytes     integer     NOT NULL,  -- compact JSON bytes: what plans and storage count
     created_at     timestamptz NOT NULL DEFAULT now(),
     meta           jsonb,
     PRIMARY KEY (partition_id, "offset")
@@ -87,6 +88,7 @@ CREATE TABLE queen.dead_letters (
     "offset"       bigint,     -- null for frames that never had a position (timer failures)
     transaction_id text        NOT NULL,
     payload        jsonb       NOT NULL,
+    size_bytes     integer     NOT NULL DEFAULT 0,
     frame_created_at timestamptz,
     retry_count    integer     NOT NULL DEFAULT 0,
     error          text,
@@ -98,10 +100,10 @@ CREATE INDEX dead_letters_listing ON queen.dead_letters (tenant_id, queue_id, co
 
 -- The one reader of frames: offsets [from_offset, from_offset + max_count) of a partition.
 CREATE FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer)
-RETURNS TABLE ("offset" bigint, transaction_id text, payload jsonb, created_at timestamptz,
-               meta jsonb)
+RETURNS TABLE ("offset" bigint, transaction_id text, payload jsonb, size_bytes integer,
+               created_at timestamptz, meta jsonb)
 LANGUAGE sql STABLE AS $$
-    SELECT f."offset", f.transaction_id, f.payload, f.created_at, f.meta
+    SELECT f."offset", f.transaction_id, f.payload, f.size_bytes, f.created_at, f.meta
     FROM queen.frames f
     WHERE f.partition_id = p_partition
       AND f."offset" >= from_offset

@@ -9,8 +9,11 @@ from quart_trio import QuartTrio
 
 from ..context import BrokerContext
 from .errors import install_error_handlers
+from .kv import kv_routes
 from .log import log_routes
 from .ops import ops
+from .tenancy import admit_request
+from .transaction import transaction_routes
 
 
 def create_app(broker: BrokerContext) -> QuartTrio:
@@ -21,10 +24,14 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     install_error_handlers(app)
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
+    app.register_blueprint(kv_routes)
+    app.register_blueprint(transaction_routes)
 
     @app.before_request
     async def _start_timer() -> None:
         g.started = time.perf_counter()
+
+    app.before_request(admit_request)
 
     @app.after_request
     async def _count(response):  # type: ignore[no-untyped-def]

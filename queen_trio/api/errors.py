@@ -22,11 +22,15 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """Raise from a handler to answer with a JSON error."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
         self.extra = extra
 
 
@@ -41,6 +45,7 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
+    507: "storage_full",
     415: "unsupported_media_type",
     429: "too_many_requests",
 }
@@ -69,7 +74,9 @@ async def read_json_object() -> dict[str, Any]:
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
-        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+        response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+        response.headers.update(exc.headers)
+        return response
 
     @app.errorhandler(ClientError)
     async def _client_error(exc: ClientError) -> Response:

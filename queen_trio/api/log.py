@@ -4,7 +4,6 @@ queue resources."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 from typing import Any
 
 import trio
@@ -13,9 +12,9 @@ from quart import Blueprint, Response, current_app, jsonify, request
 from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules, store
-from ..log.rules import DEFAULT_MAX_MESSAGE_BYTES
 from .errors import read_json_object
-from .tenancy import current_tenant_id
+from .wire import iso
+from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
 
@@ -26,11 +25,6 @@ _LONGPOLL_RECHECK_S = 1.0
 
 def _broker() -> BrokerContext:
     return current_app.config["BROKER"]
-
-
-def iso(ts: datetime | None) -> str | None:
-    """ISO-8601 UTC with microseconds and a Z, as Queen writes createdAt."""
-    return None if ts is None else ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -72,8 +66,9 @@ def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
 
 @log_routes.post("/push")
 async def push() -> Response:
+    enforce_storage_gate()
     body = await read_json_object()
-    items = rules.push_items(body, DEFAULT_MAX_MESSAGE_BYTES)
+    items = rules.push_items(body, message_ceiling())
     frames = [
         store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
                        dedupe=i.client_transaction_id)

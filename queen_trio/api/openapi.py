@@ -20,7 +20,8 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    texts = {400: "Invalid input", 404: "Not found", 409: "Conflict", 413: "Payload too large"}
+    texts = {400: "Invalid input", 401: "Missing or invalid bearer token", 404: "Not found",
+             409: "Conflict", 413: "Payload too large", 429: "Request-rate quota exhausted"}
     return {str(s): _json(_ERROR, texts[s]) for s in statuses}
 
 
@@ -50,6 +51,50 @@ _POP_RESPONSES = {
     "204": {"description": "No message available"},
     **_errors(400),
 }
+
+
+def _kv_and_transaction_paths() -> dict[str, Any]:
+    kv_params = [_path_param("namespace", "namespace"),
+                 _path_param("key", "key (may contain '/'; percent-encode the rest)")]
+    return {
+        "/api/v1/kv/{namespace}/{key}": {
+            "put": {
+                "summary": "Write a JSON value, optionally expiring after ttlSeconds",
+                "operationId": "kvPut",
+                "parameters": kv_params,
+                "requestBody": _body({"type": "object", "required": ["value"], "properties": {
+                    "value": {}, "ttlSeconds": {"type": "integer", "minimum": 1}}}),
+                "responses": {"200": _json({"type": "object"}, "Written"),
+                              **_errors(400, 413), "507": _json(_ERROR, "Storage gate")},
+            },
+            "get": {
+                "summary": "Read a live value",
+                "operationId": "kvGet",
+                "parameters": kv_params,
+                "responses": {"200": _json({"type": "object"}, "The value"), **_errors(400, 404)},
+            },
+            "delete": {
+                "summary": "Delete a key (deleting nothing is not an error)",
+                "operationId": "kvDelete",
+                "parameters": kv_params,
+                "responses": {"200": _json({"type": "object"}, "Deleted or absent"),
+                              **_errors(400)},
+            },
+        },
+        "/api/v1/transaction": {"post": {
+            "summary": "Apply push, ack, kv.put and kv.delete operations atomically",
+            "operationId": "transaction",
+            "requestBody": _body({"type": "object", "required": ["operations"], "properties": {
+                "operations": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["type"], "properties": {
+                        "type": {"enum": ["push", "ack", "kv.put", "kv.delete"]}}}},
+                "timers": {"type": "array", "items": {"type": "object"}}}}),
+            "responses": {
+                "200": _json({"type": "object"}, "Committed: one result per operation"),
+                **_errors(400, 404, 409, 413), "507": _json(_ERROR, "Storage gate"),
+            },
+        }},
+    }
 
 
 def _log_paths() -> dict[str, Any]:
@@ -209,6 +254,7 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             **_log_paths(),
+            **_kv_and_transaction_paths(),
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
@@ -218,6 +264,8 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
                 "Pushed": {"type": "object", "properties": {
                     "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},

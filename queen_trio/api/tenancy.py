@@ -1,17 +1,72 @@
-"""Which tenant a request belongs to.
+"""Which tenant a request belongs to, and whether its plan lets the request in.
 
-With QUEEN_AUTH=off (the only mode so far) every request is the ``default`` tenant; bearer-token
-resolution replaces this function's body when authentication lands, and every route already
-asks it.
+Every ``/api/`` request passes :func:`admit_request` before its handler: with QUEEN_AUTH=on the
+bearer token selects the tenant (401 otherwise, with no hint why); then the tenant's request-rate
+quota applies (429 with Retry-After). Handlers that add stored bytes call
+:func:`enforce_storage_gate` (507 past ``maxStoredBytes``). A view decorated with
+:func:`never_refused` skips quota and gate: cancelling a timer must always be possible, or a
+tenant over its limits could not stop messages it no longer wants.
 """
 
 from __future__ import annotations
 
-from quart import current_app
+from collections.abc import Callable
+from typing import TypeVar
+
+from quart import current_app, g, request
 
 from ..context import BrokerContext
+from ..tenants.directory import retry_after_header
+from ..tenants.tokens import bearer
+from .errors import ApiError
+
+F = TypeVar("F", bound=Callable[..., object])
+_NEVER_REFUSED = "_queen_never_refused"
+
+
+def never_refused(view: F) -> F:
+    """Exempt a route from the request-rate quota and the storage gate (not from auth)."""
+    setattr(view, _NEVER_REFUSED, True)
+    return view
+
+
+def _broker() -> BrokerContext:
+    return current_app.config["BROKER"]
+
+
+async def admit_request() -> None:
+    if not request.path.startswith("/api/") or request.url_rule is None:
+        return
+    broker = _broker()
+    if broker.settings.auth:
+        token = bearer(request.headers.get("Authorization"))
+        tenant_id = None if token is None else await broker.tenants.authenticate(token)
+        if tenant_id is None:
+            raise ApiError(401, "unauthorized", "a valid bearer token is required",
+                           headers={"WWW-Authenticate": 'Bearer realm="queen-trio"'})
+    else:
+        tenant_id = broker.tenants.default_tenant_id
+    g.tenant_id = tenant_id
+    view = current_app.view_functions.get(request.endpoint or "")
+    if getattr(view, _NEVER_REFUSED, False):
+        return
+    wait = broker.tenants.admit(tenant_id)
+    if wait is not None:
+        raise ApiError(429, "rate_limited", "the tenant's request-rate quota is exhausted",
+                       headers={"Retry-After": retry_after_header(wait)})
 
 
 def current_tenant_id() -> int:
-    broker: BrokerContext = current_app.config["BROKER"]
-    return broker.default_tenant_id
+    return g.tenant_id
+
+
+def enforce_storage_gate() -> None:
+    """Refuse a write that would add storage while the tenant is over its gate."""
+    if _broker().tenants.over_storage_gate(g.tenant_id):
+        raise ApiError(507, "storage_full",
+                       "the tenant's stored bytes are at its plan's maxStoredBytes; reads, acks "
+                       "and deletes still work")
+
+
+def message_ceiling() -> int:
+    return _broker().tenants.message_ceiling(g.tenant_id)

@@ -71,6 +71,7 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
     }
 
     results: list[Appended | None] = [None] * len(frames)
+    stored_bytes = 0
     by_partition: dict[tuple[int, str], list[int]] = {}
     for i, frame in enumerate(frames):
         by_partition.setdefault((queue_ids[frame.queue], frame.partition), []).append(i)
@@ -97,7 +98,8 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
                 seen.add(frame.transaction_id)  # the same txn twice in one push: once
             offsets.append(next_offset)
             txns.append(frame.transaction_id)
-            payloads.append(_json(frame.payload))
+            payloads.append(text := _json(frame.payload))
+            stored_bytes += len(text.encode())
             metas.append(None if frame.meta is None else _json(frame.meta))
             results[i] = Appended("queued", frame.queue, frame.partition, pid,
                                   frame.transaction_id, next_offset)
@@ -109,9 +111,16 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
                  "payloads": payloads, "metas": metas},
             )
             raw.execute(Q.advance_next_offset, {"partition_id": pid, "next_offset": next_offset})
+    add_usage(raw, tenant_id, stored_bytes)
     for name in queue_names:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return [r for r in results if r is not None]
+
+
+def add_usage(raw: Raw, tenant_id: int, delta_bytes: int) -> None:
+    """Record a change of the tenant's stored bytes (folded into its usage every second)."""
+    if delta_bytes:
+        raw.execute(Q.add_usage, {"tenant_id": tenant_id, "bytes": delta_bytes})
 
 
 def wake_key(tenant_id: int, queue: str) -> str:
@@ -269,11 +278,12 @@ def _dead_letter(
 ) -> bool:
     if not queue["dead_letter_queue"]:
         return False
-    raw.execute(
+    row = raw.execute(
         Q.dead_letter_frame,
         {"tenant_id": tenant_id, "partition_id": partition_id, "group": group, "offset": offset,
          "retry_count": retry_count, "error": error},
-    )
+    ).fetchone()
+    add_usage(raw, tenant_id, row["size_bytes"])
     return True
 
 
@@ -454,4 +464,8 @@ def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
 
 
 def delete_queue(raw: Raw, tenant_id: int, name: str) -> bool:
-    return raw.execute(Q.delete_queue, {"tenant_id": tenant_id, "name": name}).fetchone() is not None
+    gone = raw.execute(Q.delete_queue, {"tenant_id": tenant_id, "name": name}).fetchone()
+    if gone is None:
+        return False
+    add_usage(raw, tenant_id, -int(gone["bytes"]))
+    return True

@@ -49,9 +49,10 @@ FROM queen.frames
 WHERE partition_id = %(partition_id)s AND transaction_id = ANY(%(txns)s::text[])
 
 -- name: insert_frames
-INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload, created_at,
-                          meta)
-SELECT %(partition_id)s, o, %(tenant_id)s, t, p::jsonb, clock_timestamp(), m::jsonb
+INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
+                          size_bytes, created_at, meta)
+SELECT %(partition_id)s, o, %(tenant_id)s, t, p::jsonb, octet_length(p), clock_timestamp(),
+       m::jsonb
 FROM unnest(%(offsets)s::bigint[], %(txns)s::text[], %(payloads)s::text[], %(metas)s::text[])
      AS u(o, t, p, m)
 
@@ -173,11 +174,13 @@ WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s AND "offset
 
 -- name: dead_letter_frame
 INSERT INTO queen.dead_letters (tenant_id, queue_id, partition_id, consumer_group, "offset",
-                                transaction_id, payload, frame_created_at, retry_count, error)
+                                transaction_id, payload, size_bytes, frame_created_at,
+                                retry_count, error)
 SELECT %(tenant_id)s, p.queue_id, p.partition_id, %(group)s, f."offset", f.transaction_id,
-       f.payload, f.created_at, %(retry_count)s, %(error)s
+       f.payload, f.size_bytes, f.created_at, %(retry_count)s, %(error)s
 FROM queen.read_frames(%(partition_id)s, %(offset)s, 1) f
 JOIN queen.partitions p ON p.partition_id = %(partition_id)s
+RETURNING size_bytes
 
 -- name: extend_lease
 UPDATE queen.cursors
@@ -251,4 +254,19 @@ ORDER BY c.consumer_group, c.partition_id
 SELECT count(*) AS n FROM queen.dead_letters WHERE queue_id = %(queue_id)s AND replayed_at IS NULL
 
 -- name: delete_queue
-DELETE FROM queen.queues WHERE tenant_id = %(tenant_id)s AND name = %(name)s RETURNING queue_id
+-- Returns the bytes the queue held, which leave the tenant's storage usage with it.
+WITH gone AS (
+    DELETE FROM queen.queues WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+    RETURNING queue_id
+)
+SELECT g.queue_id,
+       coalesce((SELECT sum(f.size_bytes) FROM queen.frames f
+                 JOIN queen.partitions p USING (partition_id)
+                 WHERE p.queue_id = g.queue_id), 0)
+     + coalesce((SELECT sum(d.size_bytes) FROM queen.dead_letters d
+                 WHERE d.queue_id = g.queue_id), 0) AS bytes
+FROM gone g
+
+-- name: add_usage
+-- Storage usage changes ride the writing transaction as deltas (see schema 003).
+INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (%(tenant_id)s, %(bytes)s)

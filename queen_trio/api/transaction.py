@@ -1,0 +1,55 @@
+"""POST /api/v1/transaction: push, ack and KV writes committed together or not at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, Response, current_app, jsonify
+
+from .. import transactions
+from ..context import BrokerContext
+from ..log import rules as log_rules
+from .errors import read_json_object
+from .kv import put_to_wire
+from .log import ack_to_wire, appended_to_wire
+from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
+
+transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
+
+
+def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
+    if op.type == "push":
+        return {"index": op.index, "type": "push", "success": True,
+                "items": [appended_to_wire(i, a) for i, a in enumerate(result)]}
+    if op.type == "ack":
+        return {**ack_to_wire(result), "index": op.index, "type": "ack"}
+    if op.type == "kv.put":
+        return {**put_to_wire(result), "index": op.index, "type": "kv.put", "success": True}
+    return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
+
+
+@transaction_routes.post("/transaction")
+async def transaction() -> Response:
+    body = await read_json_object()
+    ceiling = message_ceiling()
+    operations = transactions.parse(body, ceiling)
+    if transactions.adds_storage(operations):
+        enforce_storage_gate()
+    broker: BrokerContext = current_app.config["BROKER"]
+    results = await broker.db.run(
+        transactions.execute, current_tenant_id(), operations, ceiling
+    )
+    for op, result in zip(operations, results, strict=True):
+        if op.type == "push":
+            for appended in result:
+                broker.metrics.messages_pushed.labels(appended.status).inc()
+        elif op.type == "ack" and not result.already_acked:
+            broker.metrics.acks.labels(result.status).inc()
+    return jsonify({
+        "success": True,
+        "transactionId": log_rules.new_transaction_id(),
+        "results": [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)],
+        "timers": [],
+    })
+
+

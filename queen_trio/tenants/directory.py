@@ -1,0 +1,105 @@
+"""The broker's view of tenants: who a bearer token is, each tenant's plan and usage, and the
+request-rate quota.
+
+Plans and stored-byte figures are reloaded every second, and at once when the CLI changes a plan
+(it NOTIFYs ``queen_tenants``), so a plan change reaches every running broker within a second.
+Verified tokens are remembered for the same second, so a revoked token stops working within a
+second too, without a database round trip on every request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import trio
+
+from ..db import Database, Listener
+from . import store
+from .store import PLANS_CHANNEL, Plan
+
+_REFRESH_S = 1.0
+_TOKEN_CACHE_S = 1.0
+
+
+@dataclasses.dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+class TenantDirectory:
+    def __init__(self, db: Database, default_tenant_id: int) -> None:
+        self._db = db
+        self.default_tenant_id = default_tenant_id
+        self._plans: dict[int, Plan] = {}
+        self._tokens: dict[str, tuple[int, float]] = {}
+        self._buckets: dict[int, _Bucket] = {}
+        self.loaded = trio.Event()
+
+    # -- the service ----------------------------------------------------------------------
+
+    async def run(
+        self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await self.refresh()
+        with listener.subscribe(PLANS_CHANNEL) as changes:
+            task_status.started()
+            while True:
+                with trio.move_on_after(_REFRESH_S):
+                    await changes.receive()  # a plan changed (or MISSED): reload now
+                await self.refresh()
+
+    async def refresh(self) -> None:
+        plans = await self._db.run(store.fold_usage_and_load_plans)
+        self._plans = {p.tenant_id: p for p in plans}
+        self.loaded.set()
+
+    # -- questions the API asks -----------------------------------------------------------
+
+    def plan(self, tenant_id: int) -> Plan:
+        return self._plans[tenant_id]
+
+    async def authenticate(self, token: str) -> int | None:
+        now = time.monotonic()
+        cached = self._tokens.get(token)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        tenant_id = await self._db.run(store.tenant_for_token, token)
+        if tenant_id is not None:
+            if len(self._tokens) > 10_000:
+                self._tokens.clear()
+            self._tokens[token] = (tenant_id, now + _TOKEN_CACHE_S)
+        return tenant_id
+
+    def admit(self, tenant_id: int) -> float | None:
+        """Take one request from the tenant's quota: None if admitted, else seconds to wait.
+
+        A token bucket per tenant and per broker, refilled at the plan's rate with one second
+        of burst.
+        """
+        rate = self.plan(tenant_id).requests_per_second
+        if rate is None:
+            return None
+        now = time.monotonic()
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            bucket = self._buckets[tenant_id] = _Bucket(float(rate), now)
+        bucket.tokens = min(float(rate), bucket.tokens + (now - bucket.stamp) * rate)
+        bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return None
+        return (1.0 - bucket.tokens) / rate
+
+    def over_storage_gate(self, tenant_id: int) -> bool:
+        plan = self.plan(tenant_id)
+        return plan.max_stored_bytes is not None and plan.stored_bytes >= plan.max_stored_bytes
+
+    def message_ceiling(self, tenant_id: int) -> int:
+        return self.plan(tenant_id).max_message_bytes
+
+
+def retry_after_header(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
