@@ -45,13 +45,12 @@ def put(
             "payload_too_large", f"value is {size} bytes, above the {ceiling}-byte ceiling",
             status=413,
         )
-    row = raw.execute(
-        Q.put,
-        {"tenant_id": tenant_id, "namespace": namespace, "key": key, "value": text,
-         "ttl_s": ttl_s},
-    ).fetchone()
-    add_usage(raw, tenant_id, row["size_bytes"] - (row["old_size"] or 0))
-    return Put(namespace, key, row["expires_at"], not row["replaced"])
+    params = {"tenant_id": tenant_id, "namespace": namespace, "key": key, "value": text,
+              "ttl_s": ttl_s}
+    old = raw.execute(Q.lock_existing, params).fetchone()
+    row = raw.execute(Q.put, params).fetchone()
+    add_usage(raw, tenant_id, row["size_bytes"] - (old["size_bytes"] if old else 0))
+    return Put(namespace, key, row["expires_at"], created=old is None or old["expired"])
 
 
 def get(raw: Raw, tenant_id: int, namespace: str, key: str) -> dict[str, Any]:

@@ -1,25 +1,23 @@
 -- Runtime queries of KV state (queen_trio/kv/store.py). An expired key is invisible at once;
 -- the purger deletes it later.
 
+-- name: lock_existing
+-- The value being replaced, if any (its size leaves the storage usage; expired = not there).
+SELECT size_bytes, expires_at IS NOT NULL AND expires_at <= now() AS expired
+FROM queen.kv
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
+FOR UPDATE
+
 -- name: put
--- Returns the size of the value it replaced (0 if none or expired), for storage accounting.
-WITH old AS (
-    SELECT size_bytes, expires_at IS NOT NULL AND expires_at <= now() AS expired
-    FROM queen.kv
-    WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
-    FOR UPDATE
-)
 INSERT INTO queen.kv AS kv (tenant_id, namespace, key, value, size_bytes, expires_at, updated_at)
-VALUES (%(tenant_id)s, %(namespace)s, %(key)s, %(value)s::jsonb, octet_length(%(value)s),
+VALUES (%(tenant_id)s, %(namespace)s, %(key)s, %(value)s::jsonb, octet_length(%(value)s::text),
         CASE WHEN %(ttl_s)s::integer IS NULL THEN NULL
              ELSE now() + make_interval(secs => %(ttl_s)s::integer) END,
         now())
 ON CONFLICT (tenant_id, namespace, key) DO UPDATE SET
     value = excluded.value, size_bytes = excluded.size_bytes,
     expires_at = excluded.expires_at, updated_at = excluded.updated_at
-RETURNING kv.expires_at, kv.size_bytes,
-          (SELECT size_bytes FROM old) AS old_size,
-          coalesce((SELECT NOT expired FROM old), false) AS replaced
+RETURNING kv.expires_at, kv.size_bytes
 
 -- name: get
 SELECT value, expires_at, updated_at
