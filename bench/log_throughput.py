@@ -71,6 +71,7 @@ PUSH_WARMUP_REQUESTS = 3  # per client, before the clock starts
 
 POP_MESSAGES = 50_000
 POP_CONCURRENCY = (1, 4, 8)
+POP_AUTOACK_CONCURRENCY = 4  # reference row: pop(autoAck=true), no ack requests
 POP_BATCH = 100
 POP_WAIT_MS = 1000  # a consumer's long-poll while others hold the remaining partitions
 POP_STALL_S = 15.0  # no new message for this long: the rest is declared lost
@@ -416,9 +417,11 @@ class Delivery:
         return len(self.seen) >= len(self.expected)
 
 
-async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> dict[str, Any]:
-    scenario = f"pop+ack[C={consumers}]"
-    queue = f"bench-pop-c{consumers}-{run}"
+async def pop_scenario(broker: Broker, run: str, consumers: int, total: int,
+                       auto_ack: bool = False) -> dict[str, Any]:
+    mode = "autoAck" if auto_ack else "ack"
+    scenario = f"pop+{mode}[C={consumers}]"
+    queue = f"bench-pop-{mode}-c{consumers}-{run}"
     t_fill = time.perf_counter()
     pushed = await prefill(broker, scenario, queue, total)
     fill_s = time.perf_counter() - t_fill
@@ -439,7 +442,7 @@ async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> 
                 return
             t0 = time.perf_counter()
             body = await broker.pop(scenario, queue, batch=POP_BATCH, timeout_ms=POP_WAIT_MS,
-                                    auto_ack=False)
+                                    auto_ack=auto_ack)
             t1 = time.perf_counter()
             counters["pops"] += 1
             if body is False:
@@ -450,6 +453,11 @@ async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> 
                 continue
             pop_lat.append(t1 - t0)
             delivery.receive(body["messages"])
+            if auto_ack:
+                if delivery.done and "end" not in clock:
+                    clock["end"] = t1
+                    cancel.cancel()
+                continue
             acking[0] += 1
             t2 = time.perf_counter()
             ok = await broker.ack_all(scenario, body["messages"])
@@ -478,7 +486,7 @@ async def pop_scenario(broker: Broker, run: str, consumers: int, total: int) -> 
     elapsed = end - clock["start"]
     received = len(delivery.seen)
     return {
-        "consumers": consumers, "batch": POP_BATCH, "pushed": len(pushed),
+        "consumers": consumers, "auto_ack": auto_ack, "batch": POP_BATCH, "pushed": len(pushed),
         "prefill_s": round(fill_s, 2), "prefill_msgs_per_s": round(len(pushed) / fill_s),
         "seconds": round(elapsed, 2),
         "msgs_per_s": round(received / elapsed) if elapsed > 0 else 0,
@@ -549,6 +557,8 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
     pushes: list[float] = []
     failed = 0
     for i in range(WAKE_WARMUP + WAKE_ROUNDS):
+        if i == WAKE_WARMUP:
+            cpu_before, t_start = broker.cpu.snapshot(), time.perf_counter()
         outcome = await wake_round(broker, queue, i, baseline)
         if i < WAKE_WARMUP:
             continue
@@ -557,8 +567,10 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
         else:
             wakes.append(outcome[0])
             pushes.append(outcome[1])
+    cores = CpuMeter.cores(cpu_before, broker.cpu.snapshot(), time.perf_counter() - t_start)
     return {"rounds": WAKE_ROUNDS, "warmup": WAKE_WARMUP, "failed": failed,
-            "wake_latency_ms": distribution(wakes), "push_rtt_ms": distribution(pushes)}
+            "wake_latency_ms": distribution(wakes), "push_rtt_ms": distribution(pushes),
+            "cpu_cores": cores}
 
 
 # -- CPU accounting --------------------------------------------------------------------------
@@ -566,9 +578,11 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
 
 class CpuMeter:
     """CPU seconds used by this client, the broker process and its descendants (the embedded
-    PostgreSQL), read from /proc. Without a broker pid (``--url``) only the client is known."""
+    PostgreSQL), and by everything else on the machine ("other": a concurrent test run skews
+    the numbers), read from /proc. Without a broker pid (``--url``) only the client is known."""
 
     TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    PARTIES = ("client", "broker", "postgres", "other")
 
     def __init__(self, broker_pid: int | None) -> None:
         self.broker_pid = broker_pid
@@ -577,6 +591,7 @@ class CpuMeter:
         snap = {"client": time.process_time()}
         if self.broker_pid is None or not Path("/proc").is_dir():
             return snap
+        busy = _machine_busy_ticks()
         stats = _proc_stats()
         children: dict[int, list[int]] = {}
         for pid, (ppid, _) in stats.items():
@@ -588,12 +603,20 @@ class CpuMeter:
             stack.extend(children.get(pid, []))
         snap["broker"] = stats.get(self.broker_pid, (0, 0.0))[1] / self.TICK
         snap["postgres"] = below / self.TICK
+        snap["other"] = busy / self.TICK - snap["client"] - snap["broker"] - snap["postgres"]
         return snap
 
     @staticmethod
     def cores(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
         """Average cores busy per party over ``wall_s``."""
         return {k: round((after[k] - before[k]) / wall_s, 2) for k in before if wall_s > 0}
+
+
+def _machine_busy_ticks() -> float:
+    """Non-idle CPU ticks of the whole machine since boot (first line of /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return float(user + nice + system + irq + softirq + steal)
 
 
 def _proc_stats() -> dict[int, tuple[int, float]]:
@@ -714,8 +737,11 @@ def server_version(database_url: str | None, embedded: bool) -> str:
         import psycopg
 
         with psycopg.connect(database_url, connect_timeout=5) as conn:
-            row = conn.execute("SHOW server_version").fetchone()
-        return f"PostgreSQL {row[0]}" if row else "unknown"
+            version, fsync, sync_commit = (
+                conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("server_version", "fsync", "synchronous_commit")
+            )
+        return f"PostgreSQL {version} (fsync={fsync}, synchronous_commit={sync_commit})"
     except Exception as exc:  # noqa: BLE001 - informational only
         return f"unknown ({type(exc).__name__})"
 
@@ -729,6 +755,7 @@ def machine_info(handle: BrokerProcess) -> dict[str, Any]:
         "trio": trio.__version__,
         "broker": handle.source,
         "postgresql": server_version(handle.database_url, handle.log_path is not None),
+        "load_avg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
 
@@ -746,9 +773,8 @@ def dist_cells(d: dict[str, Any]) -> str:
 
 
 def cpu_cell(cores: dict[str, float]) -> str:
-    """Cores busy as client/broker/postgres."""
-    return "/".join(f"{cores[k]:.2f}" if k in cores else "-"
-                    for k in ("client", "broker", "postgres"))
+    """Cores busy as client/broker/postgres/other."""
+    return "/".join(f"{cores[k]:.2f}" if k in cores else "-" for k in CpuMeter.PARTIES)
 
 
 def print_push(rows: list[dict[str, Any]]) -> None:
@@ -756,7 +782,7 @@ def print_push(rows: list[dict[str, Any]]) -> None:
           f"partitions, {PUSH_SECONDS:.0f} s per row after {PUSH_WARMUP_REQUESTS} warm-up "
           f"requests per client")
     print("   layout  C  requests  failed    msgs/s   latency ms: p50     p90     p99      max"
-          "   CPU cores client/broker/pg")
+          "   CPU cores client/broker/pg/other")
     for r in rows:
         print(f"   {r['layout']:<6} {r['clients']:>2} {r['requests']:>9} {r['failed']:>7} "
               f"{r['msgs_per_s']:>9,}               {dist_cells(r['latency_ms'])}"
@@ -766,15 +792,17 @@ def print_push(rows: list[dict[str, Any]]) -> None:
 def print_pop(rows: list[dict[str, Any]]) -> None:
     print(f"2. pop+ack: {POP_MESSAGES:,} messages pre-pushed over {PARTITIONS} partitions, "
           f"C consumers loop pop(batch={POP_BATCH}, wait=true) -> ack/batch(completed)")
-    print("    C   msgs/s  seconds  pop ms: p50     p90     p99      max   "
-          "ack ms: p50     p90     p99      max   CPU cores client/broker/pg")
+    print("   (row 'autoAck': pop(autoAck=true), no ack requests - a reference, not the target)")
+    print("   ack      C   msgs/s  seconds  pop ms: p50     p90     p99      max   "
+          "ack ms: p50     p90     p99      max   CPU cores client/broker/pg/other")
     for r in rows:
-        print(f"   {r['consumers']:>2} {r['msgs_per_s']:>8,} {r['seconds']:>8.2f}        "
-              f"{dist_cells(r['pop_latency_ms'])}          {dist_cells(r['ack_latency_ms'])}"
+        print(f"   {pop_mode(r):<7} {r['consumers']:>2} {r['msgs_per_s']:>8,} {r['seconds']:>8.2f}"
+              f"        {dist_cells(r['pop_latency_ms'])}"
+              f"          {dist_cells(r['ack_latency_ms'])}"
               f"   {cpu_cell(r['cpu_cores'])}")
     print("   delivery check:")
     for r in rows:
-        print(f"     C={r['consumers']}: pushed {r['pushed']:,}, received "
+        print(f"     {pop_mode(r)} C={r['consumers']}: pushed {r['pushed']:,}, received "
               f"{r['received_distinct']:,} distinct, duplicates {r['duplicates']}, "
               f"lost {r['lost']}, unexpected {r['unexpected']}, wrong payload "
               f"{r['wrong_payload']}, final pop empty {'yes' if r['final_pop_empty'] else 'NO'}"
@@ -782,6 +810,10 @@ def print_pop(rows: list[dict[str, Any]]) -> None:
         print(f"          pops {r['pops']:,} (empty {r['empty_pops']}, failed {r['failed_pops']}), "
               f"failed acks {r['failed_acks']}; prefill {r['prefill_msgs_per_s']:,} msgs/s "
               f"with {PREFILL_CLIENTS} clients")
+
+
+def pop_mode(r: dict[str, Any]) -> str:
+    return "autoAck" if r["auto_ack"] else "batch"
 
 
 def delivered_exactly_once(r: dict[str, Any]) -> bool:
@@ -795,6 +827,7 @@ def print_wake(w: dict[str, Any]) -> None:
     print("                                  p50     p90     p99      max")
     print(f"   wake latency (ms)         {dist_cells(w['wake_latency_ms'])}")
     print(f"   push round trip (ms)      {dist_cells(w['push_rtt_ms'])}")
+    print(f"   CPU cores client/broker/pg/other: {cpu_cell(w['cpu_cores'])}")
 
 
 def event_size() -> int:
@@ -804,7 +837,7 @@ def event_size() -> int:
 def targets(push: list[dict[str, Any]], pop: list[dict[str, Any]],
             wake: dict[str, Any]) -> list[dict[str, Any]]:
     best_push = max(push, key=lambda r: r["msgs_per_s"])
-    best_pop = max(pop, key=lambda r: r["msgs_per_s"])
+    best_pop = max((r for r in pop if not r["auto_ack"]), key=lambda r: r["msgs_per_s"])
     delivered = all(delivered_exactly_once(r) for r in pop)
     p99 = wake["wake_latency_ms"].get("p99", math.inf)
     return [
@@ -861,6 +894,9 @@ async def run_scenarios(url: str, failures: Failures, cpu: CpuMeter) -> dict[str
         for c in POP_CONCURRENCY:
             with guard(failures, f"pop+ack[C={c}]"):
                 out["pop_ack"].append(await pop_scenario(broker, run, c, POP_MESSAGES))
+        with guard(failures, f"pop+autoAck[C={POP_AUTOACK_CONCURRENCY}]"):
+            out["pop_ack"].append(await pop_scenario(broker, run, POP_AUTOACK_CONCURRENCY,
+                                                     POP_MESSAGES, auto_ack=True))
         with guard(failures, "long-poll wake"):
             out["wake"] = await wake_scenario(broker, run)
         out["broker_requests"] = await broker.request_counts()

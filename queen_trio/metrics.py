@@ -34,6 +34,14 @@ LATENCY_BUCKETS = (
 )
 
 
+# Fire lag: 1 ms steps through the first 30 ms (where MIN_SLEEP lives), then up to 10 minutes.
+FIRE_LAG_BUCKETS = (
+    *(i / 1000 for i in range(1, 31)),
+    0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0,
+)
+
+
 class _StatisticsCollector(Collector):
     def __init__(
         self,
@@ -120,6 +128,53 @@ class BrokerMetrics:
             "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,
         )
+
+        # Timers and the sweeper.
+        self.fire_lag = Histogram(
+            "queen_timers_fire_lag_seconds",
+            "Fire commit minus deliver_at, on PostgreSQL's clock",
+            buckets=FIRE_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.timers_scheduled = Counter(
+            "queen_timers_scheduled", "Schedule requests by answer", ["status"],
+            registry=self.registry,
+        )
+        self.timers_cancelled = Counter(
+            "queen_timers_cancel", "Cancel requests by answer", ["status"], registry=self.registry
+        )
+        self.timers_fired = Counter(
+            "queen_timers_fired", "Timers appended to the log", registry=self.registry
+        )
+        self.timer_failures = Counter(
+            "queen_timers_failures",
+            "Fire failures: permanent ones spend an attempt, transient ones do not",
+            ["kind"], registry=self.registry,
+        )
+        self.timers_dead_lettered = Counter(
+            "queen_timers_dead_lettered", "Timers moved to dead letters (group __timer__)",
+            registry=self.registry,
+        )
+        self.timers_pending = Gauge(
+            "queen_timers_pending", "Pending timers in the database (refreshed every 5 s)",
+            registry=self.registry,
+        )
+        self.sweeper_wakeups = Counter(
+            "queen_sweeper_wakeups", "Why the sweeper woke up", ["reason"], registry=self.registry
+        )
+        self.claim_batch_size = Histogram(
+            "queen_sweeper_claim_batch_size", "Timers per non-empty claim",
+            buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000),
+            registry=self.registry,
+        )
+        for status in ("scheduled", "rescheduled", "too_late"):
+            self.timers_scheduled.labels(status)
+        for status in ("cancelled", "absent", "too_late"):
+            self.timers_cancelled.labels(status)
+        for kind in ("permanent", "transient"):
+            self.timer_failures.labels(kind)
+        for reason in ("notify", "deadline", "max_sleep"):
+            self.sweeper_wakeups.labels(reason)
 
     def watch(
         self,

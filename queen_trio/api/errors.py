@@ -34,9 +34,9 @@ class ApiError(Exception):
         self.extra = extra
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> Response:
+def error_response(http_status: int, code: str, message: str, **extra: Any) -> Response:
     body = {"ok": False, "error": code, "message": message, **extra}
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    return Response(json.dumps(body), status=http_status, content_type="application/json")
 
 
 _HTTP_CODES = {

@@ -13,7 +13,7 @@ from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules, store
 from .errors import read_json_object
-from .wire import iso
+from ..wire import iso
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")

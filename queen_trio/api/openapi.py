@@ -53,6 +53,62 @@ _POP_RESPONSES = {
 }
 
 
+def _timer_paths() -> dict[str, Any]:
+    key_params = [_path_param("queue", "destination queue"),
+                  _path_param("key", "the timer's name (rest of the path, may contain '/')")]
+    schedule_body = {"type": "object", "required": ["delayMs", "payload"], "properties": {
+        "delayMs": {"type": "integer", "description": "relative delay in ms; <= 0 fires now"},
+        "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
+        "additionalProperties": False}
+    answer = _json({"$ref": "#/components/schemas/TimerAnswer"},
+                   "scheduled | rescheduled | cancelled | absent | too_late")
+    return {
+        "/api/v1/timers": {"post": {
+            "summary": "Schedule or reschedule a timer (body names queue and key)",
+            "operationId": "scheduleTimerPost",
+            "requestBody": _body({**schedule_body, "required": ["queue", "key", "delayMs",
+                                                               "payload"],
+                                  "properties": {**schedule_body["properties"],
+                                                 "queue": {"type": "string"},
+                                                 "key": {"type": "string"}}}),
+            "responses": {"200": answer, **_errors(400, 413), "507": _json(_ERROR, "Storage gate")},
+        }},
+        "/api/v1/timers/{queue}/{key}": {
+            "put": {
+                "summary": "Schedule or reschedule a timer (an upsert by name)",
+                "operationId": "scheduleTimer",
+                "parameters": key_params,
+                "requestBody": _body(schedule_body),
+                "responses": {"200": answer, **_errors(400, 413),
+                              "507": _json(_ERROR, "Storage gate")},
+            },
+            "delete": {
+                "summary": "Cancel a pending timer; never refused by quota, gate or plan",
+                "operationId": "cancelTimer",
+                "parameters": [*key_params, _query("txn", {"type": "string"},
+                                                    "echoed back, to check the log by txn")],
+                "responses": {"200": answer, **_errors(400)},
+            },
+            "get": {
+                "summary": "Peek at a pending timer",
+                "operationId": "peekTimer",
+                "parameters": key_params,
+                "responses": {"200": _json({"type": "object"}, "The pending timer"),
+                              "404": _json(_ERROR, "absent: not pending"), **_errors(400)},
+            },
+        },
+        "/api/v1/timers/{queue}": {"get": {
+            "summary": "List one queue's pending timers by key (keyset pagination)",
+            "operationId": "listTimers",
+            "parameters": [_path_param("queue", "destination queue"),
+                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
+                                  "page size"),
+                           _query("after", {"type": "string"}, "next from the previous page")],
+            "responses": {"200": _json({"type": "object"}, "A page of timers"), **_errors(400)},
+        }},
+    }
+
+
 def _kv_and_transaction_paths() -> dict[str, Any]:
     kv_params = [_path_param("namespace", "namespace"),
                  _path_param("key", "key (may contain '/'; percent-encode the rest)")]
@@ -255,6 +311,7 @@ def openapi_document() -> dict[str, Any]:
             },
             **_log_paths(),
             **_kv_and_transaction_paths(),
+            **_timer_paths(),
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
@@ -267,6 +324,13 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
+                "TimerAnswer": {"type": "object", "required": ["ok", "status"], "properties": {
+                    "ok": {"type": "boolean"},
+                    "status": {"enum": ["scheduled", "rescheduled", "cancelled", "absent",
+                                        "too_late"]},
+                    "queue": {"type": "string"}, "key": {"type": "string"},
+                    "txn": {"type": ["string", "null"]}, "partition": {"type": "string"},
+                    "deliverAt": {"type": "string"}}},
                 "Pushed": {"type": "object", "properties": {
                     "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
                     "transactionId": {"type": "string"}, "partitionId": {"type": "string"},

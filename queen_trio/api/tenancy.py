@@ -47,13 +47,17 @@ async def admit_request() -> None:
     else:
         tenant_id = broker.tenants.default_tenant_id
     g.tenant_id = tenant_id
-    view = current_app.view_functions.get(request.endpoint or "")
-    if getattr(view, _NEVER_REFUSED, False):
+    if _exempt():
         return
     wait = broker.tenants.admit(tenant_id)
     if wait is not None:
         raise ApiError(429, "rate_limited", "the tenant's request-rate quota is exhausted",
                        headers={"Retry-After": retry_after_header(wait)})
+
+
+def _exempt() -> bool:
+    view = current_app.view_functions.get(request.endpoint or "")
+    return bool(getattr(view, _NEVER_REFUSED, False))
 
 
 def current_tenant_id() -> int:
@@ -62,7 +66,7 @@ def current_tenant_id() -> int:
 
 def enforce_storage_gate() -> None:
     """Refuse a write that would add storage while the tenant is over its gate."""
-    if _broker().tenants.over_storage_gate(g.tenant_id):
+    if not _exempt() and _broker().tenants.over_storage_gate(g.tenant_id):
         raise ApiError(507, "storage_full",
                        "the tenant's stored bytes are at its plan's maxStoredBytes; reads, acks "
                        "and deletes still work")

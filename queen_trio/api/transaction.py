@@ -8,6 +8,7 @@ from quart import Blueprint, Response, current_app, jsonify
 
 from .. import transactions
 from ..context import BrokerContext
+from ..errors import Conflict
 from ..log import rules as log_rules
 from .errors import read_json_object
 from .kv import put_to_wire
@@ -28,17 +29,38 @@ def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
     return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
 
 
+def _timer_counter(broker: BrokerContext, action: str):  # type: ignore[no-untyped-def]
+    return broker.metrics.timers_scheduled if action == "schedule" else broker.metrics.timers_cancelled
+
+
 @transaction_routes.post("/transaction")
 async def transaction() -> Response:
     body = await read_json_object()
-    ceiling = message_ceiling()
-    operations = transactions.parse(body, ceiling)
-    if transactions.adds_storage(operations):
-        enforce_storage_gate()
     broker: BrokerContext = current_app.config["BROKER"]
-    results = await broker.db.run(
-        transactions.execute, current_tenant_id(), operations, ceiling
+    settings = broker.settings
+    ceiling = message_ceiling()
+    limits = transactions.Limits(
+        message_ceiling=ceiling,
+        timer_payload_ceiling=settings.timer_payload_ceiling(ceiling),
+        timer_horizon_s=settings.timers_max_horizon_s,
+        notify_within_ms=settings.sweeper_max_sleep_ms,
     )
+    bundle = transactions.parse(body, limits)
+    if bundle.adds_storage():
+        enforce_storage_gate()
+    try:
+        results, outcomes = await broker.db.run(
+            transactions.execute, current_tenant_id(), bundle, limits
+        )
+    except Conflict as exc:
+        if exc.code == "timer_too_late":
+            for t, answer in zip(bundle.timers, exc.extra["timers"], strict=True):
+                if answer["status"] == "too_late":
+                    _timer_counter(broker, t.action).labels("too_late").inc()
+        raise
+    operations = bundle.operations
+    for t, o in zip(bundle.timers, outcomes, strict=True):
+        _timer_counter(broker, t.action).labels(o.status).inc()
     for op, result in zip(operations, results, strict=True):
         if op.type == "push":
             for appended in result:
@@ -49,7 +71,7 @@ async def transaction() -> Response:
         "success": True,
         "transactionId": log_rules.new_transaction_id(),
         "results": [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)],
-        "timers": [],
+        "timers": [transactions.timer_outcome_wire(o) for o in outcomes],
     })
 
 

@@ -98,9 +98,9 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
                 seen.add(frame.transaction_id)  # the same txn twice in one push: once
             offsets.append(next_offset)
             txns.append(frame.transaction_id)
-            payloads.append(text := _json(frame.payload))
+            payloads.append(text := to_json(frame.payload))
             stored_bytes += len(text.encode())
-            metas.append(None if frame.meta is None else _json(frame.meta))
+            metas.append(None if frame.meta is None else to_json(frame.meta))
             results[i] = Appended("queued", frame.queue, frame.partition, pid,
                                   frame.transaction_id, next_offset)
             next_offset += 1
@@ -117,6 +117,11 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
     return [r for r in results if r is not None]
 
 
+def ensure_queue(raw: Raw, tenant_id: int, name: str) -> None:
+    """Create the queue with default options unless it exists (implicit creation)."""
+    raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": [name]})
+
+
 def add_usage(raw: Raw, tenant_id: int, delta_bytes: int) -> None:
     """Record a change of the tenant's stored bytes (folded into its usage every second)."""
     if delta_bytes:
@@ -128,7 +133,8 @@ def wake_key(tenant_id: int, queue: str) -> str:
     return f"{tenant_id}:{queue}"
 
 
-def _json(value: Any) -> str:
+def to_json(value: Any) -> str:
+    """Compact JSON text: what is stored and what sizes are measured on."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -59,7 +59,10 @@ class TenantDirectory:
     # -- questions the API asks -----------------------------------------------------------
 
     def plan(self, tenant_id: int) -> Plan:
-        return self._plans[tenant_id]
+        plan = self._plans.get(tenant_id)
+        if plan is None:  # created since the last refresh (at most a second ago): defaults
+            plan = Plan(tenant_id, "", store.DEFAULT_MAX_MESSAGE_BYTES, None, None, 0)
+        return plan
 
     async def authenticate(self, token: str) -> int | None:
         now = time.monotonic()

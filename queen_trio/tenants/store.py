@@ -18,6 +18,7 @@ from . import tokens
 
 Q = queries.load("tenants")
 PLANS_CHANNEL = "queen_tenants"
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024  # the column default of queen.tenants
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 Raw = psycopg.Connection[dict[str, Any]]  # dict rows, as the pool and the CLI open them

@@ -1,0 +1,127 @@
+"""Pure rules of timers: what a schedule request may say, payload packing, backoff.
+
+Only a relative ``delayMs`` travels on the wire; the due instant is computed by PostgreSQL from
+its own clock, so no broker's clock can skew a timer.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+from typing import Any
+
+import zstandard
+
+from ..errors import ValidationError
+from ..log import rules as log_rules
+
+MAX_KEY_BYTES = 512
+MAX_BACKOFF_MS = 60_000
+MAX_LIST_LIMIT = 1000
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
+_INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
+
+_compressor = zstandard.ZstdCompressor(level=3)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def timer_key(value: Any, field: str = "key") -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError("invalid_key", f"{field} must be a non-empty string")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValidationError("invalid_key", f"{field} contains an unpaired surrogate") from None
+    if size > MAX_KEY_BYTES or _CONTROL_RE.search(value):
+        raise ValidationError(
+            "invalid_key",
+            f"{field} must be 1-{MAX_KEY_BYTES} UTF-8 bytes without control characters",
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    queue: str
+    key: str
+    delay_ms: int
+    payload: Any
+    partition: str
+    txn: str | None  # None: the broker generates one
+
+
+def schedule(
+    body: Any, queue: Any, key: Any, *, horizon_s: int, ceiling: int, where: str = ""
+) -> Schedule:
+    """Validate a schedule (PUT body, POST body or a bundle's timer entry)."""
+    if not isinstance(body, dict):
+        raise ValidationError("invalid_body", f"{where or 'the body'} must be a JSON object")
+    prefix = f"{where}." if where else ""
+    unknown = set(body) - _SCHEDULE_FIELDS
+    if unknown & _INSTANT_HINTS:
+        raise ValidationError(
+            "invalid_delay",
+            f"{prefix}{sorted(unknown & _INSTANT_HINTS)[0]} is not accepted: only a relative "
+            "delayMs (integer milliseconds) travels on the wire",
+        )
+    if unknown:
+        raise ValidationError("unknown_field", f"{prefix}unknown field(s): {', '.join(sorted(unknown))}")
+    if "delayMs" not in body:
+        raise ValidationError("missing_field", f"{prefix}delayMs is required")
+    delay = body["delayMs"]
+    if isinstance(delay, bool) or not isinstance(delay, int):
+        raise ValidationError(
+            "invalid_delay", f"{prefix}delayMs must be an integer number of milliseconds"
+        )
+    if delay > horizon_s * 1000:
+        raise ValidationError(
+            "invalid_delay", f"{prefix}delayMs is beyond the {horizon_s} s horizon"
+        )
+    if delay < -horizon_s * 1000:
+        raise ValidationError("invalid_delay", f"{prefix}delayMs is too far in the past")
+    if "payload" not in body:
+        raise ValidationError("missing_field", f"{prefix}payload is required")
+    log_rules.check_payload_size(body["payload"], ceiling, where or "timer")
+    txn = body.get("txn")
+    return Schedule(
+        queue=log_rules.queue_name(queue, f"{prefix}queue"),
+        key=timer_key(key, f"{prefix}key"),
+        delay_ms=delay,
+        payload=body["payload"],
+        partition=log_rules.partition_name(body.get("partition"), f"{prefix}partition"),
+        txn=None if txn is None else log_rules.transaction_id(txn, f"{prefix}txn"),
+    )
+
+
+def pack(payload: Any) -> tuple[bytes, int]:
+    """(zstd-compressed JSON, uncompressed size)."""
+    raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    return _compressor.compress(raw), len(raw)
+
+
+def unpack(blob: bytes) -> Any:
+    """The payload back; raises ValueError if the stored bytes cannot be decoded."""
+    try:
+        return json.loads(_decompressor.decompress(blob))
+    except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"stored payload cannot be decoded: {exc}") from exc
+
+
+def backoff_ms(attempts: int, first_ms: int) -> int:
+    """Delay before retry number ``attempts`` (1-based): first_ms, doubling, capped at 60 s."""
+    return min(MAX_BACKOFF_MS, first_ms * 2 ** max(0, attempts - 1))
+
+
+def encode_cursor(key: str) -> str:
+    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationError("invalid_cursor", "after is not a cursor this broker issued") from None

@@ -1,0 +1,466 @@
+"""Auth and tenant isolation over real HTTP with QUEEN_AUTH=on, and the ``tenants`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+import pytest
+import trio
+from psycopg.rows import dict_row
+
+from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle, run_broker
+from queen_trio.tenants import store
+
+from ..conftest import replace_settings
+
+API = "/api/v1"
+T = TypeVar("T")
+
+# A token of the right shape whose prefix no tenant has.
+UNKNOWN_TOKEN = "qt_" + "0" * 12 + "_" + "A" * 43
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(database_url, row_factory=dict_row, autocommit=True)
+
+
+def prefix_of(token: str) -> str:
+    return token.split("_")[1]
+
+
+async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 2.0) -> T:
+    """Poll ``check`` until it returns something truthy, for at most ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        while True:
+            result = await check()
+            if result:
+                return result
+            await trio.sleep(0.05)
+
+
+async def run_cli(database_url: str, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "QUEEN_DATABASE_URL": database_url, "QUEEN_LOG_LEVEL": "WARNING"}
+    env.pop("QUEEN_AUTH", None)
+    done = await trio.run_process(
+        [sys.executable, "-m", "queen_trio", "tenants", *args],
+        env=env, capture_stdout=True, capture_stderr=True, check=False,
+    )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def client(broker: BrokerHandle, token: str | None) -> httpx.AsyncClient:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    return httpx.AsyncClient(base_url=broker.url, timeout=10, headers=headers)
+
+
+def assert_unauthorized(r: httpx.Response) -> str:
+    assert r.status_code == 401, r.text
+    body = r.json()
+    assert body["ok"] is False
+    assert body["error"] == "unauthorized"
+    assert set(body) == {"ok", "error", "message"}  # nothing saying why
+    assert r.headers["www-authenticate"].lower().startswith("bearer")
+    return body["message"]
+
+
+def count_rows(database_url: str, table: str) -> int:
+    with connect(database_url) as raw:
+        return raw.execute(f"SELECT count(*) AS n FROM queen.{table}").fetchone()["n"]
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tokens(database_url: str) -> dict[str, str]:
+    """Tenants alpha and beta, created before the broker starts, with their tokens."""
+    with connect(database_url) as raw:
+        store.create_tenant(raw, "alpha")
+        store.create_tenant(raw, "beta")
+        return {
+            "A": store.create_token(raw, "alpha"),
+            "B": store.create_token(raw, "beta"),
+            "A2": store.create_token(raw, "alpha"),  # a second token, to revoke
+        }
+
+
+@pytest.fixture
+async def auth_broker(
+    settings: Settings, tokens: dict[str, str]
+) -> AsyncIterator[BrokerHandle]:
+    async with trio.open_nursery() as nursery:
+        handle: BrokerHandle = await nursery.start(
+            run_broker, replace_settings(settings, auth=True)
+        )
+        yield handle
+        handle.shutdown()
+
+
+@pytest.fixture
+async def http_a(
+    auth_broker: BrokerHandle, tokens: dict[str, str]
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(auth_broker, tokens["A"]) as c:
+        yield c
+
+
+@pytest.fixture
+async def http_b(
+    auth_broker: BrokerHandle, tokens: dict[str, str]
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(auth_broker, tokens["B"]) as c:
+        yield c
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+REQUESTS = [
+    ("GET", f"{API}/resources/queues", None),
+    ("POST", f"{API}/push", {"items": [{"queue": "orders", "payload": {"n": 1}}]}),
+    ("PUT", f"{API}/kv/saga/k1", {"value": 1}),
+    ("GET", f"{API}/kv/saga/k1", None),
+    ("GET", f"{API}/pop/queue/orders", None),
+    ("GET", f"{API}/dlq", None),
+    ("POST", f"{API}/transaction",
+     {"operations": [{"type": "kv.put", "namespace": "saga", "key": "k", "value": 1}]}),
+    ("DELETE", f"{API}/resources/queues/orders", None),
+]
+
+
+async def test_every_bad_credential_is_the_same_401(
+    auth_broker: BrokerHandle, tokens: dict[str, str], database_url: str
+) -> None:
+    wrong_secret = f"qt_{prefix_of(tokens['A'])}_" + "B" * 43
+    bad_headers: list[dict[str, str]] = [
+        {},
+        {"Authorization": ""},
+        {"Authorization": "Basic x"},
+        {"Authorization": "Basic YWxwaGE6c2VjcmV0"},
+        {"Authorization": "Bearer"},
+        {"Authorization": f"Bearer {UNKNOWN_TOKEN}"},
+        {"Authorization": "Bearer garbage"},
+        {"Authorization": f"Bearer {wrong_secret}"},
+        {"Authorization": f"Bearer {tokens['A']}x"},
+        {"Authorization": tokens["A"]},  # no scheme at all
+    ]
+    messages = set()
+    async with httpx.AsyncClient(base_url=auth_broker.url, timeout=10) as anon:
+        for headers in bad_headers:
+            for method, path, body in REQUESTS:
+                r = await anon.request(method, path, json=body, headers=headers)
+                messages.add(assert_unauthorized(r))
+        assert len(messages) == 1, messages
+        # Nothing was written by any of them.
+        for table in ("queues", "frames", "kv", "usage_deltas"):
+            assert count_rows(database_url, table) == 0, table
+
+        # /health (and the other ops endpoints) stay open.
+        r = await anon.get("/health")
+        assert r.status_code == 200 and r.json()["ok"] is True
+        assert (await anon.get("/metrics")).status_code == 200
+
+        # A good token is let in, whatever the case of the scheme.
+        for scheme in ("Bearer", "bearer"):
+            r = await anon.get(f"{API}/resources/queues",
+                               headers={"Authorization": f"{scheme} {tokens['A']}"})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"queues": []}
+
+
+async def test_a_revoked_token_stops_working_within_a_second(
+    auth_broker: BrokerHandle, tokens: dict[str, str], database_url: str
+) -> None:
+    async with client(auth_broker, tokens["A2"]) as revoked, client(auth_broker, tokens["A"]) as a:
+        r = await revoked.get(f"{API}/resources/queues")
+        assert r.status_code == 200  # verified, and now in the broker's token cache
+        with connect(database_url) as raw:
+            store.revoke_token(raw, prefix_of(tokens["A2"]))
+        started = trio.current_time()
+
+        async def refused() -> httpx.Response | None:
+            r = await revoked.get(f"{API}/resources/queues")
+            assert r.status_code in (200, 401), r.text
+            return r if r.status_code == 401 else None
+
+        r = await eventually(refused, timeout=2.0)
+        assert trio.current_time() - started < 1.6
+        message = assert_unauthorized(r)
+        r = await revoked.post(f"{API}/push", json={"items": [{"queue": "q", "payload": 1}]})
+        assert assert_unauthorized(r) == message
+        # The same message as for a token that never existed.
+        async with client(auth_broker, UNKNOWN_TOKEN) as unknown:
+            assert assert_unauthorized(await unknown.get(f"{API}/resources/queues")) == message
+        # The tenant's other token is unaffected.
+        assert (await a.get(f"{API}/resources/queues")).status_code == 200
+    assert count_rows(database_url, "frames") == 0
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+
+async def run_scenario(http: httpx.AsyncClient, who: str, count: int) -> dict[str, Any]:
+    """Push ``count`` messages to "orders", dead-letter the first, lease the second, write KV."""
+    r = await http.post(f"{API}/configure", json={"queue": "orders", "options": {"retryLimit": 0}})
+    assert r.status_code == 200, r.text
+    r = await http.post(f"{API}/push", json={"items": [
+        # The same client transactionId in both tenants: deduplication is per tenant.
+        {"queue": "orders", "payload": {"who": who, "n": n},
+         **({"transactionId": "shared-txn"} if n == 0 else {})}
+        for n in range(count)
+    ]})
+    assert r.status_code == 201, r.text
+    pushed = r.json()
+    assert [p["status"] for p in pushed] == ["queued"] * count
+
+    r = await http.get(f"{API}/pop/queue/orders", params={"batch": 1})
+    assert r.status_code == 200, r.text
+    first = r.json()["messages"][0]
+    assert first["data"] == {"who": who, "n": 0}
+    r = await http.post(f"{API}/ack", json={
+        "transactionId": first["transactionId"], "partitionId": first["partitionId"],
+        "leaseId": first["leaseId"], "status": "failed", "error": f"{who} failed",
+    })
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["dlq"] is True
+
+    r = await http.get(f"{API}/pop/queue/orders", params={"batch": 1})
+    assert r.status_code == 200, r.text
+    leased = r.json()["messages"][0]
+    assert leased["data"] == {"who": who, "n": 1}
+
+    r = await http.get(f"{API}/dlq")
+    (dead,) = r.json()["messages"]
+    assert dead["data"] == {"who": who, "n": 0}
+
+    for key in ("k1", f"only-{who}"):
+        r = await http.put(f"{API}/kv/saga/{key}", json={"value": {"who": who}})
+        assert r.status_code == 200, r.text
+        assert r.json()["created"] is True
+    return {"pushed": pushed, "leased": leased, "dead": dead}
+
+
+def ack_body(message: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"transactionId": message["transactionId"], "partitionId": message["partitionId"],
+            "leaseId": message["leaseId"], "status": "completed", **extra}
+
+
+async def test_two_tenants_never_see_each_other(
+    http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
+) -> None:
+    a = await run_scenario(http_a, "A", 3)
+    b = await run_scenario(http_b, "B", 2)
+    a_leased = a["leased"]
+    assert a_leased["partitionId"] != b["leased"]["partitionId"]
+
+    # Acking A's message with A's ids, one by one or in a batch: not found for B.
+    for body in (ack_body(a_leased), ack_body(a_leased, leaseId=None),
+                 ack_body(a_leased, status="failed"), ack_body(a_leased, status="dlq")):
+        r = await http_b.post(f"{API}/ack", json={k: v for k, v in body.items() if v is not None})
+        assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
+    r = await http_b.post(f"{API}/ack/batch", json={"acknowledgments": [
+        ack_body(b["leased"]), ack_body(a_leased)]})
+    assert (r.status_code, r.json()["error"]) == (404, "message_not_found")
+    # A's message in B's own partition is just as unknown (and vice versa).
+    r = await http_b.post(f"{API}/ack", json={"transactionId": a_leased["transactionId"],
+                                              "partitionId": b["leased"]["partitionId"]})
+    assert r.status_code == 404
+
+    # Extending A's lease: not found for B.
+    r = await http_b.post(f"{API}/lease/{a_leased['leaseId']}/extend", json={"seconds": 600})
+    assert (r.status_code, r.json()["error"]) == (404, "lease_not_found")
+
+    # Replaying A's dead letter: not found for B.
+    r = await http_b.post(f"{API}/dlq/{a['dead']['id']}/replay")
+    assert (r.status_code, r.json()["error"]) == (404, "dead_letter_not_found")
+
+    # B's listings show only B's things.
+    r = await http_b.get(f"{API}/resources/queues")
+    assert [(q["name"], q["messages"]["total"]) for q in r.json()["queues"]] == [("orders", 2)]
+    r = await http_a.get(f"{API}/resources/queues")
+    assert [(q["name"], q["messages"]["total"]) for q in r.json()["queues"]] == [("orders", 3)]
+    detail = (await http_b.get(f"{API}/resources/queues/orders")).json()
+    assert detail["totals"] == {"messages": 2, "deadLetters": 1}
+    assert [p["id"] for p in detail["partitions"]] == [b["leased"]["partitionId"]]
+    r = await http_b.get(f"{API}/dlq")
+    assert [d["id"] for d in r.json()["messages"]] == [b["dead"]["id"]]
+    for params in ({"queue": "orders"}, {"cursor": 0, "limit": 1000},
+                   {"consumerGroup": "__QUEUE_MODE__"}):
+        listed = (await http_b.get(f"{API}/dlq", params=params)).json()["messages"]
+        assert all(d["data"]["who"] == "B" for d in listed), params
+
+    # B pops only B's messages, in any consumer group.
+    r = await http_b.get(f"{API}/pop/queue/orders", params={"batch": 10, "consumerGroup": "audit"})
+    assert [m["data"] for m in r.json()["messages"]] == [{"who": "B", "n": 0}, {"who": "B", "n": 1}]
+    r = await http_b.get(f"{API}/pop/queue/orders/partition/Default",
+                         params={"batch": 10, "consumerGroup": "audit2"})
+    assert all(m["data"]["who"] == "B" for m in r.json()["messages"])
+
+    # KV: same key, independent values; A's own key is invisible to B.
+    assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
+    assert (await http_a.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "A"}
+    r = await http_b.get(f"{API}/kv/saga/only-A")
+    assert (r.status_code, r.json()["error"]) == (404, "key_not_found")
+    r = await http_b.delete(f"{API}/kv/saga/only-A")
+    assert r.status_code == 200 and r.json()["deleted"] is False
+
+    # Transactions by B that touch A's message fail without effect.
+    r = await http_b.post(f"{API}/transaction", json={"operations": [
+        {"type": "push", "items": [{"queue": "orders", "payload": {"who": "B", "n": 99}}]},
+        {"type": "kv.put", "namespace": "saga", "key": "k1", "value": "overwritten"},
+        {"type": "kv.delete", "namespace": "saga", "key": "only-B"},
+        {"type": "ack", **ack_body(a_leased)},
+    ]})
+    assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
+    assert r.json()["operation"] == 3
+    r = await http_b.post(f"{API}/transaction", json={"operations": [
+        {"type": "ack", "transactionId": a["dead"]["transactionId"],
+         "partitionId": a["dead"]["partitionId"], "status": "completed"},
+    ]})
+    assert r.status_code == 404
+    assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
+    assert (await http_b.get(f"{API}/kv/saga/only-B")).status_code == 200
+    r = await http_b.get(f"{API}/resources/queues")
+    assert [(q["name"], q["messages"]["total"]) for q in r.json()["queues"]] == [("orders", 2)]
+    # A KV delete of A's key inside B's transaction deletes nothing of A's.
+    r = await http_b.post(f"{API}/transaction", json={"operations": [
+        {"type": "kv.delete", "namespace": "saga", "key": "only-A"}]})
+    assert r.status_code == 200 and r.json()["results"][0]["deleted"] is False
+
+    # B deletes its queue "orders": A's stays intact.
+    r = await http_b.delete(f"{API}/resources/queues/orders")
+    assert r.json() == {"deleted": True, "queue": "orders", "existed": True}
+    r = await http_b.get(f"{API}/resources/queues/orders")
+    assert (r.status_code, r.json()["error"]) == (404, "queue_not_found")
+    assert (await http_b.get(f"{API}/dlq")).json()["messages"] == []
+    detail = (await http_a.get(f"{API}/resources/queues/orders")).json()
+    assert detail["totals"] == {"messages": 3, "deadLetters": 1}
+    assert [p["id"] for p in detail["partitions"]] == [a_leased["partitionId"]]
+    assert detail["partitions"][0]["groups"]["__QUEUE_MODE__"]["leased"] is True
+
+    # Everything of A's still works for A, untouched by B's attempts.
+    assert (await http_a.get(f"{API}/kv/saga/only-A")).json()["value"] == {"who": "A"}
+    r = await http_a.post(f"{API}/lease/{a_leased['leaseId']}/extend", json={"seconds": 30})
+    assert r.status_code == 200, r.text
+    r = await http_a.post(f"{API}/ack", json=ack_body(a_leased))
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["alreadyAcked"] is False and r.json()[0]["leaseReleased"] is True
+    r = await http_a.post(f"{API}/dlq/{a['dead']['id']}/replay")
+    assert r.status_code == 200, r.text
+    r = await http_a.get(f"{API}/pop/queue/orders", params={"batch": 10})
+    assert [m["data"] for m in r.json()["messages"]] == [{"who": "A", "n": 2}, {"who": "A", "n": 0}]
+    # ... and B cannot replay its own, now deleted, dead letter any more, nor A's replayed one.
+    assert (await http_b.post(f"{API}/dlq/{b['dead']['id']}/replay")).status_code == 404
+    assert (await http_b.post(f"{API}/dlq/{a['dead']['id']}/replay")).status_code == 404
+
+
+async def test_pushes_and_long_polls_wake_only_their_own_tenant(
+    http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
+) -> None:
+    got: dict[str, httpx.Response] = {}
+
+    async def wait_b() -> None:
+        got["b"] = await http_b.get(f"{API}/pop/queue/orders",
+                                    params={"wait": "true", "timeout": 700})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_b)
+        await trio.sleep(0.2)
+        r = await http_a.post(f"{API}/push", json={"items": [{"queue": "orders", "payload": "A"}]})
+        assert r.status_code == 201
+    assert got["b"].status_code == 204  # A's push neither woke nor fed B's pop
+    r = await http_a.get(f"{API}/pop/queue/orders")
+    assert r.json()["messages"][0]["data"] == "A"
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+async def test_tenants_cli_creates_lists_issues_and_revokes(
+    auth_broker: BrokerHandle, database_url: str
+) -> None:
+    rc, out, err = await run_cli(database_url, "create", "acme")
+    assert (rc, out.strip()) == (0, "created tenant acme"), err
+
+    rc, out, err = await run_cli(database_url, "create", "acme")
+    assert rc != 0
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "acme" in err and "exists" in err
+
+    rc, out, err = await run_cli(database_url, "create", "Bad Name")
+    assert rc != 0 and len(err.strip().splitlines()) == 1, err
+
+    rc, out, err = await run_cli(database_url, "token", "create", "nobody", "--json")
+    assert rc != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "nobody" in err, err
+
+    rc, out, err = await run_cli(database_url, "token", "create", "acme", "--json")
+    assert rc == 0, err
+    issued = json.loads(out)
+    assert set(issued) == {"tenant", "token"} and issued["tenant"] == "acme"
+    token = issued["token"]
+    assert token.startswith("qt_")
+
+    rc, out, err = await run_cli(database_url, "list", "--json")
+    assert rc == 0, err
+    listed = {t["name"]: t for t in json.loads(out)}
+    assert {"default", "alpha", "beta", "acme"} <= set(listed)
+    assert listed["acme"]["active_tokens"] == 1
+    assert listed["alpha"]["active_tokens"] == 2
+    assert listed["acme"]["max_message_bytes"] == 1048576
+    assert listed["acme"]["max_stored_bytes"] is None
+    assert listed["acme"]["requests_per_second"] is None
+
+    async with client(auth_broker, token) as acme, client(auth_broker, None) as anon:
+        # The token works at once, before the broker's next plan refresh.
+        r = await acme.get(f"{API}/resources/queues")
+        assert (r.status_code, r.json()) == (200, {"queues": []}), r.text
+        r = await acme.post(f"{API}/push", json={"items": [{"queue": "orders", "payload": 1}]})
+        assert r.status_code == 201, r.text
+        assert [q["name"] for q in (await acme.get(f"{API}/resources/queues")).json()["queues"]] \
+            == ["orders"]
+
+        rc, out, err = await run_cli(database_url, "token", "revoke", prefix_of(token))
+        assert (rc, out.strip()) == (0, "revoked"), err
+        revoked_at = trio.current_time()
+
+        async def refused() -> httpx.Response | None:
+            r = await acme.get(f"{API}/resources/queues")
+            return r if r.status_code == 401 else None
+
+        r = await eventually(refused, timeout=2.0)
+        assert trio.current_time() - revoked_at < 1.6
+        reference = assert_unauthorized(await anon.get(f"{API}/resources/queues"))
+        assert assert_unauthorized(r) == reference
+
+    rc, out, err = await run_cli(database_url, "token", "revoke", prefix_of(token))
+    assert rc != 0 and len(err.strip().splitlines()) == 1, err
+    rc, out, err = await run_cli(database_url, "list", "--json")
+    assert {t["name"]: t for t in json.loads(out)}["acme"]["active_tokens"] == 0
+
+
+async def test_a_token_for_a_brand_new_tenant_works_at_once(
+    auth_broker: BrokerHandle, database_url: str
+) -> None:
+    """A tenant created while the broker runs (CLI or store) must not get 500s until the next
+    plan refresh: its token is valid the moment it is printed."""
+    statuses = []
+    for n in range(3):
+        with connect(database_url) as raw:
+            store.create_tenant(raw, f"fresh{n}")
+            token = store.create_token(raw, f"fresh{n}")
+        async with client(auth_broker, token) as fresh:
+            r = await fresh.get(f"{API}/resources/queues")
+            statuses.append((r.status_code, r.json().get("error")))
+    assert statuses == [(200, None)] * 3
