@@ -65,6 +65,7 @@ class EmbeddedPostgres:
         *,
         database: str = "queen",
         host: str = "127.0.0.1",
+        port: int | None = None,
         server_settings: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
@@ -75,7 +76,7 @@ class EmbeddedPostgres:
         self._owner_file = self.data_dir / "embedded-owner.pid"
         self._process: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
-        self.port: int | None = None
+        self.port: int | None = port  # None: a free port is picked at each start
 
     @property
     def admin_url(self) -> str:
@@ -139,6 +140,13 @@ class EmbeddedPostgres:
         self._process = None
         self._adopted_pid = None
 
+    def restart(self) -> None:
+        """Stop and start again on the same port (clients see a server restart)."""
+        port = self.port
+        self.stop()
+        self.port = port
+        self.start()
+
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
         return self
@@ -197,7 +205,8 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(f"initdb failed: {result.stderr.strip()[-500:]}")
 
     def _launch(self, user: str | None) -> None:
-        self.port = _free_port(self.host)
+        if self.port is None:
+            self.port = _free_port(self.host)
         args = [
             str(_bin_dir() / "postgres"),
             "-D", str(self.pgdata),

@@ -310,88 +310,120 @@ class AckResult:
 
 
 def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
-    """Apply acknowledgements in order, all or nothing: any unknown message, foreign lease or
-    undelivered frame raises and the caller's transaction rolls back."""
-    results = [_ack_one(raw, tenant_id, a) for a in acks]
-    for queue in {r.queue for r in results if r.lease_released}:
+    """Apply acknowledgements, all or nothing: any unknown message, foreign lease or
+    undelivered frame raises and the caller's transaction rolls back.
+
+    Acks are grouped per (partition, consumer group): one lookup of their frames, one lock of
+    the cursor, one write of it, whatever the batch size.
+    """
+    groups: dict[tuple[uuid.UUID, str], list[tuple[int, Ack]]] = {}
+    for position, a in enumerate(acks):
+        groups.setdefault((a.partition_id, a.group), []).append((position, a))
+    results: dict[int, AckResult] = {}
+    for (partition_id, group), items in groups.items():
+        results.update(_ack_partition(raw, tenant_id, partition_id, group, items))
+    ordered = [results[position] for position in range(len(acks))]
+    for queue in {r.queue for r in ordered if r.lease_released}:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, queue)})
-    return results
+    return ordered
 
 
-def _ack_one(raw: Raw, tenant_id: int, a: Ack) -> AckResult:
-    where = f"acknowledgement {a.index}" if a.index else "acknowledgement"
-    key = {"partition_id": a.partition_id, "group": a.group, "tenant_id": tenant_id}
+def _where(a: Ack) -> str:
+    return f"acknowledgement {a.index}" if a.index else "acknowledgement"
+
+
+def _ack_partition(
+    raw: Raw, tenant_id: int, partition_id: uuid.UUID, group: str,
+    items: list[tuple[int, Ack]],
+) -> dict[int, AckResult]:
+    key = {"partition_id": partition_id, "group": group, "tenant_id": tenant_id}
     rows = raw.execute(
-        Q.frames_for_ack, {**key, "transaction_id": a.transaction_id}
+        Q.frames_for_acks, {**key, "txns": [a.transaction_id for _, a in items]}
     ).fetchall()
-    if not rows:
-        raise NotFound(
-            "message_not_found",
-            f"{where}: no message with transactionId {a.transaction_id!r} in partition "
-            f"{a.partition_id}",
-            index=a.index,
-        )
+    offsets: dict[str, list[int]] = {}
+    for row in rows:
+        offsets.setdefault(row["transaction_id"], []).append(row["offset"])
+    for _, a in items:
+        if a.transaction_id not in offsets:
+            raise NotFound(
+                "message_not_found",
+                f"{_where(a)}: no message with transactionId {a.transaction_id!r} in partition "
+                f"{a.partition_id}",
+                index=a.index,
+            )
     info = rows[0]
     cursor = raw.execute(Q.lock_cursor, key).fetchone()
     if cursor is None:
+        a = items[0][1]
         raise Conflict(
             "not_delivered",
-            f"{where}: consumer group {a.group!r} has never popped this partition",
+            f"{_where(a)}: consumer group {group!r} has never popped this partition",
             index=a.index,
         )
-    if a.lease_id is not None and a.lease_id != cursor["lease_id"]:
-        raise Conflict(
-            "lease_lost",
-            f"{where}: lease {a.lease_id} is no longer this partition's lease (it expired and "
-            "the messages were handed out again)",
-            index=a.index,
-        )
-    committed = cursor["committed"]
+    start = committed = cursor["committed"]
     ahead = set(cursor["acked_ahead"])
     leased_to = cursor["leased_to"] if cursor["leased_to"] is not None else committed
-    offsets = [r["offset"] for r in rows]
-    open_offsets = [o for o in offsets if committed < o <= leased_to and o not in ahead]
+    release = False
+    out: dict[int, AckResult] = {}
 
-    def result(**kw: bool) -> AckResult:
-        return AckResult(a.index, a.transaction_id, a.partition_id, a.status, info["queue"],
-                         info["partition"], kw.get("released", False), kw.get("dlq", False),
-                         kw.get("already", False))
+    for position, a in items:
+        def result(*, released: bool = False, dlq: bool = False, already: bool = False,
+                   a: Ack = a) -> AckResult:
+            return AckResult(a.index, a.transaction_id, partition_id, a.status, info["queue"],
+                             info["partition"], released, dlq, already)
 
-    if not open_offsets:
-        if any(o <= committed or o in ahead for o in offsets):
-            return result(already=True)  # acks are idempotent
-        raise Conflict(
-            "not_delivered",
-            f"{where}: message {a.transaction_id!r} has not been delivered to group {a.group!r}",
-            index=a.index,
-        )
-    offset = open_offsets[0]
-    dead = False
-    if a.status == "retry":
-        raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
-                                    "release": True})
-        return result(released=True)
-    if a.status == "failed":
-        count = raw.execute(
-            Q.bump_retry, {**key, "offset": offset, "error": a.error}
-        ).fetchone()["retry_count"]
-        if count <= info["retry_limit"]:
-            raw.execute(Q.save_cursor, {**key, "committed": committed,
-                                        "acked_ahead": sorted(ahead), "release": True})
-            return result(released=True)
-        dead = _dead_letter(raw, tenant_id, info, a.partition_id, a.group, offset, count,
-                            a.error or "retries exhausted")
-    elif a.status == "dlq":
-        row = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
-        dead = _dead_letter(raw, tenant_id, info, a.partition_id, a.group, offset,
-                            row["retry_count"] if row else 0, a.error or "sent to dead letters")
-    ahead.add(offset)
-    committed, ahead_left = advance(committed, ahead)
-    release = committed >= leased_to
-    raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": ahead_left,
+        if a.lease_id is not None and a.lease_id != cursor["lease_id"]:
+            raise Conflict(
+                "lease_lost",
+                f"{_where(a)}: lease {a.lease_id} is no longer this partition's lease (it "
+                "expired and the messages were handed out again)",
+                index=a.index,
+            )
+        mine = offsets[a.transaction_id]
+        open_offsets = [o for o in mine if committed < o <= leased_to and o not in ahead]
+        if not open_offsets:
+            if any(o <= committed or o in ahead for o in mine):
+                out[position] = result(already=True)  # acks are idempotent
+                continue
+            raise Conflict(
+                "not_delivered",
+                f"{_where(a)}: message {a.transaction_id!r} has not been delivered to group "
+                f"{group!r}",
+                index=a.index,
+            )
+        offset = open_offsets[0]
+        dead = False
+        if a.status == "retry":
+            release = True
+            out[position] = result(released=True)
+            continue
+        if a.status == "failed":
+            count = raw.execute(
+                Q.bump_retry, {**key, "offset": offset, "error": a.error}
+            ).fetchone()["retry_count"]
+            if count <= info["retry_limit"]:
+                release = True  # redelivered from the cursor on the next pop
+                out[position] = result(released=True)
+                continue
+            dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset, count,
+                                a.error or "retries exhausted")
+        elif a.status == "dlq":
+            row = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
+            dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset,
+                                row["retry_count"] if row else 0,
+                                a.error or "sent to dead letters")
+        ahead.add(offset)
+        committed, remaining = advance(committed, ahead)
+        ahead = set(remaining)
+        done = committed >= leased_to
+        release |= done
+        out[position] = result(released=done, dlq=dead)
+
+    raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
                                 "release": release})
-    raw.execute(Q.forget_retries, {**key, "committed": committed})
-    return result(released=release, dlq=dead)
+    if committed > start:
+        raw.execute(Q.forget_retries, {**key, "committed": committed})
+    return out
 
 
 # -- leases -----------------------------------------------------------------------------------

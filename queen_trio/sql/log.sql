@@ -142,15 +142,15 @@ DELETE FROM queen.retries
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
   AND "offset" <= %(committed)s
 
--- name: frames_for_ack
--- Usually one row; several when a timer re-used a txn after its first message went out.
-SELECT f."offset", p.queue_id, p.name AS partition, q.name AS queue, q.retry_limit,
-       q.dead_letter_queue
+-- name: frames_for_acks
+-- Usually one row per txn; several when a timer re-used a txn after its first message went out.
+SELECT f.transaction_id, f."offset", p.queue_id, p.name AS partition, q.name AS queue,
+       q.retry_limit, q.dead_letter_queue
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 JOIN queen.frames f ON f.partition_id = p.partition_id
 WHERE p.partition_id = %(partition_id)s AND p.tenant_id = %(tenant_id)s
-  AND f.transaction_id = %(transaction_id)s
+  AND f.transaction_id = ANY(%(txns)s::text[])
 ORDER BY f."offset"
 
 -- name: lock_cursor
