@@ -123,7 +123,8 @@ ORDER BY f."offset"
 
 -- name: take_lease
 UPDATE queen.cursors
-SET lease_id = gen_random_uuid(),
+SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
+    lease_id = gen_random_uuid(),
     lease_expires_at = now() + make_interval(secs => %(lease_s)s),
     leased_to = %(leased_to)s,
     updated_at = now()
