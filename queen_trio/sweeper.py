@@ -160,7 +160,6 @@ class Sweeper:
     async def _cycle(self) -> ClaimResult:
         token = uuid.uuid4()
         settings = self._settings
-        before = time.time()
         result: ClaimResult = await self._db.run(
             store.claim, token, self.name, settings.sweeper_batch, settings.sweeper_lease_ms
         )

@@ -7,11 +7,11 @@ import re
 from typing import Any
 
 from ..errors import ValidationError
+from ..text import utf8_name
 
 MAX_TTL_SECONDS = 10 * 365 * 86_400
 MAX_KEY_BYTES = 512
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def namespace(value: Any, field: str = "namespace") -> str:
@@ -24,17 +24,7 @@ def namespace(value: Any, field: str = "namespace") -> str:
 
 
 def key(value: Any, field: str = "key") -> str:
-    if not isinstance(value, str) or not value:
-        raise ValidationError("invalid_key", f"{field} must be a non-empty string")
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise ValidationError("invalid_key", f"{field} contains an unpaired surrogate") from None
-    if size > MAX_KEY_BYTES or _CONTROL_RE.search(value):
-        raise ValidationError(
-            "invalid_key", f"{field} must be 1-{MAX_KEY_BYTES} UTF-8 bytes without control characters"
-        )
-    return value
+    return utf8_name(value, field, code="invalid_key", max_bytes=MAX_KEY_BYTES)
 
 
 def ttl_seconds(value: Any, field: str = "ttlSeconds") -> int | None:

@@ -91,6 +91,6 @@ async def run_purger(
         await trio.sleep(interval_s)
         try:
             while await db.run(purge_expired) == PURGE_BATCH:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
         except (DatabaseUnavailable, psycopg.OperationalError, OSError) as exc:
             log.warning("KV purge skipped: %s", str(exc).strip())

@@ -9,18 +9,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
 from typing import Any
 
 import zstandard
 
 from ..errors import ValidationError
 from ..log import rules as log_rules
+from ..text import utf8_name
 
 MAX_KEY_BYTES = 512
 MAX_BACKOFF_MS = 60_000
 MAX_LIST_LIMIT = 1000
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 
@@ -29,18 +28,7 @@ _decompressor = zstandard.ZstdDecompressor()
 
 
 def timer_key(value: Any, field: str = "key") -> str:
-    if not isinstance(value, str) or not value:
-        raise ValidationError("invalid_key", f"{field} must be a non-empty string")
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise ValidationError("invalid_key", f"{field} contains an unpaired surrogate") from None
-    if size > MAX_KEY_BYTES or _CONTROL_RE.search(value):
-        raise ValidationError(
-            "invalid_key",
-            f"{field} must be 1-{MAX_KEY_BYTES} UTF-8 bytes without control characters",
-        )
-    return value
+    return utf8_name(value, field, code="invalid_key", max_bytes=MAX_KEY_BYTES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -15,6 +15,7 @@ import trio
 from psycopg.rows import dict_row
 from quart import Blueprint
 
+from ..helpers import eventually
 from queen_trio.api import create_app
 from queen_trio.api.tenancy import current_tenant_id, enforce_storage_gate, never_refused
 from queen_trio.config import Settings
@@ -24,7 +25,6 @@ from queen_trio.tenants import store
 from ..conftest import replace_settings
 
 API = "/api/v1"
-T = TypeVar("T")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -37,16 +37,6 @@ def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
 def set_plan(database_url: str, name: str = "default", **plan: Any) -> None:
     with connect(database_url) as raw:
         store.set_plan(raw, name, **plan)
-
-
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 2.0) -> T:
-    """Poll ``check`` until it returns something truthy, for at most ``timeout`` seconds."""
-    with trio.fail_after(timeout):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await trio.sleep(0.05)
 
 
 async def plan_loaded(broker: BrokerHandle, **expected: Any) -> None:

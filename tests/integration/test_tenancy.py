@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -14,6 +14,7 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
+from ..helpers import eventually
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
@@ -21,7 +22,6 @@ from queen_trio.tenants import store
 from ..conftest import replace_settings
 
 API = "/api/v1"
-T = TypeVar("T")
 
 # A token of the right shape whose prefix no tenant has.
 UNKNOWN_TOKEN = "qt_" + "0" * 12 + "_" + "A" * 43
@@ -36,16 +36,6 @@ def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
 
 def prefix_of(token: str) -> str:
     return token.split("_")[1]
-
-
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 2.0) -> T:
-    """Poll ``check`` until it returns something truthy, for at most ``timeout`` seconds."""
-    with trio.fail_after(timeout):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await trio.sleep(0.05)
 
 
 async def run_cli(database_url: str, *args: str) -> tuple[int, str, str]:

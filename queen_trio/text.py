@@ -1,0 +1,28 @@
+"""Rules for client-chosen names that travel in URL paths (KV keys, timer keys)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import ValidationError
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def utf8_name(value: Any, field: str, *, code: str, max_bytes: int) -> str:
+    """A non-empty string of at most ``max_bytes`` UTF-8 bytes, free of control characters.
+
+    '/', ':', spaces and any other printable character are allowed.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValidationError(code, f"{field} must be a non-empty string")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValidationError(code, f"{field} contains an unpaired surrogate") from None
+    if size > max_bytes or _CONTROL_RE.search(value):
+        raise ValidationError(
+            code, f"{field} must be 1-{max_bytes} UTF-8 bytes without control characters"
+        )
+    return value
