@@ -14,6 +14,7 @@ the due instant finds nothing and costs a whole MIN_SLEEP.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -79,7 +80,10 @@ class Sweeper:
         self._fired = 0
         self._last_cycle_at: float | None = None
         self._alive = False
-        # database clock - local wall clock, biased so that deadlines err on the late side
+        # database clock - local wall clock: each claim proves a lower bound for it (the
+        # database read its clock before we got the answer); the largest recent bound is the
+        # tightest that still errs on the late side.
+        self._offset_bounds: collections.deque[float] = collections.deque(maxlen=32)
         self._clock_offset = 0.0
 
     def statistics(self) -> SweeperStatistics:
@@ -163,10 +167,8 @@ class Sweeper:
         result: ClaimResult = await self._db.run(
             store.claim, token, self.name, settings.sweeper_batch, settings.sweeper_lease_ms
         )
-        after = time.time()
-        # The database clock was read somewhere between `before` and `after`; assuming the
-        # earliest (after) makes local deadlines land on or just past the due instant.
-        self._clock_offset = result.db_now - after
+        self._offset_bounds.append(result.db_now - time.time())
+        self._clock_offset = max(self._offset_bounds)
         if result.rows:
             self._metrics.claim_batch_size.observe(len(result.rows))
             await self._fire(token, result.rows)
