@@ -13,15 +13,20 @@ What it measures, against one broker (``python -m queen_trio serve``) reached ov
    ``completed``) until every message has been received. Messages/s over the drain, pop and ack
    latency, and a delivery check: distinct transactionIds received == pushed, duplicates and
    lost messages counted, payloads matched to what was pushed, and a final pop must find nothing.
+   A reference row drains the same way with ``autoAck=true`` (no ack requests) at C=4.
 3. Long-poll wake latency. A consumer waits (``wait=true&timeout=5000``) on an empty queue; once
    the broker reports it waiting (``queen_longpoll_waiters`` on /metrics), a producer takes
    t0 = ``time.perf_counter()`` and pushes one message; the latency is the arrival of the pop's
-   response minus t0. 300 times, sequentially, after 10 warm-up rounds.
+   response minus t0. 300 times, sequentially, after 10 warm-up rounds. The push's own round
+   trip and the pop's arrival after the push's answer are shown next to it.
 
 Every response is checked (status, shape, per-item results); failures are recorded with the
 request and the broker's answer, and printed at the end. The broker's own /metrics request
-counts by status are printed too, so a 5xx cannot go unnoticed. Client and broker share the
-machine: the numbers include the client's CPU.
+counts by status are printed too, so a 5xx cannot go unnoticed. Client, broker and database
+share the machine; each row shows the cores each used (client/broker/PostgreSQL) and what the
+rest of the machine used meanwhile ("other"), read from /proc, so a noisy neighbour is visible.
+The targets from the issue (push and pop+ack >= 5,000 msgs/s, wake p99 <= 20 ms) are printed
+with PASS/FAIL for the best configuration.
 
 Run from the repository root::
 
@@ -568,9 +573,10 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
             wakes.append(outcome[0])
             pushes.append(outcome[1])
     cores = CpuMeter.cores(cpu_before, broker.cpu.snapshot(), time.perf_counter() - t_start)
+    after_push = [w - p for w, p in zip(wakes, pushes, strict=True)]
     return {"rounds": WAKE_ROUNDS, "warmup": WAKE_WARMUP, "failed": failed,
             "wake_latency_ms": distribution(wakes), "push_rtt_ms": distribution(pushes),
-            "cpu_cores": cores}
+            "wake_after_push_answer_ms": distribution(after_push), "cpu_cores": cores}
 
 
 # -- CPU accounting --------------------------------------------------------------------------
@@ -594,14 +600,14 @@ class CpuMeter:
         busy = _machine_busy_ticks()
         stats = _proc_stats()
         children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in stats.items():
+        for pid, (ppid, *_) in stats.items():
             children.setdefault(ppid, []).append(pid)
         below, stack = 0.0, list(children.get(self.broker_pid, []))
         while stack:
             pid = stack.pop()
-            below += stats[pid][1]
+            below += stats[pid][1] + stats[pid][2]  # + reaped children: backends that exited
             stack.extend(children.get(pid, []))
-        snap["broker"] = stats.get(self.broker_pid, (0, 0.0))[1] / self.TICK
+        snap["broker"] = stats.get(self.broker_pid, (0, 0.0, 0.0))[1] / self.TICK
         snap["postgres"] = below / self.TICK
         snap["other"] = busy / self.TICK - snap["client"] - snap["broker"] - snap["postgres"]
         return snap
@@ -619,8 +625,9 @@ def _machine_busy_ticks() -> float:
     return float(user + nice + system + irq + softirq + steal)
 
 
-def _proc_stats() -> dict[int, tuple[int, float]]:
-    """pid -> (ppid, utime + stime in ticks) for every readable process."""
+def _proc_stats() -> dict[int, tuple[int, float, float]]:
+    """pid -> (ppid, own utime + stime, reaped children's cutime + cstime), in ticks, for
+    every readable process."""
     stats = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -630,7 +637,8 @@ def _proc_stats() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-        stats[int(entry.name)] = (int(fields[1]), float(int(fields[11]) + int(fields[12])))
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        stats[int(entry.name)] = (int(fields[1]), float(own), float(reaped))
     return stats
 
 
@@ -746,8 +754,22 @@ def server_version(database_url: str | None, embedded: bool) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
+def source_revision() -> str:
+    """The checkout's commit, marked dirty when queen_trio/ has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                                capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "queen_trio", "schema"],
+                               cwd=root, text=True, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}{' + uncommitted changes' if dirty.strip() else ''}"
+
+
 def machine_info(handle: BrokerProcess) -> dict[str, Any]:
     return {
+        "checkout": source_revision(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
@@ -827,6 +849,8 @@ def print_wake(w: dict[str, Any]) -> None:
     print("                                  p50     p90     p99      max")
     print(f"   wake latency (ms)         {dist_cells(w['wake_latency_ms'])}")
     print(f"   push round trip (ms)      {dist_cells(w['push_rtt_ms'])}")
+    print(f"   wake - push round trip    {dist_cells(w['wake_after_push_answer_ms'])}"
+          "   (pop answered after the push was)")
     print(f"   CPU cores client/broker/pg/other: {cpu_cell(w['cpu_cores'])}")
 
 
