@@ -51,30 +51,23 @@ class Appended:
     offset: int | None  # None for a duplicate
 
 
-def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appended]:
+def append(
+    raw: Raw, tenant_id: int, frames: Sequence[NewFrame], *, usage_offset: int = 0
+) -> list[Appended]:
     """Append frames to their partitions (creating queues and partitions as needed).
 
     Offsets are dense per partition: the partition row is locked, offsets are taken from its
-    ``next_offset`` and written back in the same transaction.
+    ``next_offset`` and written back in the same transaction. ``usage_offset`` is added to the
+    stored-bytes change (a timer fire moves bytes from the timer row to the log: net zero).
     """
     queue_names = sorted({f.queue for f in frames})
-    raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": queue_names})
-    queue_ids = {
-        row["name"]: row["queue_id"]
-        for row in raw.execute(Q.queues_by_name, {"tenant_id": tenant_id, "names": queue_names})
-    }
-    pairs = sorted({(queue_ids[f.queue], f.partition) for f in frames})
-    keys = {"tenant_id": tenant_id, "queue_ids": [p[0] for p in pairs], "names": [p[1] for p in pairs]}
-    raw.execute(Q.ensure_partitions, keys)
-    partitions = {
-        (row["queue_id"], row["name"]): row for row in raw.execute(Q.lock_partitions, keys)
-    }
+    partitions = _lock_partitions(raw, tenant_id, sorted({(f.queue, f.partition) for f in frames}))
 
     results: list[Appended | None] = [None] * len(frames)
     stored_bytes = 0
-    by_partition: dict[tuple[int, str], list[int]] = {}
+    by_partition: dict[tuple[str, str], list[int]] = {}
     for i, frame in enumerate(frames):
-        by_partition.setdefault((queue_ids[frame.queue], frame.partition), []).append(i)
+        by_partition.setdefault((frame.queue, frame.partition), []).append(i)
 
     for key, indexes in by_partition.items():
         part = partitions[key]
@@ -108,13 +101,26 @@ def append(raw: Raw, tenant_id: int, frames: Sequence[NewFrame]) -> list[Appende
             raw.execute(
                 Q.insert_frames,
                 {"partition_id": pid, "tenant_id": tenant_id, "offsets": offsets, "txns": txns,
-                 "payloads": payloads, "metas": metas},
+                 "payloads": payloads, "metas": metas, "next_offset": next_offset},
             )
-            raw.execute(Q.advance_next_offset, {"partition_id": pid, "next_offset": next_offset})
-    add_usage(raw, tenant_id, stored_bytes)
+    add_usage(raw, tenant_id, stored_bytes + usage_offset)
     for name in queue_names:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return [r for r in results if r is not None]
+
+
+def _lock_partitions(
+    raw: Raw, tenant_id: int, pairs: list[tuple[str, str]]
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Lock the (queue, partition) rows, creating the missing ones first."""
+    params = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
+              "names": [p for _, p in pairs]}
+    rows = raw.execute(Q.lock_partitions, params).fetchall()
+    if len(rows) < len(pairs):  # first frames of a queue or partition
+        raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": sorted(set(params["queues"]))})
+        raw.execute(Q.ensure_partitions, params)
+        rows = raw.execute(Q.lock_partitions, params).fetchall()
+    return {(row["queue"], row["name"]): row for row in rows}
 
 
 def ensure_queue(raw: Raw, tenant_id: int, name: str) -> None:
@@ -147,7 +153,7 @@ def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dic
     ).fetchone()
     raw.execute(
         Q.ensure_partitions,
-        {"tenant_id": tenant_id, "queue_ids": [row["queue_id"]], "names": [DEFAULT_PARTITION]},
+        {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
     )
     return {"created": row["created"]}
 

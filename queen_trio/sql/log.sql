@@ -22,26 +22,23 @@ INSERT INTO queen.queues (tenant_id, name)
 SELECT %(tenant_id)s, unnest(%(names)s::text[])
 ON CONFLICT (tenant_id, name) DO NOTHING
 
--- name: queues_by_name
-SELECT queue_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
-       dead_letter_queue, created_at
-FROM queen.queues
-WHERE tenant_id = %(tenant_id)s AND name = ANY(%(names)s::text[])
-
 -- name: ensure_partitions
 INSERT INTO queen.partitions (tenant_id, queue_id, name)
-SELECT %(tenant_id)s, unnest(%(queue_ids)s::bigint[]), unnest(%(names)s::text[])
+SELECT %(tenant_id)s, q.queue_id, n.name
+FROM unnest(%(queues)s::text[], %(names)s::text[]) AS n(queue, name)
+JOIN queen.queues q ON q.tenant_id = %(tenant_id)s AND q.name = n.queue
 ON CONFLICT (queue_id, name) DO NOTHING
 
 -- name: lock_partitions
 -- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
 -- deadlocking each other.
-SELECT partition_id, queue_id, name, next_offset
-FROM queen.partitions
-WHERE tenant_id = %(tenant_id)s
-  AND (queue_id, name) IN (SELECT unnest(%(queue_ids)s::bigint[]), unnest(%(names)s::text[]))
-ORDER BY partition_id
-FOR UPDATE
+SELECT p.partition_id, q.name AS queue, p.name, p.next_offset
+FROM queen.partitions p
+JOIN queen.queues q USING (queue_id)
+WHERE q.tenant_id = %(tenant_id)s
+  AND (q.name, p.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[]))
+ORDER BY p.partition_id
+FOR UPDATE OF p
 
 -- name: existing_transactions
 SELECT DISTINCT transaction_id
@@ -49,14 +46,16 @@ FROM queen.frames
 WHERE partition_id = %(partition_id)s AND transaction_id = ANY(%(txns)s::text[])
 
 -- name: insert_frames
+-- The frames and the partition's next offset, in one statement.
+WITH inserted AS (
 INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
                           size_bytes, created_at, meta)
 SELECT %(partition_id)s, o, %(tenant_id)s, t, p::jsonb, octet_length(p), clock_timestamp(),
        m::jsonb
 FROM unnest(%(offsets)s::bigint[], %(txns)s::text[], %(payloads)s::text[], %(metas)s::text[])
      AS u(o, t, p, m)
-
--- name: advance_next_offset
+RETURNING 1
+)
 UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %(partition_id)s
 
 -- name: notify_queue

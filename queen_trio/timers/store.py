@@ -208,8 +208,7 @@ def fire(
             log_store.NewFrame(c.queue, c.partition, p, c.txn,
                                meta={"timer": {"key": c.key, "deliverAt": iso(c.deliver_at)}})
             for c, p in items
-        ])
-        log_store.add_usage(raw, tenant_id, -sum(c.payload_bytes for c, _ in items))
+        ], usage_offset=-sum(c.payload_bytes for c, _ in items))
     return FireResult([c for c, _ in mine], failed, dead, len(ready) - len(mine))
 
 
