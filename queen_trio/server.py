@@ -29,14 +29,14 @@ from .config import Settings
 from .context import BrokerContext
 from .db import Database, Listener, queries
 from .db.migrations import apply_migrations
+from .kv import store as kv_store
 from .log import store as log_store
 from .log.wakeups import QueueWakeups
-from .kv import store as kv_store
+from .metrics import BrokerMetrics
 from .sweeper import Sweeper
 from .tenants import store as tenant_store
-from .timers import store as timer_store
 from .tenants.directory import TenantDirectory
-from .metrics import BrokerMetrics
+from .timers import store as timer_store
 
 log = logging.getLogger(__name__)
 

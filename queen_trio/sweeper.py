@@ -24,31 +24,21 @@ import time
 import uuid
 from collections.abc import Callable
 
-import psycopg
 import trio
 
 from .config import Settings
 from .db import MISSED, Database, Listener
-from .errors import DatabaseUnavailable
+from .db.transient import TRANSIENT_ERRORS
 from .metrics import BrokerMetrics
 from .timers import store
-from .timers.store import NOTIFY_CHANNEL, ClaimResult, Claimed
+from .timers.store import NOTIFY_CHANNEL, Claimed, ClaimResult
 
 log = logging.getLogger(__name__)
 
 _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
 _PENDING_REFRESH_S = 5.0
-# psycopg errors that say "the database is in trouble", not "this timer is broken": they spend
-# no attempt.
-TRANSIENT = (
-    psycopg.OperationalError,
-    psycopg.errors.SerializationFailure,
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.LockNotAvailable,
-    psycopg.errors.QueryCanceled,
-    psycopg.errors.AdminShutdown,
-    DatabaseUnavailable,
-)
+# Database trouble, not a broken timer: it spends no attempt.
+TRANSIENT = TRANSIENT_ERRORS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ from quart import Blueprint, Response, current_app, jsonify
 from ..context import BrokerContext
 from ..errors import ValidationError
 from ..kv import rules, store
+from ..wire import iso
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
-from ..wire import iso
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
 

@@ -12,8 +12,8 @@ from quart import Blueprint, Response, current_app, jsonify, request
 from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules, store
-from .errors import read_json_object
 from ..wire import iso
+from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")

@@ -12,10 +12,10 @@ from typing import Any
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from ..context import BrokerContext
-from ..transactions import timer_outcome_wire
 from ..errors import ValidationError
 from ..log import rules as log_rules
 from ..timers import rules, store
+from ..transactions import timer_outcome_wire
 from ..wire import iso
 from .errors import error_response, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused

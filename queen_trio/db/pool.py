@@ -115,8 +115,10 @@ class Connection:
         except trio.Cancelled:
             await self._abandon()
             raise
-        except psycopg.OperationalError as exc:
-            if self._raw.broken or self._raw.closed:
+        except psycopg.Error as exc:
+            # Whatever the SQLSTATE (connection lost, admin shutdown, idle-in-transaction
+            # timeout…), an error that leaves the connection unusable is "database unavailable".
+            if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
                 raise DatabaseUnavailable(str(exc).strip()) from exc
             raise
 

@@ -12,7 +12,8 @@ import psycopg
 import trio
 
 from ..db import Database, queries
-from ..errors import DatabaseUnavailable, NotFound, ValidationError
+from ..db.transient import TRANSIENT_ERRORS
+from ..errors import NotFound, ValidationError
 from ..log.store import add_usage
 
 Q = queries.load("kv")
@@ -92,5 +93,5 @@ async def run_purger(
         try:
             while await db.run(purge_expired) == PURGE_BATCH:
                 await trio.lowlevel.checkpoint()
-        except (DatabaseUnavailable, psycopg.OperationalError, OSError) as exc:
+        except TRANSIENT_ERRORS as exc:
             log.warning("KV purge skipped: %s", str(exc).strip())

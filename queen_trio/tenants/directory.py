@@ -10,16 +10,19 @@ second too, without a database round trip on every request.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 
 import trio
 
 from ..db import Database, Listener
+from ..db.transient import TRANSIENT_ERRORS
 from . import store
 from .store import PLANS_CHANNEL, Plan
 
 _REFRESH_S = 1.0
+log = logging.getLogger(__name__)
 _TOKEN_CACHE_S = 1.0
 
 
@@ -49,7 +52,11 @@ class TenantDirectory:
             while True:
                 with trio.move_on_after(_REFRESH_S):
                     await changes.receive()  # a plan changed (or MISSED): reload now
-                await self.refresh()
+                try:
+                    await self.refresh()
+                except TRANSIENT_ERRORS as exc:
+                    # Keep serving with the plans we have; the next second tries again.
+                    log.warning("tenant plans not refreshed: %s", str(exc).strip())
 
     async def refresh(self) -> None:
         plans = await self._db.run(store.fold_usage_and_load_plans)
