@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import threading
 from typing import Any
 
 import zstandard
@@ -23,8 +24,21 @@ MAX_LIST_LIMIT = 1000
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 
-_compressor = zstandard.ZstdCompressor(level=3)
-_decompressor = zstandard.ZstdDecompressor()
+# zstandard's (de)compressor objects must not be shared between threads, and the database
+# work that packs and unpacks payloads runs in the pool's worker threads: one pair per thread.
+_codec = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    if not hasattr(_codec, "compressor"):
+        _codec.compressor = zstandard.ZstdCompressor(level=3)
+    return _codec.compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_codec, "decompressor"):
+        _codec.decompressor = zstandard.ZstdDecompressor()
+    return _codec.decompressor
 
 
 def timer_key(value: Any, field: str = "key") -> str:
@@ -87,13 +101,13 @@ def schedule(
 def pack(payload: Any) -> tuple[bytes, int]:
     """(zstd-compressed JSON, uncompressed size)."""
     raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    return _compressor.compress(raw), len(raw)
+    return _compressor().compress(raw), len(raw)
 
 
 def unpack(blob: bytes) -> Any:
     """The payload back; raises ValueError if the stored bytes cannot be decoded."""
     try:
-        return json.loads(_decompressor.decompress(blob))
+        return json.loads(_decompressor().decompress(blob))
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"stored payload cannot be decoded: {exc}") from exc
 
