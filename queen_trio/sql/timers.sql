@@ -16,7 +16,7 @@ WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
 -- name: insert_timer
 INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload, payload_bytes,
                           deliver_at, visible_at)
-VALUES (%(tenant_id)s, %(queue)s, %(key)s, %(partition)s, %(txn)s, %(payload)s,
+VALUES (%(tenant_id)s, %(queue)s, %(key)s, %(partition)s, %(txn)s, %(payload)b,
         %(payload_bytes)s, now() + make_interval(secs => %(delay_ms)s / 1000.0),
         now() + make_interval(secs => %(delay_ms)s / 1000.0))
 ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
@@ -25,7 +25,7 @@ RETURNING deliver_at
 -- name: reschedule_timer
 -- A reschedule is a new timer under an old name: the failure budget starts again.
 UPDATE queen.timers
-SET partition = %(partition)s, txn = %(txn)s, payload = %(payload)s,
+SET partition = %(partition)s, txn = %(txn)s, payload = %(payload)b,
     payload_bytes = %(payload_bytes)s,
     deliver_at = now() + make_interval(secs => %(delay_ms)s / 1000.0),
     visible_at = now() + make_interval(secs => %(delay_ms)s / 1000.0),
@@ -89,7 +89,8 @@ WHERE claim_token = %(token)s
 -- name: delete_fired
 -- Only rows whose claim is still ours: a sweeper that lost its claim appends nothing.
 DELETE FROM queen.timers t
-USING unnest(%(tenant_ids)s::integer[], %(queues)s::text[], %(keys)s::text[]) AS k(tenant_id, queue, timer_key)
+USING unnest(%(tenant_ids)b::integer[], %(queues)b::text[], %(keys)b::text[])
+      AS k(tenant_id, queue, timer_key)
 WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue AND t.timer_key = k.timer_key
   AND t.claim_token = %(token)s
 RETURNING t.tenant_id, t.queue, t.timer_key

@@ -144,7 +144,8 @@ def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) ->
     # does not wait for its commit to reach the disk.
     raw.execute("SET LOCAL synchronous_commit = off")
     rows = raw.execute(
-        Q.claim, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms}
+        Q.claim, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms},
+        binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
     clock = raw.execute(Q.next_due).fetchone()
     claimed = sorted((Claimed(**r) for r in rows), key=lambda c: c.due_at)
