@@ -74,6 +74,9 @@ class Sweeper:
         # database read its clock before we got the answer); the largest recent bound is the
         # tightest that still errs on the late side.
         self._offset_bounds: collections.deque[float] = collections.deque(maxlen=32)
+        # Claims whose release failed (the database was down): retried once it is back, so
+        # their rows wait for the next cycle rather than for the whole lease.
+        self._unreleased: list[uuid.UUID] = []
         self._clock_offset = 0.0
 
     def statistics(self) -> SweeperStatistics:
@@ -152,6 +155,9 @@ class Sweeper:
         return trio.current_time() + (db_epoch - self._clock_offset - time.time())
 
     async def _cycle(self) -> ClaimResult:
+        while self._unreleased:
+            await self._db.run(store.release, self._unreleased[0])
+            self._unreleased.pop(0)
         token = uuid.uuid4()
         settings = self._settings
         result: ClaimResult = await self._db.run(
@@ -203,8 +209,10 @@ class Sweeper:
         with trio.move_on_after(2.0):
             try:
                 await self._db.run(store.release, token)
+                return
             except TRANSIENT:
-                pass  # the lease expiry hands them back instead
+                pass
+        self._unreleased.append(token)  # the next cycle tries again
 
     async def _refresh_pending(self) -> None:
         try:

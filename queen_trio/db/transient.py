@@ -10,9 +10,11 @@ from ..errors import DatabaseUnavailable
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     DatabaseUnavailable,
-    psycopg.OperationalError,  # connection lost, server unreachable
+    # connection lost, server unreachable; psycopg also files admin/crash shutdown and
+    # query_canceled (SQLSTATE class 57) under OperationalError
+    psycopg.OperationalError,
     pg.ConnectionException,  # SQLSTATE class 08
-    pg.OperatorIntervention,  # class 57: admin shutdown, crash shutdown, query canceled…
+    pg.OperatorIntervention,  # the rest of class 57
     pg.IdleInTransactionSessionTimeout,  # the server ended a transaction we left open
     pg.SerializationFailure,
     pg.DeadlockDetected,
