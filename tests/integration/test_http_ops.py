@@ -124,3 +124,11 @@ async def test_malformed_json_is_a_400_with_a_code(broker: BrokerHandle) -> None
         assert (await r.get_json())["error"] == code
     r = await client.post("/echo", data=b'{"a": 1}')
     assert (await r.get_json()) == {"ok": True, "got": {"a": 1}}
+
+
+async def test_an_oversized_body_is_refused_with_a_json_413(http: httpx.AsyncClient) -> None:
+    body = b'{"items": [{"queue": "q", "payload": "' + b"x" * (9 * 1024 * 1024) + b'"}]}'
+    r = await http.post("/api/v1/push", content=body,
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["ok"] is False and r.json()["error"] == "payload_too_large"
