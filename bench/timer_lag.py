@@ -90,6 +90,8 @@ import trio
 from bench.log_throughput import (
     CpuMeter,
     Failures,
+    _clip,
+    _json_or_none,
     broker_process,
     cpu_cell,
     distribution,
@@ -300,20 +302,6 @@ def request_counts(m: Metrics | None) -> dict[str, Any]:
 
 def epoch(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-def _json_or_none(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _clip(value: Any, limit: int = 600) -> str | None:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 class Api:
