@@ -132,3 +132,34 @@ async def test_an_oversized_body_is_refused_with_a_json_413(http: httpx.AsyncCli
                         headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["ok"] is False and r.json()["error"] == "payload_too_large"
+
+
+async def test_shutdown_lets_an_in_flight_request_finish(settings) -> None:  # type: ignore[no-untyped-def]
+    """A graceful stop refuses new connections but answers the request already in flight."""
+    import time as _time
+
+    from queen_trio.server import run_broker
+
+    async with trio.open_nursery() as nursery:
+        handle: BrokerHandle = await nursery.start(run_broker, settings)
+        answers: list[int] = []
+
+        async def long_poll() -> None:
+            async with httpx.AsyncClient(base_url=handle.url, timeout=10) as client:
+                r = await client.get("/api/v1/pop/queue/idle",
+                                     params={"wait": "true", "timeout": "600"})
+                answers.append(r.status_code)
+
+        nursery.start_soon(long_poll)
+        await trio.sleep(0.2)  # the pop is parked on the broker now
+        started = _time.monotonic()
+        handle.shutdown()
+    assert answers == [204]
+    assert _time.monotonic() - started < settings.graceful_timeout_ms / 1000 + 1.0
+    async with httpx.AsyncClient(base_url=handle.url, timeout=2) as client:
+        try:
+            await client.get("/health")
+        except httpx.TransportError:
+            pass
+        else:
+            raise AssertionError("the stopped broker still answered")
