@@ -170,13 +170,22 @@ def execute(
                 results.append(kv_store.delete(raw, tenant_id, namespace, key))
         except ClientError as exc:
             raise _at(op.index, exc) from None
-    outcomes = []
+    outcomes: list[timer_store.Outcome] = []
+    run: list[timer_rules.Schedule] = []  # consecutive schedules go in one schedule_many
+
+    def flush() -> None:
+        if run:
+            outcomes.extend(timer_store.schedule_many(
+                raw, tenant_id, run, notify_within_ms=limits.notify_within_ms))
+            run.clear()
+
     for t in bundle.timers:
         if t.schedule is not None:
-            outcomes.append(timer_store.schedule(raw, tenant_id, t.schedule,
-                                                 notify_within_ms=limits.notify_within_ms))
-        else:
-            outcomes.append(timer_store.cancel(raw, tenant_id, t.queue, t.key, t.txn))
+            run.append(t.schedule)
+            continue
+        flush()
+        outcomes.append(timer_store.cancel(raw, tenant_id, t.queue, t.key, t.txn))
+    flush()
     late = [i for i, o in enumerate(outcomes) if o.status == "too_late"]
     if late:
         raise Conflict(

@@ -49,6 +49,42 @@ class Outcome:
 
 def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) -> Outcome:
     """Create or replace the timer (tenant, queue, key); decided under the row's lock."""
+    (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms)
+    return outcome
+
+
+def schedule_many(
+    raw: Raw, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int
+) -> list[Outcome]:
+    """Schedule several timers in the caller's transaction, in order.
+
+    Each timer is decided under its own row lock; what they have in common (implicit queue
+    creation, the storage-usage change, the sweepers' wake-up) is written once for all.
+    """
+    outcomes: list[Outcome] = []
+    usage = 0
+    new_queues: set[str] = set()
+    soonest = None
+    for s in schedules:
+        outcome, delta = _schedule_one(raw, tenant_id, s)
+        outcomes.append(outcome)
+        usage += delta
+        if outcome.status == "scheduled":
+            new_queues.add(s.queue)
+        if outcome.ok and s.delay_ms < notify_within_ms:
+            # Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
+            if soonest is None or outcome.deliver_at < soonest:
+                soonest = outcome.deliver_at
+    for queue in sorted(new_queues):
+        log_store.ensure_queue(raw, tenant_id, queue)
+    log_store.add_usage(raw, tenant_id, usage)
+    if soonest is not None:
+        raw.execute(Q.notify_due, {"deliver_at": soonest})
+    return outcomes
+
+
+def _schedule_one(raw: Raw, tenant_id: int, s: Schedule) -> tuple[Outcome, int]:
+    """(outcome, change of stored bytes)."""
     key = {"tenant_id": tenant_id, "queue": s.queue, "key": s.key}
     blob, size = rules.pack(s.payload)
     txn = s.txn or log_rules.new_transaction_id()
@@ -59,26 +95,19 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
         if row is None:
             existing = raw.execute(Q.timer_exists, key).fetchone()
             if existing is not None:  # a firing transaction holds it right now
-                return Outcome("too_late", s.queue, s.key, existing["txn"])
+                return Outcome("too_late", s.queue, s.key, existing["txn"]), 0
             inserted = raw.execute(Q.insert_timer, values).fetchone()
             if inserted is None:
                 continue  # created concurrently by another scheduler: look again
-            status, deliver_at, old_bytes = "scheduled", inserted["deliver_at"], 0
-        elif row["claimed"]:
-            return Outcome("too_late", s.queue, s.key, row["txn"])
-        else:
-            updated = raw.execute(Q.reschedule_timer, values).fetchone()
-            status, deliver_at, old_bytes = "rescheduled", updated["deliver_at"], row["payload_bytes"]
-        break
-    else:  # pragma: no cover - the row appeared and vanished twice in a row
-        return Outcome("too_late", s.queue, s.key, None)
-    if status == "scheduled":
-        log_store.ensure_queue(raw, tenant_id, s.queue)
-    log_store.add_usage(raw, tenant_id, size - old_bytes)
-    if s.delay_ms < notify_within_ms:
-        # Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
-        raw.execute(Q.notify_due, {"deliver_at": deliver_at})
-    return Outcome(status, s.queue, s.key, txn, s.partition, deliver_at)
+            return Outcome("scheduled", s.queue, s.key, txn, s.partition,
+                           inserted["deliver_at"]), size
+        if row["claimed"]:
+            return Outcome("too_late", s.queue, s.key, row["txn"]), 0
+        updated = raw.execute(Q.reschedule_timer, values).fetchone()
+        return Outcome("rescheduled", s.queue, s.key, txn, s.partition,
+                       updated["deliver_at"]), size - row["payload_bytes"]
+    # The row appeared and vanished twice in a row: a fire is racing us.
+    return Outcome("too_late", s.queue, s.key, None), 0
 
 
 def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:
