@@ -222,8 +222,8 @@ def _optional(args: dict[str, str], key: str, check) -> Any:  # type: ignore[no-
 @log_routes.get("/dlq")
 async def list_dead_letters() -> Response:
     args = dict(request.args)
-    limit = rules._query_int(args, "limit", 100, lo=1, hi=1000)
-    after = rules._query_int(args, "cursor", 0, lo=0, hi=10**18)
+    limit = rules.query_int(args, "limit", 100, lo=1, hi=1000)
+    after = rules.query_int(args, "cursor", 0, lo=0, hi=10**18)
     group = args.get("consumerGroup") or None
     if group is not None:
         group = rules.consumer_group(group, for_pop=False)

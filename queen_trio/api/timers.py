@@ -96,7 +96,7 @@ async def peek(queue: str, key: str) -> Response:
 async def list_timers(queue: str) -> Response:
     q = log_rules.queue_name(queue)
     args = dict(request.args)
-    limit = log_rules._query_int(args, "limit", 100, lo=1, hi=rules.MAX_LIST_LIMIT)
+    limit = log_rules.query_int(args, "limit", 100, lo=1, hi=rules.MAX_LIST_LIMIT)
     after = rules.decode_cursor(args["after"]) if args.get("after") else ""
     rows = await _broker().db.run(store.list_timers, current_tenant_id(), q, after, limit)
     timers = [

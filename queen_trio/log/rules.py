@@ -226,7 +226,7 @@ class PopRequest:
     auto_ack: bool
 
 
-def _query_bool(args: dict[str, str], key: str) -> bool:
+def query_bool(args: dict[str, str], key: str) -> bool:
     raw = args.get(key)
     if raw is None or raw == "":
         return False
@@ -237,7 +237,7 @@ def _query_bool(args: dict[str, str], key: str) -> bool:
     raise ValidationError("invalid_parameter", f"{key} must be true or false")
 
 
-def _query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int) -> int:
+def query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int) -> int:
     raw = args.get(key)
     if raw is None or raw == "":
         return default
@@ -251,12 +251,12 @@ def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopR
         queue=queue_name(queue),
         partition=None if partition is None else partition_name(partition),
         group=consumer_group(args.get("consumerGroup")),
-        batch=_query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
-        wait=_query_bool(args, "wait"),
-        timeout_ms=_query_int(
+        batch=query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
+        wait=query_bool(args, "wait"),
+        timeout_ms=query_int(
             args, "timeout", DEFAULT_POP_TIMEOUT_MS, lo=0, hi=MAX_POP_TIMEOUT_MS
         ),
-        auto_ack=_query_bool(args, "autoAck"),
+        auto_ack=query_bool(args, "autoAck"),
     )
 
 

@@ -635,7 +635,7 @@ def test_pop_refuses_the_timer_group() -> None:
 
 
 def test_query_int_honours_its_declared_range() -> None:
-    assert rules._query_int({"cursor": "1000000000"}, "cursor", 0, lo=0, hi=10**18) == 10**9
+    assert rules.query_int({"cursor": "1000000000"}, "cursor", 0, lo=0, hi=10**18) == 10**9
 
 
 # --- single acks --------------------------------------------------------------------------
