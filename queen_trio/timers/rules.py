@@ -106,10 +106,17 @@ def pack(payload: Any) -> tuple[bytes, int]:
 
 def unpack(blob: bytes) -> Any:
     """The payload back; raises ValueError if the stored bytes cannot be decoded."""
+    return json.loads(unpack_text(blob))
+
+
+def unpack_text(blob: bytes) -> str:
+    """The payload's JSON text, checked to be JSON; ValueError if it cannot be decoded."""
     try:
-        return json.loads(_decompressor().decompress(blob))
+        text = _decompressor().decompress(blob).decode()
+        json.loads(text)
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"stored payload cannot be decoded: {exc}") from exc
+    return text
 
 
 def backoff_ms(attempts: int, first_ms: int) -> int:

@@ -199,12 +199,12 @@ def fire(
     for exactly those, in due order. A row whose payload cannot become a frame spends one
     attempt (or is dead-lettered once the budget is spent).
     """
-    ready: list[tuple[Claimed, Any]] = []
+    ready: list[tuple[Claimed, str]] = []
     failed: list[tuple[Claimed, str]] = []
     dead: list[tuple[Claimed, str]] = []
     for c in claimed:
         try:
-            payload = rules.unpack(c.payload)
+            payload = rules.unpack_text(c.payload)
             ceiling = ceilings.get(c.tenant_id, log_rules.DEFAULT_MAX_MESSAGE_BYTES)
             if c.payload_bytes > ceiling:
                 raise ValueError(
@@ -230,12 +230,12 @@ def fire(
         )
     }
     mine = [(c, p) for c, p in ready if (c.tenant_id, c.queue, c.key) in gone]
-    by_tenant: dict[int, list[tuple[Claimed, Any]]] = {}
+    by_tenant: dict[int, list[tuple[Claimed, str]]] = {}
     for c, p in mine:
         by_tenant.setdefault(c.tenant_id, []).append((c, p))
     for tenant_id, items in by_tenant.items():
         log_store.append(raw, tenant_id, [
-            log_store.NewFrame(c.queue, c.partition, p, c.txn,
+            log_store.NewFrame(c.queue, c.partition, None, c.txn, payload_json=p,
                                meta={"timer": {"key": c.key, "deliverAt": iso(c.deliver_at)}})
             for c, p in items
         ], usage_offset=-sum(c.payload_bytes for c, _ in items))
