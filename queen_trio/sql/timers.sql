@@ -56,30 +56,42 @@ ORDER BY timer_key
 LIMIT %(limit)s
 
 -- name: claim
--- One statement: lock the next due rows no other sweeper holds, and stamp them with our claim
--- (lease = visible_at moved to now() + lease). due_at is the row's visible_at before the claim:
--- the order the frames enter the log in.
-WITH due AS (
+-- The whole claim in one round trip:
+-- * lock the next due rows no other sweeper holds and stamp them with our claim (the lease is
+--   visible_at moved to now() + lease); due_at, their visible_at before the claim, is the order
+--   their frames enter the log in;
+-- * when to look again: the earliest visible_at among the rows we did not just claim, and the
+--   database's clock (epoch seconds) - one row even when nothing was due;
+-- * asynchronous commit for this transaction: losing a claim in a crash is harmless (the row is
+--   simply claimable again), so it need not wait for the disk.
+WITH cfg AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), due AS (
     SELECT tenant_id, queue, timer_key, visible_at AS due_at
     FROM queen.timers
     WHERE visible_at <= now()
     ORDER BY visible_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE queen.timers t
+    SET visible_at = now() + make_interval(secs => %(lease_ms)s / 1000.0),
+        claim_token = %(token)s, claimed_by = %(broker)s
+    FROM due
+    WHERE t.tenant_id = due.tenant_id AND t.queue = due.queue AND t.timer_key = due.timer_key
+    RETURNING t.tenant_id, t.queue, t.timer_key AS key, t.partition, t.txn, t.payload,
+              t.payload_bytes, t.deliver_at, t.attempts, due.due_at
+), clock AS (
+    SELECT (SELECT extract(epoch FROM min(t.visible_at))::float8
+            FROM queen.timers t
+            WHERE NOT EXISTS (SELECT 1 FROM due d WHERE d.tenant_id = t.tenant_id
+                              AND d.queue = t.queue AND d.timer_key = t.timer_key)) AS next_due,
+           extract(epoch FROM clock_timestamp())::float8 AS db_now
+    FROM cfg
 )
-UPDATE queen.timers t
-SET visible_at = now() + make_interval(secs => %(lease_ms)s / 1000.0),
-    claim_token = %(token)s, claimed_by = %(broker)s
-FROM due
-WHERE t.tenant_id = due.tenant_id AND t.queue = due.queue AND t.timer_key = due.timer_key
-RETURNING t.tenant_id, t.queue, t.timer_key AS key, t.partition, t.txn, t.payload, t.payload_bytes,
-          t.deliver_at, t.attempts, due.due_at
-
--- name: next_due
--- When the sweeper should look again, and the database's clock now (both epoch seconds).
-SELECT extract(epoch FROM min(visible_at))::float8 AS next_due,
-       extract(epoch FROM clock_timestamp())::float8 AS db_now
-FROM queen.timers
+SELECT claimed.*, clock.next_due, clock.db_now
+FROM clock
+LEFT JOIN claimed ON true
 
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.

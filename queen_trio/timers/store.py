@@ -161,6 +161,9 @@ class Claimed:
     due_at: datetime
 
 
+_CLAIMED_FIELDS = [f.name for f in dataclasses.fields(Claimed)]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClaimResult:
     rows: list[Claimed]
@@ -169,15 +172,13 @@ class ClaimResult:
 
 
 def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> ClaimResult:
-    # Losing a claim in a crash is harmless (the row is simply claimable again), so the claim
-    # does not wait for its commit to reach the disk.
-    raw.execute("SET LOCAL synchronous_commit = off")
     rows = raw.execute(
         Q.claim, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms},
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
-    clock = raw.execute(Q.next_due).fetchone()
-    claimed = sorted((Claimed(**r) for r in rows), key=lambda c: c.due_at)
+    clock = rows[0]  # the clock columns ride on every row; one row even if nothing was due
+    claimed = [Claimed(**{f: r[f] for f in _CLAIMED_FIELDS}) for r in rows if r["key"] is not None]
+    claimed.sort(key=lambda c: c.due_at)
     return ClaimResult(claimed, clock["next_due"], clock["db_now"])
 
 
