@@ -160,9 +160,12 @@ class Sweeper:
             self._unreleased.pop(0)
         token = uuid.uuid4()
         settings = self._settings
-        result: ClaimResult = await self._db.run(
-            store.claim, token, self.name, settings.sweeper_batch, settings.sweeper_lease_ms
-        )
+        # The claim is a single statement: run it in autocommit (its own transaction) and save
+        # the BEGIN and COMMIT round trips of an explicit one.
+        async with self._db.connection() as conn:
+            result: ClaimResult = await conn.run(
+                store.claim, token, self.name, settings.sweeper_batch, settings.sweeper_lease_ms
+            )
         self._offset_bounds.append(result.db_now - time.time())
         self._clock_offset = max(self._offset_bounds)
         if result.rows:

@@ -172,6 +172,7 @@ class ClaimResult:
 
 
 def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> ClaimResult:
+    """One statement, so it may run in autocommit as its own transaction."""
     rows = raw.execute(
         Q.claim, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms},
         binary=True,  # payloads come back as raw bytes, not hex text
