@@ -1,0 +1,99 @@
+"""What one sweeper cycle costs, taken apart: the claim and the fire of a single due timer,
+through the same trio⇄psycopg bridge the broker uses, without HTTP.
+
+Two modes:
+* back to back: the next timer is claimed as soon as the previous one was fired (warm
+  caches, busy CPUs);
+* after idle: 200 ms of quiet before each claim, as when timers are spaced out. On a small VM the
+  first round trips after a quiet spell are markedly slower (idle vCPUs, cold backend), and that
+  is most of an idle timer's fire lag.
+
+Run from the repository root::
+
+    python -m bench.sweeper_cycle | tee bench/results/sweeper_cycle.txt
+
+Uses $QUEEN_DATABASE_URL if set (the database must be migrated and disposable: it schedules and
+fires timers on queue ``bench.cycle``), else a temporary embedded PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import trio
+
+from queen_trio.db import Database
+from queen_trio.db.migrations import apply_migrations
+from queen_trio.embedded import EmbeddedPostgres
+from queen_trio.timers import rules, store
+
+ROUNDS = 150
+IDLE_S = 0.2
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
+
+
+async def one_cycle(db: Database, tenant_id: int, i: int) -> tuple[float, float]:
+    s = rules.schedule({"delayMs": -10, "payload": {"i": i}}, "bench.cycle", f"k{i}-{uuid.uuid4()}",
+                       horizon_s=3600, ceiling=1 << 20)
+    await db.run(store.schedule, tenant_id, s, notify_within_ms=0)
+    token = uuid.uuid4()
+    t0 = time.perf_counter()
+    async with db.connection() as conn:  # as the sweeper: the claim in autocommit
+        claimed = await conn.run(store.claim, token, "bench", 500, 30_000)
+    t1 = time.perf_counter()
+    with trio.move_on_after(10, shield=True):
+        await db.run(store.fire, token, claimed.rows, ceilings={}, max_attempts=5,
+                     backoff_ms=1000)
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1000, (t2 - t1) * 1000
+
+
+async def measure(url: str) -> None:
+    async with Database(url, max_size=2) as db:
+        async with db.connection() as conn:
+            tenant_id = await conn.fetchval("SELECT tenant_id FROM queen.tenants WHERE name = 'default'")
+            version = await conn.fetchval("SHOW server_version")
+        print(f"platform {platform.platform()}, {os.cpu_count()} CPUs, PostgreSQL {version}")
+        print(f"{ROUNDS} cycles per mode, one due timer per cycle; milliseconds")
+        print(f"{'mode':<14} {'step':<6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}")
+        for mode, pause in (("back to back", 0.0), ("after idle", IDLE_S)):
+            claims, fires = [], []
+            for i in range(ROUNDS):
+                if pause:
+                    await trio.sleep(pause)
+                claim_ms, fire_ms = await one_cycle(db, tenant_id, i)
+                claims.append(claim_ms)
+                fires.append(fire_ms)
+            for step, values in (("claim", claims), ("fire", fires)):
+                print(f"{mode:<14} {step:<6} " + " ".join(
+                    f"{percentile(values, p):7.2f}" for p in (0.5, 0.9, 0.99, 1.0)))
+
+
+def main() -> None:
+    url = os.environ.get("QUEEN_DATABASE_URL")
+    if url:
+        trio.run(measure, url)
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-cycle-"))
+    server = EmbeddedPostgres(data_dir)
+    try:
+        url = server.start()
+        apply_migrations(url)
+        trio.run(measure, url)
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
