@@ -114,7 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _with_database(settings, _migrate)
         if args.command == "tenants":
             return _with_database(settings, lambda s: _tenants(s, args))
-        return _with_database(settings, _serve)
+        # From here on SIGINT/SIGTERM are noted, never fatal: trio turns them into a graceful
+        # shutdown while the broker runs, and before or after that (embedded PostgreSQL starting
+        # or stopping) a repeated signal must not kill us and orphan the server.
+        stop = _StopRequests()
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, stop)
+        try:
+            return _with_database(settings, lambda s: _serve(s, stop))
+        finally:
+            # We are exiting anyway; Python restores default handlers while it finalizes, and a
+            # late repeated signal would otherwise turn a clean exit 0 into death by SIGTERM.
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
     except QueenError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -229,14 +241,27 @@ def _print_tenants(rows: list[dict]) -> None:  # type: ignore[type-arg]
               f"{limit(r['requests_per_second']):>9}")
 
 
-def _serve(settings: Settings) -> int:
+class _StopRequests:
+    """A signal handler that only remembers that a stop was asked for."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requested = True
+        log.info("received %s", signal.Signals(signum).name)
+
+
+def _serve(settings: Settings, stop: _StopRequests) -> int:
     import psycopg
     import trio
 
     from .server import serve_until_signalled
 
+    if stop.requested:  # asked to stop while the embedded server was starting
+        return EXIT_OK
     try:
-        trio.run(serve_until_signalled, settings)
+        trio.run(serve_until_signalled, settings, lambda: stop.requested)
     except psycopg.OperationalError as exc:
         print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
         return EXIT_FAILURE

@@ -132,13 +132,21 @@ async def _serve_http(
         done.set()
 
 
-async def serve_until_signalled(settings: Settings) -> None:
-    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully."""
+async def serve_until_signalled(
+    settings: Settings, stop_requested_before: Callable[[], bool] = lambda: False
+) -> None:
+    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
+
+    ``stop_requested_before`` reports a signal that arrived before trio was listening for them.
+    """
     import signal
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             broker: BrokerHandle = await nursery.start(run_broker, settings)
+            if stop_requested_before():
+                broker.shutdown()
+                return
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)
                 broker.shutdown()

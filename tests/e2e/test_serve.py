@@ -140,3 +140,27 @@ def test_version_and_help() -> None:
         assert word in helptext
     bare = subprocess.run(CLI, capture_output=True, text=True)
     assert bare.returncode == 2
+
+
+def test_a_repeated_sigterm_still_stops_postgres(tmp_path: Path) -> None:
+    """A supervisor that repeats itself (or an impatient Ctrl-C) must not orphan PostgreSQL."""
+    data_dir = tmp_path / "queen-data"
+    port = _free_port()
+    proc = subprocess.Popen(
+        CLI + ["serve"],
+        env=_env(QUEEN_DATA_DIR=str(data_dir), QUEEN_PORT=str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=15)
+        for _ in range(4):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 5
+    while _postgres_processes_for(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _postgres_processes_for(data_dir), "a repeated SIGTERM orphaned PostgreSQL"
