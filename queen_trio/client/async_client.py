@@ -1,0 +1,76 @@
+"""The async client: httpx.AsyncClient underneath, so it runs under trio and asyncio alike."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import httpx
+
+from . import consumer
+from .api import BaseClient
+from .durations import Duration
+from .models import Message
+from .transport import Send
+
+
+class Client(BaseClient[Awaitable[Any]]):
+    """``async with queen_trio.Client(url) as queen: await queen.timer(q)…schedule()``.
+
+    Every call returns an awaitable; listings are ``async for`` iterables. One connection pool
+    per client, reused by every call; close it with ``aclose()`` or by leaving the
+    ``async with`` block. Constructor arguments: see :class:`BaseClient`.
+    """
+
+    is_async = True
+
+    def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
+        super().__init__(urls, **options)
+        self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
+        self.lease_seconds: dict[str, int] = {}  # per queue, learnt by the consumer
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    _call = BaseClient._execute
+    _pages = BaseClient._walk
+
+    async def _send(self, step: Send) -> httpx.Response:
+        return await self._http.request(step.method, step.url, params=step.params,
+                                        json=step.body, timeout=step.timeout)
+
+    async def _sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+    async def consume(
+        self, queue: str, handler: Callable[[Message], Awaitable[Any] | Any], *,
+        group: str | None = None, concurrency: int = 1, batch: int = 1,
+        partition: str | None = None, max_messages: int | None = None,
+        idle_timeout: Duration | None = None, poll: Duration = "10s",
+        renew_leases: bool = True,
+    ) -> consumer.ConsumeStats:
+        """Pop and handle messages until cancelled, until ``max_messages`` were handled, or
+        until nothing arrived for ``idle_timeout``; returns what happened.
+
+        ``concurrency`` workers each long-poll (``poll`` at a time) for up to ``batch``
+        messages and call ``handler(message)`` (sync or async) on each in turn. While it
+        runs, the batch's lease is renewed every third of the queue's leaseTime (unless
+        ``renew_leases`` is False). A handler that returns acks the message ``completed``;
+        one that raises acks it ``failed`` with the exception as its error, so the broker
+        redelivers it up to the queue's retryLimit and then dead-letters it. A handler may
+        settle its message itself (``ack``, or a transaction with ``.ack(message)``); the
+        loop then leaves it alone. Network or broker trouble is logged and waited out; an API
+        error on pop (a 401, a bad queue name) ends the loop by raising.
+        """
+        return await consumer.consume(
+            self, queue, handler, group=group, concurrency=concurrency, batch=batch,
+            partition=partition, max_messages=max_messages, idle_timeout=idle_timeout,
+            poll=poll, renew_leases=renew_leases,
+        )

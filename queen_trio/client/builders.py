@@ -1,0 +1,187 @@
+"""The fluent builders of SPEC §8, shared by the async and the sync client.
+
+Builders are immutable: every step returns a new builder, so a half-built one can be reused
+(``base = queen.timer("reminders")``, then ``base.key(a)…``, ``base.key(b)…``). Arguments are
+checked as they are given (a bad duration raises ValueError at ``.delay()``), and what is
+missing is reported by the final step, before any request.
+
+The final step hands a validated request to the builder's *owner*: a client runs it (and
+returns a result, or an awaitable of one for the async client); a transaction builder adds it
+to the bundle and returns the transaction builder, so the chain goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+from . import calls
+from .calls import TimerSpec
+from .durations import Duration, delay_ms
+from .models import AckStatus, Message, Page
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+T = TypeVar("T")
+_UNSET: Any = object()
+
+
+class TimerOwner(Protocol[R_co]):
+    def _timer_schedule(self, spec: TimerSpec) -> R_co: ...
+    def _timer_cancel(self, queue: str, key: str, txn: str | None) -> R_co: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerBuilder(Generic[R]):
+    """``timer(queue).key(k).delay(d).payload(p)[.partition(p)][.txn(t)]`` then
+    ``.schedule()``, ``.cancel()`` or (outside a transaction) ``.peek()``."""
+
+    _owner: TimerOwner[R]
+    _queue: str
+    _key: str | None = None
+    _delay_ms: int | None = None
+    _payload: Any = _UNSET
+    _partition: str | None = None
+    _txn: str | None = None
+
+    def key(self, key: str) -> TimerBuilder[R]:
+        """The timer's name within its queue: 1-512 UTF-8 bytes; '/', ':' and spaces are fine."""
+        return dataclasses.replace(self, _key=calls._name(key, "timer key"))
+
+    def delay(self, delay: Duration) -> TimerBuilder[R]:
+        """How long from now (PostgreSQL's now) until it is due: int milliseconds, a
+        timedelta, or a string such as "250ms", "30m", "72h", "1h30m"."""
+        return dataclasses.replace(self, _delay_ms=delay_ms(delay))
+
+    def payload(self, payload: Any) -> TimerBuilder[R]:
+        """Any JSON value; it becomes the message's ``data``."""
+        return dataclasses.replace(self, _payload=payload)
+
+    def partition(self, partition: str) -> TimerBuilder[R]:
+        return dataclasses.replace(self, _partition=calls._name(partition, "partition"))
+
+    def txn(self, txn: str) -> TimerBuilder[R]:
+        """The transactionId the message will carry (default: the broker makes one)."""
+        return dataclasses.replace(self, _txn=calls._name(txn, "txn"))
+
+    def _required_key(self) -> str:
+        if self._key is None:
+            raise ValueError(f"timer on {self._queue!r}: call .key(...) first")
+        return self._key
+
+    def schedule(self) -> R:
+        """Create the timer, or replace it if one of this name is pending (an upsert: safe to
+        repeat, so the clients retry it). Answers ``scheduled``, ``rescheduled`` or
+        ``too_late``. A repeat after the timer already fired makes a second message."""
+        if self._delay_ms is None:
+            raise ValueError(f"timer {self._key!r} on {self._queue!r}: call .delay(...) first")
+        spec = TimerSpec(self._queue, self._required_key(), self._delay_ms,
+                         None if self._payload is _UNSET else self._payload,
+                         self._partition, self._txn)
+        return self._owner._timer_schedule(spec)
+
+    def cancel(self, txn: str | None = None) -> R:
+        """Cancel by name (idempotent, so the clients retry it). Answers ``cancelled``,
+        ``absent`` (no longer pending: maybe already delivered; the log is the authority) or
+        ``too_late``. ``txn`` (default: the builder's ``.txn()``) is echoed back so you can
+        look for it in the destination queue."""
+        return self._owner._timer_cancel(self._queue, self._required_key(), txn or self._txn)
+
+    def peek(self) -> Any:
+        """The pending timer (:class:`TimerInfo`), or None if it is not pending."""
+        peek = getattr(self._owner, "_timer_peek", None)
+        if peek is None:
+            raise TypeError("peek is not part of a transaction")
+        return peek(self._queue, self._required_key())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransactionBuilder(Generic[R]):
+    """``transaction().ack(m).push(q, p).kv.put(…).timer(q).key(k)….schedule().commit()``:
+    everything commits together or nothing does."""
+
+    _commit: Callable[[calls.Call[Any]], R]
+    _operations: tuple[dict[str, Any], ...] = ()
+    _timers: tuple[dict[str, Any], ...] = ()
+    _acked: tuple[Message, ...] = ()
+
+    def ack(self, message: Message, status: AckStatus | str = AckStatus.COMPLETED, *,
+            error: str | None = None) -> TransactionBuilder[R]:
+        """Acknowledge a popped message (under its lease: a lost lease aborts the bundle)."""
+        entry = {"type": "ack", **calls.ack_entry(message, status, error)}
+        return dataclasses.replace(self, _operations=(*self._operations, entry),
+                                   _acked=(*self._acked, message))
+
+    def push(self, queue: str, payload: Any, *, partition: str | None = None,
+             txn: str | None = None) -> TransactionBuilder[R]:
+        item = calls.push_item(queue, payload, partition, txn)
+        return self._op({"type": "push", "items": [item]})
+
+    @property
+    def kv(self) -> _TransactionKv[R]:
+        """``.kv.put(namespace, key, value, ttl_seconds=…)`` and ``.kv.delete(namespace, key)``."""
+        return _TransactionKv(self)
+
+    def timer(self, queue: str) -> TimerBuilder[TransactionBuilder[R]]:
+        return TimerBuilder(self, calls._name(queue, "queue"))
+
+    def commit(self) -> R:
+        """Send the bundle. Retried after a lost answer only when that is safe: every pushed
+        item carries its own ``txn`` and every ack is ``completed``."""
+        return self._commit(calls.transaction(self._operations, self._timers, self._acked))
+
+    def _op(self, entry: dict[str, Any]) -> TransactionBuilder[R]:
+        return dataclasses.replace(self, _operations=(*self._operations, entry))
+
+    def _timer_schedule(self, spec: TimerSpec) -> TransactionBuilder[R]:
+        entry = {"action": "schedule", "queue": spec.queue, "key": spec.key, **spec.to_wire()}
+        return dataclasses.replace(self, _timers=(*self._timers, entry))
+
+    def _timer_cancel(self, queue: str, key: str, txn: str | None) -> TransactionBuilder[R]:
+        entry = {"action": "cancel", "queue": queue, "key": key}
+        if txn is not None:
+            entry["txn"] = txn
+        return dataclasses.replace(self, _timers=(*self._timers, entry))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _TransactionKv(Generic[R]):
+    _tx: TransactionBuilder[R]
+
+    def put(self, namespace: str, key: str, value: Any, *,
+            ttl_seconds: Duration | None = None) -> TransactionBuilder[R]:
+        body = calls.kv_put(namespace, key, value, ttl_seconds).body
+        return self._tx._op({"type": "kv.put", "namespace": namespace, "key": key, **body})
+
+    def delete(self, namespace: str, key: str) -> TransactionBuilder[R]:
+        calls.kv_delete(namespace, key)  # validates the names
+        return self._tx._op({"type": "kv.delete", "namespace": namespace, "key": key})
+
+
+class Listing(Generic[T]):
+    """A listing fetched page by page (keyset cursors), lazily. Iterate it with ``async for``
+    (async client) or ``for`` (sync client) to get items; ``.pages()`` gives whole pages."""
+
+    def __init__(self, client: Any, fetch: Callable[[str | None], calls.Call[Page[T]]]) -> None:
+        self._client = client
+        self._fetch = fetch
+
+    def pages(self) -> Any:
+        return self._client._pages(self._fetch)
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        if not self._client.is_async:
+            raise TypeError("this listing belongs to a SyncClient: iterate it with `for`")
+        return _async_items(self.pages())
+
+    def __iter__(self) -> Iterator[T]:
+        if self._client.is_async:
+            raise TypeError("this listing belongs to an async Client: use `async for`")
+        return (item for page in self.pages() for item in page.items)
+
+
+async def _async_items(pages: AsyncIterator[Page[T]]) -> AsyncIterator[T]:
+    async for page in pages:
+        for item in page.items:
+            yield item

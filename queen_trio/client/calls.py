@@ -1,0 +1,263 @@
+"""Every SDK operation as a :class:`Call`: what to send, whether a retry is safe, how to read
+the answer. No I/O here: the async and sync clients both execute these same descriptions, so
+request building and response parsing exist once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from . import models as m
+from .durations import Duration, delay_ms, ttl_seconds
+
+T = TypeVar("T")
+API = "/api/v1"
+
+# While a consumer's handler runs, the messages it settles itself (ack, or a committed
+# transaction that acks it) are recorded here, so the consume loop does not ack them again.
+settled_here: ContextVar[set[tuple[str, str]] | None] = ContextVar("settled_here", default=None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One HTTP exchange.
+
+    ``idempotent``: repeating the request after a lost answer cannot change the outcome, so
+    any failure may be retried. Otherwise only failures that prove the request was never
+    processed (connection refused, 429) are.
+    ``none_on``: error codes that mean "nothing there" and make the call return None.
+    """
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    idempotent: bool
+    params: dict[str, Any] | None = None
+    body: Any = None
+    none_on: frozenset[str] = frozenset()
+    extra_read_s: float = 0.0  # long polls hold the answer back this long
+    settles: tuple[m.Message, ...] = ()
+    empty: Callable[[], T] | None = None  # the result of a 204 No Content
+
+
+def segment(name: str) -> str:
+    """A name as one URL path segment ('/' included: the broker decodes it back)."""
+    return quote(name, safe="")
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _timer_path(queue: str, key: str) -> str:
+    return f"{API}/timers/{segment(_name(queue, 'queue'))}/{segment(_name(key, 'timer key'))}"
+
+
+# -- timers -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerSpec:
+    """A complete schedule request, validated."""
+
+    queue: str
+    key: str
+    delay_ms: int
+    payload: Any = None
+    partition: str | None = None
+    txn: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"delayMs": self.delay_ms, "payload": self.payload}
+        if self.partition is not None:
+            wire["partition"] = self.partition
+        if self.txn is not None:
+            wire["txn"] = self.txn
+        return wire
+
+
+def schedule_timer(spec: TimerSpec) -> Call[m.TimerResult]:
+    # An upsert by name: sending it twice leaves one timer, so a retry is safe.
+    return Call("PUT", _timer_path(spec.queue, spec.key), m.TimerResult.from_wire, True,
+                body=spec.to_wire())
+
+
+def cancel_timer(queue: str, key: str, txn: str | None = None) -> Call[m.TimerResult]:
+    # Idempotent: a repeated cancel answers absent where the first answered cancelled.
+    return Call("DELETE", _timer_path(queue, key), m.TimerResult.from_wire, True,
+                params=None if txn is None else {"txn": txn})
+
+
+def peek_timer(queue: str, key: str) -> Call[m.TimerInfo | None]:
+    return Call("GET", _timer_path(queue, key), m.TimerInfo.from_wire, True,
+                none_on=frozenset({"absent"}))
+
+
+def _page(items_field: str, item: Callable[[dict[str, Any]], T]) -> Callable[[Any], m.Page[T]]:
+    return lambda w: m.Page(tuple(item(i) for i in w[items_field]), w.get("next"))
+
+
+def list_timers(queue: str, limit: int, after: str | None) -> Call[m.Page[m.TimerInfo]]:
+    params: dict[str, Any] = {"limit": limit}
+    if after:
+        params["after"] = after
+    return Call("GET", f"{API}/timers/{segment(_name(queue, 'queue'))}",
+                _page("timers", m.TimerInfo.from_wire), True, params=params)
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def push_item(queue: str, payload: Any, partition: str | None, txn: str | None) -> dict[str, Any]:
+    item: dict[str, Any] = {"queue": _name(queue, "queue"), "payload": payload}
+    if partition is not None:
+        item["partition"] = partition
+    if txn is not None:
+        item["transactionId"] = _name(txn, "txn")
+    return item
+
+
+def push(items: Sequence[dict[str, Any]]) -> Call[tuple[m.PushResult, ...]]:
+    if not items:
+        raise ValueError("push needs at least one item")
+    # Only client-chosen transactionIds make a repeated push recognisable as a duplicate.
+    safe = all("transactionId" in i for i in items)
+    return Call("POST", f"{API}/push", lambda w: tuple(m.PushResult.from_wire(r) for r in w),
+                safe, body={"items": list(items)})
+
+
+def push_one(item: dict[str, Any]) -> Call[m.PushResult]:
+    return dataclasses.replace(push([item]), parse=lambda w: m.PushResult.from_wire(w[0]))
+
+
+def pop(queue: str, *, group: str | None, partition: str | None, batch: int,
+        wait: Duration | None, auto_ack: bool) -> Call[m.Batch]:
+    path = f"{API}/pop/queue/{segment(_name(queue, 'queue'))}"
+    if partition is not None:
+        path += f"/partition/{segment(partition)}"
+    params: dict[str, Any] = {"batch": batch}
+    wait_s = 0.0
+    if group is not None:
+        params["consumerGroup"] = group
+    if wait is not None:
+        wait_ms = max(0, delay_ms(wait, "wait"))
+        params.update(wait="true", timeout=wait_ms)
+        wait_s = wait_ms / 1000
+    if auto_ack:
+        params["autoAck"] = "true"
+    # Not idempotent: a pop whose answer was lost has leased messages nobody will see until
+    # the lease expires; retrying would only take the next ones.
+    return Call("GET", path, m.Batch.from_wire, False, params=params, extra_read_s=wait_s,
+                empty=m.Batch)
+
+
+def ack_entry(message: m.Message, status: m.AckStatus | str, error: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "transactionId": message.transaction_id, "partitionId": message.partition_id,
+        "status": m.AckStatus(status).value, "consumerGroup": message.consumer_group,
+    }
+    if message.lease_id is not None:
+        entry["leaseId"] = message.lease_id
+    if error is not None:
+        entry["error"] = error[:2000]
+    return entry
+
+
+def ack(message: m.Message, status: m.AckStatus | str, error: str | None) -> Call[m.AckResult]:
+    entry = ack_entry(message, status, error)
+    # Completing twice is answered alreadyAcked; a repeated "failed" would spend a retry.
+    return Call("POST", f"{API}/ack", lambda w: m.AckResult.from_wire(w[0]),
+                entry["status"] == "completed", body=entry, settles=(message,))
+
+
+def extend_lease(lease_id: str, seconds: int) -> Call[Any]:
+    return Call("POST", f"{API}/lease/{segment(_name(lease_id, 'lease_id'))}/extend",
+                lambda w: m.parse_time(w[0]["expiresAt"]), True, body={"seconds": seconds})
+
+
+def configure(queue: str, options: dict[str, Any]) -> Call[m.QueueConfig]:
+    return Call("POST", f"{API}/configure", m.QueueConfig.from_wire, True,
+                body={"queue": _name(queue, "queue"), "options": options})
+
+
+def queue_lease_seconds(queue: str) -> Call[int | None]:
+    """The lease a pop of ``queue`` takes (None if the queue does not exist yet)."""
+    return Call("GET", f"{API}/resources/queues/{segment(_name(queue, 'queue'))}",
+                lambda w: w["options"]["leaseTime"], True,
+                none_on=frozenset({"queue_not_found"}))
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def list_dead_letters(queue: str | None, group: str | None, limit: int,
+                      after: str | None) -> Call[m.Page[m.DeadLetter]]:
+    params: dict[str, Any] = {"limit": limit}
+    for name, value in (("queue", queue), ("consumerGroup", group), ("cursor", after)):
+        if value is not None:
+            params[name] = value
+    return Call("GET", f"{API}/dlq", _page("messages", m.DeadLetter.from_wire), True,
+                params=params)
+
+
+def replay_dead_letter(dead_letter_id: int) -> Call[m.Replayed]:
+    # Not idempotent: each replay appends the frame again.
+    return Call("POST", f"{API}/dlq/{int(dead_letter_id)}/replay",
+                lambda w: m.Replayed(w["replayed"], m.PushResult.from_wire(w)), False)
+
+
+# -- KV ---------------------------------------------------------------------------------------
+
+
+def _kv_path(namespace: str, key: str) -> str:
+    return f"{API}/kv/{segment(_name(namespace, 'namespace'))}/{segment(_name(key, 'key'))}"
+
+
+def kv_get(namespace: str, key: str) -> Call[m.KvEntry | None]:
+    return Call("GET", _kv_path(namespace, key), m.KvEntry.from_wire, True,
+                none_on=frozenset({"key_not_found"}))
+
+
+def kv_put(namespace: str, key: str, value: Any, ttl: Duration | None) -> Call[m.KvPut]:
+    body: dict[str, Any] = {"value": value}
+    if ttl is not None:
+        body["ttlSeconds"] = ttl_seconds(ttl)
+    return Call("PUT", _kv_path(namespace, key), m.KvPut.from_wire, True, body=body)
+
+
+def kv_delete(namespace: str, key: str) -> Call[m.KvDelete]:
+    return Call("DELETE", _kv_path(namespace, key),
+                lambda w: m.KvDelete(w["namespace"], w["key"], w["deleted"]), True)
+
+
+# -- bundles ----------------------------------------------------------------------------------
+
+
+def transaction(operations: Sequence[dict[str, Any]], timers: Sequence[dict[str, Any]],
+                acked: Sequence[m.Message]) -> Call[m.TransactionResult]:
+    if not operations and not timers:
+        raise ValueError("a transaction needs at least one operation or timer")
+    # Retrying a bundle whose answer was lost repeats every part of it: safe when each push
+    # carries its own transactionId (the broker then reports duplicates) and every ack
+    # completes (a repeated "failed" would spend a retry); kv writes and timers are upserts.
+    safe = all(
+        all("transactionId" in i for i in op["items"]) if op["type"] == "push"
+        else op.get("status") == "completed" if op["type"] == "ack" else True
+        for op in operations
+    )
+    ops = list(operations)
+    return Call("POST", f"{API}/transaction", lambda w: m.TransactionResult.from_wire(w, ops),
+                safe, body={"operations": ops, "timers": list(timers)}, settles=tuple(acked))
+
+
+def health() -> Call[dict[str, Any]]:
+    return Call("GET", "/health", lambda w: w, True)
+
+
+__all__ = ["Call", "TimerSpec", "settled_here"]

@@ -1,0 +1,126 @@
+"""What the SDK raises.
+
+::
+
+    QueenClientError
+     ├── BrokerUnreachable     no broker answered (every URL tried, retries spent)
+     └── ApiError              the broker answered with a JSON error: .status, .code, .message
+          ├── BadRequest          400  the request was malformed or out of range
+          ├── Unauthorized        401  missing or unknown bearer token
+          ├── NotFound            404  no such message, lease, key, dead letter …
+          ├── Conflict            409  e.g. a bundle hit a timer being fired (``.timers``)
+          ├── PayloadTooLarge     413  above the message or timer payload ceiling
+          ├── RateLimited         429  the tenant's request quota (``.retry_after`` seconds)
+          ├── StorageFull         507  the tenant's storage gate
+          └── ServerError         5xx  the broker or its database is in trouble
+
+Answers that are verdicts rather than failures are values, never exceptions: a cancel that
+finds nothing is ``TimerStatus.ABSENT``, one that came too late is ``TimerStatus.TOO_LATE``,
+peeking at a timer that is not pending or reading a missing KV key returns ``None``.
+Invalid arguments (a bad duration, a schedule without a key) raise :class:`ValueError` before
+any request is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class QueenClientError(Exception):
+    """Base class of every error the SDK raises on purpose (ValueError aside)."""
+
+
+class BrokerUnreachable(QueenClientError):
+    """No broker answered. ``.causes`` holds the transport error of each attempt;
+    ``.maybe_applied`` is True when a request that is not safe to repeat was sent and its
+    answer lost (e.g. a push without transactionIds): it may or may not have taken effect."""
+
+    def __init__(self, message: str, causes: list[BaseException], *,
+                 maybe_applied: bool = False) -> None:
+        super().__init__(message)
+        self.causes = causes
+        self.maybe_applied = maybe_applied
+
+
+class ApiError(QueenClientError):
+    """The broker refused the request; ``code`` is its stable snake_case error code."""
+
+    def __init__(self, status: int, code: str, message: str, body: dict[str, Any]) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+
+
+class BadRequest(ApiError):
+    pass
+
+
+class Unauthorized(ApiError):
+    pass
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    @property
+    def timers(self) -> tuple[Any, ...]:
+        """For a bundle aborted by a timer being fired: every timer's answer
+        (:class:`~queen_trio.client.models.TimerResult`), in request order."""
+        from .models import TimerResult
+
+        return tuple(TimerResult.from_wire(t) for t in self.body.get("timers") or ())
+
+
+class PayloadTooLarge(ApiError):
+    pass
+
+
+class RateLimited(ApiError):
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the broker asked us to wait, if it said."""
+        value = self.body.get("retryAfter")
+        return float(value) if isinstance(value, int | float) else None
+
+
+class StorageFull(ApiError):
+    pass
+
+
+class ServerError(ApiError):
+    pass
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: PayloadTooLarge,
+    429: RateLimited, 507: StorageFull,
+}
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    """The exception for a non-2xx answer, whether or not its body is the broker's JSON."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {"message": response.text[:500]}
+    retry_after = response.headers.get("Retry-After")
+    if retry_after is not None and "retryAfter" not in body:
+        try:
+            body["retryAfter"] = float(retry_after)
+        except ValueError:
+            pass
+    status = response.status_code
+    cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
+    code = body.get("error") if isinstance(body.get("error"), str) else f"http_{status}"
+    message = body.get("message")
+    if not isinstance(message, str):
+        message = response.reason_phrase
+    return cls(status, code, message, body)

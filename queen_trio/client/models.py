@@ -1,0 +1,288 @@
+"""Typed results: frozen dataclasses built from the broker's JSON, statuses as str enums.
+
+The enums are ``StrEnum``\\s, so ``result.status == "scheduled"`` holds as well as
+``result.status is TimerStatus.SCHEDULED``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class TimerStatus(StrEnum):
+    """The answer to a schedule or a cancel."""
+
+    SCHEDULED = "scheduled"      # a new pending timer
+    RESCHEDULED = "rescheduled"  # an existing pending timer was replaced
+    CANCELLED = "cancelled"      # it was pending and now is gone
+    ABSENT = "absent"            # not pending: never was, cancelled, or ALREADY DELIVERED
+    TOO_LATE = "too_late"        # a broker is firing it right now
+
+
+class TimerState(StrEnum):
+    PENDING = "pending"
+    CLAIMED = "claimed"  # a sweeper holds it and is firing it
+
+
+class PushStatus(StrEnum):
+    QUEUED = "queued"
+    DUPLICATE = "duplicate"  # a frame with this client-supplied transactionId already exists
+
+
+class AckStatus(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"  # redeliver (up to the queue's retryLimit, then dead-letter)
+    RETRY = "retry"    # give the lease back without spending a retry
+    DLQ = "dlq"        # dead-letter it now
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerResult:
+    """The answer to a schedule or cancel. ``ok`` is False for ``absent`` and ``too_late``.
+
+    ``txn`` is the transactionId the timer's message has (or would have) in the log: for a
+    cancel, the one you passed, else the stored one (None when absent). After ``absent`` the
+    log is the authority: look for that txn in the destination queue.
+    """
+
+    ok: bool
+    status: TimerStatus
+    queue: str
+    key: str
+    txn: str | None
+    partition: str | None = None       # schedules only
+    deliver_at: datetime | None = None  # schedules only
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> TimerResult:
+        return cls(w["ok"], TimerStatus(w["status"]), w["queue"], w["key"], w.get("txn"),
+                   w.get("partition"), parse_time(w.get("deliverAt")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerInfo:
+    """A pending timer as peek and list see it (list entries carry no payload)."""
+
+    queue: str
+    key: str
+    partition: str
+    txn: str
+    deliver_at: datetime
+    state: TimerState
+    attempts: int
+    last_error: str | None
+    payload: Any = None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> TimerInfo:
+        return cls(w["queue"], w["key"], w["partition"], w["txn"], parse_time(w["deliverAt"]),
+                   TimerState(w["state"]), w["attempts"], w.get("lastError"), w.get("payload"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One keyset page of a listing; ``next`` is the cursor of the following page, if any."""
+
+    items: tuple[T, ...]
+    next: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushResult:
+    status: PushStatus
+    transaction_id: str
+    partition_id: str
+    queue: str
+    partition: str
+    offset: int | None  # None for a duplicate
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> PushResult:
+        return cls(PushStatus(w["status"]), w["transactionId"], w["partitionId"], w["queue"],
+                   w["partition"], w.get("offset"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerMark:
+    """On a message made by a timer: which timer, and the instant it was due."""
+
+    key: str
+    deliver_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    transaction_id: str
+    partition_id: str
+    queue: str
+    partition: str
+    offset: int
+    lease_id: str | None  # None when popped with auto_ack
+    consumer_group: str
+    data: Any
+    created_at: datetime
+    retry_count: int
+    timer: TimerMark | None = None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> Message:
+        t = w.get("timer")
+        mark = None if t is None else TimerMark(t["key"], parse_time(t.get("deliverAt")))
+        return cls(w["transactionId"], w["partitionId"], w["queue"], w["partition"],
+                   w["offset"], w.get("leaseId"), w["consumerGroup"], w.get("data"),
+                   parse_time(w["createdAt"]), w.get("retryCount", 0), mark)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """What a pop returned: messages of one partition under one lease (empty: nothing ready)."""
+
+    messages: tuple[Message, ...] = ()
+    queue: str | None = None
+    partition: str | None = None
+    lease_id: str | None = None
+    lease_expires_at: datetime | None = None
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> Batch:
+        return cls(tuple(Message.from_wire(m) for m in w["messages"]), w["queue"],
+                   w["partition"], w.get("leaseId"), parse_time(w.get("leaseExpiresAt")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AckResult:
+    transaction_id: str
+    partition_id: str
+    status: AckStatus
+    lease_released: bool
+    dead_lettered: bool
+    already_acked: bool
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> AckResult:
+        return cls(w["transactionId"], w["partitionId"], AckStatus(w["status"]),
+                   w["leaseReleased"], w["dlq"], w["alreadyAcked"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueConfig:
+    queue: str
+    created: bool
+    lease_time_s: int
+    retry_limit: int
+    delayed_processing_s: int
+    retention_s: int
+    dead_letter_queue: bool
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> QueueConfig:
+        o = w["options"]
+        return cls(w["queue"], w["created"], o["leaseTime"], o["retryLimit"],
+                   o["delayedProcessing"], o["retentionSeconds"], o["deadLetterQueue"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvEntry:
+    namespace: str
+    key: str
+    value: Any
+    expires_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> KvEntry:
+        return cls(w["namespace"], w["key"], w["value"], parse_time(w.get("expiresAt")),
+                   parse_time(w.get("updatedAt")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvPut:
+    namespace: str
+    key: str
+    created: bool  # False: an existing live key was overwritten
+    expires_at: datetime | None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> KvPut:
+        return cls(w["namespace"], w["key"], w["created"], parse_time(w.get("expiresAt")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvDelete:
+    namespace: str
+    key: str
+    deleted: bool  # False: there was no live key (deleting nothing is not an error)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: int
+    transaction_id: str
+    queue: str
+    partition: str
+    consumer_group: str  # "__timer__" for timers that could not be fired
+    offset: int | None
+    error: str | None
+    retry_count: int
+    data: Any
+    created_at: datetime | None
+    failed_at: datetime | None
+    replayed_at: datetime | None
+    replay_transaction_id: str | None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> DeadLetter:
+        return cls(w["id"], w["transactionId"], w["queue"], w["partition"], w["consumerGroup"],
+                   w.get("offset"), w.get("errorMessage"), w.get("retryCount", 0), w.get("data"),
+                   parse_time(w.get("createdAt")), parse_time(w.get("failedAt")),
+                   parse_time(w.get("replayedAt")), w.get("replayTransactionId"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replayed:
+    dead_letter_id: int
+    pushed: PushResult
+
+
+OperationResult = tuple[PushResult, ...] | AckResult | KvPut | KvDelete
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransactionResult:
+    """One result per operation, in order (a push gives a tuple, one per item), and one
+    :class:`TimerResult` per timer entry."""
+
+    results: tuple[OperationResult, ...]
+    timers: tuple[TimerResult, ...]
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any], operations: list[dict[str, Any]]) -> TransactionResult:
+        pairs = zip(w["results"], operations, strict=True)
+        return cls(tuple(_operation_result(r, op) for r, op in pairs),
+                   tuple(TimerResult.from_wire(t) for t in w.get("timers", ())))
+
+
+def _operation_result(w: dict[str, Any], sent: dict[str, Any]) -> OperationResult:
+    kind = w["type"]
+    if kind == "push":
+        return tuple(PushResult.from_wire(i) for i in w["items"])
+    if kind == "ack":
+        return AckResult.from_wire(w)
+    if kind == "kv.put":
+        return KvPut.from_wire(w)
+    return KvDelete(sent["namespace"], sent["key"], w["deleted"])  # the answer omits them

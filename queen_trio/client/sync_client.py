@@ -1,0 +1,71 @@
+"""The sync facade, for scripts and REPLs: the same builders and results, no ``await``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from .api import BaseClient
+from .async_client import Client
+from .blocking import iterate_blocking, run_blocking
+from .calls import Call
+from .consumer import ConsumeStats
+from .models import Message, Page
+from .transport import Send
+
+
+class SyncClient(BaseClient[Any]):
+    """``with queen_trio.SyncClient(url) as queen: queen.timer(q)…schedule()``.
+
+    Runs the same request building, retry policy and response parsing as :class:`Client`,
+    over a blocking :class:`httpx.Client`. Thread-safe for calls; do not call it from inside
+    an event loop's thread (it blocks).
+    """
+
+    is_async = False
+
+    def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
+        super().__init__(urls, **options)
+        self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, call: Call[Any]) -> Any:
+        return run_blocking(self._execute(call))
+
+    def _pages(self, fetch: Callable[[str | None], Call[Page[Any]]]) -> Iterator[Page[Any]]:
+        return iterate_blocking(self._walk(fetch))
+
+    async def _send(self, step: Send) -> httpx.Response:  # blocks; never suspends
+        return self._http.request(step.method, step.url, params=step.params, json=step.body,
+                                  timeout=step.timeout)
+
+    async def _sleep(self, seconds: float) -> None:  # blocks; never suspends
+        time.sleep(seconds)  # noqa: ASYNC251 - the point: this coroutine never suspends
+
+    def consume(self, queue: str, handler: Callable[[Message], Any], **options: Any
+                ) -> ConsumeStats:
+        """:meth:`Client.consume` for a plain function: blocks until the loop ends (give
+        ``max_messages`` or ``idle_timeout``, or interrupt it). Handlers run in worker
+        threads, one per ``concurrency``; they may use this client."""
+
+        async def in_thread(message: Message) -> Any:
+            return await anyio.to_thread.run_sync(handler, message)
+
+        async def main() -> ConsumeStats:
+            async with Client(**self._options()) as client:
+                return await client.consume(queue, in_thread, **options)
+
+        return anyio.run(main)

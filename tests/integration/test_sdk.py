@@ -1,0 +1,320 @@
+"""The async SDK against a real broker: every call, its typed results and its errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import trio
+
+from queen_trio.client import (
+    AckStatus,
+    BadRequest,
+    Batch,
+    Client,
+    Conflict,
+    KvEntry,
+    Message,
+    NotFound,
+    PayloadTooLarge,
+    PushStatus,
+    RetryPolicy,
+    TimerInfo,
+    TimerResult,
+    TimerState,
+    TimerStatus,
+)
+from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle
+
+FAST_RETRY = RetryPolicy(retries=2, base_backoff_s=0.01, max_backoff_s=0.05)
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """A quick sweeper, a small timer payload ceiling and a one-hour horizon."""
+    return Settings(database_url=database_url, port=0, graceful_timeout_ms=1000, db_pool_size=5,
+                    sweeper_min_sleep_ms=5, sweeper_max_sleep_ms=200, sweeper_backoff_ms=20,
+                    timers_max_horizon_s=3600, timers_max_payload_bytes=4096)
+
+
+@pytest.fixture
+async def queen(broker: BrokerHandle) -> AsyncIterator[Client]:
+    async with Client(broker.url, retry=FAST_RETRY, timeout=10) as client:
+        yield client
+
+
+async def pop_one(queen: Client, queue: str, **options: Any) -> Message:
+    batch = await queen.pop(queue, wait="3s", **options)
+    assert len(batch) == 1, batch
+    return batch.messages[0]
+
+
+# -- timers -----------------------------------------------------------------------------------
+
+
+async def test_schedule_reschedule_peek_cancel(queen: Client) -> None:
+    timer = queen.timer("reminders").key("trial-ending:42")
+    first = await timer.delay("30m").payload({"accountId": 42}).schedule()
+    assert isinstance(first, TimerResult)
+    assert first.ok and first.status is TimerStatus.SCHEDULED and first.status == "scheduled"
+    assert (first.queue, first.key, first.partition) == ("reminders", "trial-ending:42",
+                                                         "Default")
+    assert first.txn and isinstance(first.deliver_at, datetime)
+    in_30m = datetime.now(UTC) + timedelta(minutes=30)
+    assert abs((first.deliver_at - in_30m).total_seconds()) < 5
+
+    again = await timer.delay(timedelta(hours=1)).payload({"v": 2}).partition("p1") \
+                       .txn("my-txn").schedule()
+    assert again.status is TimerStatus.RESCHEDULED and again.txn == "my-txn"
+    assert again.partition == "p1"
+
+    info = await timer.peek()
+    assert isinstance(info, TimerInfo)
+    assert (info.payload, info.txn, info.partition, info.state, info.attempts) == (
+        {"v": 2}, "my-txn", "p1", TimerState.PENDING, 0)
+    assert abs((info.deliver_at - (in_30m + timedelta(minutes=30))).total_seconds()) < 5
+
+    cancelled = await timer.cancel(txn="my-txn")
+    assert (cancelled.ok, cancelled.status, cancelled.txn) == (True, TimerStatus.CANCELLED,
+                                                               "my-txn")
+    # absent is a value, not an exception, and echoes the txn we gave.
+    absent = await timer.cancel(txn="my-txn")
+    assert (absent.ok, absent.status, absent.txn) == (False, TimerStatus.ABSENT, "my-txn")
+    assert await timer.peek() is None
+
+
+async def test_keys_with_slashes_colons_spaces_and_percent_signs(queen: Client) -> None:
+    keys = ["a/b/c", "user:7 trial end", "100% sure?", "x#y&z=1", "ü/ñ", "a//b", "../up"]
+    for key in keys:
+        r = await queen.timer("odd-keys").key(key).delay("1h").payload(key).schedule()
+        assert (r.status, r.key) == (TimerStatus.SCHEDULED, key)
+    for key in keys:
+        info = await queen.timer("odd-keys").key(key).peek()
+        assert info is not None and info.key == key and info.payload == key
+    listed = [t.key async for t in queen.timers("odd-keys").list()]
+    assert sorted(listed) == sorted(keys)
+    for key in keys:
+        assert (await queen.timer("odd-keys").key(key).cancel()).status is TimerStatus.CANCELLED
+
+
+async def test_list_walks_every_page(queen: Client) -> None:
+    keys = [f"k{i:02d}" for i in range(7)]
+    for key in keys:
+        await queen.timer("many").key(key).delay("10m").payload(None).schedule()
+    listing = queen.timers("many").list(page_size=3)
+    pages = [page async for page in listing.pages()]
+    assert [len(p.items) for p in pages] == [3, 3, 1]
+    assert [t.key async for t in listing] == keys
+    assert {(t.payload, t.state) async for t in queen.timers("many").list()} == {
+        (None, TimerState.PENDING)}
+    assert [t async for t in queen.timers("nothing-here").list()] == []
+
+
+async def test_a_timer_fires_into_its_queue_with_its_txn(queen: Client) -> None:
+    r = await queen.timer("fired").key("soon").delay("50ms").payload({"n": 1}).txn("t-1") \
+                   .schedule()
+    message = await pop_one(queen, "fired", auto_ack=True)
+    assert (message.data, message.transaction_id) == ({"n": 1}, r.txn)
+    assert message.timer is not None and message.timer.key == "soon"
+    # Delivered: cancel now answers absent, and the echoed txn points at the message.
+    late = await queen.timer("fired").key("soon").cancel(txn="t-1")
+    assert late.status is TimerStatus.ABSENT and late.txn == message.transaction_id
+
+
+async def test_invalid_timers_fail_before_any_request(queen: Client) -> None:
+    timer = queen.timer("invalid")
+    with pytest.raises(ValueError, match="duration"):
+        timer.key("k").delay("1.5h")
+    with pytest.raises(ValueError, match="delay"):
+        timer.key("k").payload(1).schedule()
+    with pytest.raises(ValueError, match="key"):
+        timer.delay("1s").schedule()
+    assert [t async for t in queen.timers("invalid").list()] == []
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+async def test_push_pop_ack(queen: Client) -> None:
+    first = await queen.push("orders", {"id": 1}, txn="order-1")
+    assert (first.status, first.transaction_id, first.offset) == (PushStatus.QUEUED, "order-1", 0)
+    repeat = await queen.push("orders", {"id": 1}, txn="order-1")
+    assert repeat.status is PushStatus.DUPLICATE and repeat.offset is None
+    more = await queen.push_many("orders", [{"id": 2}, {"id": 3}], partition="Default")
+    assert [r.offset for r in more] == [1, 2]
+
+    assert len(await queen.pop("empty-queue")) == 0
+    batch = await queen.pop("orders", batch=10, wait="1s")
+    assert isinstance(batch, Batch) and batch.lease_id is not None
+    assert [m.data for m in batch] == [{"id": 1}, {"id": 2}, {"id": 3}]
+    assert all(m.lease_id == batch.lease_id for m in batch)
+    acks = [await queen.ack(m) for m in batch]
+    assert [a.status for a in acks] == [AckStatus.COMPLETED] * 3
+    assert acks[-1].lease_released and not acks[0].already_acked
+    again = await queen.ack(batch.messages[0])
+    assert again.already_acked
+    assert len(await queen.pop("orders")) == 0
+
+
+async def test_consumer_groups_and_partitions(queen: Client) -> None:
+    await queen.push("events", "a", partition="p1")
+    await queen.push("events", "b", partition="p2")
+    only_p2 = await queen.pop("events", partition="p2", group="g1", auto_ack=True)
+    assert [m.data for m in only_p2] == ["b"] and only_p2.lease_id is None
+    rest = await queen.pop("events", group="g1", auto_ack=True)
+    assert [m.data for m in rest] == ["a"]
+    other_group = await queen.pop("events", group="g2", batch=5, auto_ack=True)
+    assert len(other_group) == 1 and other_group.messages[0].consumer_group == "g2"
+
+
+async def test_configure_extend_lease_and_failed_acks(queen: Client) -> None:
+    config = await queen.configure("jobs", lease_time="2s", retry_limit=1)
+    assert (config.lease_time_s, config.retry_limit, config.created) == (2, 1, True)
+    await queen.push("jobs", {"job": 1})
+    message = await pop_one(queen, "jobs")
+    assert message.lease_id is not None
+    expires = await queen.extend_lease(message.lease_id, 60)
+    assert expires > datetime.now(UTC) + timedelta(seconds=50)
+
+    failed = await queen.ack(message, AckStatus.FAILED, error="boom")
+    assert failed.status is AckStatus.FAILED and failed.lease_released
+    redelivered = await pop_one(queen, "jobs")
+    assert redelivered.transaction_id == message.transaction_id
+    assert redelivered.retry_count == 1
+    dead = await queen.ack(redelivered, "failed", error="boom again")
+    assert dead.dead_lettered
+
+
+async def test_dead_letters_list_and_replay(queen: Client) -> None:
+    await queen.configure("dl", retry_limit=0)
+    for n in range(3):
+        await queen.push("dl", {"n": n})
+        message = await pop_one(queen, "dl")
+        assert (await queen.ack(message, "failed", error=f"bad {n}")).dead_lettered
+    letters = [d async for d in queen.dlq.list("dl", page_size=2)]
+    assert [d.data for d in letters] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert letters[0].error == "bad 0" and letters[0].consumer_group == "__QUEUE_MODE__"
+    replayed = await queen.dlq.replay(letters[1].id)
+    assert replayed.dead_letter_id == letters[1].id
+    assert replayed.pushed.status is PushStatus.QUEUED
+    again = await pop_one(queen, "dl", auto_ack=True)
+    assert again.data == {"n": 1}
+    with pytest.raises(NotFound) as missing:
+        await queen.dlq.replay(999_999)
+    assert (missing.value.status, missing.value.code) == (404, "dead_letter_not_found")
+
+
+# -- KV ---------------------------------------------------------------------------------------
+
+
+async def test_kv_get_put_delete(queen: Client) -> None:
+    assert await queen.kv.get("saga", "b-1") is None
+    put = await queen.kv.put("saga", "b-1", {"step": "held"}, ttl_seconds="1h")
+    assert put.created and put.expires_at is not None
+    assert abs((put.expires_at - datetime.now(UTC)).total_seconds() - 3600) < 5
+    entry = await queen.kv.get("saga", "b-1")
+    assert isinstance(entry, KvEntry) and entry.value == {"step": "held"}
+    overwrite = await queen.kv.put("saga", "b-1", None, ttl_seconds=timedelta(days=1))
+    assert not overwrite.created
+    assert (await queen.kv.get("saga", "b-1")).value is None  # a stored null is not "absent"
+    assert (await queen.kv.delete("saga", "b-1")).deleted
+    assert not (await queen.kv.delete("saga", "b-1")).deleted
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        await queen.kv.put("saga", "b-1", 1, ttl_seconds="1500ms")
+
+
+# -- transactions -----------------------------------------------------------------------------
+
+
+async def test_a_transaction_commits_ack_push_kv_and_timers_together(queen: Client) -> None:
+    await queen.timer("bookings.expire").key("old").delay("1h").payload(None).schedule()
+    await queen.push("bookings", {"bookingId": "b-7"})
+    message = await pop_one(queen, "bookings")
+    result = await (queen.transaction()
+                    .ack(message)
+                    .push("audit", {"event": "booking.held"}, txn="audit-b-7")
+                    .kv.put("saga", "b-7", {"step": "held"}, ttl_seconds=86400)
+                    .kv.delete("saga", "nothing")
+                    .timer("bookings.expire").key("b-7").delay("15m").payload({"b": 7})
+                    .schedule()
+                    .timer("bookings.expire").key("old").cancel()
+                    .commit())
+    ack, pushed, put, deleted = result.results
+    assert ack.status is AckStatus.COMPLETED and ack.lease_released
+    assert pushed[0].transaction_id == "audit-b-7"
+    assert put.created and put.key == "b-7"
+    assert (deleted.namespace, deleted.key, deleted.deleted) == ("saga", "nothing", False)
+    assert [t.status for t in result.timers] == [TimerStatus.SCHEDULED, TimerStatus.CANCELLED]
+
+    assert (await queen.kv.get("saga", "b-7")).value == {"step": "held"}
+    assert (await queen.timer("bookings.expire").key("b-7").peek()).payload == {"b": 7}
+    assert (await pop_one(queen, "audit", auto_ack=True)).data == {"event": "booking.held"}
+    assert len(await queen.pop("bookings")) == 0
+
+
+async def test_a_failing_transaction_commits_nothing(queen: Client) -> None:
+    await queen.push("tx-fail", 1)
+    message = await pop_one(queen, "tx-fail")
+    with pytest.raises(PayloadTooLarge) as too_big:
+        await (queen.transaction()
+               .ack(message)
+               .kv.put("saga", "x", "written?")
+               .timer("tx-fail.t").key("k").delay("1m").payload("x" * 5000).schedule()
+               .commit())
+    assert too_big.value.status == 413
+    assert await queen.kv.get("saga", "x") is None
+    assert (await queen.ack(message)).already_acked is False  # the ack was rolled back too
+
+
+async def test_builders_are_reusable_and_immutable(queen: Client) -> None:
+    base = queen.timer("reuse").delay("1h").payload("same")
+    a = await base.key("a").schedule()
+    b = await base.key("b").schedule()
+    assert (a.key, b.key) == ("a", "b")
+    tx = queen.transaction().kv.put("ns", "one", 1)
+    await tx.commit()
+    await tx.kv.put("ns", "two", 2).commit()  # tx itself still holds only the first put
+    assert (await queen.kv.get("ns", "two")).value == 2
+    with pytest.raises(ValueError, match="at least one"):
+        queen.transaction().commit()
+    with pytest.raises(TypeError, match="transaction"):
+        queen.transaction().timer("q").key("k").peek()
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
+    with pytest.raises(BadRequest) as beyond:
+        await queen.timer("horizon").key("k").delay("2h").payload(1).schedule()
+    assert (beyond.value.status, beyond.value.code) == (400, "invalid_delay")
+    assert "horizon" in beyond.value.message and beyond.value.body["ok"] is False
+
+    with pytest.raises(PayloadTooLarge) as big:
+        await queen.timer("big").key("k").delay(0).payload("x" * 5000).schedule()
+    assert (big.value.status, big.value.code) == (413, "payload_too_large")
+
+    await queen.push("never-popped", 1)
+    stranger = Message("nope", "00000000-0000-0000-0000-000000000000", "never-popped",
+                       "Default", 0, None, "__QUEUE_MODE__", 1, datetime.now(UTC), 0)
+    with pytest.raises(NotFound) as unknown:
+        await queen.ack(stranger)
+    assert unknown.value.code == "message_not_found"
+
+    await queen.configure("leases", lease_time=1)
+    await queen.push("leases", 1)
+    message = await pop_one(queen, "leases")
+    await trio.sleep(1.1)
+    with pytest.raises(Conflict) as expired:
+        await queen.extend_lease(message.lease_id, 5)
+    assert (expired.value.status, expired.value.code) == (409, "lease_expired")
+
+
+def test_results_are_frozen() -> None:
+    r = TimerResult(True, TimerStatus.SCHEDULED, "q", "k", "t")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.status = TimerStatus.ABSENT  # type: ignore[misc]
