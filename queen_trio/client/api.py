@@ -60,7 +60,13 @@ class BaseClient(Generic[R]):
 
     @property
     def urls(self) -> list[str]:
+        """The base URLs, in the order given."""
         return list(self._endpoints.urls)
+
+    @property
+    def url(self) -> str:
+        """The base URL the next request goes to (the last one that answered)."""
+        return self._endpoints.urls[self._endpoints.preferred]
 
     # -- execution: the one path every call takes; each client supplies how to send a
     # request and how to sleep, and whether to await the result or run it to completion.

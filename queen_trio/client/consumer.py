@@ -52,6 +52,8 @@ async def consume(
     async with anyio.create_task_group() as workers:
         for _ in range(concurrency):
             workers.start_soon(loop.worker)
+    if loop.fatal is not None:
+        raise loop.fatal  # as itself, not wrapped in the task group's ExceptionGroup
     return loop.stats
 
 
@@ -75,6 +77,7 @@ class _Loop:
         self.stopping = False
         self.last_activity = anyio.current_time()
         self.polls: set[anyio.CancelScope] = set()
+        self.fatal: ApiError | None = None
 
     def count(self, **increments: int) -> None:
         self.stats = dataclasses.replace(self.stats, **{
@@ -107,6 +110,9 @@ class _Loop:
                     troubles += 1
                     log.warning("consume %s: pop failed (%s); retrying", self.queue, exc)
                     await anyio.sleep(self.client._retry.backoff(min(troubles, 6)))
+                except ApiError as exc:  # the request itself is wrong: retrying won't help
+                    self.fatal = self.fatal or exc
+                    self.stop()
                 finally:
                     self.polls.discard(scope)
             if got:

@@ -107,8 +107,7 @@ def exchange(
         except httpx.TransportError as exc:
             causes.append(exc)
             never_sent = isinstance(exc, _NEVER_SENT)
-            if never_sent:
-                endpoints.rotate(index)
+            endpoints.rotate(index)  # whatever the retry, the next attempt goes elsewhere
             if not (never_sent or call.idempotent) or attempt + 1 == attempts:
                 raise _unreachable(call, causes, maybe_applied=not never_sent) from exc
             if endpoints.preferred in tried:  # a fresh URL is tried at once, a known one later
