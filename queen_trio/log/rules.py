@@ -143,6 +143,8 @@ class QueueOptions:
     delayed_processing_s: int = 0
     retention_s: int = 0
     dead_letter_queue: bool = True
+    # Retention drops a segment only once every consumer group has committed past it.
+    retain_until_consumed: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -151,6 +153,7 @@ class QueueOptions:
             "delayedProcessing": self.delayed_processing_s,
             "retentionSeconds": self.retention_s,
             "deadLetterQueue": self.dead_letter_queue,
+            "retainUntilConsumed": self.retain_until_consumed,
         }
 
 
@@ -166,12 +169,18 @@ def queue_options(options: Any) -> QueueOptions:
         dlq = True
     if not isinstance(dlq, bool):
         raise ValidationError("invalid_option", "deadLetterQueue must be true or false")
+    until_consumed = options.get("retainUntilConsumed", False)
+    if until_consumed is None:
+        until_consumed = False
+    if not isinstance(until_consumed, bool):
+        raise ValidationError("invalid_option", "retainUntilConsumed must be true or false")
     return QueueOptions(
         lease_time_s=_int_field(options, "leaseTime", 300, lo=1, hi=86_400),
         retry_limit=_int_field(options, "retryLimit", 3, lo=0, hi=1000),
         delayed_processing_s=_int_field(options, "delayedProcessing", 0, lo=0, hi=7 * 86_400),
         retention_s=_int_field(options, "retentionSeconds", 0, lo=0, hi=10 * 365 * 86_400),
         dead_letter_queue=dlq,
+        retain_until_consumed=until_consumed,
     )
 
 

@@ -19,8 +19,10 @@ import psycopg
 
 from ..db import queries
 from ..errors import Conflict, NotFound
+from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
+from .segments import Frame, SegmentCache
 
 Q = queries.load("log")
 NOTIFY_CHANNEL = "queen_log"
@@ -176,6 +178,16 @@ class Message:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Skip:
+    """Offsets a consumer group never received: retention dropped them before it read them,
+    and it resumed at log_start."""
+
+    from_offset: int
+    to_offset: int  # inclusive
+    count: int  # of those, the ones the group had not already completed out of order
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PopBatch:
     queue: str
     partition: str
@@ -184,15 +196,18 @@ class PopBatch:
     lease_id: uuid.UUID | None
     lease_expires_at: datetime | None
     messages: list[Message]
+    skipped: Skip | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PopOutcome:
     batch: PopBatch | None
     retry_in_s: float | None = None  # a held-back frame matures this soon (delayedProcessing)
+    skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
 
 
-def pop(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome:
+def pop(raw: Raw, tenant_id: int, req: PopRequest,
+        cache: SegmentCache | None = None) -> PopOutcome:
     queue = raw.execute(Q.queue_for_pop, {"tenant_id": tenant_id, "name": req.queue}).fetchone()
     if queue is None:
         return PopOutcome(None)
@@ -201,25 +216,37 @@ def pop(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome:
         {"queue_id": queue["queue_id"], "group": req.group, "partition": req.partition},
     ).fetchall()
     retry_in: float | None = None
+    skipped = 0
     for cand in candidates:
-        batch, matures_in = _pop_partition(raw, tenant_id, req, queue, cand)
+        batch, matures_in, skip = _pop_partition(raw, tenant_id, req, queue, cand, cache)
+        skipped += skip.count if skip else 0
         if batch is not None:
-            return PopOutcome(batch)
+            return PopOutcome(batch, skipped=skipped)
         if matures_in is not None:
             retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
-    return PopOutcome(None, retry_in)
+    return PopOutcome(None, retry_in, skipped)
+
+
+def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip | None:
+    if start_after <= committed:
+        return None
+    done = sum(1 for o in set(acked_ahead) if committed < o <= start_after)
+    return Skip(committed + 1, start_after, start_after - committed - done)
 
 
 def _pop_partition(
-    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any]
-) -> tuple[PopBatch | None, float | None]:
+    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
+    cache: SegmentCache | None,
+) -> tuple[PopBatch | None, float | None, Skip | None]:
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
     raw.execute(Q.ensure_cursor, {**key, "log_start": cand["log_start"]})
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
     if cursor is None:
-        return None, None  # another consumer of the group holds (or is taking) it
+        return None, None, None  # another consumer of the group holds (or is taking) it
+    # A group behind log_start resumes there (start_after): retention took what it skipped.
     committed = cursor["start_after"]
+    skip = _skip(cursor["committed"], committed, cursor["acked_ahead"])
     ahead = {o for o in cursor["acked_ahead"] if o > committed}
 
     if cursor["lease_expires_at"] is not None and (cursor["leased_to"] or -1) > committed:
@@ -230,27 +257,27 @@ def _pop_partition(
              "acked_ahead": sorted(ahead)},
         )
 
-    frames = raw.execute(
-        Q.read_frames,
-        {"partition_id": pid, "group": req.group, "from_offset": committed + 1,
-         "count": req.batch + len(ahead), "delay_s": queue["delayed_processing_s"]},
-    ).fetchall()
+    frames = log_frames.read(
+        raw, pid, committed + 1, req.batch + len(ahead), group=req.group,
+        delay_s=queue["delayed_processing_s"], cache=cache,
+    )
     picked: list[Message] = []
     matures_in = None
     for f in frames:
-        offset = f["offset"]
+        offset = f.offset
         if offset in ahead:
             continue
-        if f["retry_count"] > queue["retry_limit"]:
-            _dead_letter(raw, tenant_id, queue, pid, req.group, offset, f["retry_count"],
-                         f["last_error"] or "retries exhausted")
+        if f.retry_count > queue["retry_limit"]:
+            _dead_letter(raw, tenant_id, queue, pid, req.group, f.frame, f.retry_count,
+                         f.last_error or "retries exhausted")
             ahead.add(offset)
             continue
-        if f["matures_in_s"] > 0:
-            matures_in = f["matures_in_s"]
+        if f.matures_in_s > 0:
+            matures_in = f.matures_in_s
             break  # contiguous scan: nothing after a held-back frame is handed out
-        picked.append(Message(offset, f["transaction_id"], f["payload"], f["created_at"],
-                              f["retry_count"], f["meta"]))
+        frame = f.frame
+        picked.append(Message(offset, frame.transaction_id, frame.payload, frame.created_at,
+                              f.retry_count, frame.meta))
         if len(picked) == req.batch:
             break
 
@@ -268,17 +295,21 @@ def _pop_partition(
             {**cursor_key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset},
         ).fetchone()
         batch = PopBatch(req.queue, cand["name"], pid, req.group, lease["lease_id"],
-                         lease["lease_expires_at"], picked)
-        return batch, None
+                         lease["lease_expires_at"], picked, skip)
+        return batch, None, skip
+    # The skip over log_start is written (and reported) with the next change of the cursor.
     changed = (committed != start or ahead_left != sorted(cursor["acked_ahead"])
-               or cursor["lease_expires_at"] is not None)
+               or cursor["lease_expires_at"] is not None or bool(picked))
     if changed:
         raw.execute(Q.save_cursor, {**cursor_key, "release": True})
+    else:
+        skip = None
     if req.auto_ack and committed > start:
         raw.execute(Q.forget_retries, {**key, "committed": committed})
     if not picked:
-        return None, matures_in
-    return PopBatch(req.queue, cand["name"], pid, req.group, None, None, picked), None
+        return None, matures_in, skip
+    return (PopBatch(req.queue, cand["name"], pid, req.group, None, None, picked, skip), None,
+            skip)
 
 
 def advance(committed: int, ahead: Iterable[int]) -> tuple[int, list[int]]:
@@ -292,14 +323,22 @@ def advance(committed: int, ahead: Iterable[int]) -> tuple[int, list[int]]:
 
 def _dead_letter(
     raw: Raw, tenant_id: int, queue: dict[str, Any], partition_id: uuid.UUID, group: str,
-    offset: int, retry_count: int, error: str | None,
+    frame: Frame | int, retry_count: int, error: str | None,
 ) -> bool:
+    """Copy a frame (or the frame at an offset) into the group's dead letters."""
     if not queue["dead_letter_queue"]:
         return False
+    if isinstance(frame, int):
+        found = log_frames.read_one(raw, partition_id, frame)
+        if found is None:
+            return False  # retention dropped it meanwhile: nothing left to keep
+        frame = found
     row = raw.execute(
         Q.dead_letter_frame,
-        {"tenant_id": tenant_id, "partition_id": partition_id, "group": group, "offset": offset,
-         "retry_count": retry_count, "error": error},
+        {"tenant_id": tenant_id, "partition_id": partition_id, "group": group,
+         "offset": frame.offset, "transaction_id": frame.transaction_id,
+         "payload": to_json(frame.payload), "size_bytes": frame.size_bytes,
+         "created_at": frame.created_at, "retry_count": retry_count, "error": error},
     ).fetchone()
     add_usage(raw, tenant_id, row["size_bytes"])
     return True

@@ -4,15 +4,16 @@
 -- Configure: as in Queen, every option is set (omitted ones take their defaults).
 INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
-     dead_letter_queue)
+     dead_letter_queue, retain_until_consumed)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
-        %(retention_s)s, %(dead_letter_queue)s)
+        %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
     delayed_processing_s = excluded.delayed_processing_s,
     retention_s = excluded.retention_s,
     dead_letter_queue = excluded.dead_letter_queue,
+    retain_until_consumed = excluded.retain_until_consumed,
     updated_at = now()
 RETURNING queue_id, (xmax = 0) AS created
 
@@ -41,9 +42,9 @@ ORDER BY p.partition_id
 FOR UPDATE OF p
 
 -- name: existing_transactions
+-- Push de-duplication: sealed frames count too.
 SELECT DISTINCT transaction_id
-FROM queen.frames
-WHERE partition_id = %(partition_id)s AND transaction_id = ANY(%(txns)s::text[])
+FROM queen.find_transactions(%(partition_id)s, %(txns)s::text[])
 
 -- name: insert_frames
 -- The frames and the partition's next offset, in one statement. Arrays travel in binary (%%b):
@@ -109,8 +110,9 @@ WHERE o <> ALL(%(acked_ahead)s::bigint[])
 ON CONFLICT (partition_id, consumer_group, "offset") DO UPDATE
     SET retry_count = queen.retries.retry_count + 1, last_error = 'lease expired'
 
--- name: read_frames
-SELECT f."offset", f.transaction_id, f.payload, f.created_at, f.meta,
+-- name: read_head
+-- The head part of a read (queen_trio/log/frames.py), with the group's retry counts.
+SELECT f."offset", f.transaction_id, f.payload, f.size_bytes, f.created_at, f.meta,
        coalesce(r.retry_count, 0) AS retry_count, r.last_error,
        -- delayedProcessing: seconds until this frame may be popped (<= 0: now)
        extract(epoch FROM f.created_at + make_interval(secs => %(delay_s)s) - now())::float8
@@ -120,6 +122,29 @@ LEFT JOIN queen.retries r
        ON r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
       AND r."offset" = f."offset"
 ORDER BY f."offset"
+
+-- name: segments_for_range
+-- Segments holding any of [from_offset, to_offset), in offset order.
+SELECT first_offset, last_offset
+FROM queen.segments
+WHERE partition_id = %(partition_id)s AND last_offset >= %(from_offset)s
+  AND first_offset < %(to_offset)s
+ORDER BY last_offset
+LIMIT %(limit)s
+
+-- name: segment_data
+SELECT first_offset, codec, data
+FROM queen.segments
+WHERE partition_id = %(partition_id)s AND first_offset = ANY(%(firsts)s::bigint[])
+
+-- name: sealed_frame_state
+-- What read_head joins for head frames, for frames read from segments: the database clock (for
+-- delayedProcessing) and the group's retry counts. Always one row at least (the clock).
+SELECT now() AS now, r."offset", r.retry_count, r.last_error
+FROM (SELECT 1) AS one
+LEFT JOIN queen.retries r
+       ON r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
+      AND r."offset" BETWEEN %(from_offset)s AND %(to_offset)s
 
 -- name: take_lease
 UPDATE queen.cursors
@@ -149,9 +174,8 @@ SELECT f.transaction_id, f."offset", p.queue_id, p.name AS partition, q.name AS 
        q.retry_limit, q.dead_letter_queue
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
-JOIN queen.frames f ON f.partition_id = p.partition_id
+CROSS JOIN LATERAL queen.find_transactions(p.partition_id, %(txns)s::text[]) f
 WHERE p.partition_id = %(partition_id)s AND p.tenant_id = %(tenant_id)s
-  AND f.transaction_id = ANY(%(txns)s::text[])
 ORDER BY f."offset"
 
 -- name: lock_cursor
@@ -174,13 +198,14 @@ SELECT retry_count FROM queen.retries
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s AND "offset" = %(offset)s
 
 -- name: dead_letter_frame
+-- The frame comes from the reader (head or segment) as JSON text.
 INSERT INTO queen.dead_letters (tenant_id, queue_id, partition_id, consumer_group, "offset",
                                 transaction_id, payload, size_bytes, frame_created_at,
                                 retry_count, error)
-SELECT %(tenant_id)s, p.queue_id, p.partition_id, %(group)s, f."offset", f.transaction_id,
-       f.payload, f.size_bytes, f.created_at, %(retry_count)s, %(error)s
-FROM queen.read_frames(%(partition_id)s, %(offset)s, 1) f
-JOIN queen.partitions p ON p.partition_id = %(partition_id)s
+SELECT %(tenant_id)s, p.queue_id, p.partition_id, %(group)s, %(offset)s, %(transaction_id)s,
+       %(payload)s::jsonb, %(size_bytes)s, %(created_at)s, %(retry_count)s, %(error)s
+FROM queen.partitions p
+WHERE p.partition_id = %(partition_id)s
 RETURNING size_bytes
 
 -- name: extend_lease
@@ -223,7 +248,7 @@ WHERE dead_letter_id = %(id)s
 
 -- name: list_queues
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
-       q.retention_s, q.dead_letter_queue,
+       q.retention_s, q.dead_letter_queue, q.retain_until_consumed,
        count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
@@ -234,15 +259,31 @@ ORDER BY q.name
 
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
-       dead_letter_queue
+       dead_letter_queue, retain_until_consumed
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 
 -- name: queue_partitions
-SELECT partition_id, name, next_offset, log_start, created_at
-FROM queen.partitions
-WHERE queue_id = %(queue_id)s
-ORDER BY name
+-- With where each partition's frames are stored. The head starts right after the last
+-- segment (or at log_start when there is none): retention only ever drops segments.
+SELECT p.partition_id, p.name, p.next_offset, p.log_start, p.created_at,
+       p.next_offset - coalesce(s.sealed_to, p.log_start) AS head_frames,
+       coalesce(h.bytes, 0)::bigint AS head_bytes,
+       coalesce(s.segments, 0) AS segments,
+       coalesce(s.frames, 0)::bigint AS segment_frames,
+       coalesce(s.raw_bytes, 0)::bigint AS segment_raw_bytes,
+       coalesce(s.stored_bytes, 0)::bigint AS segment_stored_bytes
+FROM queen.partitions p
+LEFT JOIN LATERAL (
+    SELECT count(*) AS segments, sum(frame_count) AS frames, sum(raw_bytes) AS raw_bytes,
+           sum(stored_bytes) AS stored_bytes, max(last_offset) + 1 AS sealed_to
+    FROM queen.segments WHERE partition_id = p.partition_id
+) s ON true
+LEFT JOIN LATERAL (
+    SELECT sum(size_bytes) AS bytes FROM queen.frames WHERE partition_id = p.partition_id
+) h ON true
+WHERE p.queue_id = %(queue_id)s
+ORDER BY p.name
 
 -- name: queue_cursors
 SELECT c.partition_id, c.consumer_group, c.committed, c.lease_expires_at > now() AS leased
@@ -262,6 +303,9 @@ WITH gone AS (
 )
 SELECT g.queue_id,
        coalesce((SELECT sum(f.size_bytes) FROM queen.frames f
+                 JOIN queen.partitions p USING (partition_id)
+                 WHERE p.queue_id = g.queue_id), 0)
+     + coalesce((SELECT sum(s.stored_bytes) FROM queen.segments s
                  JOIN queen.partitions p USING (partition_id)
                  WHERE p.queue_id = g.queue_id), 0)
      + coalesce((SELECT sum(d.size_bytes) FROM queen.dead_letters d

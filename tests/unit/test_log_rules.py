@@ -281,6 +281,7 @@ def test_queue_options_defaults(options: Any) -> None:
         "delayedProcessing": 0,
         "retentionSeconds": 0,
         "deadLetterQueue": True,
+        "retainUntilConsumed": False,
     }
 
 
