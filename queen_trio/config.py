@@ -36,6 +36,16 @@ class Settings:
     timers_max_horizon_s: int = 7_776_000
     # None means "1 MiB, or the tenant plan's message ceiling if smaller".
     timers_max_payload_bytes: int | None = None
+    # Log housekeeping: sealing the head into segments, retention.
+    housekeeping_interval_ms: int = 1000
+    segment_max_frames: int = 1000
+    segment_max_bytes: int = 4 * ONE_MIB
+    # Frames younger than this stay in the head (consumers at the tail read plain rows); a head
+    # frame older than segment_max_age_ms is sealed even when its segment is not full.
+    segment_min_age_ms: int = 60_000
+    segment_max_age_ms: int = 600_000
+    segment_zstd_level: int = 3
+    segment_cache_bytes: int = 64 * ONE_MIB
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
@@ -95,6 +105,15 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             f"a value no larger than QUEEN_SWEEPER_MAX_SLEEP_MS ({max_sleep})",
         )
 
+    seg_min_age = _int(env, "QUEEN_SEGMENT_MIN_AGE_MS", 60_000, lo=0, hi=30 * 86_400_000)
+    seg_max_age = _int(env, "QUEEN_SEGMENT_MAX_AGE_MS", 600_000, lo=0, hi=30 * 86_400_000)
+    if seg_min_age > seg_max_age:
+        raise ConfigError(
+            "QUEEN_SEGMENT_MIN_AGE_MS",
+            str(seg_min_age),
+            f"a value no larger than QUEEN_SEGMENT_MAX_AGE_MS ({seg_max_age})",
+        )
+
     payload_raw = env.get("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", "").strip()
     payload = (
         _int(env, "QUEEN_TIMERS_MAX_PAYLOAD_BYTES", ONE_MIB, lo=1, hi=ONE_MIB)
@@ -121,4 +140,17 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             env, "QUEEN_TIMERS_MAX_HORIZON_S", 7_776_000, lo=1, hi=10 * 365 * 86400
         ),
         timers_max_payload_bytes=payload,
+        housekeeping_interval_ms=_int(
+            env, "QUEEN_HOUSEKEEPING_INTERVAL_MS", 1000, lo=10, hi=3_600_000
+        ),
+        segment_max_frames=_int(env, "QUEEN_SEGMENT_MAX_FRAMES", 1000, lo=1, hi=1_000_000),
+        segment_max_bytes=_int(
+            env, "QUEEN_SEGMENT_MAX_BYTES", 4 * ONE_MIB, lo=1024, hi=256 * ONE_MIB
+        ),
+        segment_min_age_ms=seg_min_age,
+        segment_max_age_ms=seg_max_age,
+        segment_zstd_level=_int(env, "QUEEN_SEGMENT_ZSTD_LEVEL", 3, lo=1, hi=22),
+        segment_cache_bytes=_int(
+            env, "QUEEN_SEGMENT_CACHE_BYTES", 64 * ONE_MIB, lo=0, hi=64 * 1024 * ONE_MIB
+        ),
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from .config import Settings
 from .db import Database, Listener
+from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .tenants.directory import TenantDirectory
@@ -23,3 +24,5 @@ class BrokerContext:
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
+    # Decoded sealed segments, shared by every read of this broker (QUEEN_SEGMENT_CACHE_BYTES).
+    segment_cache: SegmentCache = dataclasses.field(default_factory=lambda: SegmentCache(0))

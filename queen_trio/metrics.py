@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from .db.listener import ListenerStatistics
 from .db.pool import PoolStatistics
+from .log.segments import CacheStatistics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -87,6 +88,28 @@ class _StatisticsCollector(Collector):
             )
 
 
+class _SegmentCacheCollector(Collector):
+    def __init__(self, statistics: Callable[[], CacheStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._statistics()
+        yield GaugeMetricFamily("queen_segment_cache_bytes",
+                                "Decoded segments held in memory (bytes)", value=s.bytes)
+        yield GaugeMetricFamily("queen_segment_cache_budget_bytes",
+                                "QUEEN_SEGMENT_CACHE_BYTES", value=s.budget_bytes)
+        yield GaugeMetricFamily("queen_segment_cache_segments", "Decoded segments held",
+                                value=s.segments)
+        yield CounterMetricFamily("queen_segment_cache_hits", "Segment reads served from memory",
+                                  value=s.hits_total)
+        yield CounterMetricFamily("queen_segment_cache_misses",
+                                  "Segment reads that fetched and decompressed the segment",
+                                  value=s.misses_total)
+        yield CounterMetricFamily("queen_segment_cache_evictions",
+                                  "Segments evicted to stay within the budget",
+                                  value=s.evictions_total)
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -126,6 +149,33 @@ class BrokerMetrics:
         )
         self.longpoll_waiters = Gauge(
             "queen_longpoll_waiters", "Pops currently waiting for messages",
+            registry=self.registry,
+        )
+
+        # Log storage: sealing and retention (the housekeeping service).
+        self.segments_sealed = Counter(
+            "queen_segments_sealed", "Segments sealed from the head", registry=self.registry
+        )
+        self.frames_sealed = Counter(
+            "queen_segment_frames_sealed", "Frames moved from the head into segments",
+            registry=self.registry,
+        )
+        self.seal_seconds = Histogram(
+            "queen_segment_seal_seconds",
+            "One seal: read the head range, compress, insert the segment, delete the rows",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.segments_dropped = Counter(
+            "queen_segments_dropped", "Segments dropped by retention", registry=self.registry
+        )
+        self.frames_dropped = Counter(
+            "queen_segment_frames_dropped", "Frames dropped by retention (log_start advanced)",
+            registry=self.registry,
+        )
+        self.messages_skipped = Counter(
+            "queen_messages_skipped",
+            "Messages a consumer group never received because retention dropped them first "
+            "(the group resumed at log_start)",
             registry=self.registry,
         )
 
@@ -184,6 +234,9 @@ class BrokerMetrics:
     ) -> None:
         """Expose the ``statistics()`` of the pool and the listener."""
         self.registry.register(_StatisticsCollector(pool, listener))
+
+    def watch_segment_cache(self, statistics: Callable[[], CacheStatistics]) -> None:
+        self.registry.register(_SegmentCacheCollector(statistics))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

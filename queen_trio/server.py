@@ -31,6 +31,8 @@ from .db import Database, Listener, queries
 from .db.migrations import apply_migrations
 from .kv import store as kv_store
 from .log import store as log_store
+from .log.housekeeping import Housekeeper
+from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .sweeper import Sweeper
@@ -85,8 +87,11 @@ async def run_broker(
         listener = Listener(url, NOTIFY_CHANNELS)
         wakeups = QueueWakeups()
         tenants = TenantDirectory(db, default_tenant)
-        context = BrokerContext(settings, db, listener, metrics, tenants, wakeups)
+        segment_cache = SegmentCache(settings.segment_cache_bytes)
+        context = BrokerContext(settings, db, listener, metrics, tenants, wakeups,
+                                segment_cache=segment_cache)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
+        metrics.watch_segment_cache(segment_cache.statistics)
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.run)
             context.services["listener"] = lambda: listener.connected
@@ -98,7 +103,8 @@ async def run_broker(
                                   tenants.message_ceiling(tid)))
             await nursery.start(sweeper.run)  # claims due timers and fires them
             context.services["sweeper"] = lambda: sweeper.alive
-            # Log housekeeping (segments, retention) is started here by its own issue.
+            # Seals the head into zstd segments and applies retention.
+            await nursery.start(Housekeeper.from_settings(db, settings, metrics).run)
 
             http_done = trio.Event()
             urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,

@@ -124,7 +124,9 @@ async def _pop(queue: str, partition: str | None) -> Response:
     try:
         while True:
             changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
-            outcome = await broker.db.run(store.pop, tenant, req)
+            outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache)
+            if outcome.skipped:
+                broker.metrics.messages_skipped.inc(outcome.skipped)
             remaining = deadline - trio.current_time()
             if outcome.batch is not None or not req.wait or remaining <= 0:
                 break
@@ -153,7 +155,15 @@ async def _pop(queue: str, partition: str | None) -> Response:
         "leaseExpiresAt": iso(batch.lease_expires_at),
         "consumerGroup": batch.group,
         "messages": [message_to_wire(batch, m) for m in batch.messages],
+        "skipped": skip_to_wire(batch.skipped),
     })
+
+
+def skip_to_wire(skip: store.Skip | None) -> dict[str, int] | None:
+    """Offsets the group never received: retention dropped them before it got there."""
+    if skip is None:
+        return None
+    return {"fromOffset": skip.from_offset, "toOffset": skip.to_offset, "count": skip.count}
 
 
 # -- ack & leases -----------------------------------------------------------------------------
@@ -269,7 +279,7 @@ async def replay_dead_letter(dead_letter_id: int) -> Response:
 def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
     return rules.QueueOptions(
         q["lease_time_s"], q["retry_limit"], q["delayed_processing_s"], q["retention_s"],
-        q["dead_letter_queue"],
+        q["dead_letter_queue"], q["retain_until_consumed"],
     ).to_wire()
 
 
@@ -301,6 +311,7 @@ async def queue_detail(queue: str) -> Response:
             "logStart": p["log_start"],
             "nextOffset": p["next_offset"],
             "messages": p["next_offset"] - p["log_start"],
+            "storage": _storage_wire(p),
             "groups": {
                 g: {"committed": c[pid]["committed"],
                     "lag": p["next_offset"] - 1 - max(c[pid]["committed"], p["log_start"] - 1),
@@ -316,7 +327,25 @@ async def queue_detail(queue: str) -> Response:
         "consumerGroups": sorted(groups),
         "totals": {"messages": sum(p["messages"] for p in partitions),
                    "deadLetters": detail["dead_letters"]},
+        "storage": {k: sum(p["storage"][k] for p in partitions) for k in _STORAGE_FIELDS},
     })
+
+
+_STORAGE_FIELDS = ("headFrames", "headBytes", "segments", "segmentFrames", "rawBytes",
+                   "compressedBytes")
+
+
+def _storage_wire(p: dict[str, Any]) -> dict[str, int]:
+    """Where a partition's frames are: the head (plain rows) and sealed segments, whose
+    payload bytes (raw) and stored zstd bytes (compressed) are both shown."""
+    return {
+        "headFrames": p["head_frames"],
+        "headBytes": p["head_bytes"],
+        "segments": p["segments"],
+        "segmentFrames": p["segment_frames"],
+        "rawBytes": p["segment_raw_bytes"],
+        "compressedBytes": p["segment_stored_bytes"],
+    }
 
 
 @log_routes.delete("/resources/queues/<queue>")

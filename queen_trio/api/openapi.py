@@ -165,7 +165,15 @@ def _log_paths() -> dict[str, Any]:
                 "options": {"type": "object", "properties": {
                     "leaseTime": {"type": "integer"}, "retryLimit": {"type": "integer"},
                     "delayedProcessing": {"type": "integer"},
-                    "retentionSeconds": {"type": "integer"},
+                    "retentionSeconds": {
+                        "type": "integer", "minimum": 0,
+                        "description": "drop sealed segments whose newest message is older "
+                                       "than this (0: keep forever); log_start advances"},
+                    "retainUntilConsumed": {
+                        "type": "boolean",
+                        "description": "with retentionSeconds: drop a segment only once every "
+                                       "consumer group of its partition has committed past "
+                                       "it (a partition no group ever read keeps it)"},
                     "deadLetterQueue": {"type": "boolean"}}}}}),
             "responses": {"200": _json({"type": "object"}, "Configured"), **_errors(400)},
         }},
@@ -246,10 +254,11 @@ def _log_paths() -> dict[str, Any]:
         }},
         "/api/v1/resources/queues/{queue}": {
             "get": {
-                "summary": "One queue: options, partitions, offsets, consumer groups",
+                "summary": "One queue: options, partitions, offsets, consumer groups, storage",
                 "operationId": "getQueue",
                 "parameters": [_path_param("queue", "queue name")],
-                "responses": {"200": _json({"type": "object"}, "Queue"), **_errors(400, 404)},
+                "responses": {"200": _json({"$ref": "#/components/schemas/QueueDetail"},
+                                           "Queue"), **_errors(400, 404)},
             },
             "delete": {
                 "summary": "Delete a queue with its messages, cursors and dead letters",
@@ -349,7 +358,51 @@ def openapi_document() -> dict[str, Any]:
                     "partitionId": {"type": "string"}, "leaseId": {"type": ["string", "null"]},
                     "consumerGroup": {"type": "string"},
                     "messages": {"type": "array",
-                                 "items": {"$ref": "#/components/schemas/Message"}}}},
+                                 "items": {"$ref": "#/components/schemas/Message"}},
+                    "skipped": {
+                        "oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Skipped"}],
+                        "description": "null, or the offsets this consumer group never "
+                                       "received: retention dropped them before the group "
+                                       "read them, and it resumed at the partition's "
+                                       "log_start (reported once, with the first batch "
+                                       "after the skip; also counted in "
+                                       "queen_messages_skipped_total)"}}},
+                "Skipped": {"type": "object", "required": ["fromOffset", "toOffset", "count"],
+                            "properties": {
+                                "fromOffset": {"type": "integer"},
+                                "toOffset": {"type": "integer", "description": "inclusive"},
+                                "count": {"type": "integer",
+                                          "description": "messages in the range the group "
+                                                         "had not already completed"}}},
+                "PartitionStorage": {
+                    "type": "object",
+                    "description": "Where a partition's retained messages are stored: the "
+                                   "head (recent, plain rows) and sealed zstd segments",
+                    "properties": {
+                        "headFrames": {"type": "integer"},
+                        "headBytes": {"type": "integer",
+                                      "description": "payload JSON bytes in the head"},
+                        "segments": {"type": "integer"},
+                        "segmentFrames": {"type": "integer"},
+                        "rawBytes": {"type": "integer",
+                                     "description": "payload JSON bytes sealed in segments"},
+                        "compressedBytes": {"type": "integer",
+                                            "description": "what those segments store"}}},
+                "QueueDetail": {"type": "object", "properties": {
+                    "name": {"type": "string"}, "createdAt": {"type": "string"},
+                    "options": {"type": "object"},
+                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
+                        "id": {"type": "string"}, "name": {"type": "string"},
+                        "logStart": {"type": "integer",
+                                     "description": "first retained offset"},
+                        "nextOffset": {"type": "integer"},
+                        "messages": {"type": "integer",
+                                     "description": "nextOffset - logStart"},
+                        "storage": {"$ref": "#/components/schemas/PartitionStorage"},
+                        "groups": {"type": "object"}}}},
+                    "consumerGroups": {"type": "array", "items": {"type": "string"}},
+                    "totals": {"type": "object"},
+                    "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
                 "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
                         "properties": {
                             "transactionId": {"type": "string"},

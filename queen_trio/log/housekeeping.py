@@ -1,0 +1,250 @@
+"""The log's housekeeping service: seal the head into segments, apply retention.
+
+Every ``QUEEN_HOUSEKEEPING_INTERVAL_MS`` one round runs:
+
+* **sealing** — for each partition whose head holds something to seal (see
+  :func:`~.segments.cut`), one transaction reads the head's oldest frames, compresses them into
+  a segment, inserts it and deletes the head rows it replaces, and moves the tenant's stored
+  bytes from raw to compressed. A partition's frames are never sealed by two brokers at once
+  (a transaction-level advisory lock per partition; whoever does not get it skips).
+* **retention** — for queues with ``retentionSeconds``, the oldest segments whose newest frame
+  is older than that (and, with ``retainUntilConsumed``, that every consumer group has
+  committed past) are dropped whole, after ``log_start`` has moved past them, in one
+  transaction that also gives their bytes back to the tenant's storage.
+
+The transactional steps are plain functions of a raw connection (tests call them directly);
+:class:`Housekeeper` only schedules them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import trio
+
+from ..config import Settings
+from ..db import Database, queries
+from ..db.transient import TRANSIENT_ERRORS
+from ..metrics import BrokerMetrics
+from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
+from .store import add_usage
+
+Q = queries.load("segments")
+log = logging.getLogger(__name__)
+Raw = psycopg.Connection[dict[str, Any]]
+
+LOCK_SPACE = 0x5147  # first key of the advisory locks that serialise one partition's housekeeping
+_CANDIDATES_PER_ROUND = 200
+_SEGMENTS_PER_PARTITION_PER_ROUND = 50  # a backlog is worked off over rounds, not in one burst
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def policy_from_settings(settings: Settings) -> SealPolicy:
+    return SealPolicy(
+        max_frames=settings.segment_max_frames,
+        max_bytes=settings.segment_max_bytes,
+        min_age_ms=settings.segment_min_age_ms,
+        max_age_ms=settings.segment_max_age_ms,
+        zstd_level=settings.segment_zstd_level,
+    )
+
+
+# -- sealing ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sealed:
+    partition_id: uuid.UUID
+    first_offset: int
+    last_offset: int
+    raw_bytes: int
+    stored_bytes: int
+
+    @property
+    def frames(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_ROUND) -> list:
+    rows = raw.execute(Q.seal_candidates, {
+        "min_age_s": policy.min_age_ms / 1000, "max_age_s": policy.max_age_ms / 1000,
+        "max_frames": policy.max_frames, "max_bytes": policy.max_bytes, "limit": limit,
+    }).fetchall()
+    return [r["partition_id"] for r in rows]
+
+
+def _try_lock(raw: Raw, partition_id: uuid.UUID) -> bool:
+    row = raw.execute(Q.try_lock_partition,
+                      {"lock_space": LOCK_SPACE, "partition_id": partition_id}).fetchone()
+    return bool(row["locked"])
+
+
+def seal_partition(raw: Raw, partition_id: uuid.UUID, policy: SealPolicy) -> Sealed | None:
+    """Seal the head's oldest frames of one partition into a segment, if the policy says so.
+
+    Runs in the caller's transaction: the segment insert, the head delete and the usage change
+    commit together, so a frame is always in exactly one of head and segment.
+    """
+    if not _try_lock(raw, partition_id):
+        return None
+    rows = raw.execute(Q.head_to_seal,
+                       {"partition_id": partition_id, "max_frames": policy.max_frames}).fetchall()
+    if not rows:
+        return None
+    if rows[0]["offset"] != rows[0]["head_start"]:
+        # Never seal around a hole: a segment must follow the previous one (or log_start).
+        log.error("partition %s: head starts at %s, expected %s; not sealing", partition_id,
+                  rows[0]["offset"], rows[0]["head_start"])
+        return None
+    frames = [HeadFrame(r["offset"], r["transaction_id"], r["payload_json"], r["size_bytes"],
+                        r["created_us"], r["meta_json"]) for r in rows]
+    n = cut(frames, rows[0]["now_us"], policy)
+    if n == 0:
+        return None
+    chosen = frames[:n]
+    data = encode(chosen, policy.zstd_level)
+    first, last = chosen[0].offset, chosen[-1].offset
+    raw_bytes = sum(f.size_bytes for f in chosen)
+    stored = raw.execute(Q.insert_segment, {
+        "partition_id": partition_id, "first_offset": first, "last_offset": last,
+        "tenant_id": rows[0]["tenant_id"], "frame_count": n, "raw_bytes": raw_bytes,
+        "first_created_at": _instant(chosen[0].created_us),
+        "last_created_at": _instant(chosen[-1].created_us),
+        "transaction_ids": [f.transaction_id for f in chosen], "codec": CODEC_ZSTD,
+        "data": data,
+    }).fetchone()["stored_bytes"]
+    deleted = raw.execute(Q.delete_sealed_head, {"partition_id": partition_id,
+                                                 "first_offset": first, "last_offset": last})
+    if deleted.rowcount != n:  # cannot happen under the lock; refuse to half-seal if it does
+        raise RuntimeError(f"partition {partition_id}: sealing {first}..{last} deleted "
+                           f"{deleted.rowcount} head rows, expected {n}")
+    add_usage(raw, rows[0]["tenant_id"], stored - raw_bytes)
+    return Sealed(partition_id, first, last, raw_bytes, stored)
+
+
+def _instant(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+# -- retention --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dropped:
+    partition_id: uuid.UUID
+    segments: int
+    frames: int
+    stored_bytes: int
+    log_start: int  # the new one
+
+
+def retention_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+    return [r["partition_id"] for r in raw.execute(Q.retention_candidates, {"limit": limit})]
+
+
+def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
+    """Drop the partition's oldest segments that retention allows, advancing log_start."""
+    if not _try_lock(raw, partition_id):
+        return None
+    rows = raw.execute(Q.droppable_segments, {"partition_id": partition_id}).fetchall()
+    # Only a prefix starting at log_start: the log never gets a hole in the middle.
+    expected = rows[0]["log_start"] if rows else 0
+    segments = frames = 0
+    for r in rows:
+        if r["first_offset"] != expected:
+            break
+        expected = r["last_offset"] + 1
+        segments += 1
+        frames += r["frame_count"]
+    if segments == 0:
+        return None
+    raw.execute(Q.advance_log_start, {"partition_id": partition_id, "log_start": expected})
+    gone = raw.execute(Q.drop_segments,
+                       {"partition_id": partition_id, "log_start": expected}).fetchall()
+    stored = sum(r["stored_bytes"] for r in gone)
+    add_usage(raw, rows[0]["tenant_id"], -stored)
+    return Dropped(partition_id, len(gone), frames, stored, expected)
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoundResult:
+    sealed: list[Sealed]
+    dropped: list[Dropped]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HousekeepingStatistics:
+    rounds_total: int
+    segments_sealed_total: int
+    segments_dropped_total: int
+    failed_rounds_total: int
+
+
+class Housekeeper:
+    def __init__(
+        self, db: Database, policy: SealPolicy, *, interval_ms: int = 1000,
+        metrics: BrokerMetrics | None = None,
+    ) -> None:
+        self._db = db
+        self.policy = policy
+        self._interval_s = interval_ms / 1000
+        self._metrics = metrics
+        self._rounds = self._sealed = self._dropped = self._failed = 0
+
+    @classmethod
+    def from_settings(cls, db: Database, settings: Settings,
+                      metrics: BrokerMetrics | None = None) -> Housekeeper:
+        return cls(db, policy_from_settings(settings),
+                   interval_ms=settings.housekeeping_interval_ms, metrics=metrics)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self._interval_s)
+            try:
+                await self.run_once()
+            except TRANSIENT_ERRORS as exc:
+                # The database is in trouble: the next round tries again.
+                self._failed += 1
+                log.warning("log housekeeping round skipped: %s", str(exc).strip())
+
+    async def run_once(self) -> RoundResult:
+        """One round: seal what is due, then apply retention."""
+        sealed = await self.seal_due()
+        dropped = [d for pid in await self._db.run(retention_candidates)
+                   if (d := await self._db.run(apply_retention, pid)) is not None]
+        self._rounds += 1
+        self._dropped += sum(d.segments for d in dropped)
+        if self._metrics is not None:
+            for d in dropped:
+                self._metrics.segments_dropped.inc(d.segments)
+                self._metrics.frames_dropped.inc(d.frames)
+        return RoundResult(sealed, dropped)
+
+    async def seal_due(self) -> list[Sealed]:
+        sealed: list[Sealed] = []
+        for pid in await self._db.run(seal_candidates, self.policy):
+            for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
+                started = time.perf_counter()
+                one = await self._db.run(seal_partition, pid, self.policy)
+                if one is None:
+                    break
+                sealed.append(one)
+                self._sealed += 1
+                if self._metrics is not None:
+                    self._metrics.seal_seconds.observe(time.perf_counter() - started)
+                    self._metrics.segments_sealed.inc()
+                    self._metrics.frames_sealed.inc(one.frames)
+        return sealed
+
+    def statistics(self) -> HousekeepingStatistics:
+        return HousekeepingStatistics(self._rounds, self._sealed, self._dropped, self._failed)

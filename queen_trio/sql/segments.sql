@@ -1,0 +1,105 @@
+-- Log housekeeping (queen_trio/log/housekeeping.py): sealing the head into segments, and
+-- retention. Reads of segments are in log.sql with the rest of the read path.
+
+-- name: seal_candidates
+-- Partitions whose oldest head frame is past min_age and which hold a full segment of such
+-- frames (probed at one offset: created_at grows with the offset), a segment's worth of bytes,
+-- or a frame past max_age (a quiet partition). The byte check reads at most max_frames rows of
+-- a partition and only runs when the cheap checks did not already decide.
+SELECT p.partition_id
+FROM queen.partitions p
+CROSS JOIN LATERAL (
+    SELECT f."offset", f.created_at FROM queen.frames f
+    WHERE f.partition_id = p.partition_id ORDER BY f."offset" LIMIT 1
+) h
+WHERE h.created_at <= now() - make_interval(secs => %(min_age_s)s)
+  AND CASE
+        WHEN h.created_at <= now() - make_interval(secs => %(max_age_s)s) THEN true
+        WHEN EXISTS (SELECT 1 FROM queen.frames f
+                     WHERE f.partition_id = p.partition_id
+                       AND f."offset" = h."offset" + %(max_frames)s - 1
+                       AND f.created_at <= now() - make_interval(secs => %(min_age_s)s))
+            THEN true
+        ELSE (SELECT sum(x.size_bytes) FROM (
+                  SELECT f.size_bytes FROM queen.frames f
+                  WHERE f.partition_id = p.partition_id
+                    AND f.created_at <= now() - make_interval(secs => %(min_age_s)s)
+                  ORDER BY f."offset" LIMIT %(max_frames)s) x) >= %(max_bytes)s
+      END
+ORDER BY h.created_at
+LIMIT %(limit)s
+
+-- name: try_lock_partition
+-- One housekeeper at a time per partition (brokers share the database); the others skip it.
+SELECT pg_try_advisory_xact_lock(%(lock_space)s, hashtext(%(partition_id)s::text)) AS locked
+
+-- name: head_to_seal
+-- The head's oldest frames. Offsets are taken under the partition row lock and committed with
+-- next_offset, so every frame this snapshot sees is below the committed next_offset: nothing
+-- here is still being written. JSON stays text: a segment stores it as the head does.
+SELECT f."offset", f.transaction_id, f.payload::text AS payload_json, f.size_bytes,
+       (extract(epoch FROM f.created_at) * 1000000)::bigint AS created_us,
+       f.meta::text AS meta_json, p.tenant_id,
+       (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
+       coalesce((SELECT max(s.last_offset) + 1 FROM queen.segments s
+                 WHERE s.partition_id = p.partition_id), p.log_start) AS head_start
+FROM queen.partitions p
+JOIN queen.frames f ON f.partition_id = p.partition_id AND f."offset" < p.next_offset
+WHERE p.partition_id = %(partition_id)s
+ORDER BY f."offset"
+LIMIT %(max_frames)s
+
+-- name: insert_segment
+INSERT INTO queen.segments (partition_id, first_offset, last_offset, tenant_id, frame_count,
+                            raw_bytes, stored_bytes, first_created_at, last_created_at,
+                            transaction_ids, codec, data)
+VALUES (%(partition_id)s, %(first_offset)s, %(last_offset)s, %(tenant_id)s, %(frame_count)s,
+        %(raw_bytes)s, octet_length(%(data)b::bytea), %(first_created_at)s, %(last_created_at)s,
+        %(transaction_ids)b::text[], %(codec)s, %(data)b::bytea)
+RETURNING stored_bytes
+
+-- name: delete_sealed_head
+DELETE FROM queen.frames
+WHERE partition_id = %(partition_id)s AND "offset" BETWEEN %(first_offset)s AND %(last_offset)s
+
+-- name: retention_candidates
+-- Partitions whose oldest segment is past the queue's retentionSeconds (and, with
+-- retainUntilConsumed, committed by every consumer group; with no group, by nobody).
+SELECT p.partition_id
+FROM queen.queues q
+JOIN queen.partitions p USING (queue_id)
+CROSS JOIN LATERAL (
+    SELECT s.last_offset, s.last_created_at FROM queen.segments s
+    WHERE s.partition_id = p.partition_id ORDER BY s.first_offset LIMIT 1
+) oldest
+WHERE q.retention_s > 0
+  AND oldest.last_created_at <= now() - make_interval(secs => q.retention_s)
+  AND (NOT q.retain_until_consumed
+       OR oldest.last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                                 WHERE c.partition_id = p.partition_id))
+LIMIT %(limit)s
+
+-- name: droppable_segments
+-- Retention's decision for one partition, under its row lock (log_start changes with it).
+SELECT s.first_offset, s.last_offset, s.frame_count, p.log_start, p.tenant_id
+FROM queen.partitions p
+JOIN queen.queues q USING (queue_id)
+JOIN queen.segments s ON s.partition_id = p.partition_id
+WHERE p.partition_id = %(partition_id)s
+  AND q.retention_s > 0
+  AND s.last_created_at <= now() - make_interval(secs => q.retention_s)
+  AND (NOT q.retain_until_consumed
+       OR s.last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                            WHERE c.partition_id = p.partition_id))
+ORDER BY s.first_offset
+FOR UPDATE OF p
+
+-- name: advance_log_start
+UPDATE queen.partitions SET log_start = %(log_start)s
+WHERE partition_id = %(partition_id)s AND log_start < %(log_start)s
+
+-- name: drop_segments
+-- Only segments log_start has passed (the immutability trigger checks it too).
+DELETE FROM queen.segments
+WHERE partition_id = %(partition_id)s AND last_offset < %(log_start)s
+RETURNING stored_bytes
