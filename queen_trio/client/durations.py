@@ -25,8 +25,9 @@ Duration = int | timedelta | str
 
 # Largest unit first: the order a compound is written in, and the order it is checked in.
 UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
-_PART = re.compile(r"(\d+)(ms|d|h|m|s)")
-_SHAPE = re.compile(r"-?(?:\d+(?:ms|d|h|m|s))+")
+# ASCII digits only: \d would also take "١s" (an Arabic-Indic one) for a second.
+_PART = re.compile(r"([0-9]+)(ms|d|h|m|s)")
+_SHAPE = re.compile(r"-?(?:[0-9]+(?:ms|d|h|m|s))+")
 _EXAMPLES = "e.g. 250 (ms), timedelta(seconds=30), '250ms', '30s', '30m', '72h', '7d', '1h30m'"
 
 

@@ -1,0 +1,235 @@
+"""The SDK's builders and calls, without a broker: what each one would send, and whether the
+clients may repeat it. A recording client returns the Call instead of executing it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from queen_trio.client import AckStatus, Message
+from queen_trio.client.api import BaseClient
+from queen_trio.client.builders import TransactionBuilder
+from queen_trio.client.calls import Call
+
+
+class Recorder(BaseClient[Any]):
+    is_async = False
+
+    def _call(self, call: Call[Any]) -> Call[Any]:
+        return call
+
+
+@pytest.fixture
+def queen() -> Recorder:
+    return Recorder("http://broker.test")
+
+
+def message(lease: str | None = "lease-1") -> Message:
+    return Message("txn-1", "pid-1", "bookings", "Default", 4, lease, "__QUEUE_MODE__",
+                   {"b": 1}, datetime.now(UTC), 0)
+
+
+# -- timers -----------------------------------------------------------------------------------
+
+
+def test_schedule_sends_a_put_with_delay_ms(queen: Recorder) -> None:
+    call = (queen.timer("reminders").key("trial-ending:42").delay("72h")
+            .payload({"accountId": 42}).schedule())
+    assert (call.method, call.path) == ("PUT", "/api/v1/timers/reminders/trial-ending%3A42")
+    assert call.body == {"delayMs": 259_200_000, "payload": {"accountId": 42}}
+    assert call.idempotent  # an upsert by name
+
+
+def test_partition_and_txn_travel_only_when_given(queen: Recorder) -> None:
+    call = (queen.timer("q").key("k").delay(timedelta(seconds=1)).payload(None)
+            .partition("eu").txn("t-9").schedule())
+    assert call.body == {"delayMs": 1000, "payload": None, "partition": "eu", "txn": "t-9"}
+    assert queen.timer("q").key("k").delay(0).schedule().body == {"delayMs": 0,
+                                                                  "payload": None}
+
+
+def test_keys_travel_as_one_encoded_path_segment(queen: Recorder) -> None:
+    call = queen.timer("q").key("a/b c?%#").delay(1).schedule()
+    assert call.path == "/api/v1/timers/q/a%2Fb%20c%3F%25%23"
+
+
+def test_cancel_and_peek(queen: Recorder) -> None:
+    cancel = queen.timer("q").key("k").cancel(txn="t-1")
+    assert (cancel.method, cancel.params, cancel.idempotent) == ("DELETE", {"txn": "t-1"}, True)
+    assert queen.timer("q").key("k").txn("t-2").cancel().params == {"txn": "t-2"}
+    assert queen.timer("q").key("k").cancel().params is None
+    peek = queen.timer("q").key("k").peek()
+    assert (peek.method, peek.none_on) == ("GET", frozenset({"absent"}))
+
+
+def test_list_pages_by_cursor(queen: Recorder) -> None:
+    listing = queen.timers("q").list(page_size=50)
+    assert listing._fetch(None).params == {"limit": 50}
+    assert listing._fetch("abc").params == {"limit": 50, "after": "abc"}
+
+
+@pytest.mark.parametrize("build", [
+    lambda q: q.timer("q").delay("1s").schedule(),           # no key
+    lambda q: q.timer("q").key("k").payload(1).schedule(),   # no delay
+    lambda q: q.timer("q").cancel(),                          # no key
+    lambda q: q.timer("q").key(""),
+    lambda q: q.timer("").key("k"),
+    lambda q: q.timer("q").key("k").delay("15 minutes"),
+    lambda q: q.timer("q").key("k").delay(1.5),
+    lambda q: q.timer("q").key(42),
+])
+def test_incomplete_or_invalid_timers_fail_before_sending(queen: Recorder, build: Any) -> None:
+    with pytest.raises(ValueError):
+        build(queen)
+
+
+def test_builders_are_immutable(queen: Recorder) -> None:
+    base = queen.timer("q").delay("1s")
+    one, two = base.key("one"), base.key("two")
+    assert one.schedule().path.endswith("/one") and two.schedule().path.endswith("/two")
+    with pytest.raises(ValueError, match="key"):
+        base.schedule()
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def test_push_is_repeatable_only_with_transaction_ids(queen: Recorder) -> None:
+    without = queen.push("q", 1)
+    assert without.body == {"items": [{"queue": "q", "payload": 1}]} and not without.idempotent
+    assert queen.push("q", 1, txn="t", partition="p").idempotent
+    assert queen.push_many("q", [1, 2], txns=["a", "b"]).idempotent
+    assert not queen.push_many("q", [1, 2]).idempotent
+    with pytest.raises(ValueError, match="one transactionId per payload"):
+        queen.push_many("q", [1, 2], txns=["a"])
+
+
+def test_pop_is_never_repeated_and_its_wait_extends_the_timeout(queen: Recorder) -> None:
+    call = queen.pop("q", group="g", batch=5, wait="30s", auto_ack=True)
+    assert call.path == "/api/v1/pop/queue/q" and not call.idempotent
+    assert call.params == {"batch": 5, "consumerGroup": "g", "wait": "true",
+                           "timeout": 30_000, "autoAck": "true"}
+    assert call.extra_read_s == 30
+    assert queen.pop("q", partition="p/1").path == "/api/v1/pop/queue/q/partition/p%2F1"
+
+
+def test_ack_completed_is_repeatable_failed_is_not(queen: Recorder) -> None:
+    done = queen.ack(message())
+    assert done.body == {"transactionId": "txn-1", "partitionId": "pid-1",
+                         "status": "completed", "consumerGroup": "__QUEUE_MODE__",
+                         "leaseId": "lease-1"}
+    assert done.idempotent
+    failed = queen.ack(message(None), AckStatus.FAILED, error="x" * 3000)
+    assert not failed.idempotent and "leaseId" not in failed.body
+    assert len(failed.body["error"]) == 2000
+    with pytest.raises(ValueError):
+        queen.ack(message(), "finished")
+
+
+def test_configure_and_lease_durations_are_whole_seconds(queen: Recorder) -> None:
+    call = queen.configure("q", lease_time="5m", retry_limit=2, delayed_processing=0,
+                           retention=timedelta(days=1), dead_letter_queue=False)
+    assert call.body == {"queue": "q", "options": {
+        "leaseTime": 300, "delayedProcessing": 0, "retentionSeconds": 86400, "retryLimit": 2,
+        "deadLetterQueue": False}}
+    assert queen.extend_lease("l-1", "2m").body == {"seconds": 120}
+    with pytest.raises(ValueError):
+        queen.extend_lease("l-1", "500ms")
+
+
+def test_kv_calls(queen: Recorder) -> None:
+    put = queen.kv.put("saga", "b/1", {"s": 1}, ttl_seconds="1d")
+    assert (put.method, put.path, put.body) == ("PUT", "/api/v1/kv/saga/b%2F1",
+                                                {"value": {"s": 1}, "ttlSeconds": 86400})
+    assert queen.kv.put("saga", "k", None).body == {"value": None}
+    assert queen.kv.get("saga", "k").none_on == frozenset({"key_not_found"})
+    assert queen.kv.delete("saga", "k").method == "DELETE"
+    with pytest.raises(ValueError):
+        queen.kv.put("saga", "k", 1, ttl_seconds=0)
+
+
+def test_dead_letter_calls(queen: Recorder) -> None:
+    listing = queen.dlq.list("q", group="__timer__", page_size=10)
+    assert listing._fetch("7").params == {"limit": 10, "queue": "q",
+                                          "consumerGroup": "__timer__", "cursor": "7"}
+    replay = queen.dlq.replay(7)
+    assert (replay.path, replay.idempotent) == ("/api/v1/dlq/7/replay", False)
+
+
+# -- transactions -----------------------------------------------------------------------------
+
+
+def test_a_transaction_sends_operations_and_a_separate_timers_array(queen: Recorder) -> None:
+    m = message()
+    call = (queen.transaction()
+            .ack(m)
+            .push("audit", {"event": "booking.held"})
+            .kv.put("saga", "b-1", {"step": "held"}, ttl_seconds=86400)
+            .kv.delete("saga", "old")
+            .timer("bookings.expire").key("b-1").delay("15m").payload({"b": 1}).schedule()
+            .timer("bookings.expire").key("b-0").cancel(txn="t-0")
+            .commit())
+    assert (call.method, call.path) == ("POST", "/api/v1/transaction")
+    assert call.body == {
+        "operations": [
+            {"type": "ack", "transactionId": "txn-1", "partitionId": "pid-1",
+             "status": "completed", "consumerGroup": "__QUEUE_MODE__", "leaseId": "lease-1"},
+            {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}}]},
+            {"type": "kv.put", "namespace": "saga", "key": "b-1", "value": {"step": "held"},
+             "ttlSeconds": 86400},
+            {"type": "kv.delete", "namespace": "saga", "key": "old"},
+        ],
+        "timers": [
+            {"action": "schedule", "queue": "bookings.expire", "key": "b-1",
+             "delayMs": 900_000, "payload": {"b": 1}},
+            {"action": "cancel", "queue": "bookings.expire", "key": "b-0", "txn": "t-0"},
+        ],
+    }
+    assert call.settles == (m,)
+    assert not call.idempotent  # the push has no transactionId
+
+
+@pytest.mark.parametrize(("build", "repeatable"), [
+    (lambda tx: tx.push("q", 1, txn="t"), True),
+    (lambda tx: tx.push("q", 1), False),
+    (lambda tx: tx.ack(message()), True),
+    (lambda tx: tx.ack(message(), "failed"), False),
+    (lambda tx: tx.kv.put("n", "k", 1).kv.delete("n", "j"), True),
+    (lambda tx: tx.timer("q").key("k").delay(5).schedule().timer("q").key("j").cancel(), True),
+])
+def test_a_transaction_is_repeated_only_when_every_part_is(
+    queen: Recorder, build: Any, repeatable: bool
+) -> None:
+    assert build(queen.transaction()).commit().idempotent is repeatable
+
+
+def test_transaction_steps_return_transaction_builders(queen: Recorder) -> None:
+    tx = queen.transaction()
+    step = tx.timer("q").key("k").delay("1s").payload(1).schedule()
+    assert isinstance(step, TransactionBuilder) and tx._timers == ()
+    with pytest.raises(TypeError, match="transaction"):
+        tx.timer("q").key("k").peek()
+    with pytest.raises(ValueError, match="at least one"):
+        tx.commit()
+
+
+def test_urls_are_checked_and_token_becomes_a_bearer_header() -> None:
+    with pytest.raises(ValueError, match="http"):
+        Recorder("broker:6632")
+    with pytest.raises(ValueError, match="at least one"):
+        Recorder([])
+    client = Recorder(["http://a/", "https://b"], token="qt_x_y")
+    assert client.urls == ["http://a", "https://b"] and client.url == "http://a"
+    assert client._headers == {"Authorization": "Bearer qt_x_y"}
+
+
+def test_urls_and_token_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEEN_URL", "http://one:1, http://two:2")
+    monkeypatch.setenv("QUEEN_TOKEN", "qt_a_b")
+    client = Recorder()
+    assert client.urls == ["http://one:1", "http://two:2"]
+    assert client._headers["Authorization"] == "Bearer qt_a_b"
+    monkeypatch.delenv("QUEEN_URL")
+    assert Recorder().urls == ["http://127.0.0.1:6632"]
