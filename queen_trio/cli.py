@@ -1,7 +1,9 @@
 """The ``queen-trio`` command line.
 
 Exit codes: 0 success, 1 runtime failure (database unreachable, embedded server failed),
-2 usage or configuration error.
+2 usage or configuration error. The client commands (timers, push, pop, dlq, kv; see
+:mod:`queen_trio.cli_client`) add 3 (absent/too_late/nothing), 4 (broker error) and
+5 (broker unreachable).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from . import __version__, cli_client
 from .config import Settings, load_settings
 from .errors import ConfigError, QueenError
 
@@ -31,6 +33,8 @@ configuration comes from QUEEN_* environment variables (see README.md). The most
 examples:
   queen-trio serve                      start on an embedded PostgreSQL
   QUEEN_DATABASE_URL=postgresql://app@db/queen queen-trio migrate
+  queen-trio timers schedule reminders trial-ending:42 --delay 72h --payload '{"id": 42}'
+  queen-trio timers cancel reminders trial-ending:42
 """
 
 
@@ -86,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
     plan.add_argument("--requests-per-second", type=int, metavar="N",
                       help="request-rate quota per broker; -1 removes the quota")
+    cli_client.add_commands(commands)  # timers, push, pop, dlq, kv: talk to a running broker
     return parser
 
 
@@ -98,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"queen-trio {__version__}")
         return EXIT_OK
+    if args.command in cli_client.COMMANDS:
+        return cli_client.run(args)
 
     try:
         settings = load_settings(os.environ)
