@@ -1,5 +1,9 @@
-"""What one sweeper cycle costs, taken apart: the claim and the fire of a single due timer,
-through the same trio⇄psycopg bridge the broker uses, without HTTP.
+"""What one sweeper cycle costs, taken apart, for a single due timer, through the same
+trio⇄psycopg bridge the broker uses, without HTTP:
+
+* sweep: a small JSON payload, fired by PostgreSQL inside the one sweep statement (schema 005);
+* claim + fire: a compressed payload, claimed under a lease by the sweep statement, then fired
+  by the broker (decompressed, appended, deleted) in a second transaction.
 
 Two modes:
 * back to back: the next timer is claimed as soon as the previous one was fired (warm
@@ -18,6 +22,7 @@ fires timers on queue ``bench.cycle``), else a temporary embedded PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -42,20 +47,40 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
 
 
-async def one_cycle(db: Database, tenant_id: int, i: int) -> tuple[float, float]:
-    s = rules.schedule({"delayMs": -10, "payload": {"i": i}}, "bench.cycle", f"k{i}-{uuid.uuid4()}",
-                       horizon_s=3600, ceiling=1 << 20)
+SMALL = {"accountId": 42}
+COMPRESSED = {"events": [{"type": "booking.held", "bookingId": i} for i in range(20)]}
+
+
+async def schedule_due(db: Database, tenant_id: int, i: int, payload: object) -> None:
+    s = rules.schedule({"delayMs": -10, "payload": payload}, "bench.cycle",
+                       f"k{i}-{uuid.uuid4()}", horizon_s=3600, ceiling=1 << 20)
     await db.run(store.schedule, tenant_id, s, notify_within_ms=0)
+
+
+async def sweep_cycle(db: Database, tenant_id: int, i: int) -> dict[str, float]:
+    await schedule_due(db, tenant_id, i, SMALL)
+    t0 = time.perf_counter()
+    async with db.connection() as conn:  # as the sweeper: one statement in autocommit
+        swept = await conn.run(functools.partial(store.sweep, max_payload=1 << 20),
+                               uuid.uuid4(), "bench", 500, 30_000)
+    assert len(swept.fired) == 1 and not swept.rows
+    return {"sweep": (time.perf_counter() - t0) * 1000}
+
+
+async def claim_and_fire_cycle(db: Database, tenant_id: int, i: int) -> dict[str, float]:
+    await schedule_due(db, tenant_id, i, COMPRESSED)
     token = uuid.uuid4()
     t0 = time.perf_counter()
-    async with db.connection() as conn:  # as the sweeper: the claim in autocommit
-        claimed = await conn.run(store.claim, token, "bench", 500, 30_000)
+    async with db.connection() as conn:
+        claimed = await conn.run(functools.partial(store.sweep, max_payload=1 << 20),
+                                 token, "bench", 500, 30_000)
     t1 = time.perf_counter()
+    assert len(claimed.rows) == 1 and not claimed.fired
     with trio.move_on_after(10, shield=True):
         await db.run(store.fire, token, claimed.rows, ceilings={}, max_attempts=5,
                      backoff_ms=1000)
     t2 = time.perf_counter()
-    return (t1 - t0) * 1000, (t2 - t1) * 1000
+    return {"claim": (t1 - t0) * 1000, "fire": (t2 - t1) * 1000}
 
 
 async def measure(url: str) -> None:
@@ -67,16 +92,16 @@ async def measure(url: str) -> None:
         print(f"{ROUNDS} cycles per mode, one due timer per cycle; milliseconds")
         print(f"{'mode':<14} {'step':<6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}")
         for mode, pause in (("back to back", 0.0), ("after idle", IDLE_S)):
-            claims, fires = [], []
-            for i in range(ROUNDS):
-                if pause:
-                    await trio.sleep(pause)
-                claim_ms, fire_ms = await one_cycle(db, tenant_id, i)
-                claims.append(claim_ms)
-                fires.append(fire_ms)
-            for step, values in (("claim", claims), ("fire", fires)):
-                print(f"{mode:<14} {step:<6} " + " ".join(
-                    f"{percentile(values, p):7.2f}" for p in (0.5, 0.9, 0.99, 1.0)))
+            for cycle in (sweep_cycle, claim_and_fire_cycle):
+                steps: dict[str, list[float]] = {}
+                for i in range(ROUNDS):
+                    if pause:
+                        await trio.sleep(pause)
+                    for step, ms in (await cycle(db, tenant_id, i)).items():
+                        steps.setdefault(step, []).append(ms)
+                for step, values in steps.items():
+                    print(f"{mode:<14} {step:<6} " + " ".join(
+                        f"{percentile(values, p):7.2f}" for p in (0.5, 0.9, 0.99, 1.0)))
 
 
 def main() -> None:

@@ -1,16 +1,20 @@
-"""The sweeper: sleeps until the next timer is due, claims due timers under a lease, fires them.
+"""The sweeper: sleeps until the next timer is due, then fires what is due.
 
-One cycle = claim (its own short transaction, so cancels see the claim at once and answer
-too_late) + fire (one transaction: delete the rows still claimed by us, append their frames).
+One cycle is one statement, ``queen.sweep_timers`` (schema 005), run in autocommit: it locks the
+due rows, fires those stored as plain JSON (frames appended, rows deleted, one commit) and
+claims the rest under a lease. Claimed rows (compressed payloads, payloads over the ceiling)
+are then fired by the broker in a second transaction that deletes only the rows still carrying
+its claim token. Either way a cancel arriving meanwhile finds the row locked or claimed and
+answers too_late.
+
 Between cycles it sleeps until the earliest ``visible_at`` the database reported, a NOTIFY of
 a sooner timer, or ``MAX_SLEEP``, whichever comes first; two cycles start at least
-``MIN_SLEEP`` apart unless the last claim came back full (a backlog is draining).
+``MIN_SLEEP`` apart unless the last one came back full (a backlog is draining).
 
-Clocks: due times are PostgreSQL's. Each claim also reads the database clock and the sweeper
-brackets it with its own, so it can turn "due at T (database time)" into a local deadline; it
-rounds towards waking a little late rather than early, because a claim that runs a hair before
-the due instant finds nothing and costs a whole MIN_SLEEP.
-"""
+Clocks: due times are PostgreSQL's. Each sweep also reads the database clock, so the sweeper
+can turn "due at T (database time)" into a local deadline; it rounds towards waking a little
+late rather than early, because a sweep that runs a hair before the due instant finds nothing
+and costs a whole MIN_SLEEP."""
 
 from __future__ import annotations
 
@@ -23,20 +27,23 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
 import trio
 
-from .config import Settings
+from .config import ONE_MIB, Settings
 from .db import MISSED, Database, Listener
 from .db.transient import TRANSIENT_ERRORS
 from .metrics import BrokerMetrics
 from .timers import store
-from .timers.store import NOTIFY_CHANNEL, Claimed, ClaimResult
+from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
 
 log = logging.getLogger(__name__)
 
 _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
 _PENDING_REFRESH_S = 5.0
+# How long before a planned cycle trio wakes; the worker thread sleeps the rest precisely.
+_EARLY_WAKE_S = 0.002
 # Database trouble, not a broken timer: it spends no attempt.
 TRANSIENT = TRANSIENT_ERRORS
 
@@ -66,6 +73,9 @@ class Sweeper:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._min_sleep = settings.sweeper_min_sleep_ms / 1000
         self._max_sleep = settings.sweeper_max_sleep_ms / 1000
+        # The ceiling PostgreSQL applies when it fires a timer itself (least of this and the
+        # tenant's plan ceiling, read from the tenants table at the fire).
+        self._max_payload = settings.timer_payload_ceiling(ONE_MIB)
         self._cycles = 0
         self._fired = 0
         self._last_cycle_at: float | None = None
@@ -98,26 +108,29 @@ class Sweeper:
     async def _loop(self, notifications: trio.MemoryReceiveChannel) -> None:
         last_start = -math.inf
         pending_refreshed = -math.inf
-        draining = False
+        start_at = -math.inf  # trio clock: when the next cycle should run
         while True:
-            if not draining:
-                await trio.sleep_until(last_start + self._min_sleep)
-            last_start = trio.current_time()
+            start_at = max(start_at, last_start + self._min_sleep)
+            # trio's sleep may overshoot by a millisecond (epoll's resolution): wake a little
+            # early and let the worker thread sleep the rest precisely before its statement.
+            await trio.sleep_until(start_at - _EARLY_WAKE_S)
+            last_start = max(start_at, trio.current_time())
             self._last_cycle_at = last_start
             self._cycles += 1
             try:
-                result = await self._cycle()
+                result = await self._cycle(not_before=time.time() + start_at - trio.current_time())
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
-                draining = False
-                await self._sleep_or_wake(notifications, trio.current_time() + self._max_sleep)
+                start_at, _ = await self._sleep_or_wake(
+                    notifications, trio.current_time() + self._max_sleep)
                 continue
-            draining = len(result.rows) >= self._settings.sweeper_batch
             if trio.current_time() - pending_refreshed > _PENDING_REFRESH_S:
                 pending_refreshed = trio.current_time()
                 await self._refresh_pending()
-            if draining:
+            if len(result.fired) + len(result.rows) >= self._settings.sweeper_batch:
+                start_at = -math.inf  # a backlog is draining: go on at once
+                last_start = -math.inf
                 continue
             deadline = trio.current_time() + self._max_sleep
             reason_deadline = "max_sleep"
@@ -125,24 +138,26 @@ class Sweeper:
                 due_deadline = self._local_deadline(result.next_due)
                 if due_deadline < deadline:
                     deadline, reason_deadline = due_deadline, "deadline"
-            woke = await self._sleep_or_wake(notifications, deadline)
+            start_at, woke = await self._sleep_or_wake(notifications, deadline)
             self._metrics.sweeper_wakeups.labels(woke or reason_deadline).inc()
 
     async def _sleep_or_wake(
         self, notifications: trio.MemoryReceiveChannel, deadline: float
-    ) -> str | None:
-        """Sleep until ``deadline``, brought forward by NOTIFYs of sooner timers.
+    ) -> tuple[float, str | None]:
+        """Sleep until shortly before ``deadline``, brought forward by NOTIFYs of sooner timers.
 
-        Returns "notify" if a notification decided the wake-up, None if the deadline did.
+        Returns the (possibly earlier) deadline, and "notify" if a notification decided it,
+        None if the planned deadline stood.
         """
         reason = None
         while True:
-            with trio.move_on_at(deadline) as sleep:
+            with trio.move_on_at(deadline - _EARLY_WAKE_S) as sleep:
                 item = await notifications.receive()
             if sleep.cancelled_caught:
-                return reason
+                return deadline, reason
             if item is MISSED:
-                return "notify"  # a sooner timer may have been announced while we were deaf
+                # A sooner timer may have been announced while we were deaf: look now.
+                return trio.current_time(), "notify"
             try:
                 due = self._local_deadline(int(item.payload) / 1000)
             except ValueError:
@@ -154,24 +169,43 @@ class Sweeper:
         """The trio-clock instant at which the database clock will read ``db_epoch``."""
         return trio.current_time() + (db_epoch - self._clock_offset - time.time())
 
-    async def _cycle(self) -> ClaimResult:
+    async def _cycle(self, *, not_before: float) -> SweepResult:
+        """One sweep statement, started no earlier than ``not_before`` (local wall clock), then
+        the broker's fire of whatever it claimed."""
         while self._unreleased:
             await self._db.run(store.release, self._unreleased[0])
             self._unreleased.pop(0)
         token = uuid.uuid4()
-        settings = self._settings
-        # The claim is a single statement: run it in autocommit (its own transaction) and save
-        # the BEGIN and COMMIT round trips of an explicit one.
+        # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
+        # inside it is committed or rolled back as a whole, even if we are cancelled).
         async with self._db.connection() as conn:
-            result: ClaimResult = await conn.run(
-                store.claim, token, self.name, settings.sweeper_batch, settings.sweeper_lease_ms
-            )
+            result: SweepResult = await conn.run(self._sweep_at, not_before, token)
+        done_at_db = time.time() + self._clock_offset
         self._offset_bounds.append(result.db_now - time.time())
         self._clock_offset = max(self._offset_bounds)
+        if result.fired:
+            self._fired_now(result.fired, done_at_db)
         if result.rows:
-            self._metrics.claim_batch_size.observe(len(result.rows))
+            self._metrics.claim_batch_size.observe(len(result.fired) + len(result.rows))
             await self._fire(token, result.rows)
+        elif result.fired:
+            self._metrics.claim_batch_size.observe(len(result.fired))
         return result
+
+    def _sweep_at(self, raw: store.Raw, not_before: float, token: uuid.UUID) -> SweepResult:
+        """In the worker thread: wait out the last moments precisely, then sweep."""
+        delay = not_before - time.time()
+        if delay > 0:
+            time.sleep(min(delay, _EARLY_WAKE_S * 2))
+        s = self._settings
+        return store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
+                           max_payload=self._max_payload)
+
+    def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
+        for at in deliver_ats:
+            self._metrics.fire_lag.observe(max(0.0, committed_at_db - at.timestamp()))
+        self._fired += len(deliver_ats)
+        self._metrics.timers_fired.inc(len(deliver_ats))
 
     async def _fire(self, token: uuid.UUID, rows: list[Claimed]) -> None:
         ceilings = {tid: self._ceiling_for(tid) for tid in {c.tenant_id for c in rows}}
@@ -188,11 +222,7 @@ class Sweeper:
             except TRANSIENT:
                 await self._release(token)
                 raise
-        committed_at_db = time.time() + self._clock_offset
-        for c in fired.fired:
-            self._metrics.fire_lag.observe(max(0.0, committed_at_db - c.deliver_at.timestamp()))
-        self._fired += len(fired.fired)
-        self._metrics.timers_fired.inc(len(fired.fired))
+        self._fired_now([c.deliver_at for c in fired.fired], time.time() + self._clock_offset)
         if fired.failed or fired.dead_lettered:
             self._metrics.timer_failures.labels("permanent").inc(
                 len(fired.failed) + len(fired.dead_lettered)

@@ -21,6 +21,8 @@ from ..text import utf8_name
 MAX_KEY_BYTES = 512
 MAX_BACKOFF_MS = 60_000
 MAX_LIST_LIMIT = 1000
+# Below this, zstd's frame header alone outweighs what it could save.
+MIN_COMPRESSED_BYTES = 64
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 
@@ -98,21 +100,30 @@ def schedule(
     )
 
 
-def pack(payload: Any) -> tuple[bytes, int]:
-    """(zstd-compressed JSON, uncompressed size)."""
+def pack(payload: Any) -> tuple[bytes, int, bool]:
+    """(stored bytes, JSON size, compressed?).
+
+    The payload's compact JSON text, zstd-compressed only when that saves at least an eighth:
+    small JSON (most timers) does not shrink, and a payload kept as text is fired by
+    PostgreSQL itself without a round trip through the broker (see schema 005).
+    """
     raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    return _compressor().compress(raw), len(raw)
+    if len(raw) >= MIN_COMPRESSED_BYTES:
+        packed = _compressor().compress(raw)
+        if len(packed) <= len(raw) - len(raw) // 8:
+            return packed, len(raw), True
+    return raw, len(raw), False
 
 
-def unpack(blob: bytes) -> Any:
+def unpack(blob: bytes, compressed: bool) -> Any:
     """The payload back; raises ValueError if the stored bytes cannot be decoded."""
-    return json.loads(unpack_text(blob))
+    return json.loads(unpack_text(blob, compressed))
 
 
-def unpack_text(blob: bytes) -> str:
+def unpack_text(blob: bytes, compressed: bool) -> str:
     """The payload's JSON text, checked to be JSON; ValueError if it cannot be decoded."""
     try:
-        text = _decompressor().decompress(blob).decode()
+        text = (_decompressor().decompress(blob) if compressed else blob).decode()
         json.loads(text)
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"stored payload cannot be decoded: {exc}") from exc

@@ -19,7 +19,6 @@ import psycopg
 from ..db import queries
 from ..log import rules as log_rules
 from ..log import store as log_store
-from ..wire import iso
 from . import rules
 from .rules import Schedule
 
@@ -56,58 +55,32 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
 def schedule_many(
     raw: Raw, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int
 ) -> list[Outcome]:
-    """Schedule several timers in the caller's transaction, in order.
+    """Schedule several timers in the caller's transaction, in order, in one statement.
 
-    Each timer is decided under its own row lock; what they have in common (implicit queue
-    creation, the storage-usage change, the sweepers' wake-up) is written once for all.
+    Each timer is decided under its own row lock (the same timer twice is decided twice, in
+    order); implicit queue creation, the storage-usage change and the sweepers' wake-up (for
+    timers due within ``notify_within_ms``) are written once for all.
     """
-    outcomes: list[Outcome] = []
-    usage = 0
-    new_queues: set[str] = set()
-    soonest = None
-    for s in schedules:
-        outcome, delta = _schedule_one(raw, tenant_id, s)
-        outcomes.append(outcome)
-        usage += delta
-        if outcome.status == "scheduled":
-            new_queues.add(s.queue)
-        if outcome.ok and s.delay_ms < notify_within_ms:
-            # Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
-            if soonest is None or outcome.deliver_at < soonest:
-                soonest = outcome.deliver_at
-    for queue in sorted(new_queues):
-        log_store.ensure_queue(raw, tenant_id, queue)
-    log_store.add_usage(raw, tenant_id, usage)
-    if soonest is not None:
-        raw.execute(Q.notify_due, {"deliver_at": soonest})
+    if not schedules:
+        return []
+    packed = [rules.pack(s.payload) for s in schedules]
+    txns = [s.txn or log_rules.new_transaction_id() for s in schedules]
+    rows = raw.execute(Q.schedule, {
+        "tenant_id": tenant_id, "queues": [s.queue for s in schedules],
+        "keys": [s.key for s in schedules], "partitions": [s.partition for s in schedules],
+        "txns": txns, "payloads": [blob for blob, _, _ in packed],
+        "zstd": [compressed for _, _, compressed in packed],
+        "bytes": [size for _, size, _ in packed], "delays": [s.delay_ms for s in schedules],
+        "notify_within_ms": notify_within_ms,
+    }).fetchall()
+    outcomes = []
+    for s, row in zip(schedules, rows, strict=True):
+        if row["status"] == "too_late":
+            outcomes.append(Outcome("too_late", s.queue, s.key, row["txn"]))
+        else:
+            outcomes.append(Outcome(row["status"], s.queue, s.key, row["txn"], s.partition,
+                                    row["deliver_at"]))
     return outcomes
-
-
-def _schedule_one(raw: Raw, tenant_id: int, s: Schedule) -> tuple[Outcome, int]:
-    """(outcome, change of stored bytes)."""
-    key = {"tenant_id": tenant_id, "queue": s.queue, "key": s.key}
-    blob, size = rules.pack(s.payload)
-    txn = s.txn or log_rules.new_transaction_id()
-    values = {**key, "partition": s.partition, "txn": txn, "payload": blob,
-              "payload_bytes": size, "delay_ms": s.delay_ms}
-    for _ in range(2):
-        row = raw.execute(Q.lock_timer, key).fetchone()
-        if row is None:
-            existing = raw.execute(Q.timer_exists, key).fetchone()
-            if existing is not None:  # a firing transaction holds it right now
-                return Outcome("too_late", s.queue, s.key, existing["txn"]), 0
-            inserted = raw.execute(Q.insert_timer, values).fetchone()
-            if inserted is None:
-                continue  # created concurrently by another scheduler: look again
-            return Outcome("scheduled", s.queue, s.key, txn, s.partition,
-                           inserted["deliver_at"]), size
-        if row["claimed"]:
-            return Outcome("too_late", s.queue, s.key, row["txn"]), 0
-        updated = raw.execute(Q.reschedule_timer, values).fetchone()
-        return Outcome("rescheduled", s.queue, s.key, txn, s.partition,
-                       updated["deliver_at"]), size - row["payload_bytes"]
-    # The row appeared and vanished twice in a row: a fire is racing us.
-    return Outcome("too_late", s.queue, s.key, None), 0
 
 
 def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:
@@ -132,7 +105,7 @@ def peek(raw: Raw, tenant_id: int, queue: str, key: str) -> dict[str, Any] | Non
     if row is None:
         return None
     try:
-        row["payload"] = rules.unpack(row["payload"])
+        row["payload"] = rules.unpack(row["payload"], row.pop("payload_zstd"))
     except ValueError:
         row["payload"] = None
     return row
@@ -149,38 +122,65 @@ def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int) ->
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Claimed:
+    """A timer claimed under a lease, for the broker to fire."""
+
     tenant_id: int
     queue: str
     key: str
     partition: str
     txn: str
     payload: bytes
+    payload_zstd: bool
     payload_bytes: int
     deliver_at: datetime
     attempts: int
     due_at: datetime
 
 
-_CLAIMED_FIELDS = [f.name for f in dataclasses.fields(Claimed)]
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
-class ClaimResult:
-    rows: list[Claimed]
+class SweepResult:
+    fired: list[datetime]  # deliver_at of each timer PostgreSQL fired (and committed)
+    rows: list[Claimed]  # claimed for the broker to fire, in due order
     next_due: float | None  # epoch seconds (database clock) of the earliest visible_at
-    db_now: float  # epoch seconds (database clock) when the claim ran
+    db_now: float  # epoch seconds (database clock) at the end of the statement
 
 
-def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> ClaimResult:
-    """One statement, so it may run in autocommit as its own transaction."""
+def sweep(
+    raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *, max_payload: int,
+    fire: bool = True,
+) -> SweepResult:
+    """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
+
+    With ``fire`` the due timers stored as plain JSON are fired by PostgreSQL in this statement;
+    the rest (compressed payloads, payloads over the tenant's ceiling, or everything after a
+    malformed one) are claimed for :func:`fire`. Without ``fire`` every due row is claimed.
+    """
     rows = raw.execute(
-        Q.claim, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms},
+        Q.sweep, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
+                  "max_payload": max_payload, "fire": fire},
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
-    clock = rows[0]  # the clock columns ride on every row; one row even if nothing was due
-    claimed = [Claimed(**{f: r[f] for f in _CLAIMED_FIELDS}) for r in rows if r["key"] is not None]
+    fired: list[datetime] = []
+    claimed: list[Claimed] = []
+    next_due = db_now = None
+    for r in rows:
+        if r["fired"]:
+            fired.append(r["deliver_at"])
+        elif r["fired"] is None:
+            next_due, db_now = r["next_due"], r["db_now"]
+        else:
+            claimed.append(Claimed(r["tenant_id"], r["queue"], r["timer_key"], r["partition"],
+                                   r["txn"], r["payload"], r["payload_zstd"],
+                                   r["payload_bytes"], r["deliver_at"], r["attempts"],
+                                   r["due_at"]))
     claimed.sort(key=lambda c: c.due_at)
-    return ClaimResult(claimed, clock["next_due"], clock["db_now"])
+    assert db_now is not None, "sweep_timers always answers its clock row"
+    return SweepResult(fired, claimed, next_due, db_now)
+
+
+def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> SweepResult:
+    """Claim every due row under a lease, firing none (the two-phase path, step one)."""
+    return sweep(raw, token, broker, batch, lease_ms, max_payload=0, fire=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,16 +197,16 @@ def fire(
 ) -> FireResult:
     """Append the claimed timers' frames and delete their rows, in the caller's transaction.
 
-    Rows are deleted first, and only those still carrying our claim token; frames are appended
-    for exactly those, in due order. A row whose payload cannot become a frame spends one
-    attempt (or is dead-lettered once the budget is spent).
+    Only rows still carrying our claim token are deleted, and frames are appended for exactly
+    those, in due order. A row whose payload cannot become a frame spends one attempt (or is
+    dead-lettered once the budget is spent).
     """
     ready: list[tuple[Claimed, str]] = []
     failed: list[tuple[Claimed, str]] = []
     dead: list[tuple[Claimed, str]] = []
     for c in claimed:
         try:
-            payload = rules.unpack_text(c.payload)
+            text = rules.unpack_text(c.payload, c.payload_zstd)
             ceiling = ceilings.get(c.tenant_id, log_rules.DEFAULT_MAX_MESSAGE_BYTES)
             if c.payload_bytes > ceiling:
                 raise ValueError(
@@ -219,29 +219,21 @@ def fire(
             else:
                 failed.append((c, str(exc)))
             continue
-        ready.append((c, payload))
+        ready.append((c, text))
 
     if not ready:
         return FireResult([], failed, dead, 0)
     gone = {
         (r["tenant_id"], r["queue"], r["timer_key"])
         for r in raw.execute(
-            Q.delete_fired,
+            Q.fire_claimed,
             {"token": token, "tenant_ids": [c.tenant_id for c, _ in ready],
-             "queues": [c.queue for c, _ in ready], "keys": [c.key for c, _ in ready]},
+             "queues": [c.queue for c, _ in ready], "keys": [c.key for c, _ in ready],
+             "texts": [text for _, text in ready]},
         )
     }
-    mine = [(c, p) for c, p in ready if (c.tenant_id, c.queue, c.key) in gone]
-    by_tenant: dict[int, list[tuple[Claimed, str]]] = {}
-    for c, p in mine:
-        by_tenant.setdefault(c.tenant_id, []).append((c, p))
-    for tenant_id, items in by_tenant.items():
-        log_store.append(raw, tenant_id, [
-            log_store.NewFrame(c.queue, c.partition, None, c.txn, payload_json=p,
-                               meta={"timer": {"key": c.key, "deliverAt": iso(c.deliver_at)}})
-            for c, p in items
-        ], usage_offset=-sum(c.payload_bytes for c, _ in items))
-    return FireResult([c for c, _ in mine], failed, dead, len(ready) - len(mine))
+    mine = [c for c, _ in ready if (c.tenant_id, c.queue, c.key) in gone]
+    return FireResult(mine, failed, dead, len(ready) - len(mine))
 
 
 def _spend_attempt(
@@ -258,7 +250,7 @@ def _spend_attempt(
     if deleted is None:
         return False  # no longer ours: whoever holds it now decides
     try:
-        payload = rules.unpack(c.payload)
+        payload = rules.unpack(c.payload, c.payload_zstd)
     except ValueError:
         payload = {"undecodablePayloadBytes": len(c.payload)}
     log_store.ensure_queue(raw, c.tenant_id, c.queue)

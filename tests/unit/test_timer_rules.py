@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import random
 import threading
 
 import pytest
@@ -10,16 +13,36 @@ from queen_trio.errors import ValidationError
 from queen_trio.timers import rules
 
 
-def test_pack_and_unpack_round_trip() -> None:
+def test_small_payloads_are_kept_as_json_text() -> None:
     payload = {"accountId": 42, "note": "café", "list": [1, 2.5, None, True]}
-    blob, size = rules.pack(payload)
-    assert size == len('{"accountId":42,"note":"café","list":[1,2.5,null,true]}'.encode())
-    assert rules.unpack(blob) == payload
+    blob, size, compressed = rules.pack(payload)
+    text = '{"accountId":42,"note":"café","list":[1,2.5,null,true]}'.encode()
+    assert (blob, size, compressed) == (text, len(text), False)
+    assert rules.unpack(blob, compressed) == payload
 
 
-def test_corrupt_blobs_are_a_value_error() -> None:
+def test_payloads_that_compress_are_stored_compressed() -> None:
+    payload = {"events": [{"type": "booking.held", "bookingId": i} for i in range(50)]}
+    blob, size, compressed = rules.pack(payload)
+    assert compressed
+    assert size == len(json.dumps(payload, separators=(",", ":")).encode())
+    assert len(blob) < size // 4
+    assert rules.unpack(blob, compressed) == payload
+
+
+def test_payloads_zstd_cannot_shrink_by_an_eighth_stay_text() -> None:
+    payload = base64.b64encode(random.Random(7).randbytes(300)).decode()  # ~6 bits a byte
+    blob, size, compressed = rules.pack(payload)
+    assert (blob, compressed) == (f'"{payload}"'.encode(), False)
+    assert rules.unpack(blob, compressed) == payload
+
+
+@pytest.mark.parametrize("compressed", [True, False])
+def test_corrupt_blobs_are_a_value_error(compressed: bool) -> None:
     with pytest.raises(ValueError, match="cannot be decoded"):
-        rules.unpack(b"\x00deadbeef")
+        rules.unpack(b"\x00deadbeef", compressed)
+    with pytest.raises(ValueError, match="cannot be decoded"):
+        rules.unpack(b"\xff\xfe", compressed)
 
 
 def test_packing_from_many_threads_at_once_is_safe() -> None:
@@ -30,8 +53,8 @@ def test_packing_from_many_threads_at_once_is_safe() -> None:
     def work() -> None:
         try:
             for _ in range(300):
-                blob, _ = rules.pack(payload)
-                assert rules.unpack(blob) == payload
+                blob, _, compressed = rules.pack(payload)
+                assert compressed and rules.unpack(blob, compressed) == payload
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 

@@ -1,0 +1,380 @@
+-- 005 timers fired by PostgreSQL itself, in the statement that finds them due.
+--
+-- A fire used to be two transactions and half a dozen round trips from the broker: claim the
+-- due rows under a lease, then delete them and append their frames. Most payloads are small
+-- JSON that zstd cannot shrink, so they are now stored as their JSON text (payload_zstd =
+-- false) and the sweeper's one statement, queen.sweep_timers, appends their frames and deletes
+-- their rows while it holds the rows' locks: one round trip and one commit per cycle. Rows
+-- whose payload is compressed (or over the tenant's ceiling) are still claimed under a lease
+-- and fired by the broker, which decompresses them, through queen.fire_claimed_timers.
+--
+-- While the sweep statement runs, its row locks stand in for the claim: a cancel or a
+-- reschedule skips a locked row and answers too_late, exactly as for a leased claim.
+
+ALTER TABLE queen.timers ADD COLUMN payload_zstd boolean NOT NULL DEFAULT true;
+COMMENT ON COLUMN queen.timers.payload IS
+    'the payload''s compact JSON text, zstd-compressed when payload_zstd';
+
+-- Appends timer frames to their partitions (creating queues and partitions as needed), in the
+-- order of the arrays, which is the order of expiry. The caller has already deleted the rows.
+-- Mirrors the log's push path (queen_trio/sql/log.sql insert_frames): dense offsets taken
+-- under the partition row locks, locked in partition_id order like every pusher.
+CREATE FUNCTION queen.append_timer_frames(
+    p_tenants integer[], p_queues text[], p_keys text[], p_partitions text[], p_txns text[],
+    p_texts text[], p_payload_bytes integer[], p_deliver_at timestamptz[])
+RETURNS integer  -- frames appended
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_appended integer;
+BEGIN
+    INSERT INTO queen.queues (tenant_id, name)
+    SELECT DISTINCT n.tenant_id, n.queue
+    FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
+    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
+    ON CONFLICT (tenant_id, name) DO NOTHING;
+
+    INSERT INTO queen.partitions (tenant_id, queue_id, name)
+    SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
+    FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
+    JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
+    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
+                      WHERE p.queue_id = q.queue_id AND p.name = n.partition)
+    ON CONFLICT (queue_id, name) DO NOTHING;
+
+    PERFORM 1
+    FROM queen.partitions p
+    JOIN queen.queues q USING (queue_id)
+    WHERE (q.tenant_id, q.name, p.name) IN (
+        SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+    ORDER BY p.partition_id
+    FOR UPDATE OF p;
+
+    WITH fired AS (
+        SELECT f.*, p.partition_id,
+               p.next_offset - 1 + row_number() OVER (PARTITION BY p.partition_id ORDER BY f.ord)
+                   AS "offset"
+        FROM unnest(p_tenants, p_queues, p_keys, p_partitions, p_txns, p_texts,
+                    p_payload_bytes, p_deliver_at) WITH ORDINALITY
+             AS f(tenant_id, queue, timer_key, partition, txn, payload, payload_bytes,
+                  deliver_at, ord)
+        JOIN queen.queues q ON q.tenant_id = f.tenant_id AND q.name = f.queue
+        JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = f.partition
+    ), appended AS (
+        INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
+                                  size_bytes, created_at, meta)
+        SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
+               clock_timestamp(),
+               jsonb_build_object('timer', jsonb_build_object(
+                   'key', timer_key,
+                   'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
+                                        'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+        FROM fired
+        RETURNING 1
+    ), bumped AS (
+        UPDATE queen.partitions p SET next_offset = p.next_offset + n.frames
+        FROM (SELECT partition_id, count(*) AS frames FROM fired GROUP BY partition_id) n
+        WHERE p.partition_id = n.partition_id
+        RETURNING 1
+    ), usage AS (
+        -- The bytes move from the timer row to the log: usually a change of zero.
+        INSERT INTO queen.usage_deltas (tenant_id, bytes)
+        SELECT tenant_id, sum(octet_length(payload) - payload_bytes)
+        FROM fired
+        GROUP BY tenant_id
+        HAVING sum(octet_length(payload) - payload_bytes) <> 0
+        RETURNING 1
+    ), woken AS (
+        -- Long-polling pops of these queues, on every broker; delivered only on commit.
+        SELECT pg_notify('queen_log', tenant_id || ':' || queue)
+        FROM (SELECT DISTINCT tenant_id, queue FROM fired) d
+    )
+    SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM woken)
+    INTO v_appended;
+    RETURN v_appended;
+END
+$fn$;
+
+-- One sweeper cycle in one statement (run it in autocommit: it is its own transaction).
+--
+-- Takes up to p_batch due rows no other sweeper holds, in order of visible_at. The leading run
+-- of rows PostgreSQL can fire itself (JSON text within the tenant's ceiling) is fired here when
+-- p_fire: frames appended, rows deleted, committed together. From the first row that needs the
+-- broker on, rows are claimed under a lease (visible_at = now() + lease, claim_token) and
+-- returned with fired = false, so the broker fires them in order after these.
+-- Answers one row per fired timer (fired = true, deliver_at only), one per claimed timer, and
+-- one clock row (fired IS NULL) with the earliest visible_at left and the database's clock.
+-- A malformed stored payload (data_exception) undoes the direct fire and falls back to
+-- claiming every row, so the broker spends that timer's attempt and fires the others.
+CREATE FUNCTION queen.sweep_timers(
+    p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
+    p_fire boolean)
+RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
+               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
+               deliver_at timestamptz, attempts integer, due_at timestamptz,
+               next_due float8, db_now float8)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_tenants integer[];
+    v_queues text[];
+    v_keys text[];
+    v_due timestamptz[];
+    v_direct integer;
+    v_fired timestamptz[] := '{}';
+    v_appended integer;
+BEGIN
+    SELECT coalesce(array_agg(d.tenant_id ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.queue ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.timer_key ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+           coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
+    INTO v_tenants, v_queues, v_keys, v_due, v_direct
+    FROM (
+        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at,
+               row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
+                   AS ord,
+               p_fire AND NOT t.payload_zstd
+                   AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
+        FROM (
+            SELECT due.tenant_id, due.queue, due.timer_key, due.visible_at, due.payload_zstd,
+                   due.payload_bytes
+            FROM queen.timers due
+            WHERE due.visible_at <= now()
+            ORDER BY due.visible_at
+            LIMIT p_batch
+            FOR UPDATE SKIP LOCKED
+        ) t
+        JOIN queen.tenants tn ON tn.tenant_id = t.tenant_id
+    ) d;
+
+    IF v_direct > 0 THEN
+        BEGIN
+            WITH gone AS (
+                DELETE FROM queen.timers t
+                USING unnest(v_tenants[1:v_direct], v_queues[1:v_direct], v_keys[1:v_direct])
+                      WITH ORDINALITY AS k(tenant_id, queue, timer_key, ord)
+                WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue
+                  AND t.timer_key = k.timer_key
+                RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
+                          convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
+                          t.deliver_at
+            )
+            SELECT array_agg(g.deliver_at ORDER BY g.ord),
+                   queen.append_timer_frames(
+                       array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
+                       array_agg(g.timer_key ORDER BY g.ord),
+                       array_agg(g.partition ORDER BY g.ord), array_agg(g.txn ORDER BY g.ord),
+                       array_agg(g.text ORDER BY g.ord),
+                       array_agg(g.payload_bytes ORDER BY g.ord),
+                       array_agg(g.deliver_at ORDER BY g.ord))
+            INTO v_fired, v_appended
+            FROM gone g;
+        EXCEPTION WHEN data_exception THEN
+            v_direct := 0;
+            v_fired := '{}';
+        END;
+    ELSE
+        -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
+        -- the disk. A fire keeps the synchronous commit.
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+
+    RETURN QUERY
+    SELECT true, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+           NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
+           NULL::float8, NULL::float8
+    FROM unnest(v_fired) AS f(at);
+
+    RETURN QUERY
+    WITH claimed AS (
+    UPDATE queen.timers t
+    SET visible_at = now() + make_interval(secs => p_lease_ms / 1000.0),
+        claim_token = p_token, claimed_by = p_broker
+    FROM unnest(v_tenants[v_direct + 1:], v_queues[v_direct + 1:], v_keys[v_direct + 1:],
+                v_due[v_direct + 1:]) AS k(tenant_id, queue, timer_key, due_at)
+    WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue AND t.timer_key = k.timer_key
+    RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
+              t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
+              NULL::float8, NULL::float8
+    )
+    SELECT * FROM claimed;
+
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz,
+           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t),
+           extract(epoch FROM clock_timestamp())::float8;
+END
+$fn$;
+
+-- The broker's half of a fire, for rows it claimed: deletes those still carrying its claim
+-- token and appends their frames (payload texts decompressed by the broker), in one
+-- statement. Answers the keys it fired; the others were taken over after the lease expired.
+CREATE FUNCTION queen.fire_claimed_timers(
+    p_token uuid, p_tenants integer[], p_queues text[], p_keys text[], p_texts text[])
+RETURNS TABLE (tenant_id integer, queue text, timer_key text)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM queen.timers t
+        USING unnest(p_tenants, p_queues, p_keys, p_texts) WITH ORDINALITY
+              AS k(tenant_id, queue, timer_key, text, ord)
+        WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue AND t.timer_key = k.timer_key
+          AND t.claim_token = p_token
+        RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, k.text,
+                  t.payload_bytes, t.deliver_at
+    ), appended AS (
+        SELECT queen.append_timer_frames(
+                   array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
+                   array_agg(g.timer_key ORDER BY g.ord), array_agg(g.partition ORDER BY g.ord),
+                   array_agg(g.txn ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
+                   array_agg(g.payload_bytes ORDER BY g.ord),
+                   array_agg(g.deliver_at ORDER BY g.ord)) AS done
+        FROM gone g
+        HAVING count(*) > 0
+    )
+    SELECT g.tenant_id, g.queue, g.timer_key
+    FROM gone g, (SELECT count(*) FROM appended) a;
+END
+$fn$;
+
+-- Schedules (creates or replaces) timers of one tenant in one statement, the caller's
+-- transaction deciding their fate: an upsert decided under the rows' locks, never waiting on a
+-- row a sweeper holds (that one answers too_late), as is a row under a live claim. Answers one
+-- row per input, by position (ord, 1-based). Also creates the queues of new timers, records
+-- the change of stored bytes and, for a timer due within p_notify_within_ms, wakes the
+-- sweepers with a NOTIFY (sent only if the caller commits).
+CREATE FUNCTION queen.schedule_timers(
+    p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[],
+    p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[],
+    p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
+RETURNS TABLE (ord integer, status text, txn text, deliver_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_keys);
+    v_ords integer[];
+    v_status text[];
+    v_txns text[];
+    v_at timestamptz[];
+    v_delta bigint;
+    v_soonest timestamptz;
+    i integer;
+BEGIN
+    IF p_attempt > 2 THEN
+        -- Created and gone again under us twice in a row: a fire is racing us.
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
+                     FROM generate_series(1, n) AS g;
+        RETURN;
+    END IF;
+    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(p_queues, p_keys) AS u(q, k)) < n THEN
+        -- The same timer more than once: one at a time, in order, as separate calls would.
+        FOR i IN 1..n LOOP
+            RETURN QUERY
+            SELECT i, s.status, s.txn, s.deliver_at
+            FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
+                                       p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
+                                       p_delays_ms[i:i], p_notify_within_ms) s;
+        END LOOP;
+        RETURN;
+    END IF;
+
+    WITH input AS (
+        SELECT u.queue, u.timer_key, u.partition, u.txn, u.payload, u.zstd, u.bytes,
+               u.ord::integer AS ord, now() + make_interval(secs => u.delay_ms / 1000.0) AS due
+        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_payloads, p_zstd, p_bytes,
+                    p_delays_ms) WITH ORDINALITY
+             AS u(queue, timer_key, partition, txn, payload, zstd, bytes, delay_ms, ord)
+    ), locked AS (
+        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
+        SELECT t.queue, t.timer_key, t.txn, t.payload_bytes,
+               t.claim_token IS NOT NULL AND t.visible_at > now() AS claimed
+        FROM queen.timers t
+        JOIN input i ON t.tenant_id = p_tenant AND t.queue = i.queue
+                    AND t.timer_key = i.timer_key
+        FOR UPDATE OF t SKIP LOCKED
+    ), busy AS (
+        SELECT t.queue, t.timer_key, t.txn
+        FROM queen.timers t
+        JOIN input i ON t.tenant_id = p_tenant AND t.queue = i.queue
+                    AND t.timer_key = i.timer_key
+        WHERE NOT EXISTS (SELECT 1 FROM locked l
+                          WHERE l.queue = t.queue AND l.timer_key = t.timer_key)
+    ), rescheduled AS (
+        -- A reschedule is a new timer under an old name: the failure budget starts again.
+        UPDATE queen.timers t
+        SET partition = i.partition, txn = i.txn, payload = i.payload, payload_zstd = i.zstd,
+            payload_bytes = i.bytes, deliver_at = i.due, visible_at = i.due, attempts = 0,
+            last_error = NULL, claim_token = NULL, claimed_by = NULL, updated_at = now()
+        FROM input i
+        JOIN locked l ON l.queue = i.queue AND l.timer_key = i.timer_key AND NOT l.claimed
+        WHERE t.tenant_id = p_tenant AND t.queue = i.queue AND t.timer_key = i.timer_key
+        RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
+    ), inserted AS (
+        INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload,
+                                  payload_zstd, payload_bytes, deliver_at, visible_at)
+        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.payload, i.zstd, i.bytes,
+               i.due, i.due
+        FROM input i
+        WHERE NOT EXISTS (SELECT 1 FROM queen.timers t WHERE t.tenant_id = p_tenant
+                          AND t.queue = i.queue AND t.timer_key = i.timer_key)
+        ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
+        ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
+        RETURNING queue, timer_key, deliver_at
+    ), answers AS (
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
+        FROM rescheduled r JOIN input i ON i.ord = r.ord
+        UNION ALL
+        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
+        FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
+        UNION ALL
+        SELECT i.ord, 'too_late', l.txn, NULL, 0
+        FROM locked l JOIN input i ON i.queue = l.queue AND i.timer_key = l.timer_key
+        WHERE l.claimed
+        UNION ALL
+        SELECT i.ord, 'too_late', b.txn, NULL, 0
+        FROM busy b JOIN input i ON i.queue = b.queue AND i.timer_key = b.timer_key
+    )
+    SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
+           coalesce(sum(a.delta), 0),
+           min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
+                                     AND p_delays_ms[a.ord] < p_notify_within_ms)
+    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
+    FROM answers a;
+
+    INSERT INTO queen.queues (tenant_id, name)
+    SELECT DISTINCT p_tenant, p_queues[a.o]
+    FROM unnest(v_ords, v_status) AS a(o, s)
+    WHERE a.s = 'scheduled'
+      AND NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = p_tenant AND q.name = p_queues[a.o])
+    ON CONFLICT (tenant_id, name) DO NOTHING;
+    IF v_delta <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
+    END IF;
+    IF v_soonest IS NOT NULL THEN
+        -- Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
+        PERFORM pg_notify('queen_timers',
+                          (extract(epoch FROM v_soonest) * 1000)::bigint::text);
+    END IF;
+
+    RETURN QUERY
+    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
+
+    -- A timer created by a concurrent transaction after this statement's snapshot was neither
+    -- updated nor inserted here: decide it again with a fresh look.
+    FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
+        RETURN QUERY
+        SELECT i, s.status, s.txn, s.deliver_at
+        FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
+                                   p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
+                                   p_delays_ms[i:i], p_notify_within_ms, p_attempt + 1) s;
+    END LOOP;
+END
+$fn$;

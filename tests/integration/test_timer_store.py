@@ -1,0 +1,220 @@
+"""The timer store's one-statement paths (schema 005), at the store level against a real
+PostgreSQL: schedule_many deciding a whole bundle in one statement, and the sweep statement
+firing plain-JSON timers itself while the broker fires compressed ones, in one order."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import uuid
+from typing import Any
+
+from queen_trio.timers import rules as timer_rules
+from queen_trio.timers import store
+
+from .test_timer_races import LOCK_GUARD, claim, connect, default_tenant, sql, timer
+
+COMPRESSIBLE = {"events": [{"type": "booking.held", "bookingId": i} for i in range(20)]}
+
+
+def usage(url: str) -> int:
+    (row,) = sql(url, "SELECT coalesce(sum(bytes), 0)::bigint AS b FROM queen.usage_deltas")
+    return row["b"]
+
+
+def test_the_same_timer_twice_in_one_bundle_is_scheduled_then_rescheduled(
+    database_url: str,
+) -> None:
+    with connect(database_url, autocommit=True) as conn, conn.transaction():
+        tenant = default_tenant(conn)
+        outcomes = store.schedule_many(conn, tenant, [
+            timer("q", "a", 60_000, {"v": 1}), timer("q", "b", 60_000, "other"),
+            timer("q", "a", 120_000, {"v": 22}),
+        ], notify_within_ms=0)
+    assert [(o.key, o.status) for o in outcomes] == [
+        ("a", "scheduled"), ("b", "scheduled"), ("a", "rescheduled")]
+    rows = sql(database_url, "SELECT timer_key, convert_from(payload, 'UTF8') AS p, txn "
+                             "FROM queen.timers ORDER BY timer_key")
+    assert [(r["timer_key"], r["p"]) for r in rows] == [("a", '{"v":22}'), ("b", '"other"')]
+    assert rows[0]["txn"] == outcomes[2].txn
+    assert outcomes[2].deliver_at > outcomes[0].deliver_at
+    # Stored bytes: the final payloads only (the first "a" was replaced).
+    assert usage(database_url) == len('{"v":22}') + len('"other"')
+
+
+def test_one_bundle_mixes_new_pending_claimed_and_locked_timers(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as a, connect(database_url, autocommit=True) as b:
+        tenant = default_tenant(a)
+        with a.transaction():
+            first = store.schedule_many(a, tenant, [
+                timer("q", "pending", 60_000, 1), timer("q", "claimed", -1_000, 2),
+                timer("q", "locked", 60_000, 3)], notify_within_ms=0)
+        token = uuid.uuid4()
+        assert [c.key for c in claim(a, token, lease_ms=60_000).rows] == ["claimed"]
+        a.execute("BEGIN")  # another transaction holds the row lock of "locked"
+        a.execute("SELECT 1 FROM queen.timers WHERE timer_key = 'locked' FOR UPDATE")
+        try:
+            b.execute(f"SET lock_timeout = '{LOCK_GUARD}'")
+            with b.transaction():
+                outcomes = store.schedule_many(b, tenant, [
+                    timer("q", "locked", 5_000, "x"), timer("q", "new", 5_000, "y"),
+                    timer("q", "claimed", 5_000, "z"), timer("q", "pending", 5_000, "w"),
+                ], notify_within_ms=0)
+        finally:
+            a.execute("ROLLBACK")
+    txn = {o.key: o.txn for o in first}
+    assert [(o.key, o.status, o.ok) for o in outcomes] == [
+        ("locked", "too_late", False), ("new", "scheduled", True),
+        ("claimed", "too_late", False), ("pending", "rescheduled", True)]
+    # too_late answers carry the txn of the timer that stands.
+    assert (outcomes[0].txn, outcomes[2].txn) == (txn["locked"], txn["claimed"])
+    rows = {r["timer_key"]: r for r in sql(
+        database_url, "SELECT timer_key, convert_from(payload, 'UTF8') AS p, claim_token "
+                      "FROM queen.timers")}
+    assert {k: r["p"] for k, r in rows.items()} == {
+        "pending": '"w"', "claimed": "2", "locked": "3", "new": '"y"'}
+    assert rows["claimed"]["claim_token"] == token
+
+
+def test_concurrent_bundles_over_the_same_keys_decide_every_timer_once(
+    database_url: str,
+) -> None:
+    """Four connections schedule the same 300 keys at once, in different orders: nothing
+    fails or blocks for long, exactly one 'scheduled' per key, and each other answer is a
+    reschedule or, for a row another writer held locked at that moment, too_late (a schedule
+    never waits on a row lock: the holder may be a sweeper firing it)."""
+    keys = [f"k{i}" for i in range(300)]
+
+    def bundle(seed: int) -> list[store.Outcome]:
+        order = keys[:]
+        random.Random(seed).shuffle(order)
+        with connect(database_url, autocommit=True) as conn:
+            conn.execute(f"SET lock_timeout = '{LOCK_GUARD}'")
+            tenant = default_tenant(conn)
+            with conn.transaction():
+                return store.schedule_many(
+                    conn, tenant, [timer("race", k, 60_000, seed) for k in order],
+                    notify_within_ms=0)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(bundle, range(4)))
+    scheduled: dict[str, int] = {}
+    for outcomes in results:
+        assert {o.status for o in outcomes} <= {"scheduled", "rescheduled", "too_late"}
+        for o in outcomes:
+            scheduled[o.key] = scheduled.get(o.key, 0) + (o.status == "scheduled")
+    assert set(scheduled) == set(keys)
+    assert set(scheduled.values()) == {1}
+    (row,) = sql(database_url, "SELECT count(*) AS n, count(DISTINCT payload) AS seeds "
+                               "FROM queen.timers")
+    assert row["n"] == 300 and row["seeds"] >= 1
+    assert sql(database_url, "SELECT count(*) AS n FROM queen.timers") == [{"n": 300}]
+
+
+def _frames(url: str) -> list[dict[str, Any]]:
+    return sql(url, "SELECT \"offset\", payload, meta->'timer'->>'key' AS key, "
+                    "transaction_id FROM queen.frames ORDER BY \"offset\"")
+
+
+def test_plain_and_compressed_timers_of_one_batch_enter_the_log_in_due_order(
+    database_url: str,
+) -> None:
+    plan = [("first", -400, "a"), ("second", -300, COMPRESSIBLE), ("third", -200, "c"),
+            ("fourth", -100, COMPRESSIBLE), ("fifth", -50, "e")]
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            outcomes = store.schedule_many(
+                conn, tenant, [timer("mixed", k, d, p) for k, d, p in reversed(plan)],
+                notify_within_ms=0)
+        stored = {r["timer_key"]: r["payload_zstd"] for r in sql(
+            database_url, "SELECT timer_key, payload_zstd FROM queen.timers")}
+        assert stored == {"first": False, "second": True, "third": False, "fourth": True,
+                          "fifth": False}
+        token = uuid.uuid4()
+        swept = store.sweep(conn, token, "test", 100, 60_000, max_payload=1 << 20)
+        # PostgreSQL fired the leading plain timer; from the first compressed one on, the
+        # rows are the broker's to fire, in due order.
+        assert len(swept.fired) == 1
+        assert [c.key for c in swept.rows] == ["second", "third", "fourth", "fifth"]
+        with conn.transaction():
+            fired = store.fire(conn, token, swept.rows, ceilings={}, max_attempts=5,
+                               backoff_ms=1000)
+        assert [c.key for c in fired.fired] == ["second", "third", "fourth", "fifth"]
+    frames = _frames(database_url)
+    assert [f["key"] for f in frames] == ["first", "second", "third", "fourth", "fifth"]
+    assert [f["offset"] for f in frames] == [0, 1, 2, 3, 4]
+    assert [f["payload"] for f in frames] == [p for _, _, p in plan]
+    txns = {o.key: o.txn for o in outcomes}
+    assert [f["transaction_id"] for f in frames] == [txns[k] for k, _, _ in plan]
+    assert sql(database_url, "SELECT count(*) AS n FROM queen.timers") == [{"n": 0}]
+    # Bytes moved from the timer rows to the log: the tenant's total is the frames'.
+    (total,) = sql(database_url, "SELECT sum(size_bytes)::bigint AS b FROM queen.frames")
+    assert usage(database_url) == total["b"]
+
+
+def test_the_sweep_fires_plain_timers_in_its_own_statement(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("plain", f"p{i}", -10, {"i": i})
+                                               for i in range(50)], notify_within_ms=0)
+            store.schedule_many(conn, tenant, [timer("plain", "later", 60_000, 0)],
+                                notify_within_ms=0)
+        swept = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20)
+        assert (len(swept.fired), swept.rows) == (20, [])  # a full batch: more to drain
+        later = sql(database_url, "SELECT extract(epoch FROM visible_at)::float8 AS at "
+                                  "FROM queen.timers WHERE timer_key = 'later'")[0]["at"]
+        assert swept.next_due is not None and swept.next_due < later  # the rest is due now
+        while swept.fired:
+            swept = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20)
+        assert swept.next_due == later
+    frames = _frames(database_url)
+    assert sorted(f["payload"]["i"] for f in frames) == list(range(50))
+    assert [f["offset"] for f in frames] == list(range(50))
+
+
+def test_a_malformed_plain_payload_falls_back_to_the_broker_for_the_whole_batch(
+    database_url: str,
+) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("bad", k, d, k) for k, d in
+                                               [("ok1", -300), ("broken", -200), ("ok2", -100)]],
+                                notify_within_ms=0)
+        conn.execute("UPDATE queen.timers SET payload = '\\xff00'::bytea "
+                     "WHERE timer_key = 'broken'")
+        token = uuid.uuid4()
+        swept = store.sweep(conn, token, "test", 100, 60_000, max_payload=1 << 20)
+        assert swept.fired == []  # the direct fire was undone as a whole
+        assert [c.key for c in swept.rows] == ["ok1", "broken", "ok2"]
+        with conn.transaction():
+            fired = store.fire(conn, token, swept.rows, ceilings={}, max_attempts=5,
+                               backoff_ms=1000)
+    assert [c.key for c in fired.fired] == ["ok1", "ok2"]
+    assert [(c.key, "cannot be decoded" in e) for c, e in fired.failed] == [("broken", True)]
+    assert [f["key"] for f in _frames(database_url)] == ["ok1", "ok2"]
+    (row,) = sql(database_url, "SELECT attempts, claim_token FROM queen.timers")
+    assert (row["attempts"], row["claim_token"]) == (1, None)
+
+
+def test_small_payloads_are_stored_as_text_and_large_ones_compressed(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as conn, conn.transaction():
+        tenant = default_tenant(conn)
+        store.schedule_many(conn, tenant, [timer("codec", "small", 60_000, {"a": 1}),
+                                           timer("codec", "big", 60_000, COMPRESSIBLE)],
+                            notify_within_ms=0)
+    rows = {r["timer_key"]: r for r in sql(
+        database_url, "SELECT timer_key, payload, payload_zstd, payload_bytes "
+                      "FROM queen.timers")}
+    assert bytes(rows["small"]["payload"]) == b'{"a":1}' and not rows["small"]["payload_zstd"]
+    big = rows["big"]
+    assert big["payload_zstd"] and len(big["payload"]) < big["payload_bytes"] // 4
+    assert timer_rules.unpack(bytes(big["payload"]), True) == COMPRESSIBLE
+
+
+def test_schedule_many_of_nothing_writes_nothing(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as conn, conn.transaction():
+        assert store.schedule_many(conn, default_tenant(conn), [], notify_within_ms=0) == []
+    assert sql(database_url, "SELECT count(*) AS n FROM queen.usage_deltas") == [{"n": 0}]
