@@ -33,7 +33,9 @@ CREATE TABLE queen.segments (
 );
 -- Readers look segments up by the range they need: the first one ending at or after an offset.
 CREATE UNIQUE INDEX segments_last_offset ON queen.segments (partition_id, last_offset);
-CREATE INDEX segments_transactions ON queen.segments USING gin (transaction_ids);
+-- fastupdate off: a pending list would be scanned linearly by every lookup until a vacuum.
+CREATE INDEX segments_transactions ON queen.segments USING gin (transaction_ids)
+    WITH (fastupdate = off);
 -- Already compressed: TOAST would only waste time trying again.
 ALTER TABLE queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
 
@@ -60,20 +62,35 @@ CREATE TRIGGER segments_immutable BEFORE UPDATE OR DELETE ON queen.segments
 CREATE TRIGGER segments_not_truncated BEFORE TRUNCATE ON queen.segments
     FOR EACH STATEMENT EXECUTE FUNCTION queen.segments_are_immutable();
 
--- Where the frames carrying these transactionIds sit in a partition: head and segments in one
--- snapshot, so a frame being sealed right now is found exactly once.
+-- Where the frames carrying these transactionIds sit in a partition, head and segments. STABLE:
+-- both statements see the calling query's snapshot, so a frame being sealed is found once.
+--
+-- The planner prices `transaction_ids && p_txns` like any cheap operator, so by itself it
+-- filters every segment of the partition (1,000 x 100 comparisons per segment per lookup:
+-- 32 ms for a 100-message ack among 20 segments). The GIN index is the only access path left
+-- to it here (bitmap scans only, and no partition condition to prefer a btree for): 4 ms.
 CREATE FUNCTION queen.find_transactions(p_partition uuid, p_txns text[])
 RETURNS TABLE (transaction_id text, "offset" bigint)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off SET enable_indexscan = off
+AS $$
+BEGIN
+    RETURN QUERY
     SELECT f.transaction_id, f."offset"
     FROM queen.frames f
-    WHERE f.partition_id = p_partition AND f.transaction_id = ANY(p_txns)
-    UNION ALL
-    SELECT t.txn, s.first_offset + t.i - 1
-    FROM queen.segments s
-    CROSS JOIN LATERAL unnest(s.transaction_ids) WITH ORDINALITY AS t(txn, i)
-    WHERE s.partition_id = p_partition AND s.transaction_ids && p_txns
-      AND t.txn = ANY(p_txns)
+    WHERE f.partition_id = p_partition AND f.transaction_id = ANY(p_txns);
+    RETURN QUERY
+    WITH hit AS MATERIALIZED (
+        SELECT s.partition_id, s.first_offset, s.transaction_ids
+        FROM queen.segments s
+        WHERE s.transaction_ids && p_txns
+    )
+    SELECT t.txn, h.first_offset + t.i - 1
+    FROM hit h
+    CROSS JOIN LATERAL unnest(h.transaction_ids) WITH ORDINALITY AS t(txn, i)
+    JOIN unnest(p_txns) AS w(txn) ON w.txn = t.txn
+    WHERE h.partition_id = p_partition;
+END
 $$;
 
 COMMENT ON FUNCTION queen.read_frames(uuid, bigint, integer) IS

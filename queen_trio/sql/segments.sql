@@ -39,11 +39,13 @@ SELECT pg_try_advisory_xact_lock(%(lock_space)s, hashtext(%(partition_id)s::text
 -- here is still being written. JSON stays text: a segment stores it as the head does.
 SELECT f."offset", f.transaction_id, f.payload::text AS payload_json, f.size_bytes,
        (extract(epoch FROM f.created_at) * 1000000)::bigint AS created_us,
-       f.meta::text AS meta_json, p.tenant_id,
-       (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
-       coalesce((SELECT max(s.last_offset) + 1 FROM queen.segments s
-                 WHERE s.partition_id = p.partition_id), p.log_start) AS head_start
+       f.meta::text AS meta_json, p.tenant_id, h.head_start,
+       (extract(epoch FROM now()) * 1000000)::bigint AS now_us
 FROM queen.partitions p
+CROSS JOIN LATERAL (  -- where the head must start: right after the last segment
+    SELECT coalesce(max(s.last_offset) + 1, p.log_start) AS head_start
+    FROM queen.segments s WHERE s.partition_id = p.partition_id
+) h
 JOIN queen.frames f ON f.partition_id = p.partition_id AND f."offset" < p.next_offset
 WHERE p.partition_id = %(partition_id)s
 ORDER BY f."offset"
