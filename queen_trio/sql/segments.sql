@@ -54,10 +54,12 @@ LIMIT %(max_frames)s
 -- name: insert_segment
 INSERT INTO queen.segments (partition_id, first_offset, last_offset, tenant_id, frame_count,
                             raw_bytes, stored_bytes, first_created_at, last_created_at,
-                            transaction_ids, codec, data)
-VALUES (%(partition_id)s, %(first_offset)s, %(last_offset)s, %(tenant_id)s, %(frame_count)s,
-        %(raw_bytes)s, octet_length(%(data)b::bytea), %(first_created_at)s, %(last_created_at)s,
-        %(transaction_ids)b::text[], %(codec)s, %(data)b::bytea)
+                            transaction_ids, transaction_hashes, codec, data)
+SELECT %(partition_id)s, %(first_offset)s, %(last_offset)s, %(tenant_id)s, %(frame_count)s,
+       %(raw_bytes)s, octet_length(%(data)b::bytea), %(first_created_at)s, %(last_created_at)s,
+       t.ids, ARRAY(SELECT hashtextextended(x, 0) FROM unnest(t.ids) AS x), %(codec)s,
+       %(data)b::bytea
+FROM (SELECT %(transaction_ids)b::text[] AS ids) AS t
 RETURNING stored_bytes
 
 -- name: delete_sealed_head
