@@ -5,8 +5,10 @@ lines of tab-separated fields, one line per offset in order::
 
     transaction_id  created_at (µs since the epoch)  size_bytes  meta JSON (or empty)  payload JSON
 
-None of the fields can contain a tab or a newline: transactionIds refuse control characters and
-PostgreSQL's jsonb text escapes them inside strings. A reader parses only the lines it needs.
+None of the fields can contain a tab or a newline: PostgreSQL's jsonb text escapes them inside
+strings, and the API refuses control characters in transactionIds (one that has them anyway, or
+starts with a double quote, is written as a JSON string). A reader parses only the lines it
+needs.
 
 Nothing here does I/O; :mod:`queen_trio.log.frames` reads, :mod:`.housekeeping` seals.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import re
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -80,9 +83,16 @@ def encode_lines(frames: Sequence[HeadFrame]) -> bytes:
     """The uncompressed text of a segment holding ``frames`` (consecutive offsets)."""
     parts = []
     for f in frames:
-        parts.append(f"{f.transaction_id}\t{f.created_us}\t{f.size_bytes}\t{f.meta_json or ''}\t"
-                     f"{f.payload_json}\n")
+        parts.append(f"{_txn_field(f.transaction_id)}\t{f.created_us}\t{f.size_bytes}\t"
+                     f"{f.meta_json or ''}\t{f.payload_json}\n")
     return "".join(parts).encode()
+
+
+_UNSAFE_TXN = re.compile(r'[\t\n\r]|^"')
+
+
+def _txn_field(txn: str) -> str:
+    return json.dumps(txn, ensure_ascii=False) if _UNSAFE_TXN.search(txn) else txn
 
 
 def encode(frames: Sequence[HeadFrame], level: int) -> bytes:
@@ -133,6 +143,8 @@ class DecodedSegment:
         for i in range(lo, hi):
             line = self._text[self._starts[i]:self._starts[i + 1] - 1].decode()
             txn, created_us, size, meta, payload = line.split("\t", 4)
+            if txn.startswith('"'):
+                txn = json.loads(txn)
             out.append(Frame(
                 self.first_offset + i, txn, json.loads(payload), int(size),
                 _EPOCH + timedelta(microseconds=int(created_us)),

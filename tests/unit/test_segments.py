@@ -54,6 +54,14 @@ def test_frames_round_trip_through_a_segment() -> None:
     assert [f.size_bytes for f in got] == [f.size_bytes for f in frames]
 
 
+@pytest.mark.parametrize("txn", ["plain", 'has"quote', '"starts-quoted"', "tab\there",
+                                 "line\nbreak", "cr\r", "ünï 🐝", "a\\b"])
+def test_any_transaction_id_survives_the_format(txn: str) -> None:
+    segment = decode(0, encode([frame(0, txn=txn), frame(1)], level=1))
+    assert [f.transaction_id for f in segment.frames(0, 2)] == [txn, "txn-1"]
+    assert segment.frames(0, 2)[0].payload == {"o": 0}
+
+
 def test_a_read_takes_only_the_lines_it_asks_for() -> None:
     segment = DecodedSegment.from_text(100, encode_lines([frame(o) for o in range(100, 110)]))
     assert [f.offset for f in segment.frames(103, 106)] == [103, 104, 105]
