@@ -53,7 +53,7 @@ class Client(BaseClient[Awaitable[Any]]):
         self, queue: str, handler: Callable[[Message], Awaitable[Any] | Any], *,
         group: str | None = None, concurrency: int = 1, batch: int = 1,
         partition: str | None = None, max_messages: int | None = None,
-        idle_timeout: Duration | None = None, poll: Duration = "10s",
+        idle_timeout: Duration | None = None, poll: Duration = "2s",
         renew_leases: bool = True,
     ) -> consumer.ConsumeStats:
         """Pop and handle messages until cancelled, until ``max_messages`` were handled, or
@@ -68,6 +68,12 @@ class Client(BaseClient[Awaitable[Any]]):
         settle its message itself (``ack``, or a transaction with ``.ack(message)``); the
         loop then leaves it alone. Network or broker trouble is logged and waited out; an API
         error on pop (a 401, a bad queue name) ends the loop by raising.
+
+        Stopping lets the other workers' long polls end by themselves (so after
+        ``max_messages`` it can take up to ``poll``): a poll abandoned mid-way could still
+        lease a message that nobody would then see until the lease expired. A batch that
+        arrives after the stop is given back (ack ``retry``, no retry spent). Cancelling the
+        loop from outside does abandon polls, with that consequence.
         """
         return await consumer.consume(
             self, queue, handler, group=group, concurrency=concurrency, batch=batch,

@@ -76,7 +76,6 @@ class _Loop:
         self.stats = ConsumeStats()
         self.stopping = False
         self.last_activity = anyio.current_time()
-        self.polls: set[anyio.CancelScope] = set()
         self.fatal: ApiError | None = None
 
     def count(self, **increments: int) -> None:
@@ -84,10 +83,11 @@ class _Loop:
             k: getattr(self.stats, k) + v for k, v in increments.items()})
 
     def stop(self) -> None:
-        """Pop no more; cancel waiting pops but let handlers in progress finish."""
+        """Pop no more. Handlers in progress finish, and pops in flight are not cancelled:
+        a long poll abandoned by its client can still take a lease on the broker (if a message
+        arrives before the broker notices), hiding that message until the lease expires. A
+        pop that returns after the stop gives its batch straight back instead."""
         self.stopping = True
-        for scope in self.polls:
-            scope.cancel()
 
     async def worker(self) -> None:
         troubles = 0
@@ -99,25 +99,32 @@ class _Loop:
                     self.stop()
                     return
             got: Batch | None = None
-            with anyio.CancelScope() as scope:
-                self.polls.add(scope)
-                try:
-                    got = await self.client.pop(self.queue, group=self.group,
-                                                partition=self.partition, batch=self.batch,
-                                                wait=max(1, int(wait_s * 1000)))
-                    troubles = 0
-                except _PASSING as exc:
-                    troubles += 1
-                    log.warning("consume %s: pop failed (%s); retrying", self.queue, exc)
-                    await anyio.sleep(self.client._retry.backoff(min(troubles, 6)))
-                except ApiError as exc:  # the request itself is wrong: retrying won't help
-                    self.fatal = self.fatal or exc
-                    self.stop()
-                finally:
-                    self.polls.discard(scope)
-            if got:
+            try:
+                got = await self.client.pop(self.queue, group=self.group,
+                                            partition=self.partition, batch=self.batch,
+                                            wait=max(1, int(wait_s * 1000)))
+                troubles = 0
+            except _PASSING as exc:
+                troubles += 1
+                log.warning("consume %s: pop failed (%s); retrying", self.queue, exc)
+                await anyio.sleep(self.client._retry.backoff(min(troubles, 6)))
+            except ApiError as exc:  # the request itself is wrong: retrying won't help
+                self.fatal = self.fatal or exc
+                self.stop()
+            if got and self.stopping:
+                await self.give_back(got)
+            elif got:
                 self.last_activity = anyio.current_time()
                 await self.handle_batch(got)
+
+    async def give_back(self, got: Batch) -> None:
+        """Release a batch that arrived after the stop, without spending a retry."""
+        if got.lease_id is None:  # auto-acked pops never happen here; nothing to release
+            return
+        try:
+            await self.client.ack(got.messages[0], AckStatus.RETRY)  # releases the whole lease
+        except (ApiError, BrokerUnreachable) as exc:
+            log.warning("consume %s: could not give back a batch: %s", self.queue, exc)
 
     async def handle_batch(self, got: Batch) -> None:
         lease_s = await self.lease_seconds() if self.renew and got.lease_id else None

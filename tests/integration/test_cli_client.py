@@ -14,7 +14,7 @@ from queen_trio import cli
 from queen_trio.client import Client
 from queen_trio.server import BrokerHandle
 
-from ..brokers import free_port
+from ..brokers import REPO, free_port
 from . import test_sdk
 
 settings, queen = test_sdk.settings, test_sdk.queen
@@ -152,7 +152,7 @@ async def test_the_installed_command_reads_queen_url_and_stdin(broker: BrokerHan
     done = await trio.run_process(
         [sys.executable, "-m", "queen_trio", "timers", "schedule", "bookings.expire", "b 7",
          "--delay", "15m", "--payload", "-", "--json"],
-        env=env, stdin=b'{"bookingId": 7}', capture_stdout=True, capture_stderr=True,
+        cwd=REPO, env=env, stdin=b'{"bookingId": 7}', capture_stdout=True, capture_stderr=True,
         check=False,
     )
     assert done.returncode == 0, done.stderr

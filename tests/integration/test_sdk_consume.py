@@ -145,3 +145,27 @@ async def test_consume_rejects_bad_arguments_before_popping(queen: Client) -> No
         kwargs: dict[str, Any] = {"max_messages": 1, **options}
         with pytest.raises(ValueError):
             await queen.consume("q", lambda m: None, **kwargs)
+
+
+async def test_stopping_leaves_no_abandoned_poll_behind(queen: Client) -> None:
+    await queen.push("after-stop", "first", partition="a")
+    stats = await queen.consume("after-stop", lambda m: None, concurrency=3, max_messages=1,
+                                poll="300ms")
+    assert stats.handled == 1
+    # Pushed the moment the loop returned: no poll of that loop can still be waiting on the
+    # broker to lease it away from us.
+    await queen.push("after-stop", "second", partition="b")
+    got = await queen.pop("after-stop", wait="1s")
+    assert [m.data for m in got] == ["second"]
+
+
+async def test_a_batch_arriving_after_the_stop_is_given_back_whole(queen: Client) -> None:
+    from queen_trio.client.consumer import _Loop
+
+    await queen.push_many("give-back", [1, 2, 3])
+    batch = await queen.pop("give-back", batch=3)
+    loop = _Loop(queen, "give-back", lambda m: None, group=None, batch=3, partition=None,
+                 max_messages=None, idle_s=None, poll_s=1, renew=True)
+    await loop.give_back(batch)
+    again = await queen.pop("give-back", batch=3)
+    assert [(m.data, m.retry_count) for m in again] == [(1, 0), (2, 0), (3, 0)]
