@@ -26,7 +26,7 @@ from queen_trio.tenants import store
 
 from ..brokers import free_port
 from ..conftest import replace_settings
-from ..helpers import eventually
+from .test_plans import plan_loaded, set_plan
 from .test_sdk import FAST_RETRY
 
 RETRY_3 = RetryPolicy(retries=3, base_backoff_s=0.01, max_backoff_s=0.02)
@@ -125,26 +125,11 @@ async def test_only_calls_safe_to_repeat_are_retried_after_a_lost_answer(
 # -- refusals ---------------------------------------------------------------------------------
 
 
-def set_plan(database_url: str, **plan: Any) -> None:
-    with psycopg.connect(database_url, row_factory=dict_row, autocommit=True) as raw:
-        store.set_plan(raw, "default", **plan)
-
-
-async def wait_for_plan(broker: BrokerHandle, **expected: Any) -> None:
-    directory = broker.context.tenants
-
-    async def loaded() -> bool:
-        plan = directory.plan(directory.default_tenant_id)
-        return all(getattr(plan, k) == v for k, v in expected.items())
-
-    await eventually(loaded, timeout=3.0)
-
-
 async def test_rate_limits_are_waited_out_or_reported(
     broker: BrokerHandle, database_url: str
 ) -> None:
     set_plan(database_url, requests_per_second=2, set_rate=True)
-    await wait_for_plan(broker, requests_per_second=2)
+    await plan_loaded(broker, requests_per_second=2)
     async with Client(broker.url, retry=RetryPolicy(retries=0)) as impatient:
         with pytest.raises(RateLimited) as limited:
             for _ in range(10):
@@ -162,7 +147,7 @@ async def test_a_full_storage_gate_refuses_writes_but_never_a_cancel(
     async with Client(broker.url, retry=FAST_RETRY) as queen:
         await queen.timer("gated").key("k").delay("10m").payload(1).schedule()
         set_plan(database_url, max_stored_bytes=0, set_stored=True)
-        await wait_for_plan(broker, max_stored_bytes=0)
+        await plan_loaded(broker, max_stored_bytes=0)
         with pytest.raises(StorageFull) as full:
             await queen.push("gated", 1)
         assert (full.value.status, full.value.code) == (507, "storage_full")
