@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -312,6 +313,31 @@ async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
     with pytest.raises(Conflict) as expired:
         await queen.extend_lease(message.lease_id, 5)
     assert (expired.value.status, expired.value.code) == (409, "lease_expired")
+
+
+async def test_too_late_is_a_value_alone_and_a_conflict_in_a_bundle(
+    queen: Client, database_url: str
+) -> None:
+    held = await queen.timer("claimed").key("firing").delay("10m").payload(1).schedule()
+    # What a sweeper's claim does to the row: a token, and visible_at at the lease's end.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE queen.timers SET claim_token = gen_random_uuid(), "
+                     "visible_at = now() + interval '1 hour'")
+    late = await queen.timer("claimed").key("firing").cancel()
+    assert (late.ok, late.status, late.txn) == (False, TimerStatus.TOO_LATE, held.txn)
+    again = await queen.timer("claimed").key("firing").delay(5).payload(2).schedule()
+    assert again.status is TimerStatus.TOO_LATE and not again.ok
+    assert (await queen.timer("claimed").key("firing").peek()).state is TimerState.CLAIMED
+
+    with pytest.raises(Conflict) as refused:
+        await (queen.transaction().push("side", 1)
+               .timer("claimed").key("nothing-here").cancel()
+               .timer("claimed").key("firing").cancel()
+               .commit())
+    assert (refused.value.status, refused.value.code) == (409, "timer_too_late")
+    assert [t.status for t in refused.value.timers] == [TimerStatus.ABSENT,
+                                                        TimerStatus.TOO_LATE]
+    assert len(await queen.pop("side")) == 0  # the whole bundle was rolled back
 
 
 def test_results_are_frozen() -> None:

@@ -1,0 +1,39 @@
+"""The SDK's public surface is what was meant: nothing missing, nothing accidental."""
+
+from __future__ import annotations
+
+import queen_trio
+import queen_trio.client as sdk
+
+
+def test_the_exported_names() -> None:
+    assert set(sdk.__all__) == {
+        "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
+        "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
+        "KvDelete", "KvEntry", "KvPut", "Message", "NotFound", "Page", "PayloadTooLarge",
+        "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
+        "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
+        "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
+        "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
+    }
+    for name in sdk.__all__:
+        assert getattr(sdk, name) is not None
+
+
+def test_the_package_offers_both_clients() -> None:
+    assert queen_trio.Client is sdk.Client and queen_trio.SyncClient is sdk.SyncClient
+    assert {"Client", "SyncClient"} <= set(queen_trio.__all__)
+
+
+def test_every_api_error_is_a_client_error() -> None:
+    for name in ("BadRequest", "Unauthorized", "NotFound", "Conflict", "PayloadTooLarge",
+                 "RateLimited", "StorageFull", "ServerError"):
+        assert issubclass(getattr(sdk, name), sdk.ApiError)
+    assert issubclass(sdk.ApiError, sdk.QueenClientError)
+    assert issubclass(sdk.BrokerUnreachable, sdk.QueenClientError)
+
+
+def test_statuses_compare_equal_to_their_wire_strings() -> None:
+    assert sdk.TimerStatus.TOO_LATE == "too_late" and sdk.TimerStatus("absent").name == "ABSENT"
+    assert [s.value for s in sdk.TimerStatus] == ["scheduled", "rescheduled", "cancelled",
+                                                  "absent", "too_late"]
