@@ -28,7 +28,7 @@ class Client(BaseClient[Awaitable[Any]]):
     def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(urls, **options)
         self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
-        self.lease_seconds: dict[str, int] = {}  # per queue, learnt by the consumer
+        self._lease_cache: dict[str, int] = {}  # per queue, learnt by the consumer
 
     async def __aenter__(self) -> Client:
         return self

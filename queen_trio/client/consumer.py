@@ -167,14 +167,14 @@ class _Loop:
             self.stop()
 
     async def lease_seconds(self) -> int:
-        known = self.client.lease_seconds.get(self.queue)
+        known = self.client._lease_cache.get(self.queue)
         if known is None:
             try:
                 known = await self.client._call(calls.queue_lease_seconds(self.queue))
             except _PASSING:
                 known = None
             known = known or DEFAULT_LEASE_S
-            self.client.lease_seconds[self.queue] = known
+            self.client._lease_cache[self.queue] = known
         return known
 
     async def renew_lease(self, lease_id: str, lease_s: int) -> None:
