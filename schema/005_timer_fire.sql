@@ -15,6 +15,25 @@ ALTER TABLE queen.timers ADD COLUMN payload_zstd boolean NOT NULL DEFAULT true;
 COMMENT ON COLUMN queen.timers.payload IS
     'the payload''s compact JSON text, zstd-compressed when payload_zstd';
 
+-- The per-row foreign-key check of frames -> partitions cost more than the insert itself
+-- (of a 500-timer fire's 29 ms, 14 were RI triggers, one per frame). It adds no safety: every
+-- writer of frames (a push, a fire) holds its partition row locked FOR UPDATE. What the key
+-- did besides, the cascade when a partition (queue, tenant) is deleted, is kept by one
+-- statement-level trigger.
+ALTER TABLE queen.frames DROP CONSTRAINT frames_partition_id_fkey;
+
+CREATE FUNCTION queen.delete_partitions_frames() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM queen.frames f USING gone g WHERE f.partition_id = g.partition_id;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
+
 -- Appends timer frames to their partitions (creating queues and partitions as needed), in the
 -- order of the arrays, which is the order of expiry. The caller has already deleted the rows.
 -- Mirrors the log's push path (queen_trio/sql/log.sql insert_frames): dense offsets taken

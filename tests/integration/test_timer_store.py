@@ -9,6 +9,7 @@ import random
 import uuid
 from typing import Any
 
+from queen_trio.log import store as log_store
 from queen_trio.timers import rules as timer_rules
 from queen_trio.timers import store
 
@@ -218,3 +219,28 @@ def test_schedule_many_of_nothing_writes_nothing(database_url: str) -> None:
     with connect(database_url, autocommit=True) as conn, conn.transaction():
         assert store.schedule_many(conn, default_tenant(conn), [], notify_within_ms=0) == []
     assert sql(database_url, "SELECT count(*) AS n FROM queen.usage_deltas") == [{"n": 0}]
+
+
+def test_deleting_a_queue_or_a_tenant_still_deletes_its_frames(database_url: str) -> None:
+    """frames has no per-row foreign key to partitions (schema 005); a statement trigger keeps
+    the cascade."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        other = conn.execute("INSERT INTO queen.tenants (name) VALUES ('other') "
+                             "RETURNING tenant_id").fetchone()["tenant_id"]
+        for owner in (tenant, other):
+            with conn.transaction():
+                store.schedule_many(conn, owner, [timer(q, f"{q}{i}", -10, i)
+                                                  for q in ("gone", "kept") for i in range(3)],
+                                    notify_within_ms=0)
+        while store.sweep(conn, uuid.uuid4(), "test", 100, 60_000, max_payload=1 << 20).fired:
+            pass
+        frames = "SELECT count(*) AS n FROM queen.frames"
+        assert conn.execute(frames).fetchone()["n"] == 12
+        with conn.transaction():
+            assert log_store.delete_queue(conn, tenant, "gone")
+        assert conn.execute(frames).fetchone()["n"] == 9
+        conn.execute("DELETE FROM queen.tenants WHERE tenant_id = %s", (other,))
+        remaining = conn.execute("SELECT DISTINCT tenant_id FROM queen.frames").fetchall()
+        assert conn.execute(frames).fetchone()["n"] == 3
+        assert remaining == [{"tenant_id": tenant}]
