@@ -65,23 +65,24 @@ def read(
     if head and head[0]["offset"] == from_offset:
         return [_head_frame(row) for row in head]
 
-    sealed = _read_sealed(raw, partition_id, from_offset, count, cache)
+    where = raw.execute(
+        Q.sealed_range,
+        {"partition_id": partition_id, "group": group, "from_offset": from_offset,
+         "to_offset": from_offset + count, "limit": _MAX_SEGMENTS_PER_READ},
+    ).fetchone()
+    sealed = _read_sealed(raw, partition_id, from_offset, count, where["firsts"], cache)
     if not sealed:
         return []
     end = from_offset + len(sealed)
-    state = raw.execute(
-        Q.sealed_frame_state,
-        {"partition_id": partition_id, "group": group, "from_offset": from_offset,
-         "to_offset": end - 1},
-    ).fetchall()
-    now: datetime = state[0]["now"]
-    retries = {r["offset"]: r for r in state if r["offset"] is not None}
+    now: datetime = where["now"]
+    retries = {o: (n, e) for o, n, e in zip(where["retry_offsets"] or [],
+                                            where["retry_counts"] or [],
+                                            where["retry_errors"] or [], strict=True)}
     out = []
     for f in sealed:
-        r = retries.get(f.offset)
+        retry_count, last_error = retries.get(f.offset, (0, None))
         matures = (f.created_at - now).total_seconds() + delay_s if delay_s else 0.0
-        out.append(ReadFrame(f, r["retry_count"] if r else 0, r["last_error"] if r else None,
-                             matures))
+        out.append(ReadFrame(f, retry_count, last_error, matures))
     room = count - len(out)
     if head and head[0]["offset"] <= end and room > 0:
         out.extend(_head_frame(row) for row in head if end <= row["offset"] < end + room)
@@ -103,23 +104,19 @@ def _head_frame(row: dict[str, Any]) -> ReadFrame:
 
 
 def _read_sealed(
-    raw: Raw, partition_id: uuid.UUID, from_offset: int, count: int,
+    raw: Raw, partition_id: uuid.UUID, from_offset: int, count: int, firsts: list[int],
     cache: SegmentCache | None,
 ) -> list[Frame]:
+    """Frames from_offset… out of the segments starting at ``firsts`` (in offset order)."""
     to_offset = from_offset + count
-    located = raw.execute(
-        Q.segments_for_range,
-        {"partition_id": partition_id, "from_offset": from_offset, "to_offset": to_offset,
-         "limit": _MAX_SEGMENTS_PER_READ},
-    ).fetchall()
     decoded: dict[int, DecodedSegment] = {}
     missing = []
-    for s in located:
-        segment = cache.get((partition_id, s["first_offset"])) if cache is not None else None
+    for first in firsts:
+        segment = cache.get((partition_id, first)) if cache is not None else None
         if segment is None:
-            missing.append(s["first_offset"])
+            missing.append(first)
         else:
-            decoded[s["first_offset"]] = segment
+            decoded[first] = segment
     if missing:
         for row in raw.execute(Q.segment_data,
                                {"partition_id": partition_id, "firsts": missing}):
@@ -130,9 +127,9 @@ def _read_sealed(
 
     out: list[Frame] = []
     expected = from_offset
-    for s in located:
-        segment = decoded.get(s["first_offset"])
-        if segment is None or s["first_offset"] > expected:
+    for first in firsts:
+        segment = decoded.get(first)
+        if segment is None or first > expected:
             break  # dropped by retention meanwhile, or a gap: the run ends here
         got = segment.frames(expected, to_offset)
         out.extend(got)

@@ -123,28 +123,28 @@ LEFT JOIN queen.retries r
       AND r."offset" = f."offset"
 ORDER BY f."offset"
 
--- name: segments_for_range
--- Segments holding any of [from_offset, to_offset), in offset order.
-SELECT first_offset, last_offset
-FROM queen.segments
-WHERE partition_id = %(partition_id)s AND last_offset >= %(from_offset)s
-  AND first_offset < %(to_offset)s
-ORDER BY last_offset
-LIMIT %(limit)s
+-- name: sealed_range
+-- Where [from_offset, to_offset) is sealed: the segments holding it, in offset order, plus what
+-- read_head joins for head frames (the database clock for delayedProcessing, the group's retry
+-- counts), in one round trip.
+SELECT now() AS now,
+       ARRAY(SELECT s.first_offset FROM queen.segments s
+             WHERE s.partition_id = %(partition_id)s AND s.last_offset >= %(from_offset)s
+               AND s.first_offset < %(to_offset)s
+             ORDER BY s.last_offset LIMIT %(limit)s) AS firsts,
+       r.offsets AS retry_offsets, r.counts AS retry_counts, r.errors AS retry_errors
+FROM (
+    SELECT array_agg("offset") AS offsets, array_agg(retry_count) AS counts,
+           array_agg(last_error) AS errors
+    FROM queen.retries
+    WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+      AND "offset" >= %(from_offset)s AND "offset" < %(to_offset)s
+) r
 
 -- name: segment_data
 SELECT first_offset, codec, data
 FROM queen.segments
 WHERE partition_id = %(partition_id)s AND first_offset = ANY(%(firsts)s::bigint[])
-
--- name: sealed_frame_state
--- What read_head joins for head frames, for frames read from segments: the database clock (for
--- delayedProcessing) and the group's retry counts. Always one row at least (the clock).
-SELECT now() AS now, r."offset", r.retry_count, r.last_error
-FROM (SELECT 1) AS one
-LEFT JOIN queen.retries r
-       ON r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
-      AND r."offset" BETWEEN %(from_offset)s AND %(to_offset)s
 
 -- name: take_lease
 UPDATE queen.cursors

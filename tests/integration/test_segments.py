@@ -335,6 +335,7 @@ def test_no_interleaving_of_push_pop_ack_and_seal_loses_reorders_or_duplicates(
     cache = SegmentCache(4096)  # small: segments are evicted and decoded again
     pushed: dict[str, list[tuple[str, Any]]] = {"a": [], "b": []}
     done: dict[tuple[str, str], list[str]] = {}
+    failures: dict[tuple[str, str], int] = {}
     counter = 0
 
     def pop_once(group: str, batch: int, how: str) -> bool:
@@ -345,8 +346,9 @@ def test_no_interleaving_of_push_pop_ack_and_seal_loses_reorders_or_duplicates(
         if b is None:
             return False
         payload_of = dict(pushed[b.partition])
-        for m in b.messages:  # what comes out is what went in
+        for m in b.messages:  # what comes out is what went in, with its failures counted
             assert m.payload == payload_of[m.transaction_id]
+            assert m.retry_count == failures.get((group, m.transaction_id), 0)
         finished = b.messages if how != "fail_one" else b.messages[:-1]
         acks = [rules.Ack(i, m.transaction_id, b.partition_id, "completed", group, b.lease_id,
                           None) for i, m in enumerate(finished)]
@@ -354,6 +356,8 @@ def test_no_interleaving_of_push_pop_ack_and_seal_loses_reorders_or_duplicates(
             last = b.messages[-1]
             acks.append(rules.Ack(len(acks), last.transaction_id, b.partition_id, "failed",
                                   group, b.lease_id, "try again"))
+            failures[(group, last.transaction_id)] = failures.get(
+                (group, last.transaction_id), 0) + 1
         if how != "auto":
             with conn.transaction():
                 store.ack(conn, tenant, acks)
