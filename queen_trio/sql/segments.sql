@@ -36,20 +36,27 @@ SELECT pg_try_advisory_xact_lock(%(lock_space)s, hashtext(%(partition_id)s::text
 -- name: head_to_seal
 -- The head's oldest frames. Offsets are taken under the partition row lock and committed with
 -- next_offset, so every frame this snapshot sees is below the committed next_offset: nothing
--- here is still being written. JSON stays text: a segment stores it as the head does.
+-- here is still being written. JSON stays text: a segment stores it as the head does. Offsets
+-- are dense, so the first max_frames frames are an offset range: never more rows are read,
+-- however long the head and whatever plan is chosen.
 SELECT f."offset", f.transaction_id, f.payload::text AS payload_json, f.size_bytes,
        (extract(epoch FROM f.created_at) * 1000000)::bigint AS created_us,
-       f.meta::text AS meta_json, p.tenant_id, h.head_start,
-       (extract(epoch FROM now()) * 1000000)::bigint AS now_us
-FROM queen.partitions p
-CROSS JOIN LATERAL (  -- where the head must start: right after the last segment
-    SELECT coalesce(max(s.last_offset) + 1, p.log_start) AS head_start
-    FROM queen.segments s WHERE s.partition_id = p.partition_id
-) h
-JOIN queen.frames f ON f.partition_id = p.partition_id AND f."offset" < p.next_offset
-WHERE p.partition_id = %(partition_id)s
+       f.meta::text AS meta_json, p.tenant_id, p.head_start, p.now_us
+FROM (
+    SELECT p.tenant_id, p.next_offset,
+           -- where the head must start: right after the last segment
+           coalesce((SELECT max(s.last_offset) + 1 FROM queen.segments s
+                     WHERE s.partition_id = p.partition_id), p.log_start) AS head_start,
+           (extract(epoch FROM now()) * 1000000)::bigint AS now_us
+    FROM queen.partitions p
+    WHERE p.partition_id = %(partition_id)s
+    OFFSET 0  -- computed once, not once per frame
+) p
+JOIN queen.frames f
+  ON f.partition_id = %(partition_id)s
+ AND f."offset" >= p.head_start
+ AND f."offset" < least(p.next_offset, p.head_start + %(max_frames)s)
 ORDER BY f."offset"
-LIMIT %(max_frames)s
 
 -- name: insert_segment
 INSERT INTO queen.segments (partition_id, first_offset, last_offset, tenant_id, frame_count,
