@@ -20,11 +20,11 @@ WHERE h.created_at <= now() - make_interval(secs => %(min_age_s)s)
                        AND f."offset" = h."offset" + %(max_frames)s - 1
                        AND f.created_at <= now() - make_interval(secs => %(min_age_s)s))
             THEN true
-        ELSE (SELECT sum(x.size_bytes) FROM (
-                  SELECT f.size_bytes FROM queen.frames f
-                  WHERE f.partition_id = p.partition_id
-                    AND f.created_at <= now() - make_interval(secs => %(min_age_s)s)
-                  ORDER BY f."offset" LIMIT %(max_frames)s) x) >= %(max_bytes)s
+        ELSE (SELECT sum(f.size_bytes) FROM queen.frames f
+              WHERE f.partition_id = p.partition_id
+                AND f."offset" >= h."offset" AND f."offset" < h."offset" + %(max_frames)s
+                AND f.created_at <= now() - make_interval(secs => %(min_age_s)s)
+             ) >= %(max_bytes)s
       END
 ORDER BY h.created_at
 LIMIT %(limit)s
