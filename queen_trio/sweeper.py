@@ -159,7 +159,7 @@ class Sweeper:
                 # A sooner timer may have been announced while we were deaf: look now.
                 return trio.current_time(), "notify"
             try:
-                due = self._local_deadline(int(item.payload) / 1000)
+                due = self._local_deadline(int(item.payload) / 1_000_000)  # epoch µs
             except ValueError:
                 continue
             if due < deadline:

@@ -379,8 +379,10 @@ BEGIN
     END IF;
     IF v_soonest IS NOT NULL THEN
         -- Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
+        -- The due instant in epoch microseconds: a sweeper woken even a fraction of a
+        -- millisecond early finds nothing due and then owes a whole MIN_SLEEP.
         PERFORM pg_notify('queen_timers',
-                          (extract(epoch FROM v_soonest) * 1000)::bigint::text);
+                          ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
     END IF;
 
     RETURN QUERY

@@ -47,7 +47,9 @@ class Outcome:
 
 
 def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) -> Outcome:
-    """Create or replace the timer (tenant, queue, key); decided under the row's lock."""
+    """Create or replace the timer (tenant, queue, key); decided under the row's lock.
+
+    One statement: it may run in autocommit as its own transaction."""
     (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms)
     return outcome
 
