@@ -15,7 +15,9 @@ CREATE TABLE queen.segments (
     partition_id     uuid        NOT NULL REFERENCES queen.partitions ON DELETE CASCADE,
     first_offset     bigint      NOT NULL,
     last_offset      bigint      NOT NULL,  -- inclusive
-    tenant_id        integer     NOT NULL REFERENCES queen.tenants ON DELETE CASCADE,
+    -- No key of its own to tenants: segments go with their partition (the immutability trigger
+    -- below lets them go only once their partition is gone or log_start has passed them).
+    tenant_id        integer     NOT NULL,
     frame_count      integer     NOT NULL,
     raw_bytes        bigint      NOT NULL,  -- sum of the frames' size_bytes (their payload JSON)
     stored_bytes     integer     NOT NULL,  -- octet_length(data): what the storage gate counts

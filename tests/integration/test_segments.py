@@ -223,9 +223,17 @@ async def test_sealed_segments_cannot_be_changed_or_removed(
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
             sql(database_url, statement)
     assert where_frames_are(database_url, "frozen") == (0, [(0, 2)])
-    # Deleting the whole queue takes its segments with it.
+    # Deleting the whole queue takes its segments with it, and so does deleting a tenant.
     r = await http.delete(f"{API}/resources/queues/frozen")
     assert r.json()["existed"] is True
+    assert sql(database_url, "SELECT count(*) AS n FROM queen.segments") == [{"n": 0}]
+    with connect(database_url) as conn:
+        other = tenant_store.create_tenant(conn, "other")
+        with conn.transaction():
+            store.append(conn, other, [store.NewFrame("theirs", "Default", i, f"t{i}")
+                                       for i in range(3)])
+    assert seal_all(database_url, "theirs") == 1
+    sql(database_url, "DELETE FROM queen.tenants WHERE name = 'other' RETURNING 1")
     assert sql(database_url, "SELECT count(*) AS n FROM queen.segments") == [{"n": 0}]
 
 
