@@ -322,7 +322,8 @@ OPS = st.lists(
         st.tuples(st.just("push"), st.sampled_from(["a", "b"]), st.integers(1, 6)),
         st.tuples(st.just("pop"), st.sampled_from(["g1", "g2"]), st.integers(1, 6),
                   st.sampled_from(["ack", "fail_one", "auto"])),
-        st.tuples(st.just("seal"), st.integers(1, 7)),
+        # Seal everything, or only full segments (the rest stays in the head).
+        st.tuples(st.just("seal"), st.integers(1, 7), st.booleans()),
     ),
     min_size=1, max_size=30,
 )
@@ -387,7 +388,8 @@ def test_no_interleaving_of_push_pop_ack_and_seal_loses_reorders_or_duplicates(
         elif op[0] == "pop":
             pop_once(op[1], op[2], op[3])
         else:
-            policy = SealPolicy(max_frames=op[1], max_bytes=1 << 20, min_age_ms=0, max_age_ms=0)
+            policy = SealPolicy(max_frames=op[1], max_bytes=1 << 20, min_age_ms=0,
+                                max_age_ms=0 if op[2] else 600_000)
             for pid in [r["partition_id"] for r in conn.execute(
                     "SELECT partition_id FROM queen.partitions p JOIN queen.queues q "
                     "USING (queue_id) WHERE q.name = %s", (queue,))]:
