@@ -594,3 +594,22 @@ def replace(policy: SealPolicy, **changes: Any) -> SealPolicy:
     import dataclasses
 
     return dataclasses.replace(policy, **changes)
+
+
+async def test_one_housekeeping_round_seals_then_applies_retention(
+    broker: BrokerHandle, http: httpx.AsyncClient, database_url: str
+) -> None:
+    await configure(http, "expiring", retentionSeconds=60)
+    await push(http, "expiring", [{"i": i} for i in range(12)])
+    backdate(database_url, "expiring")  # an hour old: past max_age and past retention
+    keeper = housekeeping.Housekeeper(broker.context.db, EAGER, metrics=broker.context.metrics)
+    done = await keeper.run_once()
+    assert [(s.first_offset, s.last_offset) for s in done.sealed] == [(0, 4), (5, 9), (10, 11)]
+    assert [(d.segments, d.frames, d.log_start) for d in done.dropped] == [(3, 12, 12)]
+    assert keeper.statistics().segments_dropped_total == 3
+    metrics = (await http.get("/metrics")).text
+    assert metric(metrics, "queen_segments_sealed_total") == 3
+    assert metric(metrics, "queen_segment_frames_dropped_total") == 12
+    assert await pop(http, "expiring") is None
+    detail = (await http.get(f"{API}/resources/queues/expiring")).json()
+    assert (detail["partitions"][0]["logStart"], detail["partitions"][0]["messages"]) == (12, 0)
