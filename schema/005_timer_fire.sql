@@ -46,29 +46,45 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
     v_appended integer;
+    v_wanted integer;
+    v_locked integer;
 BEGIN
-    INSERT INTO queen.queues (tenant_id, name)
-    SELECT DISTINCT n.tenant_id, n.queue
-    FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
-    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
-    ON CONFLICT (tenant_id, name) DO NOTHING;
-
-    INSERT INTO queen.partitions (tenant_id, queue_id, name)
-    SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
-    FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
-    JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
-    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
-                      WHERE p.queue_id = q.queue_id AND p.name = n.partition)
-    ON CONFLICT (queue_id, name) DO NOTHING;
-
-    PERFORM 1
-    FROM queen.partitions p
-    JOIN queen.queues q USING (queue_id)
-    WHERE (q.tenant_id, q.name, p.name) IN (
-        SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
-    ORDER BY p.partition_id
-    FOR UPDATE OF p;
+    SELECT count(*) INTO v_wanted
+    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions)) AS w;
+    FOR attempt IN 1..2 LOOP
+        WITH locked AS (
+            SELECT 1
+            FROM queen.partitions p
+            JOIN queen.queues q USING (queue_id)
+            WHERE (q.tenant_id, q.name, p.name) IN (
+                SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+            ORDER BY p.partition_id
+            FOR UPDATE OF p
+        )
+        SELECT count(*) INTO v_locked FROM locked;
+        EXIT WHEN v_locked = v_wanted OR attempt = 2;
+        -- First frames of a queue or a partition (usually they exist): create what is
+        -- missing, then lock again.
+        INSERT INTO queen.queues (tenant_id, name)
+        SELECT DISTINCT n.tenant_id, n.queue
+        FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                          WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
+        ON CONFLICT (tenant_id, name) DO NOTHING;
+        INSERT INTO queen.partitions (tenant_id, queue_id, name)
+        SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
+        FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
+        JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
+        WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
+                          WHERE p.queue_id = q.queue_id AND p.name = n.partition)
+        ON CONFLICT (queue_id, name) DO NOTHING;
+    END LOOP;
+    IF v_locked <> v_wanted THEN
+        -- A queue deleted while we created its partition: try the whole fire again later
+        -- rather than append fewer frames than the rows it deletes.
+        RAISE EXCEPTION 'a destination partition vanished during the fire'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
 
     WITH fired AS (
         SELECT f.*, p.partition_id,
@@ -206,19 +222,23 @@ BEGIN
            NULL::float8, NULL::float8
     FROM unnest(v_fired) AS f(at);
 
-    RETURN QUERY
-    WITH claimed AS (
-    UPDATE queen.timers t
-    SET visible_at = now() + make_interval(secs => p_lease_ms / 1000.0),
-        claim_token = p_token, claimed_by = p_broker
-    FROM unnest(v_tenants[v_direct + 1:], v_queues[v_direct + 1:], v_keys[v_direct + 1:],
-                v_due[v_direct + 1:]) AS k(tenant_id, queue, timer_key, due_at)
-    WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue AND t.timer_key = k.timer_key
-    RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
-              t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
-              NULL::float8, NULL::float8
-    )
-    SELECT * FROM claimed;
+    IF v_direct < cardinality(v_keys) THEN
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE queen.timers t
+            SET visible_at = now() + make_interval(secs => p_lease_ms / 1000.0),
+                claim_token = p_token, claimed_by = p_broker
+            FROM unnest(v_tenants[v_direct + 1:], v_queues[v_direct + 1:],
+                        v_keys[v_direct + 1:], v_due[v_direct + 1:])
+                 AS k(tenant_id, queue, timer_key, due_at)
+            WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue
+              AND t.timer_key = k.timer_key
+            RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
+                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
+                      NULL::float8, NULL::float8
+        )
+        SELECT * FROM claimed;
+    END IF;
 
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
