@@ -23,6 +23,16 @@ FROM queen.schedule_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[],
                            %(notify_within_ms)s::bigint)
 ORDER BY ord
 
+-- name: schedule_one
+-- The same for a single timer (PUT / POST), with scalar parameters: building the one-element
+-- arrays here is much cheaper for the broker than sending arrays.
+SELECT ord, status, txn, deliver_at
+FROM queen.schedule_timers(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text],
+                           ARRAY[%(partition)s::text], ARRAY[%(txn)s::text],
+                           ARRAY[%(payload)b::bytea], ARRAY[%(zstd)s::boolean],
+                           ARRAY[%(bytes)s::integer], ARRAY[%(delay)s::bigint],
+                           %(notify_within_ms)s::bigint)
+
 -- name: delete_timer
 DELETE FROM queen.timers
 WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s

@@ -50,8 +50,13 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
 
     One statement: it may run in autocommit as its own transaction."""
-    (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms)
-    return outcome
+    blob, size, compressed = rules.pack(s.payload)
+    row = raw.execute(Q.schedule_one, {
+        "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
+        "txn": s.txn or log_rules.new_transaction_id(), "payload": blob, "zstd": compressed,
+        "bytes": size, "delay": s.delay_ms, "notify_within_ms": notify_within_ms,
+    }).fetchone()
+    return _outcome(s, row)
 
 
 def schedule_many(
@@ -75,14 +80,13 @@ def schedule_many(
         "bytes": [size for _, size, _ in packed], "delays": [s.delay_ms for s in schedules],
         "notify_within_ms": notify_within_ms,
     }).fetchall()
-    outcomes = []
-    for s, row in zip(schedules, rows, strict=True):
-        if row["status"] == "too_late":
-            outcomes.append(Outcome("too_late", s.queue, s.key, row["txn"]))
-        else:
-            outcomes.append(Outcome(row["status"], s.queue, s.key, row["txn"], s.partition,
-                                    row["deliver_at"]))
-    return outcomes
+    return [_outcome(s, row) for s, row in zip(schedules, rows, strict=True)]
+
+
+def _outcome(s: Schedule, row: dict[str, Any]) -> Outcome:
+    if row["status"] == "too_late":
+        return Outcome("too_late", s.queue, s.key, row["txn"])
+    return Outcome(row["status"], s.queue, s.key, row["txn"], s.partition, row["deliver_at"])
 
 
 def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:
