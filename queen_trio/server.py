@@ -104,7 +104,9 @@ async def run_broker(
             await nursery.start(sweeper.run)  # claims due timers and fires them
             context.services["sweeper"] = lambda: sweeper.alive
             # Seals the head into zstd segments and applies retention.
-            await nursery.start(Housekeeper.from_settings(db, settings, metrics).run)
+            housekeeper = Housekeeper.from_settings(db, settings, metrics)
+            await nursery.start(housekeeper.run)
+            context.services["housekeeping"] = lambda: housekeeper.alive
 
             http_done = trio.Event()
             urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,

@@ -199,6 +199,7 @@ class Housekeeper:
         self._interval_s = interval_ms / 1000
         self._metrics = metrics
         self._rounds = self._sealed = self._dropped = self._failed = 0
+        self._alive = False
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings,
@@ -206,8 +207,19 @@ class Housekeeper:
         return cls(db, policy_from_settings(settings),
                    interval_ms=settings.housekeeping_interval_ms, metrics=metrics)
 
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._alive = True
         task_status.started()
+        try:
+            await self._rounds_forever()
+        finally:
+            self._alive = False
+
+    async def _rounds_forever(self) -> None:
         while True:
             await trio.sleep(self._interval_s)
             try:

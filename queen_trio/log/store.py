@@ -249,7 +249,8 @@ def _pop_partition(
     skip = _skip(cursor["committed"], committed, cursor["acked_ahead"])
     ahead = {o for o in cursor["acked_ahead"] if o > committed}
 
-    if cursor["lease_expires_at"] is not None and (cursor["leased_to"] or -1) > committed:
+    leased_to = -1 if cursor["leased_to"] is None else cursor["leased_to"]  # 0 is an offset
+    if cursor["lease_expires_at"] is not None and leased_to > committed:
         # The previous holder's lease ran out with deliveries unacknowledged.
         raw.execute(
             Q.count_expired_delivery,

@@ -260,11 +260,13 @@ def _spend_attempt(
     except ValueError:
         payload = {"undecodablePayloadBytes": len(c.payload)}
     log_store.ensure_queue(raw, c.tenant_id, c.queue)
+    text = log_store.to_json(payload)
     raw.execute(Q.dead_letter_timer, {
         "tenant_id": c.tenant_id, "queue": c.queue, "partition": c.partition, "txn": c.txn,
-        "payload": log_store.to_json(payload), "attempts": attempts, "error": error,
+        "payload": text, "attempts": attempts, "error": error,
     })
-    log_store.add_usage(raw, c.tenant_id, -c.payload_bytes)
+    # The bytes move from the timer row to the dead letter (whose size is its JSON text).
+    log_store.add_usage(raw, c.tenant_id, len(text.encode()) - c.payload_bytes)
     return True
 
 

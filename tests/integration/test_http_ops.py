@@ -26,7 +26,7 @@ async def test_health_reports_database_schema_and_services(http: httpx.AsyncClie
         "ok": True,
         "database": "up",
         "schemaVersion": latest_version(),
-        "services": {"listener": "up", "sweeper": "up", "http": "up"},
+        "services": {"listener": "up", "sweeper": "up", "housekeeping": "up", "http": "up"},
     }
 
 
@@ -55,7 +55,8 @@ async def test_health_is_503_while_the_database_is_unreachable(
     with trio.fail_after(5):
         while (r := await http.get("/health")).status_code != 200:
             await trio.sleep(0.05)
-    assert r.json()["services"] == {"listener": "up", "sweeper": "up", "http": "up"}
+    assert r.json()["services"] == {"listener": "up", "sweeper": "up", "housekeeping": "up",
+                                    "http": "up"}
 
 
 async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncClient) -> None:

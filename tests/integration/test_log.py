@@ -249,6 +249,22 @@ async def test_bad_pop_parameters(http: httpx.AsyncClient, params: dict, code: s
 # -- leases, retries, dead letters -------------------------------------------------------------
 
 
+async def test_an_expired_lease_over_the_first_frame_counts_as_a_delivery(
+    http: httpx.AsyncClient,
+) -> None:
+    """Offset 0 is a real offset: a lease ending there that expires is a failed delivery, so
+    a message whose consumers keep dying reaches retryLimit and is dead-lettered."""
+    await configure(http, "first", leaseTime=1, retryLimit=1)
+    await push(http, "first", ["only"])
+    for attempt in (0, 1):
+        got = await pop(http, "first")
+        assert [(m["data"], m["retryCount"]) for m in got["messages"]] == [("only", attempt)]
+        await trio.sleep(1.1)  # the consumer died: its lease runs out
+    assert await pop(http, "first") is None  # retries exhausted: dead-lettered
+    dlq = (await http.get(f"{API}/dlq", params={"queue": "first"})).json()["messages"]
+    assert [(d["data"], d["retryCount"]) for d in dlq] == [("only", 2)]
+
+
 async def test_lease_expiry_redelivers_with_a_higher_retry_count(http: httpx.AsyncClient) -> None:
     await configure(http, "slow", leaseTime=1)
     await push(http, "slow", ["x", "y"])

@@ -244,3 +244,20 @@ def test_deleting_a_queue_or_a_tenant_still_deletes_its_frames(database_url: str
         remaining = conn.execute("SELECT DISTINCT tenant_id FROM queen.frames").fetchall()
         assert conn.execute(frames).fetchone()["n"] == 3
         assert remaining == [{"tenant_id": tenant}]
+
+
+def test_a_dead_lettered_timer_moves_its_bytes_to_the_dead_letter(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("dead", "big", -10, "x" * 300)],
+                                notify_within_ms=0)
+        token = uuid.uuid4()
+        rows = claim(conn, token, lease_ms=60_000).rows
+        with conn.transaction():  # a ceiling below the payload: a permanent failure
+            fired = store.fire(conn, token, rows, ceilings={tenant: 100}, max_attempts=1,
+                               backoff_ms=1000)
+    assert [c.key for c, _ in fired.dead_lettered] == ["big"]
+    (dead,) = sql(database_url, "SELECT size_bytes FROM queen.dead_letters")
+    assert dead["size_bytes"] == len('"' + "x" * 300 + '"')
+    assert usage(database_url) == dead["size_bytes"]  # nothing else is stored
