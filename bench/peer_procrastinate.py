@@ -1,0 +1,233 @@
+"""The peer in ``bench.fire_lag``: Procrastinate, a PostgreSQL job queue for Python.
+
+A timer there is a job deferred with ``schedule_in``; its lag is the job's start time (the
+worker's ``context.start_timestamp``) minus its ``scheduled_at``. The worker runs in its own
+process (``python -m bench.peer_procrastinate --dsn URL --profile NAME``), like our broker, and
+reports every job it starts on stdout as ``key<TAB>scheduled_at<TAB>started`` (epoch seconds),
+so the suite sees arrivals live and can check exactly-once by key.
+
+Two profiles (see PROFILES): ``default`` is Procrastinate as installed (one job at a time, a poll
+every 5 s, LISTEN/NOTIFY on — which wakes the worker only when a job is *inserted*, so a job
+scheduled for later waits for the next poll); ``best`` is tuned for latency (LISTEN/NOTIFY on,
+the poll interval at 1 ms, 16 concurrent jobs and a pool large enough for them).
+
+Procrastinate is an optional dependency (``pip install -e '.[bench]'``); ``missing()`` says why
+the peer cannot run, and nothing here imports it at module import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+REPO = Path(__file__).resolve().parent.parent
+QUEUE = "fire"
+SIDE_QUEUE = "calibration"  # no worker listens here: far-future jobs for rate calibration
+TASK = "bench.fire"
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Procrastinate's own defaults (Worker: concurrency 1, fetch_job_polling_interval 5 s,
+    # listen_notify True; the connector's pool as psycopg_pool creates it).
+    "default": {"worker": {}, "pool": {}},
+    # Lowest latency it offers: the poll is the only wake-up for a scheduled job, so poll as
+    # often as a loop can; NOTIFY still wakes it for jobs due at insert; enough concurrent jobs
+    # that finishing one (a commit) never holds up fetching the next.
+    "best": {"worker": {"concurrency": 16, "fetch_job_polling_interval": 0.001,
+                        "listen_notify": True},
+             "pool": {"min_size": 18, "max_size": 18}},
+}
+
+
+def missing() -> str | None:
+    """Why the peer cannot run here, or None."""
+    try:
+        import procrastinate  # noqa: F401
+    except ImportError as exc:
+        return f"procrastinate is not installed ({exc}); pip install -e '.[bench]'"
+    return None
+
+
+def version() -> str:
+    from importlib.metadata import version as dist_version
+
+    return dist_version("procrastinate")
+
+
+def iso(epoch: float) -> str:
+    """The same text for the same microsecond on both sides of the pipe."""
+    return datetime.datetime.fromtimestamp(round(epoch, 6), datetime.UTC).isoformat()
+
+
+def _make_app(connector: Any) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name=TASK, queue=QUEUE, pass_context=True)
+    async def fire(context: Any, key: str) -> None:
+        scheduled = context.job.scheduled_at.timestamp()
+        sys.stdout.write(f"{key}\t{scheduled:.6f}\t{context.start_timestamp:.6f}\n")
+        sys.stdout.flush()  # the suite watches arrivals live
+
+    return app
+
+
+# -- the worker process -------------------------------------------------------------------
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.peer_procrastinate")
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)  # its per-job INFO lines would cost CPU
+    profile = PROFILES[args.profile]
+
+    async def run() -> None:
+        import procrastinate
+
+        app = _make_app(procrastinate.PsycopgConnector(conninfo=args.dsn, **profile["pool"]))
+        async with app.open_async():
+            sys.stdout.write("READY\n")
+            sys.stdout.flush()
+            await app.run_worker_async(queues=[QUEUE], install_signal_handlers=True,
+                                       **profile["worker"])
+
+    asyncio.run(run())
+    return 0
+
+
+# -- the suite's side (trio) --------------------------------------------------------------
+
+
+class PeerClient:
+    """Defers jobs through Procrastinate's synchronous connector (in a worker thread) and
+    counts what is left in its table."""
+
+    def __init__(self, dsn: str) -> None:
+        import procrastinate
+
+        self.dsn = dsn
+        self.app = _make_app(procrastinate.SyncPsycopgConnector(conninfo=dsn))
+        self.app.open()
+        self.task = self.app.tasks[TASK]
+
+    def close(self) -> None:
+        self.app.close()
+
+    def apply_schema(self) -> None:
+        self.app.schema_manager.apply_schema()
+
+    def _defer(self, entries: list[tuple[str, int]], queue: str) -> list[tuple[str, float]]:
+        jobs = [self.task.configure(schedule_in={"milliseconds": delay_ms}, queue=queue)
+                .make_new_job(key=key) for key, delay_ms in entries]
+        self.app.job_manager.batch_defer_jobs(jobs)
+        return [(key, job.scheduled_at.timestamp()) for (key, _), job in zip(entries, jobs,
+                                                                             strict=True)]
+
+    async def defer(self, entries: list[tuple[str, int]], queue: str = QUEUE
+                    ) -> list[tuple[str, float]]:
+        """(key, delayMs) -> (key, scheduled_at epoch), in one statement."""
+        return await trio.to_thread.run_sync(self._defer, entries, queue)
+
+    def _pending(self, queue: str) -> int:
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE queue_name = %s "
+                               "AND status IN ('todo', 'doing')", (queue,)).fetchone()
+        return int(row[0]) if row else -1
+
+    async def pending(self, queue: str = QUEUE) -> int:
+        return await trio.to_thread.run_sync(self._pending, queue)
+
+
+class PeerWorker:
+    """The worker subprocess; ``on_job(key, scheduled_at, started)`` for every job it starts."""
+
+    def __init__(self, dsn: str, profile: str) -> None:
+        self.dsn = dsn
+        self.profile = profile
+        self.process: trio.Process | None = None
+        self.ready = trio.Event()
+        self.on_job: Callable[[str, float, float], None] = lambda *_: None
+        self.stderr_path = Path(tempfile.mkstemp(prefix=f"queen-bench-peer-{profile}-",
+                                                 suffix=".log")[1])
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        cmd = [sys.executable, "-m", "bench.peer_procrastinate", "--dsn", self.dsn,
+               "--profile", self.profile]
+        with open(self.stderr_path, "wb") as err:  # noqa: ASYNC230 - a local file, once
+            self.process = await trio.lowlevel.open_process(
+                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read)
+                with trio.fail_after(30):
+                    await self.ready.wait()
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop()
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        buffer = b""
+        async for chunk in self.process.stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                self._line(line.decode())
+        if not self.ready.is_set():
+            raise RuntimeError(f"peer worker exited before it was ready: {self.log_tail()}")
+
+    def _line(self, line: str) -> None:
+        if line == "READY":
+            self.ready.set()
+            return
+        parts = line.split("\t")
+        if len(parts) == 3:
+            self.on_job(parts[0], float(parts[1]), float(parts[2]))
+
+    async def _stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)  # graceful: unregisters the worker
+        with trio.move_on_after(10):
+            await self.process.wait()
+            return
+        self.process.kill()
+        await self.process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def job_messages(records: Iterable[tuple[str, float, float]]) -> list[dict[str, Any]]:
+    """A started job in the shape of a popped timer frame, so ``bench.timer_lag.Delivery`` can
+    check it (createdAt = the job's start, deliverAt = its scheduled_at)."""
+    return [{"timer": {"key": key, "deliverAt": iso(scheduled)}, "createdAt": iso(started)}
+            for key, scheduled, started in records]
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
