@@ -208,13 +208,14 @@ class PopOutcome:
 
 def pop(raw: Raw, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None) -> PopOutcome:
-    queue = raw.execute(Q.queue_for_pop, {"tenant_id": tenant_id, "name": req.queue}).fetchone()
-    if queue is None:
-        return PopOutcome(None)
     candidates = raw.execute(
         Q.pop_candidates,
-        {"queue_id": queue["queue_id"], "group": req.group, "partition": req.partition},
+        {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
+         "partition": req.partition},
     ).fetchall()
+    if not candidates:
+        return PopOutcome(None)  # nothing past the group's cursors, or no such queue
+    queue = candidates[0]  # every row carries the queue's options
     retry_in: float | None = None
     skipped = 0
     for cand in candidates:
@@ -240,8 +241,9 @@ def _pop_partition(
 ) -> tuple[PopBatch | None, float | None, Skip | None]:
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
-    raw.execute(Q.ensure_cursor, {**key, "log_start": cand["log_start"]})
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+    if cursor is None:
+        cursor = raw.execute(Q.create_cursor, {**key, "log_start": cand["log_start"]}).fetchone()
     if cursor is None:
         return None, None, None  # another consumer of the group holds (or is taking) it
     # A group behind log_start resumes there (start_after): retention took what it skipped.
@@ -288,9 +290,7 @@ def _pop_partition(
     committed, ahead_left = advance(committed, ahead)
     cursor_key = {**key, "committed": committed, "acked_ahead": ahead_left}
     if picked and not req.auto_ack:
-        # Losing this commit in a crash only loses a lease, which is what expiry does anyway:
-        # the frames are handed out again. So it need not wait for the disk.
-        raw.execute("SET LOCAL synchronous_commit = off")
+        # (take_lease also turns off the synchronous commit of this transaction.)
         lease = raw.execute(
             Q.take_lease,
             {**cursor_key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset},

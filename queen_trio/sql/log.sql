@@ -64,29 +64,31 @@ UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %
 -- Wakes long-polling pops of this queue (on every broker); delivered only if we commit.
 SELECT pg_notify('queen_log', %(payload)s)
 
--- name: queue_for_pop
-SELECT queue_id, lease_time_s, retry_limit, delayed_processing_s, dead_letter_queue
-FROM queen.queues
-WHERE tenant_id = %(tenant_id)s AND name = %(name)s
-
 -- name: pop_candidates
 -- Partitions of the queue with frames past the group's cursor and no live lease for the group,
--- least recently served first.
-SELECT p.partition_id, p.name, p.log_start
-FROM queen.partitions p
+-- least recently served first, each with the queue's options (no row: nothing to pop, or no
+-- such queue: the same answer).
+SELECT p.partition_id, p.name, p.log_start, q.queue_id, q.lease_time_s, q.retry_limit,
+       q.delayed_processing_s, q.dead_letter_queue
+FROM queen.queues q
+JOIN queen.partitions p ON p.queue_id = q.queue_id
 LEFT JOIN queen.cursors c
        ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
-WHERE p.queue_id = %(queue_id)s
+WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
 ORDER BY c.updated_at NULLS FIRST
 LIMIT 8
 
--- name: ensure_cursor
+-- name: create_cursor
+-- The group's first pop of this partition: the new row is ours (nobody else sees it before we
+-- commit; a concurrent creator waits on it and then skips). It starts before log_start.
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
 VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(log_start)s - 1)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
+RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
+          committed AS start_after
 
 -- name: lock_free_cursor
 -- Two consumers of one group never hold one partition: whoever locks the cursor first and
@@ -154,7 +156,9 @@ SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
     leased_to = %(leased_to)s,
     updated_at = now()
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
-RETURNING lease_id, lease_expires_at
+-- Losing this commit in a crash only loses a lease, which is what expiry does anyway: the
+-- frames are handed out again. So the transaction need not wait for the disk.
+RETURNING lease_id, lease_expires_at, set_config('synchronous_commit', 'off', true)
 
 -- name: save_cursor
 UPDATE queen.cursors
