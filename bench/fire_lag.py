@@ -240,6 +240,7 @@ async def scenario_steady(party: Ours | Peer, ctx: Ctx, sizes: Sizes, rate: int,
                     for i in range(b, min(n, b + 500))])
             delivery.scheduling_done = True
             out["scheduling_s"] = round(time.time() - t_sched, 2)
+            await party.analyze()
             out["lead_s"] = round(first_due - time.time(), 2)
             background = trio.CancelScope()
             if during is not None:
@@ -286,6 +287,7 @@ async def scenario_burst(party: Ours | Peer, ctx: Ctx, sizes: Sizes, n: int, wai
                                                    for i in range(b, min(n, b + 500))])
             delivery.scheduling_done = True
             out["scheduling_s"] = round(time.time() - t_sched, 2)
+            await party.analyze()
             out["lead_s"] = round(due - time.time(), 2)
             if due - time.time() < 0.3:
                 out["note"] = "scheduling ended after the due instant: the drain overlapped it"
@@ -522,7 +524,7 @@ async def run_driver(unit: str, party: Ours | Peer, ctx: Ctx, sizes: Sizes) -> d
 
 
 async def ours_unit(unit: str, urls: list[str], pids: list[int], cpu: PartyCpu,
-                    failures: Failures, sizes: Sizes) -> dict[str, Any]:
+                    failures: Failures, sizes: Sizes, database_url: str) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     clients = [httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S)
                for url in urls]
@@ -532,7 +534,7 @@ async def ours_unit(unit: str, urls: list[str], pids: list[int], cpu: PartyCpu,
         async with trio.open_nursery() as nursery:
             for pid in pids:
                 nursery.start_soon(watchdog, ctx, pid)
-            result = await run_driver(unit, Ours(apis, failures), ctx, sizes)
+            result = await run_driver(unit, Ours(apis, failures, database_url), ctx, sizes)
             nursery.cancel_scope.cancel()
         result["broker_died"] = ctx.broker_died
         return result
@@ -571,7 +573,8 @@ def run_unit(server: Server, unit: str, party: str, sizes: Sizes, failures: Fail
                 with brokers(db, count, env) as handles:
                     pids = [h.pid for h in handles if h.pid]
                     result = trio.run(ours_unit, unit, [h.url for h in handles], pids,
-                                      PartyCpu(pids, server.postmaster_pid), failures, sizes)
+                                      PartyCpu(pids, server.postmaster_pid), failures, sizes,
+                                      db)
             except RuntimeError as exc:  # a broker did not start
                 failures.add(unit, "broker start", str(exc)[:2000])
                 return {"error": f"broker did not start: {str(exc)[:300]}"}

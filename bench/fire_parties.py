@@ -119,8 +119,9 @@ class Ours:
     name = "ours"
     has_metrics = True
 
-    def __init__(self, apis: list[Api], failures: Failures) -> None:
+    def __init__(self, apis: list[Api], failures: Failures, database_url: str) -> None:
         self.apis = apis
+        self.database_url = database_url
         self.failures = failures
         self.delivery: Delivery | None = None
         self._next = 0
@@ -163,6 +164,9 @@ class Ours:
         await self._api().bundle(f"{scenario} calibration", [
             {"action": "schedule", "queue": f"{queue}-calibration", "key": key,
              "delayMs": delay, "payload": {}} for key, delay in entries])
+
+    async def analyze(self) -> None:
+        await analyze(self.database_url)
 
     async def metrics(self) -> Metrics | None:
         return merge([await api.metrics() for api in self.apis])
@@ -207,7 +211,12 @@ class Peer:
         await trio.sleep_forever()  # the worker's stdout feeds the delivery
 
     async def calibrate(self, scenario: str, queue: str) -> float:
-        return await _calibrate(lambda entries: self.client.defer(entries, peer.SIDE_QUEUE))
+        rate = await _calibrate(lambda entries: self.client.defer(entries, peer.SIDE_QUEUE))
+        await self.client.drop_side()
+        return rate
+
+    async def analyze(self) -> None:
+        await analyze(self.client.dsn)
 
     async def metrics(self) -> Metrics | None:
         return None
@@ -219,6 +228,20 @@ class Peer:
         """Jobs still waiting: not lost, just not started within the scenario's limit."""
         await trio.sleep(0.5)  # a duplicate start would show up by now
         return {"pending_left": await self.client.pending(), "final_pop_empty": True}
+
+
+async def analyze(database_url: str) -> None:
+    """Table statistics once the timers are in. A fresh database has none, and a planner
+    without them can pick a plan that sorts the whole backlog on every claim (Procrastinate's
+    fetch: 16 ms instead of 0.1 ms with 10,000 jobs waiting); a long-running service has had
+    autovacuum's ANALYZE by then. Both parties get it, at the same point."""
+    import psycopg
+
+    def run() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+
+    await trio.to_thread.run_sync(run)
 
 
 async def _calibrate(send: Any) -> float:

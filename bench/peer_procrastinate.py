@@ -149,6 +149,18 @@ class PeerClient:
                                "AND status IN ('todo', 'doing')", (queue,)).fetchone()
         return int(row[0]) if row else -1
 
+    def _drop_side(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM procrastinate_jobs WHERE queue_name = %s", (SIDE_QUEUE,))
+            conn.execute("VACUUM procrastinate_jobs")
+
+    async def drop_side(self) -> None:
+        """Remove the calibration jobs: its fetch walks todo jobs in id order, so thousands of
+        far-future jobs ahead of the due ones would slow every fetch (not its normal state)."""
+        await trio.to_thread.run_sync(self._drop_side)
+
     async def pending(self, queue: str = QUEUE) -> int:
         return await trio.to_thread.run_sync(self._pending, queue)
 
