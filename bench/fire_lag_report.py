@@ -18,6 +18,9 @@ README = Path(__file__).resolve().parent / "README.md"
 PARTIES = ("ours", "peer-default", "peer-best")
 LABELS = {"ours": "queen-trio (end to end)", "peer-default": "Procrastinate, default settings",
           "peer-best": "Procrastinate, best latency settings"}
+DRAIN_LABELS = {"ours": "queen-trio (fire instant: the frame's createdAt)",
+                "peer-default": LABELS["peer-default"] + " (job start)",
+                "peer-best": LABELS["peer-best"] + " (job start)"}
 PEER_UNITS = ("idle", "steady-1000", "steady-500", "burst")
 QS = (50, 90, 99, 99.9)
 BEGIN, END = "<!-- fire_lag:begin -->", "<!-- fire_lag:end -->"
@@ -259,6 +262,15 @@ def recommend(grid: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _trim(cdf: list[list[float]] | None) -> list[list[float]]:
+    """Histogram buckets from the last empty one to the first full one (the rest is flat)."""
+    if not cdf:
+        return []
+    first = max((i for i, (_, y) in enumerate(cdf) if y == 0), default=0)
+    last = next((i for i, (_, y) in enumerate(cdf) if y >= 1), len(cdf) - 1)
+    return cdf[first:last + 1]
+
+
 # -- plots ------------------------------------------------------------------------------------
 
 
@@ -282,7 +294,7 @@ def plots(out_dir: Path, scenarios: dict[str, Any]) -> list[str]:
             if cdf:
                 ax.step([max(x, 0.01) for x, _ in cdf], [y for _, y in cdf], where="post",
                         label=LABELS[party])
-        metric = ((parties.get("ours") or {}).get("metric_lag") or {}).get("cdf_ms")
+        metric = _trim(((parties.get("ours") or {}).get("metric_lag") or {}).get("cdf_ms"))
         if metric:
             ax.step([x for x, _ in metric], [y for _, y in metric], where="post", linestyle="--",
                     label="queen-trio broker metric (fire commit)")
@@ -303,7 +315,7 @@ def plots(out_dir: Path, scenarios: dict[str, Any]) -> list[str]:
         for party in PARTIES:
             curve = (burst.get(party) or {}).get("drain_curve")
             if curve:
-                ax.plot([t for t, _ in curve], [f for _, f in curve], label=LABELS[party])
+                ax.plot([t for t, _ in curve], [f for _, f in curve], label=DRAIN_LABELS[party])
         ax.set_xlabel("seconds after the due instant (= lag of the timer fired then)")
         ax.set_ylabel("fraction of the burst fired")
         ax.set_title("burst: timers fired over time (lag grows while the backlog drains)")
