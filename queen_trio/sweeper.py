@@ -44,6 +44,8 @@ _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
 _PENDING_REFRESH_S = 5.0
 # How long before a planned cycle trio wakes; the worker thread sleeps the rest precisely.
 _EARLY_WAKE_S = 0.002
+# Longest run of back-to-back sweeps a worker thread makes while a backlog drains.
+_DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
 TRANSIENT = TRANSIENT_ERRORS
 
@@ -171,7 +173,8 @@ class Sweeper:
 
     async def _cycle(self, *, not_before: float) -> SweepResult:
         """One sweep statement, started no earlier than ``not_before`` (local wall clock), then
-        the broker's fire of whatever it claimed."""
+        the broker's fire of whatever it claimed. While a backlog drains, the worker thread
+        runs further sweeps back to back (see :meth:`_sweep_at`); the last one is returned."""
         while self._unreleased:
             await self._db.run(store.release, self._unreleased[0])
             self._unreleased.pop(0)
@@ -179,27 +182,43 @@ class Sweeper:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
         async with self._db.connection() as conn:
-            result: SweepResult = await conn.run(self._sweep_at, not_before, token)
-        done_at_db = time.time() + self._clock_offset
-        self._offset_bounds.append(result.db_now - time.time())
-        self._clock_offset = max(self._offset_bounds)
-        if result.fired:
-            self._fired_now(result.fired, done_at_db)
+            swept: list[tuple[SweepResult, float]] = await conn.run(
+                self._sweep_at, not_before, token)
+        self._cycles += len(swept) - 1
+        for result, returned_at in swept:
+            self._offset_bounds.append(result.db_now - returned_at)
+            self._clock_offset = max(self._offset_bounds)
+            if result.fired:
+                self._fired_now(result.fired, returned_at + self._clock_offset)
+            if result.fired or result.rows:
+                self._metrics.claim_batch_size.observe(len(result.fired) + len(result.rows))
+        result = swept[-1][0]
         if result.rows:
-            self._metrics.claim_batch_size.observe(len(result.fired) + len(result.rows))
             await self._fire(token, result.rows)
-        elif result.fired:
-            self._metrics.claim_batch_size.observe(len(result.fired))
         return result
 
-    def _sweep_at(self, raw: store.Raw, not_before: float, token: uuid.UUID) -> SweepResult:
-        """In the worker thread: wait out the last moments precisely, then sweep."""
+    def _sweep_at(
+        self, raw: store.Raw, not_before: float, token: uuid.UUID
+    ) -> list[tuple[SweepResult, float]]:
+        """In the worker thread: wait out the last moments precisely, then sweep.
+
+        A full batch fired by PostgreSQL means a backlog: sweep again at once, here, for up to
+        _DRAIN_SLICE_S, rather than hand back to the event loop between batches (its HTTP
+        work would hold every batch up). Stops at the first rows claimed for the broker.
+        Answers each sweep with the local time it returned."""
         delay = not_before - time.time()
         if delay > 0:
             time.sleep(min(delay, _EARLY_WAKE_S * 2))
         s = self._settings
-        return store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
-                           max_payload=self._max_payload)
+        slice_ends = time.monotonic() + _DRAIN_SLICE_S
+        swept = []
+        while True:
+            result = store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
+                                 max_payload=self._max_payload)
+            swept.append((result, time.time()))
+            if (len(result.fired) < s.sweeper_batch or result.rows
+                    or time.monotonic() >= slice_ends):
+                return swept
 
     def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
         for at in deliver_ats:

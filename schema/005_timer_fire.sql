@@ -156,6 +156,7 @@ DECLARE
     v_queues text[];
     v_keys text[];
     v_due timestamptz[];
+    v_ctids tid[];
     v_direct integer;
     v_fired timestamptz[] := '{}';
     v_appended integer;
@@ -164,17 +165,20 @@ BEGIN
            coalesce(array_agg(d.queue ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.timer_key ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
            coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
-    INTO v_tenants, v_queues, v_keys, v_due, v_direct
+    INTO v_tenants, v_queues, v_keys, v_due, v_ctids, v_direct
     FROM (
-        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at,
+        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at, t.ctid,
                row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
                    AS ord,
                p_fire AND NOT t.payload_zstd
                    AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
         FROM (
-            SELECT due.tenant_id, due.queue, due.timer_key, due.visible_at, due.payload_zstd,
-                   due.payload_bytes
+            -- (ctid: the locked rows are then deleted or claimed by a TID scan, which no
+            -- planner estimate can turn into a scan of the whole table.)
+            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.visible_at,
+                   due.payload_zstd, due.payload_bytes
             FROM queen.timers due
             WHERE due.visible_at <= now()
             ORDER BY due.visible_at
@@ -188,10 +192,8 @@ BEGIN
         BEGIN
             WITH gone AS (
                 DELETE FROM queen.timers t
-                USING unnest(v_tenants[1:v_direct], v_queues[1:v_direct], v_keys[1:v_direct])
-                      WITH ORDINALITY AS k(tenant_id, queue, timer_key, ord)
-                WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue
-                  AND t.timer_key = k.timer_key
+                USING unnest(v_ctids[1:v_direct]) WITH ORDINALITY AS k(row_id, ord)
+                WHERE t.ctid = k.row_id
                 RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
                           convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                           t.deliver_at
@@ -228,11 +230,8 @@ BEGIN
             UPDATE queen.timers t
             SET visible_at = now() + make_interval(secs => p_lease_ms / 1000.0),
                 claim_token = p_token, claimed_by = p_broker
-            FROM unnest(v_tenants[v_direct + 1:], v_queues[v_direct + 1:],
-                        v_keys[v_direct + 1:], v_due[v_direct + 1:])
-                 AS k(tenant_id, queue, timer_key, due_at)
-            WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue
-              AND t.timer_key = k.timer_key
+            FROM unnest(v_ctids[v_direct + 1:], v_due[v_direct + 1:]) AS k(row_id, due_at)
+            WHERE t.ctid = k.row_id
             RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
                       t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
                       NULL::float8, NULL::float8
@@ -259,13 +258,22 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH gone AS (
+    WITH ours AS (
+        -- One index lookup per key (LATERAL), whatever the planner thinks of the table.
+        SELECT k.ord, k.text, t.ctid AS row_id
+        FROM unnest(p_tenants, p_queues, p_keys, p_texts) WITH ORDINALITY
+             AS k(tenant_id, queue, timer_key, text, ord)
+        CROSS JOIN LATERAL (
+            SELECT x.ctid FROM queen.timers x
+            WHERE x.tenant_id = k.tenant_id AND x.queue = k.queue
+              AND x.timer_key = k.timer_key AND x.claim_token = p_token
+            FOR UPDATE
+        ) t
+    ), gone AS (
         DELETE FROM queen.timers t
-        USING unnest(p_tenants, p_queues, p_keys, p_texts) WITH ORDINALITY
-              AS k(tenant_id, queue, timer_key, text, ord)
-        WHERE t.tenant_id = k.tenant_id AND t.queue = k.queue AND t.timer_key = k.timer_key
-          AND t.claim_token = p_token
-        RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, k.text,
+        USING ours o
+        WHERE t.ctid = o.row_id
+        RETURNING o.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, o.text,
                   t.payload_bytes, t.deliver_at
     ), appended AS (
         SELECT queen.append_timer_frames(
@@ -323,36 +331,47 @@ BEGIN
         RETURN;
     END IF;
 
+    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID
+    -- scan) that the planner cannot flatten: with the table's statistics stale (it grew since the last ANALYZE), a join
+    -- would be planned as a scan of all the tenant's timers, for every bundle.
     WITH input AS (
         SELECT u.queue, u.timer_key, u.partition, u.txn, u.payload, u.zstd, u.bytes,
                u.ord::integer AS ord, now() + make_interval(secs => u.delay_ms / 1000.0) AS due
         FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_payloads, p_zstd, p_bytes,
                     p_delays_ms) WITH ORDINALITY
              AS u(queue, timer_key, partition, txn, payload, zstd, bytes, delay_ms, ord)
+    ), existing AS (
+        SELECT i.ord, t.row_id, t.txn
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.ctid AS row_id, x.txn FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            LIMIT 1  -- (keeps the planner from flattening the probe into a join)
+        ) t
     ), locked AS (
         -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
-        SELECT t.queue, t.timer_key, t.txn, t.payload_bytes,
-               t.claim_token IS NOT NULL AND t.visible_at > now() AS claimed
-        FROM queen.timers t
-        JOIN input i ON t.tenant_id = p_tenant AND t.queue = i.queue
-                    AND t.timer_key = i.timer_key
-        FOR UPDATE OF t SKIP LOCKED
+        SELECT i.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.ctid AS row_id, x.txn, x.payload_bytes,
+                   x.claim_token IS NOT NULL AND x.visible_at > now() AS claimed
+            FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            FOR UPDATE SKIP LOCKED
+        ) t
     ), busy AS (
-        SELECT t.queue, t.timer_key, t.txn
-        FROM queen.timers t
-        JOIN input i ON t.tenant_id = p_tenant AND t.queue = i.queue
-                    AND t.timer_key = i.timer_key
-        WHERE NOT EXISTS (SELECT 1 FROM locked l
-                          WHERE l.queue = t.queue AND l.timer_key = t.timer_key)
+        SELECT e.ord, e.txn
+        FROM existing e
+        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
     ), rescheduled AS (
         -- A reschedule is a new timer under an old name: the failure budget starts again.
         UPDATE queen.timers t
         SET partition = i.partition, txn = i.txn, payload = i.payload, payload_zstd = i.zstd,
             payload_bytes = i.bytes, deliver_at = i.due, visible_at = i.due, attempts = 0,
             last_error = NULL, claim_token = NULL, claimed_by = NULL, updated_at = now()
-        FROM input i
-        JOIN locked l ON l.queue = i.queue AND l.timer_key = i.timer_key AND NOT l.claimed
-        WHERE t.tenant_id = p_tenant AND t.queue = i.queue AND t.timer_key = i.timer_key
+        FROM locked l
+        JOIN input i ON i.ord = l.ord
+        WHERE t.ctid = l.row_id AND NOT l.claimed
         RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
     ), inserted AS (
         INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload,
@@ -360,8 +379,7 @@ BEGIN
         SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.payload, i.zstd, i.bytes,
                i.due, i.due
         FROM input i
-        WHERE NOT EXISTS (SELECT 1 FROM queen.timers t WHERE t.tenant_id = p_tenant
-                          AND t.queue = i.queue AND t.timer_key = i.timer_key)
+        WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
         ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
         ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
         RETURNING queue, timer_key, deliver_at
@@ -372,12 +390,9 @@ BEGIN
         SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
         FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
         UNION ALL
-        SELECT i.ord, 'too_late', l.txn, NULL, 0
-        FROM locked l JOIN input i ON i.queue = l.queue AND i.timer_key = l.timer_key
-        WHERE l.claimed
+        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
         UNION ALL
-        SELECT i.ord, 'too_late', b.txn, NULL, 0
-        FROM busy b JOIN input i ON i.queue = b.queue AND i.timer_key = b.timer_key
+        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
     )
     SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
            array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
