@@ -46,6 +46,7 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
     v_appended integer;
+    v_queues_woken integer;
     v_wanted integer;
     v_locked integer;
 BEGIN
@@ -126,7 +127,7 @@ BEGIN
         FROM (SELECT DISTINCT tenant_id, queue FROM fired) d
     )
     SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM woken)
-    INTO v_appended;
+    INTO v_appended, v_queues_woken;
     RETURN v_appended;
 END
 $fn$;
@@ -152,22 +153,16 @@ RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, par
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
-    v_tenants integer[];
-    v_queues text[];
-    v_keys text[];
     v_due timestamptz[];
     v_ctids tid[];
     v_direct integer;
     v_fired timestamptz[] := '{}';
     v_appended integer;
 BEGIN
-    SELECT coalesce(array_agg(d.tenant_id ORDER BY d.ord), '{}'),
-           coalesce(array_agg(d.queue ORDER BY d.ord), '{}'),
-           coalesce(array_agg(d.timer_key ORDER BY d.ord), '{}'),
-           coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+    SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
            coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
-    INTO v_tenants, v_queues, v_keys, v_due, v_ctids, v_direct
+    INTO v_due, v_ctids, v_direct
     FROM (
         SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at, t.ctid,
                row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
@@ -224,7 +219,7 @@ BEGIN
            NULL::float8, NULL::float8
     FROM unnest(v_fired) AS f(at);
 
-    IF v_direct < cardinality(v_keys) THEN
+    IF v_direct < cardinality(v_ctids) THEN
         RETURN QUERY
         WITH claimed AS (
             UPDATE queen.timers t
