@@ -33,6 +33,14 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     async def _start_timer() -> None:
         g.started = time.perf_counter()
 
+    @app.before_request
+    async def _read_body_first() -> None:
+        # Under HTTP/1.1 keep-alive, hypercorn never answers the next request of a connection
+        # whose previous answer went out before that request's body had arrived (a 401, 429,
+        # 405 or 404 decided from the headers alone). So the body (at most MAX_CONTENT_LENGTH,
+        # cached for the handler) is read before anything can answer early.
+        await request.get_data(cache=True)
+
     app.before_request(admit_request)
 
     @app.after_request
