@@ -270,8 +270,24 @@ def _log_paths() -> dict[str, Any]:
     }
 
 
+def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
+    """A name in the path with a line break in it matches no route: every operation with a
+    path parameter may answer 404, and says so."""
+    for operations in paths.values():
+        for operation in operations.values():
+            if any(p.get("in") == "path" for p in operation.get("parameters", ())):
+                operation["responses"].setdefault("404", _json(_ERROR, "No such route"))
+    return paths
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
+    document = _document()
+    _no_route_for_odd_names(document["paths"])
+    return document
+
+
+def _document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
