@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import unquote_to_bytes
 
 from quart import g, request
 from quart_trio import QuartTrio
 
 from ..context import BrokerContext
-from .errors import install_error_handlers
+from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
 from .log import log_routes
 from .ops import ops
@@ -42,6 +43,17 @@ def create_app(broker: BrokerContext) -> QuartTrio:
         await request.get_data(cache=True)
 
     app.before_request(admit_request)
+
+    @app.before_request
+    async def _path_is_utf8() -> None:
+        # A name in the path is text: percent-escapes that decode to bytes which are not
+        # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.
+        raw = request.scope.get("raw_path") or b""
+        try:
+            unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "invalid_path",
+                           "the path is not UTF-8 once percent-decoded") from None
 
     @app.after_request
     async def _count(response):  # type: ignore[no-untyped-def]
