@@ -1,0 +1,311 @@
+"""Hostile input against a live broker process (issue 9, part 3): generated timer and
+transaction bodies, huge and deeply nested JSON, names that are not UTF-8 or not properly
+percent-encoded, requests whose body arrives late, and slow-loris clients.
+
+What a client may see is the contract: a JSON answer with a documented status (never a 500,
+never a hang), and whatever the broker accepted it gives back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import string
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ..brokers import BrokerProcess
+
+API = "/api/v1"
+ERROR_KEYS = {"ok", "error", "message"}
+
+json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                           max_leaves=20)
+names = st.text(min_size=1, max_size=40)
+FUZZ = settings(max_examples=120, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def assert_error(r: httpx.Response, *statuses: int) -> dict[str, Any]:
+    assert r.status_code in statuses, (r.status_code, r.text[:500])
+    body = r.json()
+    assert ERROR_KEYS <= set(body) and body["ok"] is False, body
+    assert "Traceback" not in r.text
+    return body
+
+
+@pytest.fixture(scope="module")
+def http(live_broker: BrokerProcess) -> Any:
+    with httpx.Client(base_url=live_broker.url, timeout=10) as client:
+        yield client
+
+
+def quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+# -- generated bodies ---------------------------------------------------------------------------
+
+
+timer_bodies = st.fixed_dictionaries({}, optional={
+    "delayMs": st.integers(-(2**40), 2**40) | json_values,
+    "payload": json_values,
+    "partition": names | json_values,
+    "txn": names | json_values,
+    "deliverAt": st.text(max_size=30),
+}) | json_values
+
+
+@FUZZ
+@given(key=names, body=timer_bodies)
+def test_generated_timer_schedules_answer_json_and_round_trip(
+    http: httpx.Client, key: str, body: Any
+) -> None:
+    path = f"{API}/timers/fuzz/{quote(key)}"
+    r = http.put(path, content=json.dumps(body))
+    if r.status_code != 200:
+        assert_error(r, 400, 404, 413)
+        return
+    answer = r.json()
+    assert answer["status"] in ("scheduled", "rescheduled") and answer["key"] == key
+    peek = http.get(path)
+    if peek.status_code == 200:  # (a short delay may have fired it already)
+        assert peek.json()["payload"] == body["payload"]
+        assert peek.json()["txn"] == answer["txn"]
+    cancel = http.delete(path)
+    assert cancel.status_code == 200 and cancel.json()["status"] in ("cancelled", "absent",
+                                                                       "too_late")
+
+
+operations = st.fixed_dictionaries({"type": st.sampled_from(
+    ["push", "ack", "kv.put", "kv.delete", "timer", "schedule", "bogus"]) | json_values},
+    optional={"items": st.lists(st.fixed_dictionaries(
+        {"queue": names, "payload": json_values}, optional={"transactionId": names}),
+        max_size=3) | json_values,
+        "namespace": names, "key": names, "value": json_values,
+        "ttlSeconds": st.integers(-5, 10**12) | json_values,
+        "transactionId": names, "partitionId": names, "status": names})
+timer_entries = st.fixed_dictionaries({"action": st.sampled_from(["schedule", "cancel"]) | names},
+                                      optional={"queue": names, "key": names,
+                                                "delayMs": st.integers(-1000, 10**12),
+                                                "payload": json_values, "txn": names})
+
+
+@FUZZ
+@given(body=st.fixed_dictionaries({}, optional={
+    "operations": st.lists(operations, max_size=4) | json_values,
+    "timers": st.lists(timer_entries, max_size=4) | json_values}) | json_values)
+def test_generated_transactions_answer_json_never_a_server_error(
+    http: httpx.Client, body: Any
+) -> None:
+    r = http.post(f"{API}/transaction", content=json.dumps(body))
+    if r.status_code == 200:
+        answer = r.json()
+        assert answer["success"] is True
+        assert len(answer["timers"]) == len(body.get("timers") or [])
+    else:
+        assert_error(r, 400, 404, 409, 413)
+
+
+# -- huge and deeply nested JSON ----------------------------------------------------------------
+
+
+def test_huge_bodies_are_refused_cleanly_and_the_connection_stays_usable(
+    http: httpx.Client,
+) -> None:
+    big = json.dumps({"delayMs": 1, "payload": "x" * (9 * 1024 * 1024)})
+    assert_error(http.put(f"{API}/timers/huge/k", content=big), 413)
+    # Over the timer ceiling (1 MiB serialized) but under the request limit.
+    over = json.dumps({"delayMs": 1, "payload": "x" * (1024 * 1024)})
+    assert_error(http.put(f"{API}/timers/huge/k", content=over), 413)
+    # 200,000 small keys: parsed, stored, given back.
+    wide = {f"k{i}": i for i in range(200_000)}
+    started = time.perf_counter()
+    r = http.put(f"{API}/kv/huge/wide", json={"value": wide})
+    assert r.status_code in (200, 413), r.text[:300]
+    assert time.perf_counter() - started < 10
+    assert http.get("/health").status_code == 200  # same client, same pool: still served
+
+
+@pytest.mark.parametrize("depth", [100, 900, 5_000, 200_000])
+def test_deeply_nested_json_is_accepted_whole_or_refused_with_a_400(
+    http: httpx.Client, depth: int
+) -> None:
+    nested = "[" * depth + "]" * depth
+    for path, body in ((f"{API}/timers/deep/d{depth}", '{"delayMs": 0, "payload": X}'),
+                       (f"{API}/kv/deep/d{depth}", '{"value": X}'),
+                       (f"{API}/push", '{"items": [{"queue": "deep", "payload": X}]}'),
+                       (f"{API}/transaction", "X")):
+        body = body.replace("X", nested)
+        r = http.post(path, content=body) if path.endswith(("push", "transaction")) \
+            else http.put(path, content=body)
+        if r.status_code >= 300:
+            assert_error(r, 400, 413)
+    # A timer the broker accepted is delivered (the fire parses what the schedule stored).
+    r = http.get(f"{API}/timers/deep/d{depth}")
+    deadline = time.monotonic() + 5
+    while r.status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        r = http.get(f"{API}/timers/deep/d{depth}")
+    assert r.status_code == 404, r.text[:300]
+
+
+# -- names: invalid UTF-8, bad percent-encoding, control characters -----------------------------
+
+
+@pytest.mark.parametrize("raw", ["%FF", "%C3%28", "%E2%82", "%C0%AF", "%ED%A0%80", "ok%FF"])
+def test_a_name_that_is_not_utf8_is_a_400_and_never_a_timer(http: httpx.Client, raw: str) -> None:
+    for method, path in (("PUT", f"{API}/timers/names/{raw}"),
+                         ("GET", f"{API}/timers/names/{raw}"),
+                         ("DELETE", f"{API}/timers/names/{raw}"),
+                         ("PUT", f"{API}/kv/ns/{raw}"),
+                         ("GET", f"{API}/timers/{raw}")):
+        r = http.request(method, path, json={"delayMs": 60_000, "payload": 1, "value": 1})
+        assert_error(r, 400)
+    listed = http.get(f"{API}/timers/names").json()["timers"]
+    assert all("\ufffd" not in t["key"] for t in listed), listed
+
+
+def test_names_mean_their_decoded_text(http: httpx.Client) -> None:
+    """Two paths name the same timer exactly when they decode to the same text."""
+    table = [  # (as sent in the path, the key it names, the answer)
+        ("%ZZ", "%ZZ", "scheduled"),  # not an escape: taken literally
+        ("%", "%", "scheduled"),
+        ("%25ZZ", "%ZZ", "rescheduled"),  # the same text as the first
+        (quote("\ufffd"), "\ufffd", "scheduled"),  # a real U+FFFD is a name like any other
+        (quote("a/b"), "a/b", "scheduled"),
+        ("a/b", "a/b", "rescheduled"),
+        (quote(" sp ace "), " sp ace ", "scheduled"),
+        (quote("😀"), "😀", "scheduled"),
+    ]
+    got = []
+    for sent, _, _ in table:
+        r = http.put(f"{API}/timers/distinct/{sent}", json={"delayMs": 60_000, "payload": 1})
+        assert r.status_code == 200, (sent, r.text)
+        got.append((sent, r.json()["key"], r.json()["status"]))
+    assert got == table
+
+
+@pytest.mark.parametrize("raw", ["%00", "%0A", "%1B", "%7F"])
+def test_control_characters_in_keys_are_a_400(http: httpx.Client, raw: str) -> None:
+    r = http.put(f"{API}/timers/names/x{raw}y", json={"delayMs": 1000, "payload": 1})
+    assert_error(r, 400, 404)
+
+
+def raw_request(port: int, data: bytes, *, then: bytes | None = None, pause: float = 0.0,
+                timeout: float = 3.0, answers: int = 1) -> list[bytes]:
+    """Send raw bytes (optionally in two parts); return what came back before EOF, the end of
+    the ``answers``-th JSON answer, or the timeout."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        if then is not None:
+            time.sleep(pause)
+            s.sendall(then)
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out.append(chunk)
+                got = b"".join(out)
+                if got.count(b"HTTP/1.1 ") >= answers and got.rstrip().endswith(b"}"):
+                    break
+        except TimeoutError:
+            out.append(b"<timeout>")
+    return out
+
+
+def test_raw_non_utf8_bytes_in_the_path_are_refused(live_broker: BrokerProcess) -> None:
+    body = b'{"delayMs": 60000, "payload": 1}'
+    got = b"".join(raw_request(live_broker.port, b"PUT /api/v1/timers/names/\xff\xfe HTTP/1.1\r\n"
+                               b"Host: x\r\nConnection: close\r\nContent-Type: application/json"
+                               b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+    status = got.split(b"\r\n", 1)[0]
+    assert status.startswith(b"HTTP/1.1 4"), got[:300]
+
+
+# -- late bodies and slow clients ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("QUERY", "/health"),  # 405 from the route table
+    ("POST", "/api/v1/lease/0/extend"),  # 404 before the handler reads the body
+    ("PATCH", "/api/v1/push"),
+])
+def test_an_early_answer_never_hangs_the_next_request_on_the_connection(
+    live_broker: BrokerProcess, method: str, path: str
+) -> None:
+    """Headers first, body 20 ms later (as many clients write them), then a second request on
+    the same connection: it must be answered.
+
+    Regression: before 0b05bb2 the broker answered from the headers alone, and hypercorn then
+    never answered the connection's next request (found by schemathesis)."""
+    body = b'{"seconds": 5, "a": 1}'
+    head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    got = b"".join(raw_request(live_broker.port, head, then=body + b"GET /health HTTP/1.1\r\n"
+                               b"Host: x\r\n\r\n", pause=0.02, answers=2))
+    assert b"<timeout>" not in got, got[-300:]
+    assert got.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 200" in got, got[:600]
+
+
+def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
+                                                 http: httpx.Client) -> None:
+    """120 connections trickle their headers, 30 more their bodies, one byte every 200 ms;
+    meanwhile ordinary requests are answered as fast as ever. (The broker drops a connection
+    that has not finished its headers after keep_alive_timeout, and a body not received
+    within Quart's BODY_TIMEOUT with 408: see RELIABILITY.md.)"""
+    stop = threading.Event()
+    socks: list[socket.socket] = []
+
+    def trickle(s: socket.socket, data: bytes) -> None:
+        try:
+            for b in data:
+                if stop.wait(0.2):
+                    return
+                s.send(bytes([b]))
+        except OSError:
+            pass
+
+    threads = []
+    for i in range(150):
+        s = socket.create_connection(("127.0.0.1", live_broker.port), timeout=5)
+        socks.append(s)
+        if i < 120:
+            s.send(b"GET /health HTTP/1.1\r\nHo")
+            data = b"st: x\r\n" + b"X-Slow: " + string.ascii_letters.encode() * 4
+        else:
+            s.send(b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+                   b"Content-Type: application/json\r\n\r\n{")
+            data = b'"value": "' + b"x" * 1000
+        t = threading.Thread(target=trickle, args=(s, data), daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        latencies = []
+        for i in range(40):
+            started = time.perf_counter()
+            r = http.put(f"{API}/kv/fast/k{i}", json={"value": i})
+            latencies.append(time.perf_counter() - started)
+            assert r.status_code == 200, r.text
+            time.sleep(0.05)
+        assert max(latencies) < 1.0, sorted(latencies)[-5:]
+        print(f"\n150 slow-loris connections open: 40 requests, max {max(latencies) * 1000:.0f} ms")
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+        for t in threads:
+            t.join(2)
+    assert live_broker.alive and http.get("/health").status_code == 200
