@@ -31,7 +31,7 @@ Writes bench/results/fire_lag.json (merged: a scenario run replaces only its own
 fire_lag_explore.json, the PNG plots, and the generated section of bench/README.md.
 
     pip install -e '.[bench]'                  # procrastinate + matplotlib (optional)
-    python -m bench.fire_lag                   # everything (about 20 minutes)
+    python -m bench.fire_lag                   # everything (about 12 minutes here)
     python -m bench.fire_lag --scenario idle --quick
     python -m bench.fire_lag --explore
     python -m bench.fire_lag --readme-only     # redraw plots and README from the JSON
