@@ -124,7 +124,10 @@ async def _pop(queue: str, partition: str | None) -> Response:
     try:
         while True:
             changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
-            outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache)
+            # Most pops are served by one statement; the rest by the general pop.
+            outcome = await broker.db.run_statement(store.pop_head, tenant, req)
+            if outcome is None:
+                outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache)
             if outcome.skipped:
                 broker.metrics.messages_skipped.inc(outcome.skipped)
             remaining = deadline - trio.current_time()

@@ -206,6 +206,26 @@ class PopOutcome:
     skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
 
 
+def pop_head(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome | None:
+    """The common pop in one statement (it may run in autocommit); None when the case needs
+    :func:`pop` (a first pop, an expired lease, sealed or retried frames, delayedProcessing,
+    a cursor behind log_start), in which case nothing was changed."""
+    rows = raw.execute(
+        Q.pop_head,
+        {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
+         "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack},
+    ).fetchall()
+    first = rows[0]
+    if first["outcome"] == "fallback":
+        return None
+    if first["outcome"] == "empty":
+        return PopOutcome(None)
+    messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
+                        r["meta"]) for r in rows]
+    return PopOutcome(PopBatch(req.queue, first["partition"], first["partition_id"], req.group,
+                               first["lease_id"], first["lease_expires_at"], messages))
+
+
 def pop(raw: Raw, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None) -> PopOutcome:
     candidates = raw.execute(

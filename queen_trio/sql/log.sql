@@ -64,6 +64,11 @@ UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %
 -- Wakes long-polling pops of this queue (on every broker); delivered only if we commit.
 SELECT pg_notify('queen_log', %(payload)s)
 
+-- name: pop_head
+-- The common pop in one statement (schema 007); 'fallback' sends the broker to its general pop.
+SELECT * FROM queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
+                             %(auto_ack)s)
+
 -- name: pop_candidates
 -- Partitions of the queue with frames past the group's cursor and no live lease for the group,
 -- least recently served first, each with the queue's options (no row: nothing to pop, or no

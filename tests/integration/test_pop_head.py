@@ -1,0 +1,152 @@
+"""queen.pop_head (schema 007): the common pop in one statement, at the store level against a
+real PostgreSQL. It must answer exactly what the general pop would, and hand every other case
+back ('fallback', None here) without changing anything."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from queen_trio.log import housekeeping
+from queen_trio.log import store as log_store
+from queen_trio.log.housekeeping import SealPolicy
+from queen_trio.log.rules import Ack, PopRequest, QueueOptions
+
+GROUP = "workers"
+
+
+def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+
+def tenant_of(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
+                        ).fetchone()["tenant_id"]
+
+
+def push(conn: psycopg.Connection, tenant: int, queue: str, payloads: list[Any]) -> None:
+    with conn.transaction():
+        log_store.append(conn, tenant, [
+            log_store.NewFrame(queue, "Default", p, f"txn-{uuid.uuid4()}") for p in payloads])
+
+
+def request(queue: str, batch: int = 10, auto_ack: bool = False) -> PopRequest:
+    return PopRequest(queue=queue, partition=None, group=GROUP, batch=batch, wait=False,
+                      timeout_ms=0, auto_ack=auto_ack)
+
+
+def general_pop(conn: psycopg.Connection, tenant: int, req: PopRequest) -> log_store.PopOutcome:
+    with conn.transaction():
+        return log_store.pop(conn, tenant, req)
+
+
+def cursor(conn: psycopg.Connection) -> dict[str, Any]:
+    return conn.execute("SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to "
+                        "FROM queen.cursors WHERE consumer_group = %s", (GROUP,)).fetchone()
+
+
+def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "q", ["a", "b"])
+        first = log_store.pop_head(conn, tenant, request("q"))
+        assert first is None  # no cursor yet: the general pop creates it
+        first = general_pop(conn, tenant, request("q"))
+        assert [m.payload for m in first.batch.messages] == ["a", "b"]
+        with conn.transaction():
+            log_store.ack(conn, tenant, [
+                Ack(i, m.transaction_id, first.batch.partition_id, "completed", GROUP,
+                    first.batch.lease_id, None) for i, m in enumerate(first.batch.messages)])
+
+        push(conn, tenant, "q", ["c", "d", "e"])
+        got = log_store.pop_head(conn, tenant, request("q", batch=2))
+        assert got is not None and got.batch is not None
+        batch = got.batch
+        assert ([m.offset for m in batch.messages], [m.payload for m in batch.messages]) == (
+            [2, 3], ["c", "d"])
+        assert all(m.retry_count == 0 and m.created_at is not None for m in batch.messages)
+        assert (batch.queue, batch.partition, batch.group) == ("q", "Default", GROUP)
+        state = cursor(conn)
+        assert (state["committed"], state["leased_to"], state["lease_id"]) == (
+            1, 3, batch.lease_id)
+        assert state["lease_expires_at"] == batch.lease_expires_at
+        # The partition is leased: nothing more for the group until the lease ends.
+        assert log_store.pop_head(conn, tenant, request("q")).batch is None
+        # The general pop agrees.
+        assert general_pop(conn, tenant, request("q")).batch is None
+
+
+def test_auto_ack_advances_the_cursor(database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "q", ["a"])
+        general_pop(conn, tenant, request("q", auto_ack=True))  # creates the cursor
+        push(conn, tenant, "q", ["b", "c"])
+        got = log_store.pop_head(conn, tenant, request("q", auto_ack=True))
+        assert [m.payload for m in got.batch.messages] == ["b", "c"]
+        assert got.batch.lease_id is None
+        state = cursor(conn)
+        assert (state["committed"], state["lease_expires_at"]) == (2, None)
+        assert log_store.pop_head(conn, tenant, request("q", auto_ack=True)).batch is None
+
+
+def test_every_other_case_falls_back_and_changes_nothing(database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+
+        def unchanged_fallback(queue: str) -> None:
+            before = conn.execute("SELECT * FROM queen.cursors ORDER BY partition_id, "
+                                  "consumer_group").fetchall()
+            assert log_store.pop_head(conn, tenant, request(queue)) is None
+            after = conn.execute("SELECT * FROM queen.cursors ORDER BY partition_id, "
+                                 "consumer_group").fetchall()
+            assert after == before
+
+        # delayedProcessing
+        with conn.transaction():
+            log_store.configure(conn, tenant, "slow", QueueOptions(delayed_processing_s=60))
+        push(conn, tenant, "slow", ["x"])
+        unchanged_fallback("slow")
+
+        # acked out of order: acked_ahead is not empty
+        push(conn, tenant, "ahead", ["a", "b", "c"])
+        got = general_pop(conn, tenant, request("ahead"))
+        with conn.transaction():
+            log_store.ack(conn, tenant, [Ack(0, got.batch.messages[1].transaction_id,
+                                             got.batch.partition_id, "completed", GROUP,
+                                             got.batch.lease_id, None)])
+        conn.execute("UPDATE queen.cursors SET lease_expires_at = now() - interval '1 s'")
+        unchanged_fallback("ahead")
+
+        # a failed delivery: the frame has a retry history
+        push(conn, tenant, "failing", ["f"])
+        got = general_pop(conn, tenant, request("failing"))
+        with conn.transaction():
+            log_store.ack(conn, tenant, [Ack(0, got.batch.messages[0].transaction_id,
+                                             got.batch.partition_id, "failed", GROUP,
+                                             got.batch.lease_id, "boom")])
+        unchanged_fallback("failing")
+
+        # frames sealed into a segment
+        push(conn, tenant, "sealed", ["s0"])
+        got = general_pop(conn, tenant, request("sealed", auto_ack=True))
+        push(conn, tenant, "sealed", [f"s{i}" for i in range(1, 6)])
+        pid = got.batch.partition_id
+        with conn.transaction():
+            assert housekeeping.seal_partition(conn, pid, SealPolicy(
+                max_frames=5, max_bytes=1 << 20, min_age_ms=0, max_age_ms=0)) is not None
+        unchanged_fallback("sealed")
+        assert [m.payload for m in general_pop(conn, tenant, request("sealed")).batch.messages
+                ] == [f"s{i}" for i in range(1, 6)]
+
+
+def test_no_queue_and_no_frames_are_empty_answers(database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        assert log_store.pop_head(conn, tenant, request("nowhere")).batch is None
+        push(conn, tenant, "q", ["a"])
+        general_pop(conn, tenant, request("q", auto_ack=True))
+        assert log_store.pop_head(conn, tenant, request("q")).batch is None
