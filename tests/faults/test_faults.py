@@ -313,7 +313,7 @@ async def test_fires_stay_within_max_sleep_when_the_listen_connection_fails(
                                json={"delayMs": rnd.randrange(0, 300), "payload": i})
             assert r.status_code == 200, r.text
             keys.append(f"t{i}")
-        await wait_drained(database_url, 5, [a])
+        await wait_drained(database_url, 10, [a])
         lags = {r["key"]: r["lag"] for r in await asql(database_url, LAG)}
         assert set(lags) == set(keys)
         worst = max(lags.values())
@@ -321,17 +321,17 @@ async def test_fires_stay_within_max_sleep_when_the_listen_connection_fails(
         assert worst <= max_sleep_ms / 1000 + 0.25, f"lags {sorted(lags.values())}"
         if fault == "drop":
             # Reconnected by itself; NOTIFY works again: a timer fires within milliseconds.
-            assert await a.metric(http, "queen_listener_reconnects_total") >= 1
-            await poll_until(lambda: a.metric(http, "queen_listener_connected"), 5)
+            await poll_until(lambda: a.metric(http, "queen_listener_connected"), 10)
+            assert await a.metric(http, "queen_listener_reconnects_total") >= 1, a.stderr()
             fast = []
             for i in range(3):
                 await trio.sleep(0.3)
                 r = await http.put(f"{API}/timers/lq/fast{i}", json={"delayMs": 50, "payload": i})
                 assert r.status_code == 200
-                await wait_drained(database_url, 3, [a])
+                await wait_drained(database_url, 5, [a])
                 fast.append({r["key"]: r["lag"] for r in await asql(database_url, LAG)}
                             [f"fast{i}"])
-            assert min(fast) < 0.2, fast
+            assert min(fast) < 0.2, f"lags after the reconnect: {fast}; {a.stderr()}"
         else:
             proxy.resume()
     print(f"\nlistener {fault}: fire lag without NOTIFY max {worst * 1000:.0f} ms "
