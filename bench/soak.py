@@ -120,6 +120,7 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.last_words = self.stderr_tail(6000)
         os.unlink(self.log.name)
         return self.proc.returncode
 
@@ -323,6 +324,8 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     if not all(alive) or any(c != 0 for c in codes):
         failures.append("a broker died or did not stop cleanly")
     result["failures"] = failures
+    if failures:
+        result["broker_stderr_tails"] = [b.last_words for b in brokers]
     return result
 
 
