@@ -71,6 +71,11 @@ BEGIN
         END IF;
 
         v_wanted := least(p_batch, cand.next_offset - cur.committed - 1);
+        IF v_wanted <= 0 THEN
+            -- Another consumer of the group took these frames between the candidates and the
+            -- lock: nothing left here.
+            CONTINUE;
+        END IF;
         SELECT array_agg(f."offset" ORDER BY f."offset"),
                array_agg(f.transaction_id ORDER BY f."offset"),
                array_agg(f.payload ORDER BY f."offset"),

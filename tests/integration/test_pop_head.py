@@ -4,6 +4,7 @@ back ('fallback', None here) without changing anything."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import uuid
 from typing import Any
 
@@ -150,3 +151,34 @@ def test_no_queue_and_no_frames_are_empty_answers(database_url: str) -> None:
         push(conn, tenant, "q", ["a"])
         general_pop(conn, tenant, request("q", auto_ack=True))
         assert log_store.pop_head(conn, tenant, request("q")).batch is None
+
+
+def test_consumers_racing_for_one_partition_get_every_message_once(database_url: str) -> None:
+    """Eight connections pop (autoAck) one partition as fast as they can: a cursor another
+    consumer advanced between the candidates and the lock must be skipped, not written."""
+    total = 3000
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "race", [f"m{i}" for i in range(total)])
+        general_pop(conn, tenant, request("race", batch=1, auto_ack=True))  # the cursor
+
+    def consume(_: int) -> list[str]:
+        got: list[str] = []
+        with connect(database_url) as own:
+            idle = 0
+            while idle < 20:
+                req = request("race", batch=1, auto_ack=True)
+                outcome = log_store.pop_head(own, tenant, req)
+                if outcome is None:
+                    outcome = general_pop(own, tenant, req)
+                if outcome.batch is None:
+                    idle += 1
+                    continue
+                idle = 0
+                got.extend(m.payload for m in outcome.batch.messages)
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        received = [m for part in pool.map(consume, range(8)) for m in part]
+    assert len(received) == len(set(received)) == total - 1
+    assert set(received) == {f"m{i}" for i in range(1, total)}
