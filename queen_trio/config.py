@@ -27,6 +27,10 @@ class Settings:
     log_level: str = "INFO"
     db_pool_size: int = 10
     graceful_timeout_ms: int = 3000
+    # Slow clients: a connection that has not sent a whole request head within this is closed;
+    # a request body not received within the other is answered 408.
+    http_idle_timeout_s: int = 75
+    http_body_timeout_s: int = 60
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -130,6 +134,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         log_level=level,
         db_pool_size=_int(env, "QUEEN_DB_POOL_SIZE", 10, lo=1, hi=1000),
         graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
+        http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
+        http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,
         sweeper_lease_ms=_int(env, "QUEEN_SWEEPER_LEASE_MS", 30000, lo=100, hi=3_600_000),

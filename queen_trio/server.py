@@ -133,7 +133,8 @@ async def _serve_http(
     config.graceful_timeout = settings.graceful_timeout_ms / 1000
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
+    # Also the deadline for a connection's request head (slow-loris clients are cut off).
+    config.keep_alive_timeout = settings.http_idle_timeout_s
     try:
         await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
     finally:

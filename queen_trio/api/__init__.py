@@ -22,6 +22,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app = QuartTrio("queen_trio")
     app.config["BROKER"] = broker
     app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024  # above any plan's message ceiling
+    app.config["BODY_TIMEOUT"] = broker.settings.http_body_timeout_s  # then 408
     app.json.sort_keys = False
     install_error_handlers(app)
     app.register_blueprint(ops)

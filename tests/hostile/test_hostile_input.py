@@ -14,6 +14,7 @@ import string
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..brokers import BrokerProcess
+from ..pgserver import Databases
+from .conftest import start_broker
 
 API = "/api/v1"
 ERROR_KEYS = {"ok", "error", "message"}
@@ -309,3 +312,58 @@ def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
         for t in threads:
             t.join(2)
     assert live_broker.alive and http.get("/health").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def impatient_broker(databases: Databases) -> Iterator[BrokerProcess]:
+    """A broker with 2-second slow-client limits (75 s and 60 s by default), so the cut-offs
+    themselves can be watched."""
+    yield from start_broker(databases, "impatient", env={"QUEEN_HTTP_IDLE_TIMEOUT_S": "2",
+                                                         "QUEEN_HTTP_BODY_TIMEOUT_S": "2"})
+
+
+def _trickle_until_closed(port: int, first: bytes, rest: bytes, limit_s: float
+                          ) -> tuple[float, bytes]:
+    """Send ``first``, then ``rest`` one byte every 100 ms; (seconds until the broker ended the
+    connection, what it answered)."""
+    started = time.monotonic()
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as s:
+        s.sendall(first)
+        s.settimeout(0.1)
+        for b in rest:
+            try:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break  # closed by the broker
+                got += chunk
+                if b"\r\n\r\n" in got and got.rstrip().endswith(b"}"):
+                    break  # answered
+            except TimeoutError:
+                pass
+            try:
+                s.send(bytes([b]))
+            except OSError:
+                break
+            if time.monotonic() - started > limit_s:
+                break
+    return time.monotonic() - started, got
+
+
+def test_a_request_head_that_never_ends_is_cut_off(impatient_broker: BrokerProcess) -> None:
+    elapsed, got = _trickle_until_closed(
+        impatient_broker.port, b"GET /health HTTP/1.1\r\nHo",
+        b"st: x\r\nX-Slow: " + b"a" * 200, limit_s=10)
+    assert 1.5 <= elapsed < 5, (elapsed, got[:200])
+    assert b"HTTP/1.1 200" not in got
+
+
+def test_a_request_body_that_never_ends_is_answered_408(impatient_broker: BrokerProcess) -> None:
+    elapsed, got = _trickle_until_closed(
+        impatient_broker.port,
+        b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+        b"Content-Type: application/json\r\n\r\n{", b'"value": "' + b"x" * 1000, limit_s=10)
+    assert 1.5 <= elapsed < 5, (elapsed, got[:200])
+    assert got.startswith(b"HTTP/1.1 408"), got[:300]
+    r = httpx.get(f"{impatient_broker.url}/api/v1/kv/slow/k", timeout=5)
+    assert r.status_code == 404  # nothing half-written

@@ -73,6 +73,8 @@ def test_settings_are_immutable() -> None:
         ("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", str(ONE_MIB + 1)),
         ("QUEEN_DATABASE_URL", "not a url"),
         ("QUEEN_LOG_LEVEL", "LOUD"),
+        ("QUEEN_HTTP_IDLE_TIMEOUT_S", "0"),
+        ("QUEEN_HTTP_BODY_TIMEOUT_S", "soon"),
     ],
 )
 def test_bad_values_name_the_variable(variable: str, value: str) -> None:
