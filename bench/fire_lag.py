@@ -2,8 +2,9 @@
 
 Scenarios (each bounded in time; a fresh database and a fresh broker or peer worker per party):
 
-* ``idle``: 500 timers, one PUT every 100 ms, each with a random delay in 0.2–3 s, so they
-  come due one at a time on an otherwise idle service;
+* ``idle``: 500 timers, one PUT every 100 ms, each with a random delay in 0.2–3 s, drawn so
+  that no two come due within 25 ms of each other (``bench.spacing``): they come due one at a
+  time on an otherwise idle service;
 * ``steady``: 1,000 and 500 timers/s due for 30 s, scheduled ahead in 500-timer batches;
 * ``burst``: 100,000 timers due at one instant (``--million``: 1,000,000 for ours): drain rate,
   last timer's lag, lost and duplicated;
@@ -65,6 +66,7 @@ from bench import peer_procrastinate as peer
 from bench.fire_parties import Ours, Peer, arrival_lags, metric_lag, quantiles
 from bench.log_throughput import Failures, cpu_cell, event, source_revision
 from bench.pgshared import PartyCpu, Server, brokers, shared_server
+from bench.spacing import IDLE_GAP_S, SpacedDelays
 from bench.timer_lag import (
     API,
     SCHEDULE_ESTIMATE_MARGIN,
@@ -114,8 +116,8 @@ class Sizes:
     cancel_delay_ms: int = 1000
     cancel_window_ms: float = 30.0
     explore_idle_timers: int = 150
-    explore_idle_spacing_s: float = 0.05
-    explore_idle_delay_ms: tuple[int, int] = (200, 1500)
+    explore_idle_spacing_s: float = 0.1
+    explore_idle_delay_ms: tuple[int, int] = (200, 3000)
     explore_burst: int = 30_000
     # how long after the last due instant a party may take before the rest counts as
     # "not started in time" (the peer's default polls every 5 s)
@@ -131,7 +133,7 @@ SIZES = {
                    peer_burst_timers=10_000, load_seconds=5, multi_seconds=4, multi_burst=5_000,
                    cancel_timers=80, explore_idle_timers=40, explore_burst=5_000,
                    wait_burst_peer_s=20.0),
-    "smoke": Sizes(idle_timers=12, idle_spacing_s=0.03, idle_delay_ms=(200, 500),
+    "smoke": Sizes(idle_timers=12, idle_spacing_s=0.03, idle_delay_ms=(200, 1000),
                    wait_idle_s=5.0),
 }
 
@@ -181,11 +183,12 @@ async def scenario_idle(party: Ours | Peer, ctx: Ctx, sizes: Sizes, *,
     spacing = sizes.explore_idle_spacing_s if explore else sizes.idle_spacing_s
     delays = sizes.explore_idle_delay_ms if explore else sizes.idle_delay_ms
     queue = f"fire-idle-{ctx.run}"
-    rng = random.Random(IDLE_SEED)
+    spaced = SpacedDelays(random.Random(IDLE_SEED), delays)
     delivery = party.delivery = Delivery(name)
     limit = n * spacing + delays[1] / 1000 + sizes.wait_idle_s + 30
     out: dict[str, Any] = {"timers": n, "spacing_ms": spacing * 1000, "delay_ms": list(delays),
-                           "seed": IDLE_SEED, "wait_s": sizes.wait_idle_s}
+                           "due_gap_ms": IDLE_GAP_S * 1000, "seed": IDLE_SEED,
+                           "wait_s": sizes.wait_idle_s}
     await party.prepare(name, queue)
     m0 = await party.metrics()
     cpu0, t0 = ctx.cpu.snapshot(), time.perf_counter()
@@ -197,7 +200,8 @@ async def scenario_idle(party: Ours | Peer, ctx: Ctx, sizes: Sizes, *,
             start = trio.current_time()
             for i in range(n):
                 await trio.sleep_until(start + i * spacing)
-                await party.schedule(name, queue, [(new_key("idle", i), rng.randint(*delays))])
+                delay = spaced.draw(time.time())
+                await party.schedule(name, queue, [(new_key("idle", i), delay)])
             delivery.scheduling_done = True
             last_due = max((d for d, _ in delivery.expected.values()), default=time.time())
             deadline = time.monotonic() + max(0.0, last_due - time.time()) + sizes.wait_idle_s

@@ -86,7 +86,8 @@ async def claim_and_fire_cycle(db: Database, tenant_id: int, i: int) -> dict[str
 async def measure(url: str) -> None:
     async with Database(url, max_size=2) as db:
         async with db.connection() as conn:
-            tenant_id = await conn.fetchval("SELECT tenant_id FROM queen.tenants WHERE name = 'default'")
+            tenant_id = await conn.fetchval(
+                "SELECT tenant_id FROM queen.tenants WHERE name = 'default'")
             version = await conn.fetchval("SHOW server_version")
         print(f"platform {platform.platform()}, {os.cpu_count()} CPUs, PostgreSQL {version}")
         print(f"{ROUNDS} cycles per mode, one due timer per cycle; milliseconds")

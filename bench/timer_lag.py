@@ -3,9 +3,10 @@
 What it measures, against a broker subprocess (``python -m queen_trio serve``; a fresh one per
 scenario, so its metrics start at zero) reached over TCP with ``httpx.AsyncClient`` under trio:
 
-1. ``idle``: 300 timers, one ``PUT /api/v1/timers/{q}/{key}`` every 50 ms, each with an
-   independent random ``delayMs`` in 200..1500, so they come due spread out (~20/s) on an
-   otherwise idle broker. Lag two ways:
+1. ``idle``: 300 timers, one ``PUT /api/v1/timers/{q}/{key}`` every 100 ms, each with a
+   random ``delayMs`` in 200..3000 drawn so that no two come due within 25 ms of each other
+   (``bench.spacing``): they come due one at a time (~10/s) on an otherwise idle broker. Lag
+   two ways:
    (a) the broker's histogram ``queen_timers_fire_lag_seconds`` (fire commit minus
        ``deliver_at`` on PostgreSQL's clock): count and p50/p90/p99 interpolated inside the
        buckets (as Prometheus' ``histogram_quantile`` does; the buckets are 1 ms wide up to
@@ -98,6 +99,7 @@ from bench.log_throughput import (
     machine_info,
     verdict,
 )
+from bench.spacing import IDLE_GAP_S, SpacedDelays
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 API = "/api/v1"
@@ -108,8 +110,8 @@ BUNDLE = 500  # timers per transaction
 FAR_DELAY_MS = 3_600_000  # one hour: never fires during the run
 
 IDLE_TIMERS = 300
-IDLE_SPACING_S = 0.05
-IDLE_DELAY_MS = (200, 1500)
+IDLE_SPACING_S = 0.1
+IDLE_DELAY_MS = (200, 3000)
 IDLE_SEED = 20250101
 IDLE_LIMIT_S = 90.0
 
@@ -678,12 +680,13 @@ async def scenario_idle(ctx: Ctx) -> dict[str, Any]:
     name = "idle"
     n = 100 if ctx.quick else IDLE_TIMERS
     queue = f"lag-idle-{ctx.run}"
-    rng = random.Random(IDLE_SEED)
+    spaced = SpacedDelays(random.Random(IDLE_SEED), IDLE_DELAY_MS)
     delivery = Delivery(name)
     put_rtt: list[float] = []
     phase = "starting"
     out: dict[str, Any] = {"timers": n, "spacing_ms": IDLE_SPACING_S * 1000,
-                           "delay_ms": list(IDLE_DELAY_MS), "seed": IDLE_SEED}
+                           "delay_ms": list(IDLE_DELAY_MS), "due_gap_ms": IDLE_GAP_S * 1000,
+                           "seed": IDLE_SEED}
     await ctx.api.configure(name, queue)
     m0 = await ctx.api.metrics()
     cpu0, t0 = ctx.cpu.snapshot(), time.perf_counter()
@@ -696,7 +699,7 @@ async def scenario_idle(ctx: Ctx) -> dict[str, Any]:
             last_due = 0.0
             for i in range(n):
                 await trio.sleep_until(start + i * IDLE_SPACING_S)
-                delay = rng.randint(*IDLE_DELAY_MS)
+                delay = spaced.draw(time.time())
                 ts = time.perf_counter()
                 answer = await ctx.api.put_timer(name, queue, new_key("idle", i), delay,
                                                  {"scenario": name, "i": i})

@@ -12,9 +12,11 @@ a sooner timer, or ``MAX_SLEEP``, whichever comes first; two cycles start at lea
 ``MIN_SLEEP`` apart unless the last one came back full (a backlog is draining).
 
 Clocks: due times are PostgreSQL's. Each sweep also reads the database clock, so the sweeper
-can turn "due at T (database time)" into a local deadline; it rounds towards waking a little
-late rather than early, because a sweep that runs a hair before the due instant finds nothing
-and costs a whole MIN_SLEEP."""
+can turn "due at T (database time)" into a local deadline. It wakes a few milliseconds before
+that deadline and sends the statement with T itself as ``not_before``: the backend waits for T
+(schema 008), so the instant is kept by PostgreSQL's own clock and the work starts in a process
+that is already running, not in one a packet has to wake. A sweep that ran a hair early would
+find nothing and cost a whole MIN_SLEEP."""
 
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ log = logging.getLogger(__name__)
 
 _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
 _PENDING_REFRESH_S = 5.0
-# How long before a planned cycle trio wakes; the worker thread sleeps the rest precisely.
-_EARLY_WAKE_S = 0.002
+# How long before a planned cycle its statement is sent; PostgreSQL waits out the rest. More
+# than trio's sleep overshoot (epoll counts whole milliseconds) plus the hop to the backend.
+_EARLY_SEND_S = 0.006
 # Longest run of back-to-back sweeps a worker thread makes while a backlog drains.
 _DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
@@ -111,68 +114,78 @@ class Sweeper:
         last_start = -math.inf
         pending_refreshed = -math.inf
         start_at = -math.inf  # trio clock: when the next cycle should run
+        due_db: float | None = None  # the database instant start_at stands for, if one does
         while True:
-            start_at = max(start_at, last_start + self._min_sleep)
-            # trio's sleep may overshoot by a millisecond (epoll's resolution): wake a little
-            # early and let the worker thread sleep the rest precisely before its statement.
-            await trio.sleep_until(start_at - _EARLY_WAKE_S)
-            last_start = max(start_at, trio.current_time())
+            floor = last_start + self._min_sleep
+            if floor > start_at:
+                start_at, due_db = floor, None
+            await trio.sleep_until(start_at - _EARLY_SEND_S)
+            now = trio.current_time()
+            last_start = max(start_at, now)
             self._last_cycle_at = last_start
             self._cycles += 1
+            if due_db is None and start_at > now:
+                due_db = self._db_instant(start_at)
             try:
-                result = await self._cycle(not_before=time.time() + start_at - trio.current_time())
+                result = await self._cycle(not_before=due_db)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
-                start_at, _ = await self._sleep_or_wake(
-                    notifications, trio.current_time() + self._max_sleep)
+                start_at, due_db, _ = await self._sleep_or_wake(
+                    notifications, trio.current_time() + self._max_sleep, None)
                 continue
             if trio.current_time() - pending_refreshed > _PENDING_REFRESH_S:
                 pending_refreshed = trio.current_time()
                 await self._refresh_pending()
             if len(result.fired) + len(result.rows) >= self._settings.sweeper_batch:
-                start_at = -math.inf  # a backlog is draining: go on at once
+                start_at, due_db = -math.inf, None  # a backlog is draining: go on at once
                 last_start = -math.inf
                 continue
-            deadline = trio.current_time() + self._max_sleep
+            deadline, due_db = trio.current_time() + self._max_sleep, None
             reason_deadline = "max_sleep"
             if result.next_due is not None:
                 due_deadline = self._local_deadline(result.next_due)
                 if due_deadline < deadline:
-                    deadline, reason_deadline = due_deadline, "deadline"
-            start_at, woke = await self._sleep_or_wake(notifications, deadline)
+                    deadline, due_db, reason_deadline = due_deadline, result.next_due, "deadline"
+            start_at, due_db, woke = await self._sleep_or_wake(notifications, deadline, due_db)
             self._metrics.sweeper_wakeups.labels(woke or reason_deadline).inc()
 
     async def _sleep_or_wake(
-        self, notifications: trio.MemoryReceiveChannel, deadline: float
-    ) -> tuple[float, str | None]:
-        """Sleep until shortly before ``deadline``, brought forward by NOTIFYs of sooner timers.
+        self, notifications: trio.MemoryReceiveChannel, deadline: float, due_db: float | None
+    ) -> tuple[float, float | None, str | None]:
+        """Sleep until shortly before ``deadline`` (which stands for the database instant
+        ``due_db``, if any), brought forward by NOTIFYs of sooner timers.
 
-        Returns the (possibly earlier) deadline, and "notify" if a notification decided it,
-        None if the planned deadline stood.
+        Returns the (possibly earlier) deadline and its database instant, and "notify" if a
+        notification decided it, None if the planned deadline stood.
         """
         reason = None
         while True:
-            with trio.move_on_at(deadline - _EARLY_WAKE_S) as sleep:
+            with trio.move_on_at(deadline - _EARLY_SEND_S) as sleep:
                 item = await notifications.receive()
             if sleep.cancelled_caught:
-                return deadline, reason
+                return deadline, due_db, reason
             if item is MISSED:
                 # A sooner timer may have been announced while we were deaf: look now.
-                return trio.current_time(), "notify"
+                return trio.current_time(), None, "notify"
             try:
-                due = self._local_deadline(int(item.payload) / 1_000_000)  # epoch µs
+                announced = int(item.payload) / 1_000_000  # epoch µs, the database's clock
             except ValueError:
                 continue
+            due = self._local_deadline(announced)
             if due < deadline:
-                deadline, reason = due, "notify"
+                deadline, due_db, reason = due, announced, "notify"
 
     def _local_deadline(self, db_epoch: float) -> float:
         """The trio-clock instant at which the database clock will read ``db_epoch``."""
         return trio.current_time() + (db_epoch - self._clock_offset - time.time())
 
-    async def _cycle(self, *, not_before: float) -> SweepResult:
-        """One sweep statement, started no earlier than ``not_before`` (local wall clock), then
+    def _db_instant(self, deadline: float) -> float:
+        """The database clock's reading at the trio-clock instant ``deadline``."""
+        return time.time() + (deadline - trio.current_time()) + self._clock_offset
+
+    async def _cycle(self, *, not_before: float | None) -> SweepResult:
+        """One sweep statement, started no earlier than ``not_before`` (the database's clock), then
         the broker's fire of whatever it claimed. While a backlog drains, the worker thread
         runs further sweeps back to back (see :meth:`_sweep_at`); the last one is returned."""
         while self._unreleased:
@@ -198,24 +211,23 @@ class Sweeper:
         return result
 
     def _sweep_at(
-        self, raw: store.Raw, not_before: float, token: uuid.UUID
+        self, raw: store.Raw, not_before: float | None, token: uuid.UUID
     ) -> list[tuple[SweepResult, float]]:
-        """In the worker thread: wait out the last moments precisely, then sweep.
+        """In the worker thread: sweep (the first statement waits for ``not_before`` in the
+        backend).
 
         A full batch fired by PostgreSQL means a backlog: sweep again at once, here, for up to
         _DRAIN_SLICE_S, rather than hand back to the event loop between batches (its HTTP
         work would hold every batch up). Stops at the first rows claimed for the broker.
         Answers each sweep with the local time it returned."""
-        delay = not_before - time.time()
-        if delay > 0:
-            time.sleep(min(delay, _EARLY_WAKE_S * 2))
         s = self._settings
         slice_ends = time.monotonic() + _DRAIN_SLICE_S
         swept = []
         while True:
             result = store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
-                                 max_payload=self._max_payload)
+                                 max_payload=self._max_payload, not_before=not_before)
             swept.append((result, time.time()))
+            not_before = None
             if (len(result.fired) < s.sweeper_batch or result.rows
                     or time.monotonic() >= slice_ends):
                 return swept

@@ -54,8 +54,9 @@ LIMIT %(limit)s
 -- name: sweep
 -- A whole sweeper cycle in one statement (schema 005): fires what PostgreSQL can fire itself,
 -- claims the rest under a lease, and reports when to look again and the database's clock.
+-- It starts no earlier than not_before (epoch seconds, database clock; schema 008).
 SELECT * FROM queen.sweep_timers(%(token)s, %(broker)s, %(batch)s, %(lease_ms)s,
-                                 %(max_payload)s, %(fire)s)
+                                 %(max_payload)s, %(fire)s, %(not_before)s::float8)
 
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.

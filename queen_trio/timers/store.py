@@ -153,17 +153,19 @@ class SweepResult:
 
 def sweep(
     raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *, max_payload: int,
-    fire: bool = True,
+    fire: bool = True, not_before: float | None = None,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
     With ``fire`` the due timers stored as plain JSON are fired by PostgreSQL in this statement;
     the rest (compressed payloads, payloads over the tenant's ceiling, or everything after a
     malformed one) are claimed for :func:`fire`. Without ``fire`` every due row is claimed.
+    With ``not_before`` (epoch seconds, the database's clock) the statement waits in the backend
+    until then, up to 100 ms, and takes what is due at that instant.
     """
     rows = raw.execute(
         Q.sweep, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
-                  "max_payload": max_payload, "fire": fire},
+                  "max_payload": max_payload, "fire": fire, "not_before": not_before},
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
     fired: list[datetime] = []

@@ -175,6 +175,38 @@ def test_the_sweep_fires_plain_timers_in_its_own_statement(database_url: str) ->
     assert [f["offset"] for f in frames] == list(range(50))
 
 
+def test_a_sweep_sent_early_waits_for_its_instant_and_takes_what_is_due_then(
+    database_url: str,
+) -> None:
+    """not_before (schema 008): the statement waits in the backend, so a timer due after the
+    statement was sent, but by not_before, is fired by it, and none is fired early."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("early", "soon", 60, "s"),
+                                               timer("early", "later", 400, "l")],
+                                notify_within_ms=0)
+        soon = sql(database_url, "SELECT extract(epoch FROM deliver_at)::float8 AS at "
+                                 "FROM queen.timers WHERE timer_key = 'soon'")[0]["at"]
+        # Sent well before "soon" is due, asking to start 5 ms after it.
+        swept = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20,
+                            not_before=soon + 0.005)
+        assert len(swept.fired) == 1 and swept.rows == []
+        assert swept.db_now >= soon + 0.005
+        # A not_before in the past, or none, starts at once and finds "later" not yet due.
+        for not_before in (soon - 10.0, None):
+            again = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20,
+                                not_before=not_before)
+            assert again.fired == [] and again.db_now < soon + 0.4
+        # A far-off not_before is cut short: a sweep never holds its connection for long.
+        far = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20,
+                          not_before=again.db_now + 3600)
+        assert far.fired == [] and far.db_now < again.db_now + 1.0
+    (frame,) = sql(database_url, "SELECT extract(epoch FROM created_at)::float8 AS created, "
+                                 "meta->'timer'->>'key' AS key FROM queen.frames")
+    assert frame["key"] == "soon" and frame["created"] >= soon + 0.005  # never early
+
+
 def test_a_malformed_plain_payload_falls_back_to_the_broker_for_the_whole_batch(
     database_url: str,
 ) -> None:
