@@ -1,6 +1,11 @@
 -- Runtime queries of timers (queen_trio/timers/store.py). Every query is tenant-scoped except
 -- the sweeper's claim, which serves every tenant.
 
+-- name: lock_timer_name
+-- Waits for any other schedule or cancel of this timer to commit (schema 009), so that a row
+-- lock left in the way of lock_timer can only be a sweeper's.
+SELECT queen.lock_timer_names(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text])
+
 -- name: lock_timer
 -- Never waits on a sweeper: a row locked by a firing transaction is skipped here, and the
 -- caller then answers too_late.

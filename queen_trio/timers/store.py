@@ -93,6 +93,7 @@ def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None)
     """Delete a pending timer. ``absent`` also covers "already delivered" and "another
     tenant's": the log, not this answer, says whether a message went out."""
     where = {"tenant_id": tenant_id, "queue": queue, "key": key}
+    raw.execute(Q.lock_timer_name, where)
     row = raw.execute(Q.lock_timer, where).fetchone()
     if row is None:
         existing = raw.execute(Q.timer_exists, where).fetchone()

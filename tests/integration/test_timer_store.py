@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import threading
 import uuid
 from typing import Any
 
@@ -173,6 +174,36 @@ def test_the_sweep_fires_plain_timers_in_its_own_statement(database_url: str) ->
     frames = _frames(database_url)
     assert sorted(f["payload"]["i"] for f in frames) == list(range(50))
     assert [f["offset"] for f in frames] == list(range(50))
+
+
+def test_schedules_and_cancels_of_one_timer_at_once_wait_for_each_other(
+    database_url: str,
+) -> None:
+    """Schema 009: only a fire answers too_late. Concurrent schedules and cancels of one name
+    queue behind each other and each gets the answer it would get alone, in some order."""
+    workers = 12
+    barrier = threading.Barrier(workers)
+
+    def one(i: int) -> list[str]:
+        with connect(database_url, autocommit=True) as conn:
+            tenant = default_tenant(conn)
+            barrier.wait()
+            with conn.transaction():
+                if i % 3 == 0:
+                    return [store.cancel(conn, tenant, "race", "one", None).status]
+                if i % 3 == 1:
+                    return [store.schedule(conn, tenant, timer("race", "one", 60_000, i),
+                                           notify_within_ms=0).status]
+                return [o.status for o in store.schedule_many(
+                    conn, tenant, [timer("race", "one", 60_000, i), timer("race", f"o{i}",
+                                   60_000, i), timer("race", "one", 60_000, -i)],
+                    notify_within_ms=0)]
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        answers = [a for batch in pool.map(one, range(workers)) for a in batch]
+    assert "too_late" not in answers, answers
+    assert set(answers) <= {"scheduled", "rescheduled", "cancelled", "absent"}
+    assert answers.count("scheduled") >= 4  # the four o{i} at least
 
 
 def test_a_sweep_sent_early_waits_for_its_instant_and_takes_what_is_due_then(
