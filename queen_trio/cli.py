@@ -29,6 +29,7 @@ configuration comes from QUEEN_* environment variables (see README.md). The most
   QUEEN_DATABASE_URL  libpq URL of an existing PostgreSQL; unset = embedded server
   QUEEN_DATA_DIR      where the embedded server keeps its data (default ./.queen)
   QUEEN_HOST/PORT     HTTP bind address (default 127.0.0.1:6632)
+  QUEEN_WORKERS       broker processes sharing that address (default 1)
 
 examples:
   queen-trio serve                      start on an embedded PostgreSQL
@@ -267,6 +268,10 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
 
     if stop.requested:  # asked to stop while the embedded server was starting
         return EXIT_OK
+    if settings.workers > 1 and settings.listen_fd is None:
+        from .workers import Supervisor
+
+        return Supervisor(settings, lambda: stop.requested).run()
     try:
         trio.run(serve_until_signalled, settings, lambda: stop.requested)
     except psycopg.OperationalError as exc:

@@ -31,6 +31,10 @@ class Settings:
     # a request body not received within the other is answered 408.
     http_idle_timeout_s: int = 75
     http_body_timeout_s: int = 60
+    # Broker processes behind one listening socket (``queen-trio serve``); each is a whole
+    # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
+    workers: int = 1
+    listen_fd: int | None = None
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -118,6 +122,10 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             f"a value no larger than QUEEN_SEGMENT_MAX_AGE_MS ({seg_max_age})",
         )
 
+    workers = _int(env, "QUEEN_WORKERS", 1, lo=1, hi=64)
+    fd_raw = env.get("QUEEN_LISTEN_FD", "").strip()
+    listen_fd = _int(env, "QUEEN_LISTEN_FD", 0, lo=0, hi=1_000_000) if fd_raw else None
+
     payload_raw = env.get("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", "").strip()
     payload = (
         _int(env, "QUEEN_TIMERS_MAX_PAYLOAD_BYTES", ONE_MIB, lo=1, hi=ONE_MIB)
@@ -136,6 +144,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
         http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
         http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
+        workers=workers,
+        listen_fd=listen_fd,
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,
         sweeper_lease_ms=_int(env, "QUEEN_SWEEPER_LEASE_MS", 30000, lo=100, hi=3_600_000),

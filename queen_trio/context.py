@@ -11,6 +11,7 @@ from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .tenants.directory import TenantDirectory
+from .timers.batcher import ScheduleBatcher
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -21,6 +22,8 @@ class BrokerContext:
     metrics: BrokerMetrics
     tenants: TenantDirectory
     wakeups: QueueWakeups
+    # Single-timer schedules (PUT / POST /timers), sent to PostgreSQL in shared statements.
+    schedules: ScheduleBatcher
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)

@@ -40,11 +40,8 @@ def parse_schedule(body: Any, queue: Any, key: Any, where: str = "") -> rules.Sc
 
 async def _schedule(s: rules.Schedule) -> Response:
     broker = _broker()
-    # One statement (queen.schedule_timers): no BEGIN/COMMIT round trips needed.
-    outcome = await broker.db.run_statement(
-        store.schedule, current_tenant_id(), s,
-        notify_within_ms=broker.settings.sweeper_max_sleep_ms,
-    )
+    # Shares a statement and a commit with the schedules arriving alongside it.
+    outcome = await broker.schedules.schedule(current_tenant_id(), s)
     broker.metrics.timers_scheduled.labels(outcome.status).inc()
     return jsonify(timer_outcome_wire(outcome))
 

@@ -106,3 +106,12 @@ def test_timer_payload_ceiling_is_the_smallest_limit(
     setting: int | None, plan: int, expected: int
 ) -> None:
     assert Settings(timers_max_payload_bytes=setting).timer_payload_ceiling(plan) == expected
+
+
+def test_workers_and_the_inherited_socket() -> None:
+    s = load_settings({"QUEEN_WORKERS": "4"})
+    assert (s.workers, s.listen_fd) == (4, None)
+    assert load_settings({"QUEEN_LISTEN_FD": "3"}).listen_fd == 3
+    for bad in ("0", "-1", "two", "65"):
+        with pytest.raises(ConfigError, match="QUEEN_WORKERS"):
+            load_settings({"QUEEN_WORKERS": bad})

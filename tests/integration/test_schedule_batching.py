@@ -1,0 +1,89 @@
+"""Concurrent single-timer PUTs share statements (queen_trio/timers/batcher.py): what a client
+sees must be what it would see if every PUT had gone alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+
+from queen_trio.server import BrokerHandle
+
+from .test_timers import TIMERS, schedule, settings, sql  # noqa: F401 - fixture
+
+CLIENTS = 48
+
+
+async def put_all(http: httpx.AsyncClient, requests: list[tuple[str, str, Any]]
+                  ) -> list[httpx.Response]:
+    answers: list[httpx.Response | None] = [None] * len(requests)
+
+    async def one(i: int, queue: str, key: str, payload: Any) -> None:
+        answers[i] = await http.put(f"{TIMERS}/{queue}/{key}",
+                                    json={"delayMs": 60_000, "payload": payload})
+
+    async with trio.open_nursery() as nursery:
+        for i, (queue, key, payload) in enumerate(requests):
+            nursery.start_soon(one, i, queue, key, payload)
+    return [a for a in answers if a is not None]
+
+
+async def test_concurrent_puts_share_statements_and_each_gets_its_own_answer(
+    broker: BrokerHandle, http: httpx.AsyncClient, database_url: str,
+) -> None:
+    limits = httpx.Limits(max_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
+        answers = await put_all(many, [("batched", f"k{i}", {"i": i}) for i in range(240)])
+    assert [a.status_code for a in answers] == [200] * 240
+    bodies = [a.json() for a in answers]
+    assert [(b["status"], b["key"]) for b in bodies] == [("scheduled", f"k{i}") for i in range(240)]
+    assert len({b["txn"] for b in bodies}) == 240
+    rows = sql(database_url, "SELECT timer_key, txn, convert_from(payload, 'UTF8') AS p "
+                             "FROM queen.timers WHERE queue = 'batched'")
+    assert {r["timer_key"]: (r["txn"], r["p"]) for r in rows} == {
+        b["key"]: (b["txn"], f'{{"i":{int(b["key"][1:])}}}') for b in bodies}
+    batcher = broker.context.schedules
+    # They were sent together: far fewer statements than timers.
+    assert batcher.scheduled >= 240 and batcher.batches < 200, (batcher.batches, batcher.scheduled)
+
+
+async def test_the_same_key_from_many_clients_at_once_is_one_timer_scheduled_once(
+    broker: BrokerHandle, database_url: str,
+) -> None:
+    limits = httpx.Limits(max_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
+        answers = await put_all(many, [("same", "one-key", {"n": i}) for i in range(CLIENTS)])
+    statuses = sorted(a.json()["status"] for a in answers)
+    assert statuses == ["rescheduled"] * (CLIENTS - 1) + ["scheduled"]
+    (row,) = sql(database_url, "SELECT txn, convert_from(payload, 'UTF8') AS p "
+                               "FROM queen.timers WHERE queue = 'same'")
+    # The timer that stands is one PUT's whole: its txn and the payload that PUT sent.
+    sent = {a.json()["txn"]: i for i, a in enumerate(answers)}
+    assert row["p"] == f'{{"n":{sent[row["txn"]]}}}'
+
+
+async def test_one_failing_timer_does_not_fail_the_timers_batched_with_it(
+    broker: BrokerHandle, database_url: str,
+) -> None:
+    # A real failure inside PostgreSQL for one key only: a trigger refuses it.
+    sql(database_url, """
+        CREATE FUNCTION pg_temp_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.timer_key = 'poison' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_poison BEFORE INSERT ON queen.timers
+            FOR EACH ROW EXECUTE FUNCTION pg_temp_refuse();
+    """)
+    requests = [("mixed", f"ok{i}", i) for i in range(30)]
+    requests.insert(15, ("mixed", "poison", "x"))
+    limits = httpx.Limits(max_connections=len(requests))
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
+        answers = await put_all(many, requests)
+    by_key = {r.request.url.path.rsplit("/", 1)[1]: r for r in answers}
+    assert by_key.pop("poison").status_code == 500
+    assert {k: r.status_code for k, r in by_key.items()} == {f"ok{i}": 200 for i in range(30)}
+    keys = {r["timer_key"] for r in sql(database_url,
+                                        "SELECT timer_key FROM queen.timers WHERE queue = 'mixed'")}
+    assert keys == {f"ok{i}" for i in range(30)}
