@@ -43,8 +43,9 @@ DELAY_MS = 3_600_000
 WARMUP_S = 2
 
 LUA = r"""
--- Every request its own timer key: thread id, a counter and the run's queue (wrk -- <queue>).
-local counter, queue = 0, "put"
+-- Every request its own timer key: the run's queue and tag (wrk -- <queue> <tag>), thread id
+-- and a counter.
+local counter, queue, tag = 0, "put", "x"
 local threads = {}
 id = 0  -- a global: setup() gives each thread its own
 setup = function(thread)
@@ -52,11 +53,11 @@ setup = function(thread)
   table.insert(threads, thread)
 end
 init = function(args)
-  queue = args[1]
+  queue, tag = args[1], args[2]
 end
 request = function()
   counter = counter + 1
-  local path = "/api/v1/timers/" .. queue .. "/t" .. id .. "-" .. counter
+  local path = "/api/v1/timers/" .. queue .. "/" .. tag .. "-" .. id .. "-" .. counter
   return wrk.format("PUT", path, {["Content-Type"] = "application/json"},
     '{"delayMs": DELAY_MS, "payload": {"kind": "reminder", "n": ' .. counter .. '}}')
 end
@@ -96,10 +97,11 @@ def parse_wrk(text: str) -> dict[str, Any]:
     return out
 
 
-def wrk(url: str, script: Path, queue: str, seconds: float, connections: int) -> dict[str, Any]:
+def wrk(url: str, script: Path, queue: str, seconds: int, connections: int) -> dict[str, Any]:
     proc = subprocess.run(
         ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
-         url, "--", queue], capture_output=True, text=True, timeout=seconds + 60, check=True)
+         url, "--", queue, uuid.uuid4().hex[:8]],
+        capture_output=True, text=True, timeout=seconds + 60, check=True)
     return parse_wrk(proc.stdout)
 
 
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--admin-url", help="an existing server (default: a temporary embedded)")
     args = parser.parse_args(argv)
