@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     token = sub.add_parser("token", help="create or revoke bearer tokens")
     token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    token_create = token_sub.add_parser("create", help="create a token (printed once, never stored)")
+    token_create = token_sub.add_parser("create",
+                                        help="create a token (printed once, never stored)")
     token_create.add_argument("name", help="tenant name")
     token_create.add_argument("--json", action="store_true", help='print {"tenant", "token"}')
     token_revoke = token_sub.add_parser("revoke", help="revoke a token by its prefix")

@@ -104,7 +104,8 @@ class Databases:
         name = f"queen_tpl_{digest}"
         with self._admin() as conn:
             conn.execute("SELECT pg_advisory_lock(hashtext('queen-trio-tests:template'))")
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                  (name,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
                 try:

@@ -59,7 +59,8 @@ async def read_json_body() -> Any:
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+        raise ApiError(400, "malformed_json",
+                       f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
 

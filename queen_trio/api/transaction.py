@@ -30,7 +30,8 @@ def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
 
 
 def _timer_counter(broker: BrokerContext, action: str):  # type: ignore[no-untyped-def]
-    return broker.metrics.timers_scheduled if action == "schedule" else broker.metrics.timers_cancelled
+    metrics = broker.metrics
+    return metrics.timers_scheduled if action == "schedule" else metrics.timers_cancelled
 
 
 @transaction_routes.post("/transaction")

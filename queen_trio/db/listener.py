@@ -102,7 +102,9 @@ class Listener:
     # -- public API ---------------------------------------------------------------------
 
     @contextmanager
-    def subscribe(self, channel: str) -> Iterator[trio.MemoryReceiveChannel[Notification | _Missed]]:
+    def subscribe(
+        self, channel: str
+    ) -> Iterator[trio.MemoryReceiveChannel[Notification | _Missed]]:
         if channel not in self._subscriptions:
             raise ValueError(f"channel {channel!r} is not one this listener listens to")
         send, receive = trio.open_memory_channel[Notification | _Missed](self._buffer_size)

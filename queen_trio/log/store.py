@@ -80,7 +80,8 @@ def append(
         if wanted:
             seen = {
                 row["transaction_id"]
-                for row in raw.execute(Q.existing_transactions, {"partition_id": pid, "txns": wanted})
+                for row in raw.execute(Q.existing_transactions,
+                                       {"partition_id": pid, "txns": wanted})
             }
         offsets, txns, payloads, metas = [], [], [], []
         next_offset = part["next_offset"]
@@ -123,7 +124,8 @@ def _lock_partitions(
               "names": [p for _, p in pairs]}
     rows = raw.execute(Q.lock_partitions, params).fetchall()
     if len(rows) < len(pairs):  # first frames of a queue or partition
-        raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": sorted(set(params["queues"]))})
+        raw.execute(Q.ensure_queues,
+                    {"tenant_id": tenant_id, "names": sorted(set(params["queues"]))})
         raw.execute(Q.ensure_partitions, params)
         rows = raw.execute(Q.lock_partitions, params).fetchall()
     return {(row["queue"], row["name"]): row for row in rows}

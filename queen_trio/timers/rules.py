@@ -72,7 +72,8 @@ def schedule(
             "delayMs (integer milliseconds) travels on the wire",
         )
     if unknown:
-        raise ValidationError("unknown_field", f"{prefix}unknown field(s): {', '.join(sorted(unknown))}")
+        raise ValidationError("unknown_field",
+                              f"{prefix}unknown field(s): {', '.join(sorted(unknown))}")
     if "delayMs" not in body:
         raise ValidationError("missing_field", f"{prefix}delayMs is required")
     delay = body["delayMs"]
@@ -144,4 +145,5 @@ def decode_cursor(cursor: str) -> str:
         padded = cursor + "=" * (-len(cursor) % 4)
         return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError):
-        raise ValidationError("invalid_cursor", "after is not a cursor this broker issued") from None
+        raise ValidationError("invalid_cursor",
+                              "after is not a cursor this broker issued") from None

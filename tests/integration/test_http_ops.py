@@ -36,7 +36,8 @@ async def test_health_is_503_while_the_database_is_unreachable(
     name = conninfo_to_dict(database_url)["dbname"]
     admin_url = with_dbname(database_url, "postgres")
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false")
+                      .format(sql.Identifier(name)))
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
         )

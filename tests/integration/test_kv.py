@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
 import psycopg
 import pytest
 import trio
-import httpx
 
 from queen_trio.kv import store
 

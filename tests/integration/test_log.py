@@ -134,7 +134,8 @@ async def test_a_rejected_push_writes_nothing(
 
 
 async def test_malformed_json_and_wrong_body_types(http: httpx.AsyncClient) -> None:
-    r = await http.post(f"{API}/push", content=b'{"items": [', headers={"content-type": "application/json"})
+    r = await http.post(f"{API}/push", content=b'{"items": [',
+                        headers={"content-type": "application/json"})
     assert (r.status_code, r.json()["error"]) == (400, "malformed_json")
     r = await http.post(f"{API}/ack", json=["not", "an", "object"])
     assert (r.status_code, r.json()["error"]) == (400, "invalid_body")

@@ -15,7 +15,8 @@ from queen_trio.errors import MigrationError
 
 def _recorded(url: str) -> list[tuple[int, str]]:
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT version, name FROM queen.schema_migrations ORDER BY 1").fetchall()
+        return conn.execute(
+            "SELECT version, name FROM queen.schema_migrations ORDER BY 1").fetchall()
 
 
 def test_applying_twice_applies_once(empty_database_url: str) -> None:

@@ -15,7 +15,6 @@ import trio
 from psycopg.rows import dict_row
 from quart import Blueprint
 
-from ..helpers import eventually
 from queen_trio.api import create_app
 from queen_trio.api.tenancy import current_tenant_id, enforce_storage_gate, never_refused
 from queen_trio.config import Settings
@@ -23,6 +22,7 @@ from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
 
 from ..conftest import replace_settings
+from ..helpers import eventually
 
 API = "/api/v1"
 

@@ -14,12 +14,12 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
-from ..helpers import eventually
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
 
 from ..conftest import replace_settings
+from ..helpers import eventually
 
 API = "/api/v1"
 

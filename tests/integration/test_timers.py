@@ -390,7 +390,8 @@ async def test_idle_fire_lag_is_close_to_the_due_instant(http: httpx.AsyncClient
     # Generous for a shared 2-core CI box: half of them within MIN_SLEEP + 25 ms.
     within = max(v for le, v in buckets.items() if le <= 0.030)
     assert within >= total / 2, buckets
-    for name in ("queen_timers_fired_total 12.0", 'queen_timers_scheduled_total{status="scheduled"} 12.0',
+    for name in ("queen_timers_fired_total 12.0",
+                 'queen_timers_scheduled_total{status="scheduled"} 12.0',
                  "queen_sweeper_claim_batch_size_count"):
         assert name in text
 
