@@ -10,7 +10,8 @@ import trio
 
 from queen_trio.server import BrokerHandle
 
-from .test_timers import TIMERS, schedule, settings, sql  # noqa: F401 - fixture
+from .test_tenancy import auth_broker, client, tokens  # noqa: F401 - fixtures
+from .test_timers import TIMERS, settings, sql  # noqa: F401 - fixture
 
 CLIENTS = 48
 
@@ -87,3 +88,31 @@ async def test_one_failing_timer_does_not_fail_the_timers_batched_with_it(
     keys = {r["timer_key"] for r in sql(database_url,
                                         "SELECT timer_key FROM queen.timers WHERE queue = 'mixed'")}
     assert keys == {f"ok{i}" for i in range(30)}
+
+
+async def test_two_tenants_scheduling_one_name_at_once_get_a_timer_each(
+    auth_broker: BrokerHandle, tokens: dict[str, str], database_url: str,  # noqa: F811
+) -> None:
+    """A shared batch never mixes tenants: the same queue and key from alpha and beta,
+    interleaved, make two timers, each tenant's own."""
+    clients = {t: client(auth_broker, tokens[t]) for t in ("A", "B")}
+    answers: list[tuple[str, int, httpx.Response]] = []
+
+    async def put(t: str, i: int) -> None:
+        r = await clients[t].put(f"{TIMERS}/shared/same-key",
+                                 json={"delayMs": 60_000, "payload": {"tenant": t, "i": i}})
+        answers.append((t, i, r))
+
+    async with clients["A"], clients["B"], trio.open_nursery() as nursery:
+        for i in range(20):
+            for t in ("A", "B"):
+                nursery.start_soon(put, t, i)
+    assert all(r.status_code == 200 for _, _, r in answers)
+    for t in ("A", "B"):
+        statuses = sorted(r.json()["status"] for tt, _, r in answers if tt == t)
+        assert statuses == ["rescheduled"] * 19 + ["scheduled"], (t, statuses)
+    rows = sql(database_url, """
+        SELECT tn.name, convert_from(t.payload, 'UTF8')::jsonb->>'tenant' AS sent_by
+        FROM queen.timers t JOIN queen.tenants tn USING (tenant_id)
+        WHERE t.queue = 'shared' AND t.timer_key = 'same-key' ORDER BY 1""")
+    assert [(r["name"], r["sent_by"]) for r in rows] == [("alpha", "A"), ("beta", "B")]
