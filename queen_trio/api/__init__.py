@@ -24,6 +24,9 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024  # above any plan's message ceiling
     app.config["BODY_TIMEOUT"] = broker.settings.http_body_timeout_s  # then 408
     app.json.sort_keys = False
+    # Werkzeug would answer a path with "//" in it (a key starting with an unencoded '/') with
+    # an HTML 308 redirect to the merged path; a client's mistake gets a JSON 404 instead.
+    app.url_map.merge_slashes = False
     install_error_handlers(app)
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
