@@ -104,6 +104,7 @@ from bench.log_throughput import (
     verdict,
 )
 from bench.spacing import IDLE_GAP_S, SpacedDelays
+from queen_trio.client.wire import LeanTransport
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 API = "/api/v1"
@@ -1151,8 +1152,9 @@ async def scenario(ctx: Ctx, name: str, part: str | None) -> dict[str, Any]:
 async def run_scenario(name: str, part: str | None, url: str, failures: Failures,
                        cpu: CpuMeter, quick: bool) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, limits=limits,
-                                 timeout=REQUEST_TIMEOUT_S) as client:
+    # The SDK's transport (queen_trio.client.wire), as a user's consumer would have.
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S,
+                                 transport=LeanTransport()) as client:
         ctx = Ctx(Api(client, failures), failures, cpu, uuid.uuid4().hex[:8], quick)
         t0 = time.monotonic()
         async with trio.open_nursery() as nursery:

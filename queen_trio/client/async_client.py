@@ -1,4 +1,5 @@
-"""The async client: httpx.AsyncClient underneath, so it runs under trio and asyncio alike."""
+"""The async client: httpx.AsyncClient over the lean HTTP/1.1 transport of :mod:`.wire`, on
+anyio sockets, so it runs under trio and asyncio alike."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .api import BaseClient
 from .durations import Duration
 from .models import Message
 from .transport import Send
+from .wire import LeanTransport
 
 
 class Client(BaseClient[Awaitable[Any]]):
@@ -27,7 +29,8 @@ class Client(BaseClient[Awaitable[Any]]):
 
     def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(urls, **options)
-        self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
+        self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout,
+                                       transport=LeanTransport())
         self._lease_cache: dict[str, int] = {}  # per queue, learnt by the consumer
 
     async def __aenter__(self) -> Client:
