@@ -20,8 +20,8 @@ scenario, so its metrics start at zero) reached over TCP with ``httpx.AsyncClien
    ``clock_timestamp()`` when the fire inserted it) minus its ``deliverAt``; it is also the
    "no earlier than" check (a frame with createdAt < deliverAt is counted as "early").
 1b. ``idle-lean``: the same, but the consumer is a minimal HTTP/1.1 client on a blocking
-   socket (``LeanConsumer``) instead of httpx on trio: what the broker delivers to the wire,
-   without the consumer library's own cost (about a millisecond per answer here).
+   socket (``LeanConsumer``) instead of httpx on trio with the SDK's transport: what the broker
+   delivers to the wire, without the consumer library's own cost.
 2. ``steady``: 500 timers/s due for 20 s (10,000 timers). They are scheduled ahead of time in
    500-timer ``POST /api/v1/transaction`` bundles (top-level ``timers`` array), one client,
    with delays computed at send time so that timer i is due at T0 + i/500 s, T0 being ~3 s after
@@ -533,8 +533,8 @@ class Delivery:
 class LeanConsumer:
     """A minimal HTTP/1.1 keep-alive client on a blocking socket, for ``idle-lean``.
 
-    It shows what the broker delivers to the wire: the httpx client on trio that the other
-    scenarios use costs the consumer itself about a millisecond per answer on this VM."""
+    It shows what the broker delivers to the wire, without what the httpx client on trio that
+    the other scenarios use (over the SDK's transport) costs the consumer itself."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -1305,7 +1305,7 @@ def print_schedule(r: dict[str, Any]) -> None:
 
 def print_idle_lean(r: dict[str, Any]) -> None:
     print_idle(r, title="1b. idle, consumer a minimal HTTP/1.1 client (blocking socket) instead "
-                        "of httpx on trio")
+                        "of httpx on trio over the SDK's transport")
 
 
 PRINTERS = {"idle": print_idle, "idle-lean": print_idle_lean, "steady": print_steady,
