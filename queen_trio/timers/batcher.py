@@ -14,6 +14,7 @@ latency, it only stops concurrent schedules from queueing for a statement each.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Iterator
 
@@ -24,6 +25,8 @@ from ..errors import DatabaseUnavailable
 from . import store
 from .rules import Schedule
 from .store import Outcome
+
+log = logging.getLogger(__name__)
 
 # Timers per statement: large enough that the per-statement cost vanishes, small enough that a
 # batch's commit is not held up by its own size.
@@ -85,7 +88,13 @@ class ScheduleBatcher:
                 except trio.WouldBlock:
                     break
             for tenant_id, requests in _by_tenant(batch):
-                await self._write(tenant_id, requests)
+                try:
+                    await self._write(tenant_id, requests)
+                except Exception as exc:  # noqa: BLE001 - never take the broker down for one batch
+                    log.exception("schedule batch failed unexpectedly")
+                    for r in requests:
+                        if not r.done.is_set():
+                            r.fail(exc)
 
     async def _write(self, tenant_id: int, requests: list[_Request]) -> None:
         self.batches += 1
@@ -110,6 +119,8 @@ class ScheduleBatcher:
                 except Exception as own:  # noqa: BLE001 - handed to that timer's caller
                     r.fail(own)
             return
+        if len(outcomes) != len(requests):
+            raise RuntimeError(f"{len(outcomes)} answers for {len(requests)} timers")
         self.scheduled += len(requests)
         for r, outcome in zip(requests, outcomes, strict=True):
             r.answer(outcome)

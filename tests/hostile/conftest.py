@@ -29,6 +29,8 @@ def start_broker(databases: Databases, name: str, env: dict[str, str] | None = N
             assert time.monotonic() < deadline, f"{name} never became healthy: {broker.stderr()}"
             time.sleep(0.05)
         yield broker
+        if not broker.alive:  # it died during the module's tests: say why
+            print(f"{name} died:\n{broker.stderr()}")
     finally:
         broker.close()
         databases.drop(url)
