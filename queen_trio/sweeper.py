@@ -195,7 +195,9 @@ class Sweeper:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
         async with self._db.connection() as conn:
-            swept: list[tuple[SweepResult, float]] = await conn.run(
+            # In a worker thread: a drain runs sweeps back to back there, without queueing
+            # behind HTTP tasks for the event loop, and each return is timed where it happens.
+            swept: list[tuple[SweepResult, float]] = await conn.run_in_thread(
                 self._sweep_at, not_before, token)
         self._cycles += len(swept) - 1
         for result, returned_at in swept:
@@ -245,7 +247,7 @@ class Sweeper:
         # either committed or rolled back, never abandoned half-way.
         with trio.move_on_after(_FIRE_TIMEOUT_S, shield=True):
             try:
-                fired = await self._db.run(
+                fired = await self._db.run_in_thread(  # decompresses payloads
                     store.fire, token, rows, ceilings=ceilings,
                     max_attempts=settings.sweeper_max_attempts,
                     backoff_ms=settings.sweeper_backoff_ms,

@@ -1,17 +1,26 @@
 """A bounded pool of psycopg connections, used from trio.
 
-psycopg's async API only runs on asyncio (psycopg issue #29), so the query side of the bridge
-drives psycopg's *sync* connections from trio worker threads, through one private call
-(:meth:`Connection._call`). Every statement is one thread hop; :meth:`Database.run` does a whole
-transaction in a single hop for hot paths. psycopg releases the GIL while it waits on the
-socket, so the event loop never blocks. (The LISTEN side needs no thread at all: see
-:mod:`queen_trio.db.listener`.)
+psycopg's async API only runs on asyncio (psycopg issue #29). The bridge drives psycopg's *sync*
+connections instead, through one private call (:meth:`Connection._call`), in one of two ways:
+
+* **on the event loop** (the default): the call runs in the calling task, and every time
+  psycopg would block on the socket it hands the wait to trio (``wait_readable`` /
+  ``wait_writable``, through a greenback portal). psycopg's protocol code is sans-I/O, and every
+  wait of a sync connection goes through :meth:`TrioWaitConnection.wait`, so this is the only
+  place that has to know. No thread hop: at idle each hop cost this VM ~0.25 ms each way, on
+  the path from a fired timer to a waiting consumer.
+* **in a worker thread** (:meth:`Connection.run_in_thread`): for work that spends real CPU
+  between statements (sealing segments) or must not queue behind HTTP tasks for the event loop
+  (the sweeper's back-to-back drain). psycopg releases the GIL while it waits on the socket.
+
+(The LISTEN side is trio-native as well: see :mod:`queen_trio.db.listener`.)
 
 Cancellation contract:
 
-* A cancelled statement returns control to trio at once. The worker thread is abandoned, the
-  server is asked to cancel the query, and the connection is closed as soon as the thread lets
-  go of it: it never goes back to the pool, so nothing half-done can leak into another task.
+* A cancelled statement returns control to trio at once. If it was still running on the
+  server, the server is asked to cancel it; either way the connection is closed and never goes
+  back to the pool, so nothing half-done can leak into another task. (A cancelled thread call is
+  abandoned and its connection closed as soon as the thread lets go of it.)
 * Leaving a :meth:`Database.transaction` block with an exception (cancellation included) rolls
   back inside a bounded shield; if the rollback cannot finish, the connection is discarded
   and the server rolls back when it sees the socket close.
@@ -25,15 +34,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import greenback
 import psycopg
 import trio
-from psycopg import pq
+from psycopg import errors, pq
+from psycopg.abc import PQGen
 from psycopg.rows import dict_row
+from psycopg.waiting import Ready, Wait
 
 from ..errors import DatabaseUnavailable
 
@@ -57,14 +70,69 @@ class PoolStatistics:
     discarded_total: int
 
 
+class TrioWaitConnection(psycopg.Connection[dict[str, Any]]):
+    """A sync psycopg connection whose socket waits belong to trio while a task drives it.
+
+    psycopg runs every network operation of a sync connection as a generator that yields what
+    it waits for; :meth:`wait` is where those generators are consumed. Called from a task with
+    a greenback portal, the waits become trio waits and other tasks run meanwhile; called from
+    a worker thread (or at connect time), psycopg's own blocking wait is used.
+    """
+
+    def wait(self, gen: PQGen[T], interval: float = 0.1, timeout: float | None = None) -> T:
+        if greenback.has_portal():
+            return greenback.await_(_wait_on_trio(gen, self.pgconn.socket, timeout))
+        return super().wait(gen, interval, timeout)
+
+
+async def _wait_on_trio(gen: PQGen[T], fileno: int, limit_s: float | None) -> T:
+    """Consume psycopg's generator, each wait it yields a trio wait; psycopg's
+    ``_WaitTimeout`` after ``limit_s``, as its own waits do."""
+    with trio.move_on_after(math.inf if limit_s is None else limit_s) as scope:
+        try:
+            state = next(gen)
+            while True:
+                state = gen.send(await _ready(fileno, state))
+        except StopIteration as done:
+            return done.value
+    assert scope.cancelled_caught
+    raise errors._WaitTimeout("wait timeout expired")
+
+
+async def _ready(fileno: int, state: Wait) -> Ready:
+    if state == Wait.R:
+        await trio.lowlevel.wait_readable(fileno)
+        return Ready.R
+    if state == Wait.W:
+        await trio.lowlevel.wait_writable(fileno)
+        return Ready.W
+    # Both (a large query still being written while the server already answers): whichever
+    # comes first. Rare, so the cost of a nursery does not matter.
+    ready = Ready.NONE
+
+    async def one(wait: Callable[[int], Any], flag: Ready, cancel: trio.CancelScope) -> None:
+        nonlocal ready
+        await wait(fileno)
+        ready = Ready(ready | flag)
+        cancel.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, trio.lowlevel.wait_readable, Ready.R, nursery.cancel_scope)
+        nursery.start_soon(one, trio.lowlevel.wait_writable, Ready.W, nursery.cancel_scope)
+    return ready
+
+
 class Connection:
-    """A pooled connection as seen from trio: every call runs in a worker thread.
+    """A pooled connection as seen from trio.
+
+    Calls run in the calling task, their socket waits handed to trio; :meth:`run_in_thread`
+    runs one in a worker thread instead.
 
     Rows come back as dicts. Obtain one from :meth:`Database.connection` (autocommit) or
     :meth:`Database.transaction`; never keep it beyond that block.
     """
 
-    def __init__(self, raw: psycopg.Connection[dict[str, Any]], limiter: trio.CapacityLimiter):
+    def __init__(self, raw: TrioWaitConnection, limiter: trio.CapacityLimiter):
         self._raw = raw
         self._limiter = limiter
         self._state = threading.Lock()
@@ -100,18 +168,26 @@ class Connection:
         return None if row is None else next(iter(row.values()))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(raw_connection, *args)`` in one thread hop (several statements at once)."""
+        """Run ``fn(raw_connection, *args)`` (several statements at once) in this task."""
         return await self._call(fn, *args)
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(raw_connection, *args)`` in a worker thread."""
+        return await self._call(fn, *args, in_thread=True)
 
     # -- the bridge ---------------------------------------------------------------------
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(self, fn: Callable[..., T], *args: Any, in_thread: bool = False) -> T:
         if not self.usable:
             raise DatabaseUnavailable("connection is closed")
         try:
-            return await trio.to_thread.run_sync(
-                self._in_thread, fn, args, abandon_on_cancel=True, limiter=self._limiter
-            )
+            if in_thread:
+                return await trio.to_thread.run_sync(
+                    self._in_thread, fn, args, abandon_on_cancel=True, limiter=self._limiter
+                )
+            # As with a thread: a call whose task is already cancelled never starts.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return await greenback.with_portal_run_sync(self._in_task, fn, args)
         except trio.Cancelled:
             await self._abandon()
             raise
@@ -121,6 +197,13 @@ class Connection:
             if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
                 raise DatabaseUnavailable(str(exc).strip()) from exc
             raise
+
+    def _in_task(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._begin_pending:
+            # Deferred BEGIN: rides the first statement's call instead of costing its own.
+            self._raw.execute("BEGIN")
+            self._begin_pending = False
+        return fn(self._raw, *args)
 
     def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         with self._state:
@@ -145,11 +228,16 @@ class Connection:
         with self._state:
             self._abandoned = True
             running = self._running
-        if not running:
-            self._raw.close()
+        if running:
+            # The thread still owns the socket and will close it when it returns; ask the
+            # server to stop the statement so that happens soon.
+            await self._ask_server_to_cancel()
             return
-        # The thread still owns the socket and will close it when it returns; ask the server
-        # to stop the statement so that happens soon.
+        if self._raw.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            await self._ask_server_to_cancel()  # a statement was still running there
+        self._raw.close()
+
+    async def _ask_server_to_cancel(self) -> None:
         with trio.move_on_after(_CANCEL_REQUEST_TIMEOUT_S, shield=True):
             await trio.to_thread.run_sync(self._raw.cancel_safe, abandon_on_cancel=True)
 
@@ -249,15 +337,22 @@ class Database:
             await self._release(conn)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` as one transaction in one
-        thread hop."""
+        """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` as one transaction, in this
+        task (its socket waits are trio's)."""
         if kwargs:
             fn = functools.partial(fn, **kwargs)
         async with self.connection() as conn:
             return await conn._call(_run_transaction, fn, args)
 
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Like :meth:`run`, in a worker thread: for work with real CPU between statements."""
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+        async with self.connection() as conn:
+            return await conn._call(_run_transaction, fn, args, in_thread=True)
+
     async def run_statement(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` in autocommit, in one hop.
+        """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` in autocommit, in this task.
 
         For a function that sends exactly one statement: the statement is its own transaction,
         which saves the BEGIN and COMMIT round trips of :meth:`run`. Cancellation is as safe
@@ -346,8 +441,8 @@ class Database:
             self._slots.release()
 
     async def _connect(self) -> Connection:
-        def connect() -> psycopg.Connection[dict[str, Any]]:
-            raw = psycopg.connect(
+        def connect() -> TrioWaitConnection:
+            raw = TrioWaitConnection.connect(
                 self.conninfo,
                 autocommit=True,
                 row_factory=dict_row,

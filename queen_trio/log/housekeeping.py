@@ -247,7 +247,8 @@ class Housekeeper:
         for pid in await self._db.run(seal_candidates, self.policy):
             for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
                 started = time.perf_counter()
-                one = await self._db.run(seal_partition, pid, self.policy)
+                # Compresses a whole segment: CPU work kept off the event loop.
+                one = await self._db.run_in_thread(seal_partition, pid, self.policy)
                 if one is None:
                     break
                 sealed.append(one)

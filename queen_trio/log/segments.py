@@ -60,7 +60,8 @@ class HeadFrame:
 # -- encoding ----------------------------------------------------------------------------------
 
 # zstandard's (de)compressors must not be shared between threads, and segments are encoded and
-# decoded in the database pool's worker threads: one set per thread.
+# decoded in the event loop's thread and in the database pool's worker threads: one set per
+# thread.
 _codec = threading.local()
 
 
@@ -204,7 +205,7 @@ SegmentKey = tuple[Any, int]  # (partition_id, first_offset): a segment never ch
 class SegmentCache:
     """Decoded segments, least recently used first out, within a budget of bytes.
 
-    Used from the pool's worker threads, hence the lock. Segments are immutable, so an entry is
+    Used from the event loop's thread and the pool's worker threads, hence the lock. Segments are immutable, so an entry is
     never stale; one dropped by retention simply ages out.
     """
 

@@ -27,7 +27,8 @@ _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 
 # zstandard's (de)compressor objects must not be shared between threads, and the database
-# work that packs and unpacks payloads runs in the pool's worker threads: one pair per thread.
+# work that packs and unpacks payloads runs in the event loop's thread and in the pool's
+# worker threads: one pair per thread.
 _codec = threading.local()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 import trio
@@ -207,3 +209,76 @@ async def test_unreachable_server_is_database_unavailable() -> None:
         async with database.connection():
             pass
     assert database.statistics().in_use == 0
+
+
+async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Database) -> None:
+    """The default bridge: psycopg's socket waits are trio's, so a slow statement costs no
+    thread and other tasks keep running meanwhile."""
+    ticks = 0
+    ran_in: list[threading.Thread] = []
+
+    def slow(raw: psycopg.Connection) -> int:
+        ran_in.append(threading.current_thread())
+        return raw.execute("SELECT pg_sleep(0.3), 7").fetchone()["?column?"]
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.01)
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        async with db.connection() as conn:
+            assert await conn.run(slow) == 7
+        nursery.cancel_scope.cancel()
+    assert ran_in == [threading.main_thread()]
+    assert ticks >= 15  # ~30 possible; a blocked loop would manage 0
+
+
+async def test_run_in_thread_uses_a_worker_thread(db: Database) -> None:
+    ran_in: list[threading.Thread] = []
+
+    def where(raw: psycopg.Connection) -> int:
+        ran_in.append(threading.current_thread())
+        return raw.execute("SELECT 1 AS one").fetchone()["one"]
+
+    assert await db.run_in_thread(where) == 1
+    async with db.connection() as conn:
+        assert await conn.run_in_thread(where) == 1
+    assert len(ran_in) == 2
+    assert threading.main_thread() not in ran_in
+
+
+async def test_a_cancelled_thread_call_returns_at_once_and_the_server_stops_it(
+    db: Database, database_url: str
+) -> None:
+    async with db.connection() as conn:
+        victim_pid = conn.backend_pid
+    started = trio.current_time()
+    with trio.move_on_after(0.2):
+        async with db.connection() as conn:
+            await conn.run_in_thread(lambda raw: raw.execute("SELECT pg_sleep(30)"))
+    assert trio.current_time() - started < 1.0
+    with _admin(database_url) as admin:
+        for _ in range(100):
+            state = admin.execute(
+                "SELECT state FROM pg_stat_activity WHERE pid = %s", (victim_pid,)
+            ).fetchone()
+            if state is None or state[0] != "active":
+                break
+            trio_sleep_blocking(0.02)
+        else:
+            pytest.fail("the cancelled statement kept running on the server")
+    async with db.connection() as conn:
+        assert conn.backend_pid != victim_pid
+
+
+async def test_a_statement_larger_than_the_socket_buffers_goes_through(db: Database) -> None:
+    """Writing a big query blocks on the socket: the write waits (and read-or-write waits)
+    are handed to trio as well."""
+    big = "x" * (24 * 1024 * 1024)
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT length(%s::text)", (big,)) == len(big)
+        echoed = await conn.fetchval("SELECT %s::text || 'y'", (big,))
+    assert len(echoed) == len(big) + 1 and echoed.endswith("xy")
