@@ -35,6 +35,10 @@ class Settings:
     # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
     workers: int = 1
     listen_fd: int | None = None
+    # A pop's commit (its lease or its cursor move) does not wait for the WAL flush: a database
+    # crash can forget the last moments of pops, which only re-delivers those messages. Frames,
+    # acks and timer fires always wait. "sync" makes pops wait too.
+    pop_commit_sync: bool = False
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -122,6 +126,10 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             f"a value no larger than QUEEN_SEGMENT_MAX_AGE_MS ({seg_max_age})",
         )
 
+    pop_commit = env.get("QUEEN_POP_COMMIT", "").strip().lower() or "async"
+    if pop_commit not in ("async", "sync"):
+        raise ConfigError("QUEEN_POP_COMMIT", env["QUEEN_POP_COMMIT"], "'async' or 'sync'")
+
     workers = _int(env, "QUEEN_WORKERS", 1, lo=1, hi=64)
     fd_raw = env.get("QUEEN_LISTEN_FD", "").strip()
     listen_fd = _int(env, "QUEEN_LISTEN_FD", 0, lo=0, hi=1_000_000) if fd_raw else None
@@ -145,6 +153,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
         http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
         workers=workers,
+        pop_commit_sync=pop_commit == "sync",
         listen_fd=listen_fd,
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,

@@ -120,14 +120,17 @@ async def _pop(queue: str, partition: str | None) -> Response:
     tenant = current_tenant_id()
     key = store.wake_key(tenant, req.queue)
     deadline = trio.current_time() + req.timeout_ms / 1000
+    sync_commit = broker.settings.pop_commit_sync
     waiting = False
     try:
         while True:
             changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
             # Most pops are served by one statement; the rest by the general pop.
-            outcome = await broker.db.run_statement(store.pop_head, tenant, req)
+            outcome = await broker.db.run_statement(store.pop_head, tenant, req,
+                                                    sync_commit=sync_commit)
             if outcome is None:
-                outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache)
+                outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache,
+                                              sync_commit=sync_commit)
             if outcome.skipped:
                 broker.metrics.messages_skipped.inc(outcome.skipped)
             remaining = deadline - trio.current_time()

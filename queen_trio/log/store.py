@@ -1,7 +1,7 @@
 """The log's database operations.
 
 Each public function takes a raw psycopg connection that is already inside a transaction and
-does all of its statements there, so the API runs it through ``Database.run`` in one thread hop
+does all of its statements there, so the API runs it through ``Database.run`` in one call
 and one transaction (a bundle in ``POST /transaction`` runs several of them in one transaction).
 SQL text lives in ``queen_trio/sql/log.sql``.
 """
@@ -208,14 +208,24 @@ class PopOutcome:
     skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
 
 
-def pop_head(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome | None:
+def _commit_level(sync_commit: bool) -> str | None:
+    return None if sync_commit else "off"  # None: as the server is configured
+
+
+def pop_head(raw: Raw, tenant_id: int, req: PopRequest, *,
+             sync_commit: bool = True) -> PopOutcome | None:
     """The common pop in one statement (it may run in autocommit); None when the case needs
     :func:`pop` (a first pop, an expired lease, sealed or retried frames, delayedProcessing,
-    a cursor behind log_start), in which case nothing was changed."""
+    a cursor behind log_start), in which case nothing was changed.
+
+    ``sync_commit=False``: the commit does not wait for the WAL flush (a database crash may
+    forget this pop, so its messages would be delivered again; nothing is lost). True leaves
+    the commit as the server is configured."""
     rows = raw.execute(
         Q.pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
-         "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack},
+         "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
+         "synchronous_commit": _commit_level(sync_commit)},
     ).fetchall()
     first = rows[0]
     if first["outcome"] == "fallback":
@@ -229,7 +239,10 @@ def pop_head(raw: Raw, tenant_id: int, req: PopRequest) -> PopOutcome | None:
 
 
 def pop(raw: Raw, tenant_id: int, req: PopRequest,
-        cache: SegmentCache | None = None) -> PopOutcome:
+        cache: SegmentCache | None = None, *, sync_commit: bool = True) -> PopOutcome:
+    """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`)."""
+    if not sync_commit:
+        raw.execute(Q.pop_commit_level, {"synchronous_commit": _commit_level(sync_commit)})
     candidates = raw.execute(
         Q.pop_candidates,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,

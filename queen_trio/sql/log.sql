@@ -66,8 +66,20 @@ SELECT pg_notify('queen_log', %(payload)s)
 
 -- name: pop_head
 -- The common pop in one statement (schema 007); 'fallback' sends the broker to its general pop.
-SELECT * FROM queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
-                             %(auto_ack)s)
+-- The commit level (NULL: the server's own) is set for this statement's own transaction
+-- (pop_head always returns a row, so the join evaluates it); it takes effect at the commit
+-- that ends the statement.
+WITH commit_level AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
+                      true))
+SELECT p.* FROM commit_level,
+     queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
+                    %(auto_ack)s) AS p
+
+-- name: pop_commit_level
+-- The general pop sets its transaction's commit level first.
+SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)
 
 -- name: pop_candidates
 -- Partitions of the queue with frames past the group's cursor and no live lease for the group,

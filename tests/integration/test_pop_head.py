@@ -182,3 +182,29 @@ def test_consumers_racing_for_one_partition_get_every_message_once(database_url:
         received = [m for part in pool.map(consume, range(8)) for m in part]
     assert len(received) == len(set(received)) == total - 1
     assert set(received) == {f"m{i}" for i in range(1, total)}
+
+
+def test_a_pop_commits_without_waiting_for_the_wal_flush_unless_asked_to(
+    database_url: str,
+) -> None:
+    """QUEEN_POP_COMMIT: both pops set their own transaction's commit level (seen here from
+    inside an open transaction); "sync" keeps the server's setting; neither changes the
+    session's."""
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "q", ["a", "b", "c", "d"])
+        conn.execute("SET synchronous_commit = remote_apply")  # the operator's choice
+        for sync_commit, level in ((False, "off"), (True, "remote_apply")):
+            with conn.transaction():
+                log_store.pop(conn, tenant, request("q", batch=1, auto_ack=True),
+                              sync_commit=sync_commit)
+                assert conn.execute("SHOW synchronous_commit").fetchone()[
+                    "synchronous_commit"] == level
+            with conn.transaction():
+                got = log_store.pop_head(conn, tenant, request("q", batch=1, auto_ack=True),
+                                         sync_commit=sync_commit)
+                assert got is not None and got.batch is not None
+                assert conn.execute("SHOW synchronous_commit").fetchone()[
+                    "synchronous_commit"] == level
+            assert conn.execute("SHOW synchronous_commit").fetchone()[
+                "synchronous_commit"] == "remote_apply"

@@ -115,3 +115,12 @@ def test_workers_and_the_inherited_socket() -> None:
     for bad in ("0", "-1", "two", "65"):
         with pytest.raises(ConfigError, match="QUEEN_WORKERS"):
             load_settings({"QUEEN_WORKERS": bad})
+
+
+def test_pop_commit_is_async_unless_asked_for_sync() -> None:
+    assert load_settings({}).pop_commit_sync is False
+    assert load_settings({"QUEEN_POP_COMMIT": "async"}).pop_commit_sync is False
+    assert load_settings({"QUEEN_POP_COMMIT": " SYNC "}).pop_commit_sync is True
+    for bad in ("on", "off", "durable", "1"):
+        with pytest.raises(ConfigError, match="QUEEN_POP_COMMIT"):
+            load_settings({"QUEEN_POP_COMMIT": bad})
