@@ -39,6 +39,9 @@ class Settings:
     # crash can forget the last moments of pops, which only re-delivers those messages. Frames,
     # acks and timer fires always wait. "sync" makes pops wait too.
     pop_commit_sync: bool = False
+    # How long past a timer's due instant a pop parked on its queue waits for the frame inside
+    # PostgreSQL, once the sweeper has said it is about to fire (0: never; schema 010).
+    pop_fire_wait_ms: int = 10
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -154,6 +157,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
         workers=workers,
         pop_commit_sync=pop_commit == "sync",
+        pop_fire_wait_ms=_int(env, "QUEEN_POP_FIRE_WAIT_MS", 10, lo=0, hi=50),
         listen_fd=listen_fd,
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,

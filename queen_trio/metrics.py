@@ -147,6 +147,12 @@ class BrokerMetrics:
             "queen_messages_dead_lettered", "Messages moved to dead letters by acks",
             registry=self.registry,
         )
+        self.pop_fire_waits = Counter(
+            "queen_pop_fire_waits",
+            "Parked pops that waited in PostgreSQL for a timer about to fire into their queue, "
+            "by whether the fire came in time",
+            ["result"], registry=self.registry,
+        )
         self.longpoll_waiters = Gauge(
             "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,

@@ -111,7 +111,12 @@ async def run_broker(
             await nursery.start(schedules.run)  # single-timer schedules, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
-                                  tenants.message_ceiling(tid)))
+                                  tenants.message_ceiling(tid)),
+                              announce_fire=lambda timer, due_local: wakeups.expect_fire(
+                                  log_store.wake_key(timer.tenant_id, timer.queue),
+                                  timer.partition,
+                                  timer.due, due_local),
+                              look_up_db=db)
             await nursery.start(sweeper.run)  # claims due timers and fires them
             context.services["sweeper"] = lambda: sweeper.alive
             # Seals the head into zstd segments and applies retention.

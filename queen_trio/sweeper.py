@@ -16,7 +16,12 @@ can turn "due at T (database time)" into a local deadline. It wakes a few millis
 that deadline and sends the statement with T itself as ``not_before``: the backend waits for T
 (schema 008), so the instant is kept by PostgreSQL's own clock and the work starts in a process
 that is already running, not in one a packet has to wake. A sweep that ran a hair early would
-find nothing and cost a whole MIN_SLEEP."""
+find nothing and cost a whole MIN_SLEEP.
+
+Ahead of such a sweep (one planned for a timer's own instant, not for the MIN_SLEEP floor) the
+sweeper looks up where the timer will land, wakes the pops parked on that queue when it sends
+the sweep, and the sweep holds the queue's fire lock until it commits, so one of those pops can
+take the frame the moment it is visible (schema 010)."""
 
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ _PENDING_REFRESH_S = 5.0
 # How long before a planned cycle its statement is sent; PostgreSQL waits out the rest. More
 # than trio's sleep overshoot (epoll counts whole milliseconds) plus the hop to the backend.
 _EARLY_SEND_S = 0.006
+# How much earlier still the sweeper looks up where an idle sweep's timer will land.
+_LOOK_AHEAD_S = 0.01
 # Longest run of back-to-back sweeps a worker thread makes while a backlog drains.
 _DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
@@ -69,12 +76,20 @@ class Sweeper:
         settings: Settings,
         metrics: BrokerMetrics,
         ceiling_for: Callable[[int], int],
+        announce_fire: Callable[[store.NextDue, float], None] | None = None,
+        look_up_db: Database | None = None,
     ) -> None:
         self._db = db
         self._listener = listener
         self._settings = settings
         self._metrics = metrics
         self._ceiling_for = ceiling_for
+        # Told (the timer, its local due instant) before an idle sweep fires a timer, so the
+        # pops parked on its queue can wait for the frame in PostgreSQL (schema 010).
+        self._announce_fire = announce_fire if settings.pop_fire_wait_ms > 0 else None
+        # Where the look-up for an announcement runs: not on the sweeper's own connections,
+        # so a look-up that is cut short never costs the sweep its connection.
+        self._look_up_db = look_up_db or db
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._min_sleep = settings.sweeper_min_sleep_ms / 1000
         self._max_sleep = settings.sweeper_max_sleep_ms / 1000
@@ -115,19 +130,24 @@ class Sweeper:
         pending_refreshed = -math.inf
         start_at = -math.inf  # trio clock: when the next cycle should run
         due_db: float | None = None  # the database instant start_at stands for, if one does
+        upcoming: store.NextDue | None = None  # the timer due at due_db, looked up ahead
         while True:
             floor = last_start + self._min_sleep
             if floor > start_at:
-                start_at, due_db = floor, None
+                start_at, due_db, upcoming = floor, None, None
             await trio.sleep_until(start_at - _EARLY_SEND_S)
             now = trio.current_time()
             last_start = max(start_at, now)
             self._last_cycle_at = last_start
             self._cycles += 1
+            if upcoming is not None:
+                assert self._announce_fire is not None
+                self._announce_fire(upcoming, start_at)
+            announced, upcoming = upcoming, None
             if due_db is None and start_at > now:
                 due_db = self._db_instant(start_at)
             try:
-                result = await self._cycle(not_before=due_db)
+                result = await self._cycle(not_before=due_db, announced=announced)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
@@ -147,13 +167,40 @@ class Sweeper:
                 due_deadline = self._local_deadline(result.next_due)
                 if due_deadline < deadline:
                     deadline, due_db, reason_deadline = due_deadline, result.next_due, "deadline"
-            start_at, due_db, woke = await self._sleep_or_wake(notifications, deadline, due_db)
+            if self._announce_fire is None:
+                start_at, due_db, woke = await self._sleep_or_wake(notifications, deadline,
+                                                                   due_db)
+            else:
+                start_at, due_db, woke, upcoming = await self._sleep_and_look_up(
+                    notifications, deadline, due_db)
             self._metrics.sweeper_wakeups.labels(woke or reason_deadline).inc()
 
-    async def _sleep_or_wake(
+    async def _sleep_and_look_up(
         self, notifications: trio.MemoryReceiveChannel, deadline: float, due_db: float | None
+    ) -> tuple[float, float | None, str | None, store.NextDue | None]:
+        """:meth:`_sleep_or_wake`, looking up a little ahead where the timer due at the end
+        will land (off the path of the sweep itself). A NOTIFY of a sooner timer after the
+        look-up cancels it."""
+        start_at, due_db, woke = await self._sleep_or_wake(
+            notifications, deadline, due_db, lead_s=_EARLY_SEND_S + _LOOK_AHEAD_S)
+        if start_at <= trio.current_time():
+            return start_at, due_db, woke, None  # deaf for a while: sweep now
+        planned, upcoming = due_db, None
+        if planned is not None:
+            # Never at the sweep's expense: a look-up that has not answered by the send is
+            # dropped (the database is slow, or its answers are not reaching us).
+            with trio.move_on_at(start_at - _EARLY_SEND_S):
+                upcoming = await self._look_up(planned)
+        start_at, due_db, woke_again = await self._sleep_or_wake(notifications, start_at, due_db)
+        if due_db != planned:
+            upcoming = None
+        return start_at, due_db, woke or woke_again, upcoming
+
+    async def _sleep_or_wake(
+        self, notifications: trio.MemoryReceiveChannel, deadline: float, due_db: float | None,
+        *, lead_s: float = _EARLY_SEND_S,
     ) -> tuple[float, float | None, str | None]:
-        """Sleep until shortly before ``deadline`` (which stands for the database instant
+        """Sleep until ``lead_s`` before ``deadline`` (which stands for the database instant
         ``due_db``, if any), brought forward by NOTIFYs of sooner timers.
 
         Returns the (possibly earlier) deadline and its database instant, and "notify" if a
@@ -161,7 +208,7 @@ class Sweeper:
         """
         reason = None
         while True:
-            with trio.move_on_at(deadline - _EARLY_SEND_S) as sleep:
+            with trio.move_on_at(deadline - lead_s) as sleep:
                 item = await notifications.receive()
             if sleep.cancelled_caught:
                 return deadline, due_db, reason
@@ -176,6 +223,18 @@ class Sweeper:
             if due < deadline:
                 deadline, due_db, reason = due, announced, "notify"
 
+    async def _look_up(self, due_db: float) -> store.NextDue | None:
+        """The timer due at ``due_db``: at the cycle, the pops parked on its queue are told it
+        is about to fire, and the sweep holds that queue's fire lock for them (schema 010)."""
+        try:
+            upcoming = await self._look_up_db.run_statement(store.next_due)
+        except TRANSIENT:
+            return None  # only a hint: the cycle itself will meet the trouble
+        # Only the timer this cycle is for.
+        if upcoming is None or abs(upcoming.due - due_db) >= 0.001:
+            return None
+        return upcoming
+
     def _local_deadline(self, db_epoch: float) -> float:
         """The trio-clock instant at which the database clock will read ``db_epoch``."""
         return trio.current_time() + (db_epoch - self._clock_offset - time.time())
@@ -184,7 +243,8 @@ class Sweeper:
         """The database clock's reading at the trio-clock instant ``deadline``."""
         return time.time() + (deadline - trio.current_time()) + self._clock_offset
 
-    async def _cycle(self, *, not_before: float | None) -> SweepResult:
+    async def _cycle(self, *, not_before: float | None,
+                     announced: store.NextDue | None = None) -> SweepResult:
         """One sweep statement, started no earlier than ``not_before`` (the database's clock), then
         the broker's fire of whatever it claimed. While a backlog drains, the worker thread
         runs further sweeps back to back (see :meth:`_sweep_at`); the last one is returned."""
@@ -198,7 +258,7 @@ class Sweeper:
             # In a worker thread: a drain runs sweeps back to back there, without queueing
             # behind HTTP tasks for the event loop, and each return is timed where it happens.
             swept: list[tuple[SweepResult, float]] = await conn.run_in_thread(
-                self._sweep_at, not_before, token)
+                self._sweep_at, not_before, token, announced)
         self._cycles += len(swept) - 1
         for result, returned_at in swept:
             self._offset_bounds.append(result.db_now - returned_at)
@@ -213,7 +273,8 @@ class Sweeper:
         return result
 
     def _sweep_at(
-        self, raw: store.Raw, not_before: float | None, token: uuid.UUID
+        self, raw: store.Raw, not_before: float | None, token: uuid.UUID,
+        announced: store.NextDue | None = None,
     ) -> list[tuple[SweepResult, float]]:
         """In the worker thread: sweep (the first statement waits for ``not_before`` in the
         backend).
@@ -227,9 +288,10 @@ class Sweeper:
         swept = []
         while True:
             result = store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
-                                 max_payload=self._max_payload, not_before=not_before)
+                                 max_payload=self._max_payload, not_before=not_before,
+                                 fire_lock=announced)
             swept.append((result, time.time()))
-            not_before = None
+            not_before = announced = None
             if (len(result.fired) < s.sweeper_batch or result.rows
                     or time.monotonic() >= slice_ends):
                 return swept

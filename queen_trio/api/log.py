@@ -121,13 +121,27 @@ async def _pop(queue: str, partition: str | None) -> Response:
     key = store.wake_key(tenant, req.queue)
     deadline = trio.current_time() + req.timeout_ms / 1000
     sync_commit = broker.settings.pop_commit_sync
+    fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
     waiting = False
     try:
         while True:
             changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
+            fire = broker.wakeups.claim_fire(key) if waiting else None
+            if fire is not None and (req.partition not in (None, fire.partition)
+                                     or fire.due_local + fire_wait_s > deadline):
+                fire = None
             # Most pops are served by one statement; the rest by the general pop.
-            outcome = await broker.db.run_statement(store.pop_head, tenant, req,
-                                                    sync_commit=sync_commit)
+            if fire is not None:
+                # A timer is about to fire into this queue: wait for its frame in PostgreSQL.
+                outcome = await broker.db.run_statement(
+                    store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
+                    sync_commit=sync_commit)
+                broker.metrics.pop_fire_waits.labels(
+                    "fallback" if outcome is None
+                    else "delivered" if outcome.batch is not None else "gave_up").inc()
+            else:
+                outcome = await broker.db.run_statement(store.pop_head, tenant, req,
+                                                        sync_commit=sync_commit)
             if outcome is None:
                 outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache,
                                               sync_commit=sync_commit)

@@ -205,8 +205,8 @@ SegmentKey = tuple[Any, int]  # (partition_id, first_offset): a segment never ch
 class SegmentCache:
     """Decoded segments, least recently used first out, within a budget of bytes.
 
-    Used from the event loop's thread and the pool's worker threads, hence the lock. Segments are immutable, so an entry is
-    never stale; one dropped by retention simply ages out.
+    Used from the event loop's thread and the pool's worker threads, hence the lock. Segments
+    are immutable, so an entry is never stale; one dropped by retention simply ages out.
     """
 
     def __init__(self, budget_bytes: int) -> None:

@@ -227,6 +227,25 @@ def pop_head(raw: Raw, tenant_id: int, req: PopRequest, *,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": _commit_level(sync_commit)},
     ).fetchall()
+    return _head_outcome(req, rows)
+
+
+def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
+                   give_up: float, *, sync_commit: bool = True) -> PopOutcome | None:
+    """:func:`pop_head` for a timer about to fire into the queue: the backend waits for the
+    due instant ``not_before`` and tries until the frame is there or ``give_up`` has passed
+    (epoch seconds, the database's clock; schema 010). Answers as :func:`pop_head` does."""
+    rows = raw.execute(
+        Q.pop_head_after,
+        {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
+         "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
+         "synchronous_commit": _commit_level(sync_commit), "not_before": not_before,
+         "give_up": give_up},
+    ).fetchall()
+    return _head_outcome(req, rows)
+
+
+def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
     first = rows[0]
     if first["outcome"] == "fallback":
         return None

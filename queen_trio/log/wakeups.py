@@ -5,19 +5,37 @@ their transaction, so every broker hears of it only once it has committed. A wai
 queue's current event before it looks at the database, then sleeps on it: a push that commits
 between the look and the sleep has already set that event, so no wake-up is lost. Each event is
 set once and replaced, never cleared.
+
+The sweeper also says when a timer is about to fire into a queue (:meth:`expect_fire`): the
+queue's waiters are woken ahead of the fire, and the first to :meth:`claim_fire` it waits for
+the frame inside PostgreSQL (schema 010) instead of for the NOTIFY.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import trio
 
 from ..db import MISSED, Listener
 from .store import NOTIFY_CHANNEL
 
+# An announced fire nobody claimed is forgotten this long after its due instant.
+_EXPECTATION_TTL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExpectedFire:
+    due_db: float  # the due instant, epoch seconds on the database's clock
+    partition: str
+    due_local: float  # the same instant on the trio clock
+    expires_at: float  # trio clock
+
 
 class QueueWakeups:
     def __init__(self) -> None:
         self._events: dict[str, trio.Event] = {}
+        self._expected: dict[str, ExpectedFire] = {}
         self.waiting = 0
 
     def watch(self, key: str) -> trio.Event:
@@ -31,6 +49,24 @@ class QueueWakeups:
         event = self._events.pop(key, None)
         if event is not None:
             event.set()
+
+    def expect_fire(self, key: str, partition: str, due_db: float, due_local: float) -> None:
+        """A timer due at ``due_db`` (``due_local`` on the trio clock) is about to fire into
+        this queue's ``partition``. Only queues somebody is watching keep the news."""
+        if key in self._events:
+            if len(self._expected) > 1000:  # announced to queues whose waiters left
+                now = trio.current_time()
+                self._expected = {k: e for k, e in self._expected.items() if e.expires_at >= now}
+            self._expected[key] = ExpectedFire(due_db, partition, due_local,
+                                               due_local + _EXPECTATION_TTL_S)
+            self.wake(key)
+
+    def claim_fire(self, key: str) -> ExpectedFire | None:
+        """The fire announced for this queue, for one waiter only; None if none is current."""
+        expected = self._expected.pop(key, None)
+        if expected is None or trio.current_time() > expected.expires_at:
+            return None
+        return expected
 
     def wake_all(self) -> None:
         events, self._events = self._events, {}

@@ -77,6 +77,17 @@ SELECT p.* FROM commit_level,
      queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                     %(auto_ack)s) AS p
 
+-- name: pop_head_after
+-- pop_head, tried from the due instant of a timer about to fire into this queue until it has
+-- fired or p_give_up (schema 010); the commit level as for pop_head.
+WITH commit_level AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
+                      true))
+SELECT p.* FROM commit_level,
+     queen.pop_head_after(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
+                          %(auto_ack)s, %(not_before)s, %(give_up)s) AS p
+
 -- name: pop_commit_level
 -- The general pop sets its transaction's commit level first.
 SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)

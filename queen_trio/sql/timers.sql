@@ -59,9 +59,12 @@ LIMIT %(limit)s
 -- name: sweep
 -- A whole sweeper cycle in one statement (schema 005): fires what PostgreSQL can fire itself,
 -- claims the rest under a lease, and reports when to look again and the database's clock.
--- It starts no earlier than not_before (epoch seconds, database clock; schema 008).
-SELECT * FROM queen.sweep_timers(%(token)s, %(broker)s, %(batch)s, %(lease_ms)s,
-                                 %(max_payload)s, %(fire)s, %(not_before)s::float8)
+-- It starts no earlier than not_before (epoch seconds, database clock; schema 008). Given a
+-- queue (lock_tenant, lock_queue), it holds that queue's fire lock until it commits, for the
+-- pops waiting on it (schema 010).
+SELECT * FROM queen.sweep_timers_for(%(lock_tenant)s, %(lock_queue)s, %(token)s, %(broker)s,
+                                     %(batch)s, %(lease_ms)s, %(max_payload)s, %(fire)s,
+                                     %(not_before)s::float8)
 
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.
@@ -98,3 +101,11 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(queue)s
 
 -- name: pending_count
 SELECT count(*) AS n FROM queen.timers
+
+-- name: next_due
+-- The timer that comes due first, and where it will land (the sweeper tells that queue's parked
+-- pops before it fires: schema 010).
+SELECT tenant_id, queue, partition, extract(epoch FROM visible_at)::float8 AS due
+FROM queen.timers
+ORDER BY visible_at
+LIMIT 1

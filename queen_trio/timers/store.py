@@ -152,9 +152,17 @@ class SweepResult:
     db_now: float  # epoch seconds (database clock) at the end of the statement
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NextDue:
+    tenant_id: int
+    queue: str
+    partition: str
+    due: float  # epoch seconds, the database's clock
+
+
 def sweep(
     raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *, max_payload: int,
-    fire: bool = True, not_before: float | None = None,
+    fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
@@ -162,11 +170,15 @@ def sweep(
     the rest (compressed payloads, payloads over the tenant's ceiling, or everything after a
     malformed one) are claimed for :func:`fire`. Without ``fire`` every due row is claimed.
     With ``not_before`` (epoch seconds, the database's clock) the statement waits in the backend
-    until then, up to 100 ms, and takes what is due at that instant.
+    until then, up to 100 ms, and takes what is due at that instant. With ``fire_lock`` (the
+    timer announced to its queue's parked pops) it holds that queue's fire lock until it
+    commits (schema 010).
     """
     rows = raw.execute(
         Q.sweep, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
-                  "max_payload": max_payload, "fire": fire, "not_before": not_before},
+                  "max_payload": max_payload, "fire": fire, "not_before": not_before,
+                  "lock_tenant": fire_lock.tenant_id if fire_lock else None,
+                  "lock_queue": fire_lock.queue if fire_lock else None},
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
     fired: list[datetime] = []
@@ -279,3 +291,9 @@ def release(raw: Raw, token: uuid.UUID) -> int:
 
 def pending_count(raw: Raw) -> int:
     return raw.execute(Q.pending_count).fetchone()["n"]
+
+
+def next_due(raw: Raw) -> NextDue | None:
+    row = raw.execute(Q.next_due).fetchone()
+    return None if row is None else NextDue(row["tenant_id"], row["queue"], row["partition"],
+                                            row["due"])

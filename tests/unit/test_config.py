@@ -124,3 +124,11 @@ def test_pop_commit_is_async_unless_asked_for_sync() -> None:
     for bad in ("on", "off", "durable", "1"):
         with pytest.raises(ConfigError, match="QUEEN_POP_COMMIT"):
             load_settings({"QUEEN_POP_COMMIT": bad})
+
+
+def test_pop_fire_wait_is_bounded() -> None:
+    assert load_settings({}).pop_fire_wait_ms == 10
+    assert load_settings({"QUEEN_POP_FIRE_WAIT_MS": "0"}).pop_fire_wait_ms == 0
+    for bad in ("-1", "51", "ten"):
+        with pytest.raises(ConfigError, match="QUEEN_POP_FIRE_WAIT_MS"):
+            load_settings({"QUEEN_POP_FIRE_WAIT_MS": bad})

@@ -1,0 +1,216 @@
+"""A parked pop waiting inside PostgreSQL for a timer about to fire into its queue (schema 010):
+the lock an announced sweep holds until it commits, the pop that queues behind it, and the
+whole path through the broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+import trio
+from psycopg.rows import dict_row
+
+from queen_trio.config import Settings
+from queen_trio.log import store as log_store
+from queen_trio.log.rules import PopRequest
+from queen_trio.server import run_broker
+from queen_trio.timers import store as timer_store
+from queen_trio.timers.store import NextDue
+
+from ..conftest import replace_settings
+from .test_timer_races import timer
+
+GROUP = "workers"
+FIRE_LOCK = "SELECT pg_try_advisory_xact_lock_shared(1363170306, queen.fire_lock_key(%s, %s)) AS ok"
+
+
+def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+
+def tenant_of(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
+                        ).fetchone()["tenant_id"]
+
+
+def db_now(conn: psycopg.Connection) -> float:
+    return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS t"
+                        ).fetchone()["t"]
+
+
+def request(queue: str) -> PopRequest:
+    return PopRequest(queue=queue, partition=None, group=GROUP, batch=10, wait=False,
+                      timeout_ms=0, auto_ack=True)
+
+
+def push(conn: psycopg.Connection, tenant: int, queue: str, payload: Any) -> None:
+    log_store.append(conn, tenant, [
+        log_store.NewFrame(queue, "Default", payload, f"txn-{uuid.uuid4()}")])
+
+
+def primed(conn: psycopg.Connection, queue: str) -> int:
+    """A queue whose group has a cursor (the first pop of a group is the general pop's)."""
+    tenant = tenant_of(conn)
+    with conn.transaction():
+        push(conn, tenant, queue, "first")
+    with conn.transaction():
+        assert log_store.pop(conn, tenant, request(queue)).batch is not None
+    return tenant
+
+
+def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        out["value"] = fn(*args, **kwargs)
+        out["returned"] = time.monotonic()
+        out["took"] = out["returned"] - started
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_the_pop_queues_behind_the_fire_and_takes_its_frame_at_the_commit(
+    database_url: str,
+) -> None:
+    with connect(database_url) as conn, connect(database_url) as firing, \
+            connect(database_url) as popping:
+        tenant = primed(conn, "q")
+        with firing.transaction():
+            # What an announced sweep does: hold the queue's fire lock, append, commit.
+            firing.execute("SELECT pg_advisory_xact_lock(1363170306, queen.fire_lock_key(%s, %s))",
+                           (tenant, "q"))
+            push(firing, tenant, "q", {"fired": True})
+            now = db_now(conn)
+            thread, out = in_thread(log_store.pop_head_after, popping, tenant, request("q"),
+                                    now, now + 5.0, sync_commit=False)
+            time.sleep(0.3)
+            assert thread.is_alive()  # queued behind the uncommitted fire
+            committed = time.monotonic()
+        thread.join(5)
+        assert not thread.is_alive()
+        got = out["value"]
+        assert got is not None and [m.payload for m in got.batch.messages] == [{"fired": True}]
+        assert out["returned"] - committed < 1.0
+
+
+def test_with_no_fire_in_progress_the_pop_answers_at_the_due_instant(database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = primed(conn, "q")
+        due = db_now(conn) + 0.2
+        got = log_store.pop_head_after(conn, tenant, request("q"), due, due + 5.0)
+        assert got is not None and got.batch is None
+        assert db_now(conn) - due < 1.0  # not held until give_up
+        with conn.transaction():
+            push(conn, tenant, "q", "later")
+        got = log_store.pop_head_after(conn, tenant, request("q"), db_now(conn), db_now(conn))
+        assert [m.payload for m in got.batch.messages] == ["later"]
+
+
+def test_a_fire_later_than_give_up_is_left_to_the_notify(database_url: str) -> None:
+    with connect(database_url) as conn, connect(database_url) as firing:
+        tenant = primed(conn, "q")
+        with firing.transaction():
+            firing.execute("SELECT pg_advisory_xact_lock(1363170306, queen.fire_lock_key(%s, %s))",
+                           (tenant, "q"))
+            now = db_now(conn)
+            with conn.transaction():
+                got = log_store.pop_head_after(conn, tenant, request("q"), now, now + 0.3)
+                waited = db_now(conn) - now
+                # The pop's own statements keep the session's lock timeout.
+                assert conn.execute("SHOW lock_timeout").fetchone()["lock_timeout"] == "0"
+            assert got is not None and got.batch is None
+            assert 0.25 < waited < 2.0
+
+
+def test_an_announced_sweep_holds_the_fire_lock_until_it_commits(database_url: str) -> None:
+    with connect(database_url) as conn, connect(database_url) as sweeping, \
+            connect(database_url) as other:
+        tenant = primed(conn, "q")
+        with conn.transaction():
+            timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, {"n": 1})],
+                                      notify_within_ms=0)
+        announced = NextDue(tenant, "q", "Default", 0.0)
+        with conn.transaction():
+            # Hold the partition, so the sweep's append waits while it holds the fire lock.
+            conn.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
+            thread, out = in_thread(timer_store.sweep, sweeping, uuid.uuid4(), "test", 10,
+                                    60_000, max_payload=1 << 20, fire_lock=announced)
+            time.sleep(0.3)
+            assert thread.is_alive()
+            assert other.execute(FIRE_LOCK, (tenant, "q")).fetchone()["ok"] is False
+            assert other.execute(FIRE_LOCK, (tenant, "elsewhere")).fetchone()["ok"] is True
+        thread.join(5)
+        assert not thread.is_alive() and len(out["value"].fired) == 1
+        assert other.execute(FIRE_LOCK, (tenant, "q")).fetchone()["ok"] is True
+        # A second broker announcing the same fire never waits for the first's lock.
+        with other.transaction():
+            other.execute("SELECT pg_advisory_xact_lock(1363170306, queen.fire_lock_key(%s, %s))",
+                          (tenant, "q"))
+            started = time.monotonic()
+            timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000, max_payload=1 << 20,
+                              fire_lock=announced)
+            assert time.monotonic() - started < 1.0
+
+
+async def _metric(http: httpx.AsyncClient, result: str) -> float:
+    for line in (await http.get("/metrics")).text.splitlines():
+        if line.startswith(f'queen_pop_fire_waits_total{{result="{result}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def _parked_pops_receive(http: httpx.AsyncClient, timers: int) -> list[dict[str, Any]]:
+    assert (await http.post("/api/v1/configure", json={"queue": "q"})).status_code == 200
+    frames: list[dict[str, Any]] = []
+    answer: dict[str, httpx.Response] = {}
+
+    async def park() -> None:
+        answer["pop"] = await http.get("/api/v1/pop/queue/q", params={
+            "wait": "true", "timeout": "5000", "autoAck": "true"})
+
+    for i in range(timers):
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(park)
+            await trio.sleep(0.05)  # parked
+            put = await http.put(f"/api/v1/timers/q/t{i}",
+                                 json={"delayMs": 250, "payload": {"i": i}})
+            assert put.status_code == 200
+        assert answer["pop"].status_code == 200
+        (message,) = answer["pop"].json()["messages"]
+        assert message["timer"]["key"] == f"t{i}"
+        assert message["createdAt"] >= put.json()["deliverAt"]
+        frames.append(message)
+    return frames
+
+
+async def test_parked_pops_take_timer_frames_through_the_fire_lock(
+    http: httpx.AsyncClient,
+) -> None:
+    frames = await _parked_pops_receive(http, 4)
+    assert [f["data"] for f in frames] == [{"i": i} for i in range(4)]
+    waits = {r: await _metric(http, r) for r in ("delivered", "gave_up", "fallback")}
+    # Each parked pop was told of its timer (the group's very first pop is the general pop's,
+    # which the fire lock does not serve) ...
+    assert sum(waits.values()) == 4
+    # ... and (timing allowing) took the frame at the commit.
+    assert waits["delivered"] >= 1
+
+
+async def test_with_the_wait_off_parked_pops_hear_of_fires_by_notify(settings: Settings) -> None:
+    plain = replace_settings(settings, pop_fire_wait_ms=0)
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(run_broker, plain)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=10) as http:
+            frames = await _parked_pops_receive(http, 2)
+            assert len(frames) == 2
+            for result in ("delivered", "gave_up", "fallback"):
+                assert await _metric(http, result) == 0
+        handle.shutdown()
