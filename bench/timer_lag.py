@@ -284,6 +284,9 @@ def sweeper_summary(m: Metrics | None) -> dict[str, Any]:
         "dead_lettered": int(m.value("queen_timers_dead_lettered_total")),
         "scheduled": {k: int(v) for k, v in
                       sorted(m.by_label("queen_timers_scheduled_total", "status").items())},
+        # Parked pops that took their frame behind the fire lock (schema 010), or did not.
+        "pop_fire_waits": {k: int(v) for k, v in
+                           sorted(m.by_label("queen_pop_fire_waits_total", "result").items())},
     }
 
 
@@ -1205,7 +1208,8 @@ def sweeper_line(s: dict[str, Any]) -> str:
         return "   sweeper: metrics unavailable"
     return (f"   sweeper: fired {s['fired']:,}, claims {s['claims']:,} "
             f"({s['timers_per_claim']} timers/claim), wake-ups {s['wakeups']}, failures "
-            f"{s['failures']}, dead-lettered {s['dead_lettered']}")
+            f"{s['failures']}, dead-lettered {s['dead_lettered']}; parked pops behind the fire "
+            f"lock {s.get('pop_fire_waits') or {}}")
 
 
 def context_line(r: dict[str, Any]) -> str:
