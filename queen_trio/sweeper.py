@@ -167,8 +167,8 @@ class Sweeper:
                 due_deadline = self._local_deadline(result.next_due)
                 if due_deadline < deadline:
                     deadline, due_db, reason_deadline = due_deadline, result.next_due, "deadline"
-            if (self._announce_fire is None or due_db is None
-                    or deadline <= last_start + self._min_sleep):
+            if self._announce_fire is None or (due_db is not None
+                                               and deadline <= last_start + self._min_sleep):
                 # (At the MIN_SLEEP floor, under load, the cycle is the floor's, not a timer's:
                 # nothing to announce.)
                 start_at, due_db, woke = await self._sleep_or_wake(notifications, deadline,

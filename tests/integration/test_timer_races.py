@@ -362,8 +362,9 @@ async def test_a_dead_claimers_rows_are_fired_once_by_a_running_broker(
             return clock["claimed_at"], clock["lease_end"], len(got.rows)
 
     claimed_at, lease_end, n = await trio.to_thread.run_sync(claim_and_die)
-    # The lease runs from the claim (read just before claimed_at): 1 s, less a moment.
-    assert n == len(keys) and 0.95 < lease_end - claimed_at <= 1.0
+    # The lease runs from the claim (read just before claimed_at): 1 s, less a moment (a
+    # clean-clone CI run once saw 147 ms between the two clock reads on a busy VM).
+    assert n == len(keys) and 0.75 < lease_end - claimed_at <= 1.0
     await poll_until(lambda: _none_left(database_url), within=6)
     rows = await asql(database_url, "SELECT extract(epoch FROM created_at)::float8 AS at "
                                     "FROM queen.frames")
