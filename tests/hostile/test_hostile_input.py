@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ..brokers import BrokerProcess
@@ -74,6 +74,9 @@ timer_bodies = st.fixed_dictionaries({}, optional={
 def test_generated_timer_schedules_answer_json_and_round_trip(
     http: httpx.Client, key: str, body: Any
 ) -> None:
+    # A key of "." or ".." is a dot segment: the client removes it from the path before
+    # sending (RFC 3986 5.2.4), so the PUT reaches /timers/fuzz or /timers, not a timer.
+    assume(key not in (".", ".."))
     path = f"{API}/timers/fuzz/{quote(key)}"
     r = http.put(path, content=json.dumps(body))
     if r.status_code != 200:
