@@ -34,19 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from bench.log_throughput import free_port, wait_healthy
 from bench.pgshared import REPO, shared_server
 
 VARIANTS = {"notify (QUEEN_POP_FIRE_WAIT_MS=0)": "0", "fire lock (default)": "10"}
-STEPS = ["created", "wake", "pop_start", "sweep_ret", "pop_end", "resp_built", "head_sent",
-         "arrive"]
+STEPS = ["created", "wake", "pop_start", "committed", "sweep_ret", "pop_end", "resp_built",
+         "head_sent", "arrive"]
 MEANING = {
     "created": "frame's createdAt (inserted by the sweep)",
     "wake": "the queue's waiters are woken (by the NOTIFY; with the fire lock, by the "
             "sweeper's announcement, before the due instant)",
     "pop_start": "the pop statement that returns the frame is sent (with the fire lock: ahead, "
                  "it waits in PostgreSQL)",
+    "committed": "the fire's commit (PostgreSQL's commit timestamp; only on a server with "
+                 "track_commit_timestamp=on)",
     "sweep_ret": "the sweep statement returns to the broker",
     "pop_end": "that pop statement returns",
     "resp_built": "the JSON answer is built",
@@ -142,7 +145,15 @@ def _epoch(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def consume(port: int, timers: int, seed: int) -> list[dict[str, float]]:
+def _commit_time(db: psycopg.Connection, transaction_id: str) -> float | None:
+    """When the frame's transaction committed, by PostgreSQL's clock (None unless the server
+    tracks commit timestamps)."""
+    row = db.execute("SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 "
+                     "FROM queen.frames WHERE transaction_id = %s", [transaction_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def consume(port: int, url: str, timers: int, seed: int) -> list[dict[str, float]]:
     rng = random.Random(seed)
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -160,7 +171,8 @@ def consume(port: int, timers: int, seed: int) -> list[dict[str, float]]:
         return int(head.split(b" ")[1]), body
 
     rows = []
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+    with (httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http,
+          psycopg.connect(url, autocommit=True) as db):
         http.post("/api/v1/configure", json={"queue": "path"}).raise_for_status()
         for i in range(timers):
             http.get("/bench/idle-path")
@@ -174,6 +186,9 @@ def consume(port: int, timers: int, seed: int) -> list[dict[str, float]]:
                     break
             message = json.loads(body)["messages"][0]
             row = {"created": _epoch(message["createdAt"]) - due, "arrive": arrived - due}
+            committed = _commit_time(db, message["transactionId"])
+            if committed is not None:
+                row["committed"] = committed - due
             for name, at in http.get("/bench/idle-path").json()["marks"]:
                 # The PUT's own answer also has a head: the pop's is the last one.
                 if name not in row or name == "head_sent":
@@ -197,19 +212,20 @@ def run_variant(admin_url: str, wait_ms: str, timers: int, seed: int) -> list[di
                                     stdout=log_file, stderr=subprocess.STDOUT)
         try:
             wait_healthy(f"http://127.0.0.1:{port}", proc, log_path)
-            return consume(port, timers, seed)
+            return consume(port, admin_url, timers, seed)
         finally:
             proc.terminate()
             proc.wait(timeout=15)
 
 
-def summary(rows: list[dict[str, float]]) -> list[tuple[str, int, float, float, float]]:
+def summary(rows: list[dict[str, float]]) -> list[tuple[str, int, float, float, float, float]]:
     out = []
     for step in STEPS:
         values = sorted(1000 * r[step] for r in rows if step in r)
         if values:
             out.append((step, len(values), statistics.median(values),
-                        values[int(0.9 * (len(values) - 1))], values[-1]))
+                        values[int(0.9 * (len(values) - 1))],
+                        values[int(0.99 * (len(values) - 1))], values[-1]))
     return out
 
 
@@ -218,6 +234,7 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--timers", type=int, default=200, help="timers per variant and round")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variant", choices=["both", "notify", "fire-lock"], default="both")
     parser.add_argument("--admin-url", default=None)
     args = parser.parse_args()
     if args.serve:
@@ -230,12 +247,14 @@ def main() -> None:
         print(f"  server: {server.settings()}; {args.timers} timers per variant and round\n")
         for round_no in range(1, args.rounds + 1):
             for label, wait_ms in VARIANTS.items():
+                if args.variant != "both" and (wait_ms == "0") != (args.variant == "notify"):
+                    continue
                 with server.database("idle_path") as url:
                     rows = run_variant(url, wait_ms, args.timers, seed=round_no)
                 print(f"round {round_no}, {label}: ms after the due instant")
-                print(f"  {'step':10} {'n':>4} {'p50':>7} {'p90':>7} {'max':>7}")
-                for step, n, p50, p90, top in summary(rows):
-                    print(f"  {step:10} {n:4d} {p50:7.2f} {p90:7.2f} {top:7.2f}")
+                print(f"  {'step':10} {'n':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}")
+                for step, n, p50, p90, p99, top in summary(rows):
+                    print(f"  {step:10} {n:4d} {p50:7.2f} {p90:7.2f} {p99:7.2f} {top:7.2f}")
                 print()
 
 

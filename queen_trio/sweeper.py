@@ -144,10 +144,12 @@ class Sweeper:
                 assert self._announce_fire is not None
                 self._announce_fire(upcoming, start_at)
             announced, upcoming = upcoming, None
+            for_timer = due_db is not None
             if due_db is None and start_at > now:
                 due_db = self._db_instant(start_at)
             try:
-                result = await self._cycle(not_before=due_db, announced=announced)
+                result = await self._cycle(not_before=due_db, announced=announced,
+                                           for_timer=for_timer)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
@@ -246,11 +248,13 @@ class Sweeper:
         """The database clock's reading at the trio-clock instant ``deadline``."""
         return time.time() + (deadline - trio.current_time()) + self._clock_offset
 
-    async def _cycle(self, *, not_before: float | None,
-                     announced: store.NextDue | None = None) -> SweepResult:
+    async def _cycle(self, *, not_before: float | None, announced: store.NextDue | None = None,
+                     for_timer: bool = False) -> SweepResult:
         """One sweep statement, started no earlier than ``not_before`` (the database's clock), then
-        the broker's fire of whatever it claimed. While a backlog drains, the worker thread
-        runs further sweeps back to back (see :meth:`_sweep_at`); the last one is returned."""
+        the broker's fire of whatever it claimed. ``for_timer``: the cycle is planned for a
+        timer's due instant (not for the MIN_SLEEP floor, nor to drain a backlog). While a
+        backlog drains, the worker thread runs further sweeps back to back (see
+        :meth:`_sweep_at`); the last one is returned."""
         while self._unreleased:
             await self._db.run(store.release, self._unreleased[0])
             self._unreleased.pop(0)
@@ -258,10 +262,17 @@ class Sweeper:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
         async with self._db.connection() as conn:
-            # In a worker thread: a drain runs sweeps back to back there, without queueing
-            # behind HTTP tasks for the event loop, and each return is timed where it happens.
-            swept: list[tuple[SweepResult, float]] = await conn.run_in_thread(
-                self._sweep_at, not_before, token, announced)
+            swept: list[tuple[SweepResult, float]]
+            if for_timer:
+                # One statement, waiting for the timer's instant in the backend, run from this
+                # task: its return is seen (and timed) as it comes back, where a worker thread
+                # would queue for the GIL behind the pop it has just served. A backlog found
+                # here is drained by the next cycles, in a worker thread.
+                swept = await conn.run(self._sweep_at, not_before, token, announced, False)
+            else:
+                # In a worker thread: a drain runs sweeps back to back there, without queueing
+                # behind HTTP tasks for the event loop, and each return is timed where it happens.
+                swept = await conn.run_in_thread(self._sweep_at, not_before, token, announced)
         self._cycles += len(swept) - 1
         for result, returned_at in swept:
             self._offset_bounds.append(result.db_now - returned_at)
@@ -277,15 +288,14 @@ class Sweeper:
 
     def _sweep_at(
         self, raw: store.Raw, not_before: float | None, token: uuid.UUID,
-        announced: store.NextDue | None = None,
+        announced: store.NextDue | None = None, drain: bool = True,
     ) -> list[tuple[SweepResult, float]]:
-        """In the worker thread: sweep (the first statement waits for ``not_before`` in the
-        backend).
+        """Sweep (the first statement waits for ``not_before`` in the backend).
 
-        A full batch fired by PostgreSQL means a backlog: sweep again at once, here, for up to
-        _DRAIN_SLICE_S, rather than hand back to the event loop between batches (its HTTP
-        work would hold every batch up). Stops at the first rows claimed for the broker.
-        Answers each sweep with the local time it returned."""
+        With ``drain`` (in the worker thread), a full batch fired by PostgreSQL means a backlog:
+        sweep again at once, here, for up to _DRAIN_SLICE_S, rather than hand back to the event
+        loop between batches (its HTTP work would hold every batch up). Stops at the first rows
+        claimed for the broker. Answers each sweep with the local time it returned."""
         s = self._settings
         slice_ends = time.monotonic() + _DRAIN_SLICE_S
         swept = []
@@ -295,7 +305,7 @@ class Sweeper:
                                  fire_lock=announced)
             swept.append((result, time.time()))
             not_before = announced = None
-            if (len(result.fired) < s.sweeper_batch or result.rows
+            if (not drain or len(result.fired) < s.sweeper_batch or result.rows
                     or time.monotonic() >= slice_ends):
                 return swept
 

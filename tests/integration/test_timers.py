@@ -410,20 +410,27 @@ def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes)
 
 
-async def test_shutdown_mid_run_leaves_no_half_fire(settings: Settings, database_url: str) -> None:
+@pytest.mark.parametrize(("count", "spacing_ms", "stop_after_s"), [
+    (800, 0.25, 0.05),  # four due each millisecond: floor cycles and full batches
+    (40, 13.0, 0.2),  # one at a time: each cycle planned for its timer's own instant
+])
+async def test_shutdown_mid_run_leaves_no_half_fire(
+    settings: Settings, database_url: str, count: int, spacing_ms: float, stop_after_s: float
+) -> None:
     """Stop the broker while a stream of timers is firing: every timer is either in the log or
     still pending, never both and never neither."""
     async with trio.open_nursery() as nursery:
         handle: BrokerHandle = await nursery.start(run_broker, replace(settings, sweeper_batch=50))
         async with httpx.AsyncClient(base_url=handle.url) as http:
             r = await http.post(f"{API}/transaction", json={"timers": [
-                {"action": "schedule", "queue": "stream", "key": f"k{i}", "delayMs": i // 4,
-                 "payload": i} for i in range(800)]})
+                {"action": "schedule", "queue": "stream", "key": f"k{i}",
+                 "delayMs": int(i * spacing_ms), "payload": i} for i in range(count)]})
             assert r.status_code == 200
-            await trio.sleep(0.05)
+            await trio.sleep(stop_after_s)
         handle.shutdown()
     pending = {r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers")}
     fired = [r["meta"]["timer"]["key"] for r in sql(database_url, "SELECT meta FROM queen.frames")]
     assert len(fired) == len(set(fired))
     assert not pending & set(fired)
-    assert pending | set(fired) == {f"k{i}" for i in range(800)}
+    assert pending | set(fired) == {f"k{i}" for i in range(count)}
+    assert pending  # stopped before the end of the stream
