@@ -17,6 +17,7 @@ rather than serving HTTP with a dead service behind it.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -161,6 +162,17 @@ async def _serve_http(
         done.set()
 
 
+def _freeze_startup_objects() -> None:
+    """Keep the cyclic garbage collector off what start-up built and the process keeps.
+
+    A full collection walks every tracked object, and a started broker holds some 50,000
+    (modules, the app, the pools): each one stopped the event loop and the sweeper for 25-50 ms
+    (measured at 1,000 timers/s: a 66 ms fire lag where the rest stayed under 12 ms). Frozen,
+    they are never walked again; collections see only what was made since."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_until_signalled(
     settings: Settings, stop_requested_before: Callable[[], bool] = lambda: False
 ) -> None:
@@ -173,6 +185,7 @@ async def serve_until_signalled(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             broker: BrokerHandle = await nursery.start(run_broker, settings)
+            _freeze_startup_objects()
             if stop_requested_before():
                 broker.shutdown()
                 return
