@@ -63,6 +63,7 @@ import trio
 
 from bench import fire_lag_report as report
 from bench import peer_procrastinate as peer
+from bench.client_gc import collector_paused
 from bench.fire_parties import Ours, Peer, arrival_lags, metric_lag, quantiles
 from bench.log_throughput import Failures, cpu_cell, event, source_revision
 from bench.pgshared import PartyCpu, Server, brokers, shared_server
@@ -511,6 +512,11 @@ async def scenario_explore(party: Ours, ctx: Ctx, sizes: Sizes) -> dict[str, Any
 
 
 async def run_driver(unit: str, party: Ours | Peer, ctx: Ctx, sizes: Sizes) -> dict[str, Any]:
+    with collector_paused():
+        return await _drive(unit, party, ctx, sizes)
+
+
+async def _drive(unit: str, party: Ours | Peer, ctx: Ctx, sizes: Sizes) -> dict[str, Any]:
     if unit == "idle":
         return await scenario_idle(party, ctx, sizes)
     if unit.startswith("steady-"):

@@ -92,6 +92,7 @@ from typing import Any
 import httpx
 import trio
 
+from bench.client_gc import collector_paused
 from bench.log_throughput import (
     CpuMeter,
     Failures,
@@ -1163,7 +1164,8 @@ async def run_scenario(name: str, part: str | None, url: str, failures: Failures
         async with trio.open_nursery() as nursery:
             if cpu.broker_pid is not None and Path("/proc").is_dir():  # noqa: ASYNC240
                 nursery.start_soon(watchdog, ctx, cpu.broker_pid)
-            result = await scenario(ctx, name, part)
+            with collector_paused():
+                result = await scenario(ctx, name, part)
             nursery.cancel_scope.cancel()
         result["elapsed_s"] = round(time.monotonic() - t0, 1)
         result["broker_died"] = ctx.broker_died
