@@ -85,7 +85,7 @@ from bench.timer_lag import (
     wait_delivered,
     watchdog,
 )
-from queen_trio.client.wire import LeanTransport
+from queen_trio.client.wire import LeanClient
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCENARIOS = ("idle", "steady", "burst", "api-load", "multi-broker", "cancel-race")
@@ -536,10 +536,8 @@ async def _drive(unit: str, party: Ours | Peer, ctx: Ctx, sizes: Sizes) -> dict[
 
 async def ours_unit(unit: str, urls: list[str], pids: list[int], cpu: PartyCpu,
                     failures: Failures, sizes: Sizes, database_url: str) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    # The SDK's transport (queen_trio.client.wire), as a user's consumer would have.
-    clients = [httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S,
-                                 transport=LeanTransport()) for url in urls]
+    # The SDK's HTTP client (queen_trio.client.wire), as a user's consumer would have.
+    clients = [LeanClient(url, timeout=REQUEST_TIMEOUT_S) for url in urls]
     try:
         apis = [Api(client, failures) for client in clients]
         ctx = Ctx(apis[0], failures, cpu, uuid.uuid4().hex[:8], False)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """Timer fire lag, burst drain and schedule throughput over real HTTP, end to end.
 
 What it measures, against a broker subprocess (``python -m queen_trio serve``; a fresh one per
-scenario, so its metrics start at zero) reached over TCP with ``httpx.AsyncClient`` under trio:
+scenario, so its metrics start at zero) reached over TCP with the SDK's HTTP client
+(``queen_trio.client.wire.LeanClient``) under trio:
 
 1. ``idle``: 300 timers, one ``PUT /api/v1/timers/{q}/{key}`` every 100 ms, each with a
    random ``delayMs`` in 200..3000 drawn so that no two come due within 25 ms of each other
@@ -20,7 +21,7 @@ scenario, so its metrics start at zero) reached over TCP with ``httpx.AsyncClien
    ``clock_timestamp()`` when the fire inserted it) minus its ``deliverAt``; it is also the
    "no earlier than" check (a frame with createdAt < deliverAt is counted as "early").
 1b. ``idle-lean``: the same, but the consumer is a minimal HTTP/1.1 client on a blocking
-   socket (``LeanConsumer``) instead of httpx on trio with the SDK's transport: what the broker
+   socket (``LeanConsumer``) instead of the SDK's HTTP client on trio: what the broker
    delivers to the wire, without the consumer library's own cost.
 2. ``steady``: 500 timers/s due for 20 s (10,000 timers). They are scheduled ahead of time in
    500-timer ``POST /api/v1/transaction`` bundles (top-level ``timers`` array), one client,
@@ -105,7 +106,7 @@ from bench.log_throughput import (
     verdict,
 )
 from bench.spacing import IDLE_GAP_S, SpacedDelays
-from queen_trio.client.wire import LeanTransport
+from queen_trio.client.wire import Answer, LeanClient
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 API = "/api/v1"
@@ -318,12 +319,12 @@ def epoch(iso: str) -> float:
 class Api:
     """The broker's HTTP API; every answer is checked and failures are recorded."""
 
-    def __init__(self, client: httpx.AsyncClient, failures: Failures) -> None:
+    def __init__(self, client: LeanClient, failures: Failures) -> None:
         self.client = client
         self.failures = failures
 
     async def _call(self, scenario: str, method: str, path: str, body: Any = None,
-                    limit_s: float = REQUEST_TIMEOUT_S) -> httpx.Response | None:
+                    limit_s: float = REQUEST_TIMEOUT_S) -> Answer | None:
         try:
             return await self.client.request(method, path, json=body, timeout=limit_s)
         except httpx.HTTPError as exc:
@@ -331,7 +332,7 @@ class Api:
             return None
 
     def _bad(self, scenario: str, method: str, path: str, body: Any,
-             response: httpx.Response, why: str) -> None:
+             response: Answer, why: str) -> None:
         self.failures.bad_response(scenario, method, path, _clip(body), response, why)
 
     async def configure(self, scenario: str, queue: str) -> bool:
@@ -537,8 +538,8 @@ class Delivery:
 class LeanConsumer:
     """A minimal HTTP/1.1 keep-alive client on a blocking socket, for ``idle-lean``.
 
-    It shows what the broker delivers to the wire, without what the httpx client on trio that
-    the other scenarios use (over the SDK's transport) costs the consumer itself."""
+    It shows what the broker delivers to the wire, without what the SDK's HTTP client on trio
+    that the other scenarios use costs the consumer itself."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -1155,10 +1156,8 @@ async def scenario(ctx: Ctx, name: str, part: str | None) -> dict[str, Any]:
 
 async def run_scenario(name: str, part: str | None, url: str, failures: Failures,
                        cpu: CpuMeter, quick: bool) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    # The SDK's transport (queen_trio.client.wire), as a user's consumer would have.
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S,
-                                 transport=LeanTransport()) as client:
+    # The SDK's HTTP client (queen_trio.client.wire), as a user's consumer would have.
+    async with LeanClient(url, timeout=REQUEST_TIMEOUT_S) as client:
         ctx = Ctx(Api(client, failures), failures, cpu, uuid.uuid4().hex[:8], quick)
         t0 = time.monotonic()
         async with trio.open_nursery() as nursery:
@@ -1311,7 +1310,7 @@ def print_schedule(r: dict[str, Any]) -> None:
 
 def print_idle_lean(r: dict[str, Any]) -> None:
     print_idle(r, title="1b. idle, consumer a minimal HTTP/1.1 client (blocking socket) instead "
-                        "of httpx on trio over the SDK's transport")
+                        "of the SDK's HTTP client on trio")
 
 
 PRINTERS = {"idle": print_idle, "idle-lean": print_idle_lean, "steady": print_steady,

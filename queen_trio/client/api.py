@@ -17,7 +17,7 @@ from .builders import Listing, TimerBuilder, TransactionBuilder
 from .calls import Call, TimerSpec
 from .durations import Duration, whole_seconds
 from .models import AckStatus, DeadLetter, Message, Page, TimerInfo
-from .transport import Endpoints, RetryPolicy, Send, drive, exchange
+from .transport import Endpoints, Reply, RetryPolicy, Send, drive, exchange
 
 R = TypeVar("R")
 DEFAULT_URL = "http://127.0.0.1:6632"
@@ -77,7 +77,7 @@ class BaseClient(Generic[R]):
     def _pages(self, fetch: Callable[[str | None], Call[Page[Any]]]) -> Any:
         raise NotImplementedError
 
-    async def _send(self, step: Send) -> httpx.Response:
+    async def _send(self, step: Send) -> Reply:
         raise NotImplementedError
 
     async def _sleep(self, seconds: float) -> None:

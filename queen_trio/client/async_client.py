@@ -1,5 +1,5 @@
-"""The async client: httpx.AsyncClient over the lean HTTP/1.1 transport of :mod:`.wire`, on
-anyio sockets, so it runs under trio and asyncio alike."""
+"""The async client, over the lean HTTP/1.1 client of :mod:`.wire` on anyio sockets, so it
+runs under trio and asyncio alike."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .api import BaseClient
 from .durations import Duration
 from .models import Message
 from .transport import Send
-from .wire import LeanTransport
+from .wire import Answer, LeanClient
 
 
 class Client(BaseClient[Awaitable[Any]]):
@@ -29,8 +29,7 @@ class Client(BaseClient[Awaitable[Any]]):
 
     def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(urls, **options)
-        self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout,
-                                       transport=LeanTransport())
+        self._http = LeanClient(headers=self._headers, timeout=self._timeout)
         self._lease_cache: dict[str, int] = {}  # per queue, learnt by the consumer
 
     async def __aenter__(self) -> Client:
@@ -45,7 +44,7 @@ class Client(BaseClient[Awaitable[Any]]):
     _call = BaseClient._execute
     _pages = BaseClient._walk
 
-    async def _send(self, step: Send) -> httpx.Response:
+    async def _send(self, step: Send) -> Answer | httpx.Response:
         return await self._http.request(step.method, step.url, params=step.params,
                                         json=step.body, timeout=step.timeout)
 

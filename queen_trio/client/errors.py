@@ -23,9 +23,10 @@ any request is sent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    from .transport import Reply
 
 
 class QueenClientError(Exception):
@@ -103,7 +104,7 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
-def error_from_response(response: httpx.Response) -> ApiError:
+def error_from_response(response: Reply) -> ApiError:
     """The exception for a non-2xx answer, whether or not its body is the broker's JSON."""
     try:
         body = response.json()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -47,6 +47,24 @@ class RetryPolicy:
 
 
 NO_RETRIES = RetryPolicy(retries=0)
+
+
+class Reply(Protocol):
+    """What a driver sends back for a :class:`Send`: an ``httpx.Response``, or the lean
+    client's :class:`~queen_trio.client.wire.Answer` (the same names)."""
+
+    status_code: int
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def headers(self) -> Any: ...
+
+    def json(self) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,10 +102,10 @@ class Endpoints:
 
 def exchange(
     call: Call[T], endpoints: Endpoints, policy: RetryPolicy, timeout: httpx.Timeout
-) -> Generator[Send | Sleep, httpx.Response | None, T | None]:
+) -> Generator[Send | Sleep, Reply | None, T | None]:
     """Run ``call`` to its result, yielding each request to send and each pause to take.
 
-    The driver sends the :class:`httpx.Response` of a :class:`Send` back in, or throws the
+    The driver sends the :class:`Reply` to a :class:`Send` back in, or throws the
     :class:`httpx.TransportError` it raised.
     """
     if call.extra_read_s:
@@ -161,7 +179,7 @@ class Finished:
 
 
 def _resume(
-    steps: Generator[Send | Sleep, Any, Any], outcome: httpx.Response | Exception | None
+    steps: Generator[Send | Sleep, Any, Any], outcome: Reply | Exception | None
 ) -> Send | Sleep | Finished:
     """Feed the outcome of the previous step (a response, a transport error, or None after a
     sleep or at the start) and get the next step."""
@@ -175,11 +193,11 @@ def _resume(
 
 async def drive(
     steps: Generator[Send | Sleep, Any, T],
-    send: Callable[[Send], Awaitable[httpx.Response]],
+    send: Callable[[Send], Awaitable[Reply]],
     sleep: Callable[[float], Awaitable[None]],
 ) -> T:
     """Carry out :func:`exchange`'s steps with the client's own ``send`` and ``sleep``."""
-    outcome: httpx.Response | Exception | None = None
+    outcome: Reply | Exception | None = None
     while True:
         step = _resume(steps, outcome)
         if isinstance(step, Finished):
