@@ -83,6 +83,19 @@ def schedule_many(
     return [_outcome(s, row) for s, row in zip(schedules, rows, strict=True)]
 
 
+def _planned_now(raw: Raw, query: str, params: dict[str, Any] | None = None
+                 ) -> psycopg.Cursor[dict[str, Any]]:
+    """Run a statement that finds timers by key (or the next due), planned afresh every time.
+
+    psycopg prepares a statement run a few times on a connection, and PostgreSQL then keeps one
+    generic plan for it. Planned while queen.timers was nearly empty, that plan is a sequential
+    scan, and it goes on reading the whole table for every cancel or peek once the table has
+    grown, until an ANALYZE invalidates it (schemas 012 and 013 close the same trap inside the
+    PL/pgSQL functions). Planning a key look-up costs PostgreSQL a few tens of microseconds.
+    """
+    return raw.execute(query, params, prepare=False)
+
+
 def _outcome(s: Schedule, row: dict[str, Any]) -> Outcome:
     if row["status"] == "too_late":
         return Outcome("too_late", s.queue, s.key, row["txn"])
@@ -94,21 +107,21 @@ def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None)
     tenant's": the log, not this answer, says whether a message went out."""
     where = {"tenant_id": tenant_id, "queue": queue, "key": key}
     raw.execute(Q.lock_timer_name, where)
-    row = raw.execute(Q.lock_timer, where).fetchone()
+    row = _planned_now(raw, Q.lock_timer, where).fetchone()
     if row is None:
-        existing = raw.execute(Q.timer_exists, where).fetchone()
+        existing = _planned_now(raw, Q.timer_exists, where).fetchone()
         if existing is not None:
             return Outcome("too_late", queue, key, echo_txn or existing["txn"])
         return Outcome("absent", queue, key, echo_txn)
     if row["claimed"]:
         return Outcome("too_late", queue, key, echo_txn or row["txn"])
-    raw.execute(Q.delete_timer, where)
+    _planned_now(raw, Q.delete_timer, where)
     log_store.add_usage(raw, tenant_id, -row["payload_bytes"])
     return Outcome("cancelled", queue, key, echo_txn or row["txn"])
 
 
 def peek(raw: Raw, tenant_id: int, queue: str, key: str) -> dict[str, Any] | None:
-    row = raw.execute(Q.peek, {"tenant_id": tenant_id, "queue": queue, "key": key}).fetchone()
+    row = _planned_now(raw, Q.peek, {"tenant_id": tenant_id, "queue": queue, "key": key}).fetchone()
     if row is None:
         return None
     try:
@@ -119,8 +132,8 @@ def peek(raw: Raw, tenant_id: int, queue: str, key: str) -> dict[str, Any] | Non
 
 
 def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int) -> list[dict]:
-    return raw.execute(
-        Q.list, {"tenant_id": tenant_id, "queue": queue, "after": after, "limit": limit}
+    return _planned_now(
+        raw, Q.list, {"tenant_id": tenant_id, "queue": queue, "after": after, "limit": limit}
     ).fetchall()
 
 
@@ -264,10 +277,10 @@ def _spend_attempt(
     where = {"tenant_id": c.tenant_id, "queue": c.queue, "key": c.key, "token": token}
     attempts = c.attempts + 1
     if attempts < max_attempts:
-        raw.execute(Q.fail_timer, {**where, "error": error,
-                                   "backoff_ms": rules.backoff_ms(attempts, backoff_ms)})
+        _planned_now(raw, Q.fail_timer, {**where, "error": error,
+                                    "backoff_ms": rules.backoff_ms(attempts, backoff_ms)})
         return False
-    deleted = raw.execute(Q.delete_claimed, where).fetchone()
+    deleted = _planned_now(raw, Q.delete_claimed, where).fetchone()
     if deleted is None:
         return False  # no longer ours: whoever holds it now decides
     try:
@@ -294,6 +307,6 @@ def pending_count(raw: Raw) -> int:
 
 
 def next_due(raw: Raw) -> NextDue | None:
-    row = raw.execute(Q.next_due).fetchone()
+    row = _planned_now(raw, Q.next_due).fetchone()
     return None if row is None else NextDue(row["tenant_id"], row["queue"], row["partition"],
                                             row["due"])

@@ -8,6 +8,7 @@ import concurrent.futures
 import random
 import threading
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from queen_trio.log import store as log_store
@@ -385,3 +386,56 @@ def test_a_schedule_probes_existing_timers_by_index_even_when_the_table_looked_t
     probes = [p for p in plans if "FROM queen.timers x" in p]
     assert probes, plans
     assert not any("Seq Scan on timers" in p for p in probes), probes
+
+
+def test_timer_look_ups_walk_indexes_after_the_tables_grew(database_url: str) -> None:
+    """Schema 013 and store._planned_now: while queen.timers holds one row, the cheapest plan for
+    finding a timer is a sequential scan, and a plan kept from then (psycopg prepares a
+    statement run a few times; PostgreSQL and PL/pgSQL then keep a generic plan) reads the
+    whole table on every later call once it has grown. Each path that finds timers or
+    partitions by key runs a dozen times on a tiny table, the tables grow, and the next run's
+    plans (auto_explain, nested statements included) must all walk indexes."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        store.schedule_many(conn, tenant, [timer("tiny", "seed", 60_000, 0)],
+                            notify_within_ms=0)
+        conn.execute("ANALYZE queen.timers")
+        conn.execute("ANALYZE queen.partitions")
+        token = uuid.uuid4()
+        stranger = store.Claimed(tenant, "tiny", "never-claimed", "Default", "t", b"1", False,
+                                 1, datetime.now(UTC), 0, datetime.now(UTC))
+
+        def exercise(round_no: int) -> None:
+            with conn.transaction():
+                assert store.cancel(conn, tenant, "tiny", "nobody", None).status == "absent"
+            assert store.peek(conn, tenant, "tiny", "seed") is not None
+            assert store.list_timers(conn, tenant, "tiny", "", 10)
+            assert store.next_due(conn) is not None
+            with conn.transaction():  # a claimed fire whose row is not ours: nothing appended
+                assert store.fire(conn, token, [stranger], ceilings={}, max_attempts=5,
+                                  backoff_ms=1000).lost == 1
+            store.schedule_many(conn, tenant, [timer("tiny", f"due{round_no}", -1, round_no)],
+                                notify_within_ms=0)
+            swept = store.sweep(conn, uuid.uuid4(), "test", 10, 60_000, max_payload=1 << 20)
+            assert len(swept.fired) == 1  # the sweep's own fire, through append_timer_frames
+
+        for round_no in range(12):
+            exercise(round_no)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("tiny", f"k{i}", 60_000, i)
+                                               for i in range(3000)], notify_within_ms=0)
+            conn.execute("INSERT INTO queen.partitions (tenant_id, queue_id, name) "
+                         "SELECT tenant_id, queue_id, 'p' || i FROM queen.queues, "
+                         "generate_series(1, 3000) i WHERE name = 'tiny'")
+        plans: list[str] = []
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                            ("log_level", "notice")):
+            conn.execute(f"SET auto_explain.{name} = {value}")
+        exercise(12)
+        conn.execute("RESET auto_explain.log_min_duration")
+    on_timers = [p for p in plans if " on timers" in p]
+    assert len(on_timers) >= 7, plans  # cancel (2), peek, list, next due, fire, sweep
+    scans = [p for p in plans if "Seq Scan on timers" in p or "Seq Scan on partitions" in p]
+    assert not scans, scans
