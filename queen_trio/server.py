@@ -30,6 +30,7 @@ from .api import create_app
 from .config import Settings
 from .context import BrokerContext
 from .db import Database, Listener, queries
+from .db.analyze import run_analyzer
 from .db.migrations import apply_migrations
 from .kv import store as kv_store
 from .log import store as log_store
@@ -109,6 +110,8 @@ async def run_broker(
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
             await nursery.start(kv_store.run_purger, db)  # expired KV keys
+            # Plans made while a table was small are dropped once it has grown.
+            await nursery.start(run_analyzer, db)
             await nursery.start(schedules.run)  # single-timer schedules, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(

@@ -3,3 +3,7 @@
 -- name: health
 -- One round trip: proves the database answers and reports the schema it is at.
 SELECT coalesce((SELECT max(version) FROM queen.schema_migrations), 0) AS schema_version
+
+-- name: analyze_grown_tables
+-- ANALYZE the queen tables that have outgrown their planner statistics (schema 014).
+SELECT table_name, live_rows, rows_before FROM queen.analyze_grown_tables(%(slack)s)

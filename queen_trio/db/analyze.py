@@ -1,0 +1,60 @@
+"""Fresh planner statistics for tables that have outgrown theirs.
+
+A connection keeps its plans: psycopg prepares the statements it runs often, PL/pgSQL caches
+the plans of its functions, and either settles on one generic plan. A plan made while a table
+held a handful of rows reads the table whole (a sequential scan is then the cheapest), and it
+is kept until the table's statistics change, which autovacuum does up to a minute
+(``autovacuum_naptime``) after the table has grown. A broker that starts on an empty database
+and then takes a burst would pop, ack and fire through sequential scans of ever larger tables
+for that minute: in a probe (50,000 frames pushed after a dozen pop-and-ack rounds on an
+empty log), one more round took 240 ms instead of a few.
+
+So every few seconds each broker asks PostgreSQL to analyze the queen tables that now hold
+more than twice the rows their statistics describe (schema 014). ANALYZE invalidates every
+plan that depends on the table, on every connection; a growing table is analyzed once per
+doubling, a steady one never. (Timer look-ups do not wait for this: schemas 012 and 013 and
+:func:`queen_trio.timers.store._planned_now` keep them on their indexes from the start.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+import trio
+
+from . import queries
+from .pool import Database
+from .transient import TRANSIENT_ERRORS
+
+Q = queries.load("ops")
+log = logging.getLogger(__name__)
+
+ANALYZE_INTERVAL_S = 2.0
+# Below this many rows more than its statistics say, a table is not worth an ANALYZE.
+SLACK_ROWS = 1000
+
+
+def analyze_grown_tables(raw: psycopg.Connection[dict[str, Any]],
+                         slack: int = SLACK_ROWS) -> list[dict[str, Any]]:
+    """ANALYZE every queen table that outgrew its statistics; the tables analyzed."""
+    rows = raw.execute(Q.analyze_grown_tables, {"slack": slack}).fetchall()
+    for row in rows:
+        log.info("analyzed %s: %d rows, statistics had %d", row["table_name"],
+                 row["live_rows"], max(row["rows_before"], 0))
+    return rows
+
+
+async def run_analyzer(
+    db: Database, *, interval_s: float = ANALYZE_INTERVAL_S,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The service: :func:`analyze_grown_tables` every ``interval_s``."""
+    task_status.started()
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            await db.run(analyze_grown_tables)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("statistics check skipped: %s", str(exc).strip())
