@@ -38,7 +38,7 @@ from .log.housekeeping import Housekeeper
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
-from .sweeper import Sweeper
+from .sweeper import Sweeper, run_pending_gauge
 from .tenants import store as tenant_store
 from .tenants.directory import TenantDirectory
 from .timers import store as timer_store
@@ -122,6 +122,7 @@ async def run_broker(
                                   timer.due, due_local),
                               look_up_db=db)
             await nursery.start(sweeper.run)  # claims due timers and fires them
+            await nursery.start(run_pending_gauge, db, metrics)  # queen_timers_pending
             context.services["sweeper"] = lambda: sweeper.alive
             # Seals the head into zstd segments and applies retention.
             housekeeper = Housekeeper.from_settings(db, settings, metrics)

@@ -406,6 +406,24 @@ async def test_wakeup_reasons_are_counted(http: httpx.AsyncClient) -> None:
     assert counts["notify"] + counts["deadline"] >= 1
 
 
+async def test_the_pending_gauge_counts_the_timers_not_yet_fired(
+    http: httpx.AsyncClient,
+) -> None:
+    async def pending() -> float:
+        text = (await http.get("/metrics")).text
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("queen_timers_pending "))
+
+    for i in range(3):
+        await schedule(http, "gauge", f"later{i}", 3_600_000, i)
+    await schedule(http, "gauge", "soon", 1, "x")
+    await wait_for_messages(http, "gauge", 1)
+    # Counted every 5 s, by a task of its own (not the sweeper's loop).
+    with trio.fail_after(8):
+        while await pending() != 3:
+            await trio.sleep(0.2)
+
+
 def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes)
 
