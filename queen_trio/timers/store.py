@@ -90,8 +90,9 @@ def _planned_now(raw: Raw, query: str, params: dict[str, Any] | None = None
     psycopg prepares a statement run a few times on a connection, and PostgreSQL then keeps one
     generic plan for it. Planned while queen.timers was nearly empty, that plan is a sequential
     scan, and it goes on reading the whole table for every cancel or peek once the table has
-    grown, until an ANALYZE invalidates it (schemas 012 and 013 close the same trap inside the
-    PL/pgSQL functions). Planning a key look-up costs PostgreSQL a few tens of microseconds.
+    grown, until an ANALYZE invalidates it (which queen_trio.db.analyze brings within seconds
+    of the growth, for every plan). Planning a key look-up costs PostgreSQL a few tens of
+    microseconds.
     """
     return raw.execute(query, params, prepare=False)
 

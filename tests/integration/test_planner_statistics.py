@@ -1,4 +1,4 @@
-"""Tables that outgrow their planner statistics are analyzed within seconds (schema 014,
+"""Tables that outgrow their planner statistics are analyzed within seconds (schema 013,
 queen_trio/db/analyze.py), which drops the plans connections made while they were small."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- 014 tables that have outgrown their planner statistics are analyzed at once.
+-- 013 tables that have outgrown their planner statistics are analyzed at once.
 --
 -- A plan made while a table held a handful of rows reads it whole (a sequential scan is then
 -- the cheapest way), and connections keep their plans (psycopg's prepared statements, the
