@@ -40,7 +40,7 @@ import trio
 
 from .config import ONE_MIB, Settings
 from .db import MISSED, Database, Listener
-from .db.transient import TRANSIENT_ERRORS
+from .db.transient import TRANSIENT_ERRORS, every
 from .metrics import BrokerMetrics
 from .timers import store
 from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
@@ -360,10 +360,8 @@ async def run_pending_gauge(
     ``interval_s``, on the API's connections. Not in the sweeper's own loop: with a million
     timers pending the count takes 20-30 ms (longer before a vacuum), and the sweeper would
     fire nothing meanwhile."""
+    async def count() -> None:
+        metrics.timers_pending.set(await db.run(store.pending_count))
+
     task_status.started()
-    while True:
-        try:
-            metrics.timers_pending.set(await db.run(store.pending_count))
-        except TRANSIENT as exc:
-            log.warning("pending-timers count skipped: %s", str(exc).strip())
-        await trio.sleep(interval_s)
+    await every(interval_s, count, what="pending-timers count", at_once=True)

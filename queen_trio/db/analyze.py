@@ -32,7 +32,7 @@ import trio
 
 from . import queries
 from .pool import Database
-from .transient import TRANSIENT_ERRORS
+from .transient import every
 
 Q = queries.load("ops")
 log = logging.getLogger(__name__)
@@ -58,9 +58,4 @@ async def run_analyzer(
 ) -> None:
     """The service: :func:`analyze_grown_tables` every ``interval_s``."""
     task_status.started()
-    while True:
-        await trio.sleep(interval_s)
-        try:
-            await db.run(analyze_grown_tables)
-        except TRANSIENT_ERRORS as exc:
-            log.warning("statistics check skipped: %s", str(exc).strip())
+    await every(interval_s, lambda: db.run(analyze_grown_tables), what="statistics check")

@@ -3,10 +3,17 @@ or this timer is wrong". Background services retry on them; the sweeper spends n
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
 import psycopg
+import trio
 from psycopg import errors as pg
 
 from ..errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     DatabaseUnavailable,
@@ -25,3 +32,18 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 
 def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_ERRORS)
+
+
+async def every(interval_s: float, step: Callable[[], Awaitable[object]], *, what: str,
+                at_once: bool = False) -> NoReturn:
+    """A background service's loop: ``step()`` every ``interval_s`` (the first one at once
+    with ``at_once``). A transient database error is logged and the next round tries again;
+    any other error ends the loop, and with it the broker's nursery."""
+    if not at_once:
+        await trio.sleep(interval_s)
+    while True:
+        try:
+            await step()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("%s skipped: %s", what, str(exc).strip())
+        await trio.sleep(interval_s)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from datetime import datetime
 from typing import Any
 
@@ -12,12 +11,11 @@ import psycopg
 import trio
 
 from ..db import Database, queries
-from ..db.transient import TRANSIENT_ERRORS
+from ..db.transient import every
 from ..errors import NotFound, ValidationError
 from ..log.store import add_usage
 
 Q = queries.load("kv")
-log = logging.getLogger(__name__)
 Raw = psycopg.Connection[dict[str, Any]]
 
 PURGE_INTERVAL_S = 5.0
@@ -87,11 +85,9 @@ async def run_purger(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Housekeeping: delete expired keys in batches (they are already invisible to reads)."""
+    async def purge() -> None:
+        while await db.run(purge_expired) == PURGE_BATCH:
+            await trio.lowlevel.checkpoint()
+
     task_status.started()
-    while True:
-        await trio.sleep(interval_s)
-        try:
-            while await db.run(purge_expired) == PURGE_BATCH:
-                await trio.lowlevel.checkpoint()
-        except TRANSIENT_ERRORS as exc:
-            log.warning("KV purge skipped: %s", str(exc).strip())
+    await every(interval_s, purge, what="KV purge")

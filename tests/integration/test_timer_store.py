@@ -376,16 +376,10 @@ def test_a_schedule_probes_existing_timers_by_index_even_when_the_table_looked_t
         store.schedule_many(conn, tenant, [timer("tiny", "seed", 60_000, 0)],
                             notify_within_ms=0)
         conn.execute("ANALYZE queen.timers")
-        plans: list[str] = []
-        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-        conn.execute("LOAD 'auto_explain'")
-        for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                            ("log_level", "notice")):
-            conn.execute(f"SET auto_explain.{name} = {value}")
-        outcomes = store.schedule_many(conn, tenant, [timer("tiny", "seed", 60_000, 1),
-                                                      timer("tiny", "new", 60_000, 2)],
-                                       notify_within_ms=0)
-        conn.execute("RESET auto_explain.log_min_duration")
+        outcomes: list[store.Outcome] = []
+        plans = _explained(conn, lambda: outcomes.extend(store.schedule_many(
+            conn, tenant, [timer("tiny", "seed", 60_000, 1), timer("tiny", "new", 60_000, 2)],
+            notify_within_ms=0)))
     assert [o.status for o in outcomes] == ["rescheduled", "scheduled"]
     probes = [p for p in plans if "FROM queen.timers x" in p]
     assert probes, plans
@@ -408,13 +402,19 @@ def _grow_then_explain(conn: Any, tenant: int, exercise: Any, *, analyze: bool) 
         while "queen.timers" not in {r["table_name"] for r in analyze_grown_tables(conn)}:
             assert time.monotonic() < deadline, "queen.timers was never found grown"
             time.sleep(0.1)
+    return _explained(conn, lambda: exercise(12))
+
+
+def _explained(conn: Any, action: Any) -> list[str]:
+    """The plans of every statement ``action`` runs on ``conn``, nested ones included
+    (auto_explain, as notices)."""
     plans: list[str] = []
     conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
     conn.execute("LOAD 'auto_explain'")
     for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
                         ("log_level", "notice")):
         conn.execute(f"SET auto_explain.{name} = {value}")
-    exercise(12)
+    action()
     conn.execute("RESET auto_explain.log_min_duration")
     return plans
 
