@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 from typing import Any
 
@@ -424,6 +425,9 @@ async def test_the_pending_gauge_counts_the_timers_not_yet_fired(
             await trio.sleep(0.2)
 
 
+_STREAM_LEAD_MS = 300
+
+
 def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes)
 
@@ -440,11 +444,16 @@ async def test_shutdown_mid_run_leaves_no_half_fire(
     async with trio.open_nursery() as nursery:
         handle: BrokerHandle = await nursery.start(run_broker, replace(settings, sweeper_batch=50))
         async with httpx.AsyncClient(base_url=handle.url) as http:
+            # The stream starts a little after the bundle (whose own duration on a loaded
+            # machine would otherwise eat into it), and the stop is timed from its first timer.
             r = await http.post(f"{API}/transaction", json={"timers": [
                 {"action": "schedule", "queue": "stream", "key": f"k{i}",
-                 "delayMs": int(i * spacing_ms), "payload": i} for i in range(count)]})
+                 "delayMs": _STREAM_LEAD_MS + int(i * spacing_ms), "payload": i}
+                for i in range(count)]})
             assert r.status_code == 200
-            await trio.sleep(stop_after_s)
+            first_due = min(datetime.fromisoformat(t["deliverAt"].replace("Z", "+00:00"))
+                            for t in r.json()["timers"]).timestamp()
+            await trio.sleep(max(0.0, first_due + stop_after_s - time.time()))
         handle.shutdown()
     pending = {r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers")}
     fired = [r["meta"]["timer"]["key"] for r in sql(database_url, "SELECT meta FROM queen.frames")]
