@@ -15,8 +15,10 @@ Clocks: due times are PostgreSQL's. Each sweep also reads the database clock, so
 can turn "due at T (database time)" into a local deadline. It wakes a few milliseconds before
 that deadline and sends the statement with T itself as ``not_before``: the backend waits for T
 (schema 008), so the instant is kept by PostgreSQL's own clock and the work starts in a process
-that is already running, not in one a packet has to wake. A sweep that ran a hair early would
-find nothing and cost a whole MIN_SLEEP.
+that is already running, not in one a packet has to wake. The backend does the fire's work a
+millisecond ahead of T, with the rows locked, and returns (then commits) at T (schema 014), so
+the commit follows the instant rather than the work. A sweep that ran a hair early would find
+nothing and cost a whole MIN_SLEEP.
 
 Ahead of such a sweep (one planned for a timer's own instant, not for the MIN_SLEEP floor) the
 sweeper looks up where the timer will land, wakes the pops parked on that queue when it sends

@@ -243,6 +243,64 @@ def test_a_sweep_sent_early_waits_for_its_instant_and_takes_what_is_due_then(
     assert frame["key"] == "soon" and frame["created"] >= soon + 0.005  # never early
 
 
+def test_a_planned_sweep_stages_its_fire_ahead_and_commits_it_at_the_instant(
+    database_url: str,
+) -> None:
+    """Schema 014: the work is done a lead before the instant (here 90 ms instead of 1, so each
+    phase lasts long enough to watch) with the row locked; a cancel then answers too_late, and
+    the frame becomes visible only once the instant has passed."""
+    sql(database_url, "CREATE OR REPLACE FUNCTION queen.sweep_lead_s() RETURNS float8 "
+                      "LANGUAGE sql IMMUTABLE AS $$ SELECT 0.09::float8 $$")
+    with connect(database_url, autocommit=True) as conn, \
+            connect(database_url, autocommit=True) as other:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("staged", "t", 400, "x")],
+                                notify_within_ms=0)
+        (row,) = sql(database_url, "SELECT extract(epoch FROM deliver_at)::float8 AS at, "
+                                   "extract(epoch FROM clock_timestamp())::float8 AS now "
+                                   "FROM queen.timers")
+        due = row["at"]
+        # Sent 95 ms ahead (a first wait of 5 ms: the backend waits at most 100 ms at a time).
+        time.sleep(max(0.0, due - 0.095 - row["now"]))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            swept = pool.submit(store.sweep, conn, uuid.uuid4(), "test", 20, 60_000,
+                                max_payload=1 << 20, not_before=due)
+            # Staged: the row is locked, well before the instant.
+            locked_at = None
+            while locked_at is None and not swept.done():
+                (probe,) = other.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
+                    "NOT EXISTS (SELECT 1 FROM queen.timers FOR UPDATE SKIP LOCKED) AS locked"
+                ).fetchall()
+                if probe["locked"]:
+                    locked_at = probe["now"]
+            assert locked_at is not None and locked_at < due - 0.03
+            # The timer is being fired: a cancel answers too_late and leaves it to fire.
+            with other.transaction():
+                answer = store.cancel(other, tenant, "staged", "t", None)
+            assert answer.status == "too_late"
+            # Nothing is visible before the instant; the frame appears after it.
+            visible_at = None
+            while visible_at is None:
+                (probe,) = other.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
+                    "EXISTS (SELECT 1 FROM queen.frames) AS visible").fetchall()
+                if probe["visible"]:
+                    visible_at = probe["now"]
+                elif swept.done():
+                    break
+            result = swept.result()
+    assert len(result.fired) == 1 and result.db_now >= due
+    assert visible_at is None or visible_at >= due
+    (frame,) = sql(database_url, "SELECT extract(epoch FROM created_at)::float8 AS created, "
+                                 "extract(epoch FROM (meta->'timer'->>'deliverAt')::timestamptz)"
+                                 "::float8 AS deliver FROM queen.frames")
+    # Written 90 ms early, stamped no earlier than its deliverAt.
+    assert frame["created"] >= frame["deliver"] == pytest.approx(due, abs=1e-6)
+    assert sql(database_url, "SELECT count(*) AS n FROM queen.timers")[0]["n"] == 0
+
+
 def test_a_malformed_plain_payload_falls_back_to_the_broker_for_the_whole_batch(
     database_url: str,
 ) -> None:
