@@ -301,6 +301,30 @@ def test_a_planned_sweep_stages_its_fire_ahead_and_commits_it_at_the_instant(
     assert sql(database_url, "SELECT count(*) AS n FROM queen.timers")[0]["n"] == 0
 
 
+def test_a_claim_is_handed_back_by_its_token_without_reading_every_pending_timer(
+    database_url: str,
+) -> None:
+    """Schema 015: release_claim (after transient trouble during a fire) finds the claimed rows
+    through an index of the claimed alone, however many timers are pending."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [timer("far", f"k{i}", 3_600_000, i)
+                                               for i in range(5_000)], notify_within_ms=0)
+            store.schedule_many(conn, tenant, [timer("due", "a", -100, 1),
+                                               timer("due", "b", -100, 2)], notify_within_ms=0)
+        conn.execute("ANALYZE queen.timers")
+        token = uuid.uuid4()
+        assert sorted(c.key for c in claim(conn, token, lease_ms=60_000).rows) == ["a", "b"]
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN " + store.Q.release_claim, {"token": token}).fetchall())
+        assert "timers_claim_token" in plan and "Seq Scan" not in plan, plan
+        # Handed back: due again at once, for the next claim.
+        assert store.release(conn, token) == 2
+        again = claim(conn, uuid.uuid4(), lease_ms=60_000)
+        assert sorted(c.key for c in again.rows) == ["a", "b"]
+
+
 def test_a_malformed_plain_payload_falls_back_to_the_broker_for_the_whole_batch(
     database_url: str,
 ) -> None:
