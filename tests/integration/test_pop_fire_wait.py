@@ -207,9 +207,11 @@ async def test_parked_pops_take_timer_frames_through_the_fire_lock(
     frames = await _parked_pops_receive(http, 10, until=one_delivered)
     assert [f["data"] for f in frames] == [{"i": i} for i in range(len(frames))]
     waits = {r: await _metric(http, r) for r in ("delivered", "gave_up", "fallback")}
-    # Each parked pop was told of its timer (the group's very first pop is the general pop's,
-    # which the fire lock does not serve), and one took its frame at the commit.
-    assert sum(waits.values()) == len(frames)
+    # A parked pop is told of its timer at most once (the group's very first pop is the general
+    # pop's, which the fire lock does not serve; a sweeper that wakes too late to look ahead, on
+    # a loaded machine, tells nobody and the NOTIFY serves the pop), and one took its frame at
+    # the commit.
+    assert sum(waits.values()) <= len(frames)
     assert waits["delivered"] == 1
 
 
