@@ -10,7 +10,7 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from ..context import BrokerContext
-from ..errors import ValidationError
+from ..errors import ClientError, ValidationError
 from ..log import rules, store
 from ..wire import iso
 from .errors import read_json_object
@@ -114,8 +114,51 @@ async def pop_partition(queue: str, partition: str) -> Response:
     return await _pop(queue, partition)
 
 
-async def _pop(queue: str, partition: str | None) -> Response:
+@log_routes.post("/pop/queue/<queue>")
+async def settle_and_pop_queue(queue: str) -> Response:
+    return await _settle_and_pop(queue, None)
+
+
+@log_routes.post("/pop/queue/<queue>/partition/<partition>")
+async def settle_and_pop_partition(queue: str, partition: str) -> Response:
+    return await _settle_and_pop(queue, partition)
+
+
+async def _settle_and_pop(queue: str, partition: str | None) -> Response:
+    """A pop that first settles what the consumer finished (``acknowledgments``, as for
+    ``/ack/batch``): one round trip per batch instead of an ack and a pop. The acks commit
+    first, all or nothing, at the pop's commit level; refused acks (a lost lease, an unknown
+    message) do not stop the pop and come back as ``ackError``. The answer is always 200,
+    with ``messages`` empty when nothing was ready and ``acks`` one result per ack."""
     req = rules.pop_request(queue, partition, dict(request.args))
+    raw = await request.get_data()
+    body = await read_json_object() if raw.strip() else {}
+    acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
+    broker = _broker()
+    extra: dict[str, Any] = {"acks": []}
+    if acks:
+        try:
+            results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
+            extra["acks"] = [ack_to_wire(r) for r in results]
+        except ClientError as exc:
+            extra["ackError"] = {"status": exc.status, "error": exc.code,
+                                 "message": exc.message, **exc.extra}
+    batch = await _pop_batch(req)
+    if batch is None:
+        return _json({"success": True, "queue": req.queue, "partition": None,
+                      "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
+                      "consumerGroup": req.group, "messages": [], "skipped": None, **extra})
+    return _json({**batch_to_wire(batch), **extra})
+
+
+async def _pop(queue: str, partition: str | None) -> Response:
+    batch = await _pop_batch(rules.pop_request(queue, partition, dict(request.args)))
+    if batch is None:
+        return Response(b"", status=204)
+    return _json(batch_to_wire(batch))
+
+
+async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
     broker = _broker()
     tenant = current_tenant_id()
     key = store.wake_key(tenant, req.queue)
@@ -163,10 +206,14 @@ async def _pop(queue: str, partition: str | None) -> Response:
     batch = outcome.batch
     if batch is None:
         broker.metrics.pops.labels("empty").inc()
-        return Response(b"", status=204)
+        return None
     broker.metrics.pops.labels("messages").inc()
     broker.metrics.messages_popped.inc(len(batch.messages))
-    return _json({
+    return batch
+
+
+def batch_to_wire(batch: store.PopBatch) -> dict[str, Any]:
+    return {
         "success": True,
         "queue": batch.queue,
         "partition": batch.partition,
@@ -176,7 +223,7 @@ async def _pop(queue: str, partition: str | None) -> Response:
         "consumerGroup": batch.group,
         "messages": [message_to_wire(batch, m) for m in batch.messages],
         "skipped": skip_to_wire(batch.skipped),
-    })
+    }
 
 
 def skip_to_wire(skip: store.Skip | None) -> dict[str, int] | None:
@@ -205,27 +252,33 @@ def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
     }
 
 
-async def _apply_acks(acks: list[rules.Ack]) -> Response:
+async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[store.AckResult]:
+    """Apply acknowledgements, all or nothing: the common case in one statement, the rest
+    through the general ack."""
     broker = _broker()
-    results = await broker.db.run(store.ack, current_tenant_id(), acks)
+    tenant = current_tenant_id()
+    results = await broker.db.run_statement(store.ack_head, tenant, acks,
+                                            sync_commit=sync_commit)
+    if results is None:
+        results = await broker.db.run(store.ack, tenant, acks)
     for r in results:
         if not r.already_acked:
             broker.metrics.acks.labels(r.status).inc()
         if r.dead_lettered:
             broker.metrics.dead_lettered.inc()
-    return _json([ack_to_wire(r) for r in results])
+    return results
 
 
 @log_routes.post("/ack")
 async def ack() -> Response:
     body = await read_json_object()
-    return await _apply_acks([rules.ack(body, 0)])
+    return _json([ack_to_wire(r) for r in await settle([rules.ack(body, 0)])])
 
 
 @log_routes.post("/ack/batch")
 async def ack_batch() -> Response:
     body = await read_json_object()
-    return await _apply_acks(rules.ack_batch(body))
+    return _json([ack_to_wire(r) for r in await settle(rules.ack_batch(body))])
 
 
 @log_routes.post("/lease/<lease_id>/extend")

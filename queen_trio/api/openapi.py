@@ -52,6 +52,23 @@ _POP_RESPONSES = {
     **_errors(400),
 }
 
+_SETTLE_AND_POP = (
+    "The acknowledgements (as for /ack/batch) are applied first, all or nothing, and "
+    "committed as a pop commits (QUEEN_POP_COMMIT); then the pop runs with the query's "
+    "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: they "
+    "come back as ackError {status, error, message}. Always 200: messages is empty when "
+    "nothing was ready; acks has one result per acknowledgement.")
+_SETTLE_AND_POP_RESPONSES = {
+    "200": _json({"allOf": [{"$ref": "#/components/schemas/PopResponse"}, {
+        "type": "object", "properties": {
+            "acks": {"type": "array", "items": {"type": "object"}},
+            "ackError": {"type": "object", "properties": {
+                "status": {"type": "integer"}, "error": {"type": "string"},
+                "message": {"type": "string"}}}}}]},
+        "Acknowledgement results, then messages under a lease (possibly none)"),
+    **_errors(400),
+}
+
 
 def _timer_paths() -> dict[str, Any]:
     key_params = [_path_param("queue", "destination queue"),
@@ -156,6 +173,10 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
 def _log_paths() -> dict[str, Any]:
     ack_schema = {"$ref": "#/components/schemas/Ack"}
     ack_results = _json({"type": "array", "items": {"type": "object"}}, "One result per ack")
+    settle_body = {"required": False, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {
+            "consumerGroup": {"type": "string"},
+            "acknowledgments": {"type": "array", "items": ack_schema}}}}}}
     return {
         "/api/v1/configure": {"post": {
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
@@ -191,19 +212,40 @@ def _log_paths() -> dict[str, Any]:
                 **_errors(400, 413),
             },
         }},
-        "/api/v1/pop/queue/{queue}": {"get": {
-            "summary": "Pop from any partition of a queue not leased to the group",
-            "operationId": "popQueue",
-            "parameters": [_path_param("queue", "queue name"), *_POP_PARAMS],
-            "responses": _POP_RESPONSES,
-        }},
-        "/api/v1/pop/queue/{queue}/partition/{partition}": {"get": {
-            "summary": "Pop from one partition",
-            "operationId": "popPartition",
-            "parameters": [_path_param("queue", "queue name"),
-                           _path_param("partition", "partition name"), *_POP_PARAMS],
-            "responses": _POP_RESPONSES,
-        }},
+        "/api/v1/pop/queue/{queue}": {
+            "get": {
+                "summary": "Pop from any partition of a queue not leased to the group",
+                "operationId": "popQueue",
+                "parameters": [_path_param("queue", "queue name"), *_POP_PARAMS],
+                "responses": _POP_RESPONSES,
+            },
+            "post": {
+                "summary": "Settle acknowledgements, then pop (one round trip per batch)",
+                "description": _SETTLE_AND_POP,
+                "operationId": "settleAndPopQueue",
+                "parameters": [_path_param("queue", "queue name"), *_POP_PARAMS],
+                "requestBody": settle_body,
+                "responses": _SETTLE_AND_POP_RESPONSES,
+            },
+        },
+        "/api/v1/pop/queue/{queue}/partition/{partition}": {
+            "get": {
+                "summary": "Pop from one partition",
+                "operationId": "popPartition",
+                "parameters": [_path_param("queue", "queue name"),
+                               _path_param("partition", "partition name"), *_POP_PARAMS],
+                "responses": _POP_RESPONSES,
+            },
+            "post": {
+                "summary": "Settle acknowledgements, then pop from one partition",
+                "description": _SETTLE_AND_POP,
+                "operationId": "settleAndPopPartition",
+                "parameters": [_path_param("queue", "queue name"),
+                               _path_param("partition", "partition name"), *_POP_PARAMS],
+                "requestBody": settle_body,
+                "responses": _SETTLE_AND_POP_RESPONSES,
+            },
+        },
         "/api/v1/ack": {"post": {
             "summary": "Acknowledge one message (completed, failed, dlq or retry)",
             "operationId": "ack",
@@ -370,8 +412,10 @@ def _document() -> dict[str, Any]:
                     "createdAt": {"type": "string"}, "retryCount": {"type": "integer"},
                     "timer": {"type": "object"}}},
                 "PopResponse": {"type": "object", "properties": {
-                    "queue": {"type": "string"}, "partition": {"type": "string"},
-                    "partitionId": {"type": "string"}, "leaseId": {"type": ["string", "null"]},
+                    "queue": {"type": "string"},
+                    "partition": {"type": ["string", "null"], "description": "null: no message"},
+                    "partitionId": {"type": ["string", "null"]},
+                    "leaseId": {"type": ["string", "null"]},
                     "consumerGroup": {"type": "string"},
                     "messages": {"type": "array",
                                  "items": {"$ref": "#/components/schemas/Message"}},

@@ -53,29 +53,34 @@ class Client(BaseClient[Awaitable[Any]]):
 
     async def consume(
         self, queue: str, handler: Callable[[Message], Awaitable[Any] | Any], *,
-        group: str | None = None, concurrency: int = 1, batch: int = 1,
-        partition: str | None = None, max_messages: int | None = None,
-        idle_timeout: Duration | None = None, poll: Duration = "2s",
-        renew_leases: bool = True,
+        group: str | None = None, concurrency: int = consumer.DEFAULT_CONCURRENCY,
+        batch: int = consumer.DEFAULT_BATCH, partition: str | None = None,
+        max_messages: int | None = None, idle_timeout: Duration | None = None,
+        poll: Duration = "2s", renew_leases: bool = True,
     ) -> consumer.ConsumeStats:
         """Pop and handle messages until cancelled, until ``max_messages`` were handled, or
         until nothing arrived for ``idle_timeout``; returns what happened.
 
-        ``concurrency`` workers each long-poll (``poll`` at a time) for up to ``batch``
-        messages and call ``handler(message)`` (sync or async) on each in turn. While it
-        runs, the batch's lease is renewed every third of the queue's leaseTime (unless
-        ``renew_leases`` is False). A handler that returns acks the message ``completed``;
-        one that raises acks it ``failed`` with the exception as its error, so the broker
-        redelivers it up to the queue's retryLimit and then dead-letters it. A handler may
-        settle its message itself (``ack``, or a transaction with ``.ack(message)``); the
-        loop then leaves it alone. Network or broker trouble is logged and waited out; an API
-        error on pop (a 401, a bad queue name) ends the loop by raising.
+        Up to ``concurrency`` partitions of the queue are handled at once, each in order:
+        a worker pops up to ``batch`` messages of one partition (a pop answers with what is
+        ready and never waits for a full batch) and calls ``handler(message)`` (sync or
+        async) on each in turn. While it runs, the batch's lease is renewed every third of
+        the queue's leaseTime (unless ``renew_leases`` is False). A handler that returns
+        settles the message ``completed``; one that raises settles it ``failed`` with the
+        exception as its error, so the broker redelivers it up to the queue's retryLimit and
+        then dead-letters it; the rest of that batch is given back untouched (no retry spent)
+        so the partition stays in order. Settlements travel with the worker's next pop, one
+        request per batch. A handler may settle its message itself (``ack``, or a
+        transaction with ``.ack(message)``); the loop then leaves it alone. Network or broker
+        trouble is logged and waited out; an API error on pop (a 401, a bad queue name) ends
+        the loop by raising.
 
-        Stopping lets the other workers' long polls end by themselves (so after
-        ``max_messages`` it can take up to ``poll``): a poll abandoned mid-way could still
-        lease a message that nobody would then see until the lease expired. A batch that
-        arrives after the stop is given back (ack ``retry``, no retry spent). Cancelling the
-        loop from outside does abandon polls, with that consequence.
+        Stopping lets long polls end by themselves (so after ``max_messages`` it can take up
+        to ``poll``): a poll abandoned mid-way could still lease a message that nobody would
+        then see until the lease expired. A batch that arrives after the stop is given back
+        (no retry spent). Cancelling the loop from outside abandons polls, with that
+        consequence, but still settles the messages whose handler finished (within 5 s) and
+        gives back the rest of their batch, so only unfinished messages come again.
         """
         return await consumer.consume(
             self, queue, handler, group=group, concurrency=concurrency, batch=batch,

@@ -136,11 +136,15 @@ def push_one(item: dict[str, Any]) -> Call[m.PushResult]:
     return dataclasses.replace(push([item]), parse=lambda w: m.PushResult.from_wire(w[0]))
 
 
-def pop(queue: str, *, group: str | None, partition: str | None, batch: int,
-        wait: Duration | None, auto_ack: bool) -> Call[m.Batch]:
+def _pop_path(queue: str, partition: str | None) -> str:
     path = f"{API}/pop/queue/{segment(_name(queue, 'queue'))}"
     if partition is not None:
         path += f"/partition/{segment(partition)}"
+    return path
+
+
+def _pop_params(group: str | None, batch: int, wait: Duration | None,
+                auto_ack: bool) -> tuple[dict[str, Any], float]:
     params: dict[str, Any] = {"batch": batch}
     wait_s = 0.0
     if group is not None:
@@ -151,10 +155,26 @@ def pop(queue: str, *, group: str | None, partition: str | None, batch: int,
         wait_s = wait_ms / 1000
     if auto_ack:
         params["autoAck"] = "true"
+    return params, wait_s
+
+
+def pop(queue: str, *, group: str | None, partition: str | None, batch: int,
+        wait: Duration | None, auto_ack: bool) -> Call[m.Batch]:
+    params, wait_s = _pop_params(group, batch, wait, auto_ack)
     # Not idempotent: a pop whose answer was lost has leased messages nobody will see until
     # the lease expires; retrying would only take the next ones.
-    return Call("GET", path, m.Batch.from_wire, False, params=params, extra_read_s=wait_s,
-                empty=m.Batch)
+    return Call("GET", _pop_path(queue, partition), m.Batch.from_wire, False, params=params,
+                extra_read_s=wait_s, empty=m.Batch)
+
+
+def settle_and_pop(queue: str, acks: Sequence[dict[str, Any]], *, group: str | None,
+                   partition: str | None, batch: int,
+                   wait: Duration | None) -> Call[m.SettledPop]:
+    """Acknowledgements (``ack_entry`` dicts) applied first, then a pop, in one request."""
+    params, wait_s = _pop_params(group, batch, wait, False)
+    # Not idempotent, as a pop.
+    return Call("POST", _pop_path(queue, partition), m.SettledPop.from_wire, False,
+                params=params, body={"acknowledgments": list(acks)}, extra_read_s=wait_s)
 
 
 def ack_entry(message: m.Message, status: m.AckStatus | str, error: str | None) -> dict[str, Any]:
@@ -167,6 +187,14 @@ def ack_entry(message: m.Message, status: m.AckStatus | str, error: str | None) 
     if error is not None:
         entry["error"] = error[:2000]
     return entry
+
+
+def ack_batch(entries: Sequence[dict[str, Any]]) -> Call[tuple[m.AckResult, ...]]:
+    # All or nothing; safe to repeat only when every entry completes (see ack).
+    return Call("POST", f"{API}/ack/batch",
+                lambda w: tuple(m.AckResult.from_wire(r) for r in w),
+                all(e["status"] == "completed" for e in entries),
+                body={"acknowledgments": list(entries)})
 
 
 def ack(message: m.Message, status: m.AckStatus | str, error: str | None) -> Call[m.AckResult]:

@@ -1,11 +1,27 @@
-"""The consume loop behind :meth:`Client.consume` (anyio: runs under trio and asyncio)."""
+"""The consume loop behind :meth:`Client.consume` (anyio: runs under trio and asyncio).
+
+How it spends requests, since that is what a consumer's latency and the broker's CPU go to:
+
+* ``concurrency`` workers each take a batch of one partition (under that partition's lease, so
+  partitions run in parallel and each one in order), run the handler on its messages one by
+  one, and then owe the broker the batch's settlements. They pay them with their next pop: a
+  ``POST`` pop carries the acknowledgements, so a batch costs one request, not one per message.
+* One long poll at a time. Idle workers queue for the *poll slot* here rather than each parking
+  a poll at the broker, where every parked poll is run again on every wake-up of the queue. A
+  worker that owes settlements while another one polls sends them on a pop that does not wait
+  (it takes whatever is ready now, from another partition or the next batch of its own).
+* A worker whose pop came back short (nothing more was ready) keeps the slot while it handles
+  the batch, so that under a steady trickle one worker settles and polls again in one request
+  instead of two workers taking turns; it gives the slot up after ``SLOT_HOLD_S`` so that a
+  slow handler never keeps other partitions waiting. A full batch gives it up at once.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -13,14 +29,18 @@ import anyio
 from . import calls
 from .durations import Duration, delay_ms
 from .errors import ApiError, BrokerUnreachable, Conflict, NotFound, RateLimited, ServerError
-from .models import AckStatus, Batch, Message
+from .models import AckStatus, Batch, Message, SettledPop
 
 if TYPE_CHECKING:
     from .async_client import Client
 
 log = logging.getLogger("queen_trio.client")
 
-DEFAULT_LEASE_S = 300  # the broker's default leaseTime, for a queue it does not know yet
+DEFAULT_CONCURRENCY = 4  # partitions handled at once
+DEFAULT_BATCH = 100      # messages per pop: a pop answers with what is ready, never waits for more
+DEFAULT_LEASE_S = 300    # the broker's default leaseTime, for a queue it does not know yet
+SLOT_HOLD_S = 0.02       # how long a short batch keeps the poll slot while it is handled
+SETTLE_AT_EXIT_S = 5.0   # how long a stopping or cancelled worker may take to settle
 _PASSING = (BrokerUnreachable, ServerError, RateLimited)  # waited out, never fatal
 
 
@@ -32,6 +52,7 @@ class ConsumeStats:
     settled_by_handler: int = 0  # the handler acked them itself
     ack_errors: int = 0       # the loop's ack was refused (e.g. lease lost) or not delivered
     leases_lost: int = 0      # a renewal found the lease gone
+    requests: int = 0         # pops and settlements the loop sent
 
 
 async def consume(
@@ -51,7 +72,7 @@ async def consume(
                  poll_s=_positive_s(poll, "poll"), renew=renew_leases)
     async with anyio.create_task_group() as workers:
         for _ in range(concurrency):
-            workers.start_soon(loop.worker)
+            workers.start_soon(_Worker(loop).run)
     if loop.fatal is not None:
         raise loop.fatal  # as itself, not wrapped in the task group's ExceptionGroup
     return loop.stats
@@ -65,6 +86,8 @@ def _positive_s(value: Duration, what: str) -> float:
 
 
 class _Loop:
+    """What the workers of one consume() share."""
+
     def __init__(self, client: Client, queue: str, handler: Callable[[Message], Any], *,
                  group: str | None, batch: int, partition: str | None,
                  max_messages: int | None, idle_s: float | None, poll_s: float,
@@ -77,6 +100,7 @@ class _Loop:
         self.stopping = False
         self.last_activity = anyio.current_time()
         self.fatal: ApiError | None = None
+        self.slot = anyio.Semaphore(1)
 
     def count(self, **increments: int) -> None:
         self.stats = dataclasses.replace(self.stats, **{
@@ -89,102 +113,186 @@ class _Loop:
         pop that returns after the stop gives its batch straight back instead."""
         self.stopping = True
 
-    async def worker(self) -> None:
+    def settled(self, entries: Sequence[dict[str, Any]], answer: SettledPop | None,
+                error: Exception | None = None) -> None:
+        """Count what the broker made of a worker's settlements."""
+        if not entries:
+            return
+        if answer is not None and answer.ack_error is None:
+            self.count(completed=sum(1 for r in answer.acks if r.status == "completed"
+                                     and not r.already_acked))
+            return
+        # The lease was lost or the broker is gone: the messages come back after their lease
+        # expires, which is what at-least-once delivery means.
+        why = error if error is not None else (answer.ack_error if answer else None)
+        log.warning("consume %s: settling %d messages failed: %s", self.queue, len(entries),
+                    why)
+        self.count(ack_errors=sum(1 for e in entries if e["status"] != "retry"))
+
+
+class _Worker:
+    def __init__(self, loop: _Loop) -> None:
+        self.loop = loop
+        self.owed: list[dict[str, Any]] = []  # settlements of the last batch, not yet sent
+        self.holding = False                  # this worker holds the poll slot
+
+    def release_slot(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.loop.slot.release()
+
+    async def run(self) -> None:
+        try:
+            await self._pop_and_handle()
+        finally:
+            self.release_slot()
+            if self.owed:
+                # Handled messages are settled even when the loop is cancelled, so that only
+                # the unhandled ones come back; bounded, since the broker may be gone.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_AT_EXIT_S):
+                    await self.settle_now()
+
+    async def _pop_and_handle(self) -> None:
+        loop = self.loop
         troubles = 0
-        while not self.stopping:
-            wait_s = self.poll_s
-            if self.idle_s is not None:
-                wait_s = min(wait_s, self.last_activity + self.idle_s - anyio.current_time())
+        while not loop.stopping:
+            wait_s: float | None = loop.poll_s
+            if loop.idle_s is not None:
+                wait_s = min(loop.poll_s,
+                             loop.last_activity + loop.idle_s - anyio.current_time())
                 if wait_s <= 0:
-                    self.stop()
+                    loop.stop()
                     return
-            got: Batch | None = None
+            if not self.holding:
+                if self.owed and loop.slot.value == 0:
+                    wait_s = None  # another worker is polling: settle, take what is ready
+                else:
+                    await loop.slot.acquire()
+                    self.holding = True
+                    if loop.stopping:
+                        return
+            owed = self.owed
+            call = calls.settle_and_pop(
+                loop.queue, owed, group=loop.group, partition=loop.partition,
+                batch=loop.batch, wait=None if wait_s is None else max(1, int(wait_s * 1000)))
             try:
-                got = await self.client.pop(self.queue, group=self.group,
-                                            partition=self.partition, batch=self.batch,
-                                            wait=max(1, int(wait_s * 1000)))
+                answer: SettledPop = await loop.client._call(call)
                 troubles = 0
             except _PASSING as exc:
                 troubles += 1
-                log.warning("consume %s: pop failed (%s); retrying", self.queue, exc)
-                await anyio.sleep(self.client._retry.backoff(min(troubles, 6)))
+                log.warning("consume %s: pop failed (%s); retrying", loop.queue, exc)
+                self.release_slot()  # let another worker try meanwhile
+                await anyio.sleep(loop.client._retry.backoff(min(troubles, 6)))
+                continue
             except ApiError as exc:  # the request itself is wrong: retrying won't help
-                self.fatal = self.fatal or exc
-                self.stop()
-            if got and self.stopping:
-                await self.give_back(got)
-            elif got:
-                self.last_activity = anyio.current_time()
-                await self.handle_batch(got)
+                loop.fatal = loop.fatal or exc
+                loop.stop()
+                return
+            finally:
+                loop.count(requests=1)
+            self.owed = []
+            loop.settled(owed, answer)
+            got = answer.batch
+            if not got:
+                continue
+            if loop.stopping:
+                self.give_back(got)
+                return
+            loop.last_activity = anyio.current_time()
+            if len(got) >= loop.batch:
+                self.release_slot()  # a backlog: another worker may fetch meanwhile
+            await self.handle_batch(got)
 
-    async def give_back(self, got: Batch) -> None:
-        """Release a batch that arrived after the stop, without spending a retry."""
-        if got.lease_id is None:  # auto-acked pops never happen here; nothing to release
-            return
-        try:
-            await self.client.ack(got.messages[0], AckStatus.RETRY)  # releases the whole lease
-        except (ApiError, BrokerUnreachable) as exc:
-            log.warning("consume %s: could not give back a batch: %s", self.queue, exc)
+    def give_back(self, got: Batch) -> None:
+        """Owe the broker a batch back whole, no retry spent (it arrived after the stop)."""
+        self.owed += [calls.ack_entry(m, AckStatus.RETRY, None) for m in got]
 
     async def handle_batch(self, got: Batch) -> None:
-        lease_s = await self.lease_seconds() if self.renew and got.lease_id else None
-        async with anyio.create_task_group() as tasks:
-            if lease_s is not None and got.lease_id is not None:
-                tasks.start_soon(self.renew_lease, got.lease_id, lease_s)
-            for message in got:
-                await self.handle(message)
-            tasks.cancel_scope.cancel()
+        loop = self.loop
+        messages = got.messages
+        done = 0  # messages whose handler finished (their settlement is owed)
+        try:
+            async with anyio.create_task_group() as tasks:
+                if loop.renew and got.lease_id is not None:
+                    tasks.start_soon(self.renew_lease, got.lease_id)
+                if self.holding:
+                    tasks.start_soon(self.release_slot_later)
+                for message in messages:
+                    failed = await self.handle(message)
+                    done += 1
+                    if failed or loop.stopping:
+                        # The rest goes back untouched, no retry spent: the partition's order
+                        # holds (a failed message is redelivered before the ones after it).
+                        break
+                tasks.cancel_scope.cancel()
+        finally:
+            self.owed += [calls.ack_entry(m, AckStatus.RETRY, None) for m in messages[done:]]
 
-    async def handle(self, message: Message) -> None:
+    async def release_slot_later(self) -> None:
+        await anyio.sleep(SLOT_HOLD_S)
+        self.release_slot()
+
+    async def handle(self, message: Message) -> bool:
+        """Run the handler; owe the message's settlement. True if the handler raised."""
+        loop = self.loop
         settled: set[tuple[str, str]] = set()
         token = calls.settled_here.set(settled)
         status, error = AckStatus.COMPLETED, None
         try:
-            result = self.handler(message)
+            result = loop.handler(message)
             if inspect.isawaitable(result):
                 await result
         except Exception as exc:  # the handler's failure is the message's, not the loop's
             status, error = AckStatus.FAILED, f"{type(exc).__name__}: {exc}"
-            log.warning("consume %s: handler failed on %s: %s", self.queue,
+            log.warning("consume %s: handler failed on %s: %s", loop.queue,
                         message.transaction_id, error, exc_info=True)
         finally:
             calls.settled_here.reset(token)
-        failed = int(status is AckStatus.FAILED)
+        failed = status is AckStatus.FAILED
         if (message.partition_id, message.transaction_id) in settled:
-            self.count(handled=1, failed=failed, settled_by_handler=1)
+            loop.count(handled=1, failed=int(failed), settled_by_handler=1)
         else:
-            try:
-                await self.client.ack(message, status, error=error)
-                self.count(handled=1, failed=failed, completed=1 - failed)
-            except (ApiError, BrokerUnreachable) as exc:
-                # The lease was lost or the broker is gone: the message comes back after its
-                # lease expires, which is what at-least-once delivery means.
-                log.warning("consume %s: ack of %s failed: %s", self.queue,
-                            message.transaction_id, exc)
-                self.count(handled=1, failed=failed, ack_errors=1)
-        self.last_activity = anyio.current_time()
-        if self.max_messages is not None and self.stats.handled >= self.max_messages:
-            self.stop()
+            self.owed.append(calls.ack_entry(message, status, error))
+            loop.count(handled=1, failed=int(failed))
+        loop.last_activity = anyio.current_time()
+        if loop.max_messages is not None and loop.stats.handled >= loop.max_messages:
+            loop.stop()
+        return failed
+
+    async def settle_now(self) -> None:
+        """Send what is owed on its own (the loop is ending)."""
+        owed, self.owed = self.owed, []
+        try:
+            results = await self.loop.client._call(calls.ack_batch(owed))
+        except (ApiError, BrokerUnreachable) as exc:
+            self.loop.settled(owed, None, exc)
+        else:
+            self.loop.settled(owed, SettledPop(Batch(), results, None))
+        finally:
+            self.loop.count(requests=1)
 
     async def lease_seconds(self) -> int:
-        known = self.client._lease_cache.get(self.queue)
+        client, queue = self.loop.client, self.loop.queue
+        known = client._lease_cache.get(queue)
         if known is None:
             try:
-                known = await self.client._call(calls.queue_lease_seconds(self.queue))
+                known = await client._call(calls.queue_lease_seconds(queue))
             except _PASSING:
                 known = None
             known = known or DEFAULT_LEASE_S
-            self.client._lease_cache[self.queue] = known
+            client._lease_cache[queue] = known
         return known
 
-    async def renew_lease(self, lease_id: str, lease_s: int) -> None:
+    async def renew_lease(self, lease_id: str) -> None:
+        lease_s = await self.lease_seconds()  # off the handler's path: cached after the first
         while True:
             await anyio.sleep(max(lease_s / 3, 0.05))
             try:
-                await self.client.extend_lease(lease_id, lease_s)
+                await self.loop.client.extend_lease(lease_id, lease_s)
             except (Conflict, NotFound) as exc:
-                log.warning("consume %s: lease %s lost: %s", self.queue, lease_id, exc)
-                self.count(leases_lost=1)
+                log.warning("consume %s: lease %s lost: %s", self.loop.queue, lease_id, exc)
+                self.loop.count(leases_lost=1)
                 return
             except _PASSING as exc:
-                log.warning("consume %s: lease %s not renewed: %s", self.queue, lease_id, exc)
+                log.warning("consume %s: lease %s not renewed: %s", self.loop.queue,
+                            lease_id, exc)

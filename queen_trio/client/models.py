@@ -180,6 +180,22 @@ class AckResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SettledPop:
+    """The answer to a pop that carried acknowledgements: what the acks did (``acks``, or
+    ``ack_error`` when the broker refused them all: they are all or nothing), then the batch.
+    """
+
+    batch: Batch
+    acks: tuple[AckResult, ...]
+    ack_error: dict[str, Any] | None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> SettledPop:
+        return cls(Batch.from_wire(w), tuple(AckResult.from_wire(a) for a in w["acks"]),
+                   w.get("ackError"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueueConfig:
     queue: str
     created: bool

@@ -434,6 +434,38 @@ def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
     return ordered
 
 
+def ack_head(raw: Raw, tenant_id: int, acks: Sequence[Ack], *,
+             sync_commit: bool = True) -> list[AckResult] | None:
+    """The common acknowledgement in one statement (it may run in autocommit): ``completed``
+    for frames of one partition and group, each still in the head and open under the
+    group's lease. None when the case needs :func:`ack` (then nothing was changed).
+    ``sync_commit`` as for :func:`pop_head`."""
+    first = acks[0]
+    if any(a.status != "completed" or a.partition_id != first.partition_id
+           or a.group != first.group or a.lease_id != first.lease_id for a in acks):
+        return None
+    rows = raw.execute(
+        Q.ack_head,
+        {"tenant_id": tenant_id, "partition_id": first.partition_id, "group": first.group,
+         "lease_id": first.lease_id, "txns": [a.transaction_id for a in acks],
+         "synchronous_commit": _commit_level(sync_commit)},
+    ).fetchall()
+    head = rows[0]
+    if head["outcome"] == "fallback":
+        return None
+    # Label each acknowledgement as the general ack does: released once the cursor, moved
+    # over the acks so far in their order, has passed everything the lease handed out.
+    offset_of = {r["transaction_id"]: r["offset"] for r in rows}
+    committed, ahead = head["committed_before"], list(head["acked_ahead_before"])
+    results = []
+    for a in acks:
+        committed, ahead = advance(committed, [*ahead, offset_of[a.transaction_id]])
+        results.append(AckResult(a.index, a.transaction_id, a.partition_id, a.status,
+                                 head["queue"], head["partition"],
+                                 committed >= head["leased_to"], False, False))
+    return results
+
+
 def _where(a: Ack) -> str:
     return f"acknowledgement {a.index}" if a.index else "acknowledgement"
 

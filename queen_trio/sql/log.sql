@@ -210,6 +210,17 @@ CROSS JOIN LATERAL queen.find_transactions(p.partition_id, %(txns)s::text[]) f
 WHERE p.partition_id = %(partition_id)s AND p.tenant_id = %(tenant_id)s
 ORDER BY f."offset"
 
+-- name: ack_head
+-- The common acknowledgement in one statement (schema 016); 'fallback' sends the broker to its
+-- general ack. The commit level as for pop_head: acks riding a pop commit as pops do.
+WITH commit_level AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
+                      true))
+SELECT a.* FROM commit_level,
+     queen.ack_head(%(tenant_id)s, %(partition_id)s, %(group)s, %(lease_id)s,
+                    %(txns)s::text[]) AS a
+
 -- name: lock_cursor
 SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to,
        lease_expires_at > now() AS lease_live

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from queen_trio.client import BadRequest, Client, Message
+from queen_trio.server import BrokerHandle
 
 from . import test_sdk
 from .test_sdk import pop_one
@@ -70,7 +73,9 @@ async def test_without_renewal_an_expired_lease_hands_the_message_over(queen: Cl
         await trio.sleep(1.3)
         stolen.extend(await queen.pop("expiring"))  # a second consumer, under a new lease
 
-    stats = await queen.consume("expiring", handler, max_messages=1, renew_leases=False)
+    # One worker: the loop's others would be consumers of the expired lease too.
+    stats = await queen.consume("expiring", handler, max_messages=1, renew_leases=False,
+                                concurrency=1)
     assert [m.data for m in stolen] == ["contested"]
     # The loop's ack is refused (its lease is gone); that is counted, not raised.
     assert (stats.handled, stats.completed, stats.ack_errors) == (1, 0, 1)
@@ -160,12 +165,198 @@ async def test_stopping_leaves_no_abandoned_poll_behind(queen: Client) -> None:
 
 
 async def test_a_batch_arriving_after_the_stop_is_given_back_whole(queen: Client) -> None:
-    from queen_trio.client.consumer import _Loop
+    from queen_trio.client.consumer import _Loop, _Worker
 
     await queen.push_many("give-back", [1, 2, 3])
     batch = await queen.pop("give-back", batch=3)
     loop = _Loop(queen, "give-back", lambda m: None, group=None, batch=3, partition=None,
                  max_messages=None, idle_s=None, poll_s=1, renew=True)
-    await loop.give_back(batch)
+    worker = _Worker(loop)
+    worker.give_back(batch)
+    await worker.settle_now()
+    assert (loop.stats.ack_errors, loop.stats.requests) == (0, 1)
     again = await queen.pop("give-back", batch=3)
     assert [(m.data, m.retry_count) for m in again] == [(1, 0), (2, 0), (3, 0)]
+
+
+# -- the consumer path: settlements in batches, one request per batch ---------------------------
+
+
+def _http_requests(broker: BrokerHandle, method: str, route: str) -> float:
+    """Requests the broker answered on a route (its own Prometheus counter)."""
+    total = 0.0
+    for metric in broker.context.metrics.registry.collect():
+        for s in metric.samples:
+            if (s.name == "queen_http_requests_total" and s.labels["method"] == method
+                    and s.labels["route"] == route):
+                total += s.value
+    return total
+
+
+def _acks_applied(broker: BrokerHandle) -> dict[str, float]:
+    return {s.labels["status"]: s.value
+            for metric in broker.context.metrics.registry.collect()
+            for s in metric.samples if s.name == "queen_acks_total"}
+
+
+POP_ROUTE = "/api/v1/pop/queue/<queue>"
+
+
+async def test_consume_settles_every_message_once_in_one_request_per_batch(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    await queen.push_many("bulk", [{"n": n} for n in range(1000)])
+    before = {m: _http_requests(broker, m, POP_ROUTE) for m in ("GET", "POST")}
+    acks_before = _acks_applied(broker).get("completed", 0)
+    acks_routes_before = (_http_requests(broker, "POST", "/api/v1/ack")
+                          + _http_requests(broker, "POST", "/api/v1/ack/batch"))
+    handled: list[int] = []
+    stats = await queen.consume("bulk", lambda m: handled.append(m.data["n"]),
+                                max_messages=1000)
+    assert handled == list(range(1000))  # one partition: in order, each once
+    assert (stats.handled, stats.completed, stats.ack_errors) == (1000, 1000, 0)
+    # Every message acked exactly once, by the broker's own count ...
+    assert _acks_applied(broker)["completed"] - acks_before == 1000
+    # ... with settlements riding the pops: no request per message (1,000 messages at the
+    # default batch of 100 take 10 pops, plus the final settlement and polls that find nothing).
+    posts = _http_requests(broker, "POST", POP_ROUTE) - before["POST"]
+    acks_routes = (_http_requests(broker, "POST", "/api/v1/ack")
+                   + _http_requests(broker, "POST", "/api/v1/ack/batch")) - acks_routes_before
+    assert _http_requests(broker, "GET", POP_ROUTE) == before["GET"]
+    assert 10 <= posts + acks_routes <= 20 and acks_routes <= 1, (posts, acks_routes)
+    assert stats.requests == posts + acks_routes
+    assert len(await queen.pop("bulk")) == 0
+
+
+async def test_a_failure_mid_batch_keeps_the_partition_in_order(queen: Client) -> None:
+    await queen.configure("ordered-retry", retry_limit=2)
+    await queen.push_many("ordered-retry", list(range(6)))
+    seen: list[tuple[int, int]] = []
+
+    def handler(message: Message) -> None:
+        seen.append((message.data, message.retry_count))
+        if message.data == 2 and message.retry_count < 2:
+            raise RuntimeError("not yet")
+
+    stats = await queen.consume("ordered-retry", handler, max_messages=8)
+    # 3..5 were handed back untouched (no retry spent) and come after 2's redeliveries.
+    assert seen == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0), (4, 0), (5, 0)]
+    assert (stats.completed, stats.failed, stats.ack_errors) == (6, 2, 0)
+    assert len(await queen.pop("ordered-retry")) == 0
+
+
+async def test_poison_message_mid_batch_is_dead_lettered_and_the_rest_handled(
+    queen: Client
+) -> None:
+    await queen.configure("poison-mid", retry_limit=1)
+    await queen.push_many("poison-mid", ["ok-1", "poison", "ok-2"])
+    seen: list[str] = []
+
+    def handler(message: Message) -> None:
+        seen.append(message.data)
+        if message.data == "poison":
+            raise ValueError("cannot parse")
+
+    stats = await queen.consume("poison-mid", handler, max_messages=4)
+    assert seen == ["ok-1", "poison", "poison", "ok-2"]
+    assert (stats.completed, stats.failed) == (2, 2)
+    [letter] = [d async for d in queen.dlq.list("poison-mid")]
+    assert (letter.data, letter.error) == ("poison", "ValueError: cannot parse")
+    assert len(await queen.pop("poison-mid")) == 0
+
+
+async def test_cancelling_mid_batch_redelivers_only_unfinished_messages(queen: Client) -> None:
+    await queen.push_many("crash", list(range(10)))
+    finished: list[int] = []
+
+    with trio.CancelScope() as scope:
+        async def handler(message: Message) -> None:
+            if message.data == 5:
+                scope.cancel()  # the consumer dies while handling 5
+                await trio.sleep(1)
+            finished.append(message.data)
+
+        await queen.consume("crash", handler)
+    assert finished == [0, 1, 2, 3, 4]
+    # At once, not after the lease: 0-4 were settled on the way out, 5-9 given back.
+    again = await queen.pop("crash", batch=100)
+    assert [(m.data, m.retry_count) for m in again] == [(n, 0) for n in range(5, 10)]
+
+
+async def test_two_consumers_of_one_group_never_handle_a_message_twice(queen: Client) -> None:
+    for p in range(6):
+        await queen.push_many("shared", [f"{p}:{n}" for n in range(200)], partition=f"p{p}")
+    handled: list[tuple[int, str]] = []
+
+    def recorder(who: int) -> Any:
+        async def handler(message: Message) -> None:
+            handled.append((who, message.data))
+            await trio.lowlevel.checkpoint()  # let the other consumer in
+        return handler
+
+    async with trio.open_nursery() as nursery:
+        for who in (1, 2):
+            nursery.start_soon(functools.partial(queen.consume, "shared", recorder(who),
+                                                 group="workers", idle_timeout="500ms"))
+    data = [d for _, d in handled]
+    assert len(data) == len(set(data)) == 1200
+    assert {who for who, _ in handled} == {1, 2}  # both took part
+    for p in range(6):  # each partition in order
+        assert [int(d.split(":")[1]) for d in data if d.startswith(f"{p}:")] == list(range(200))
+
+
+async def test_one_consume_serves_every_partition_in_parallel_each_in_order(
+    queen: Client
+) -> None:
+    for n in range(20):
+        for p in ("a", "b", "c", "d"):
+            await queen.push("fan", {"p": p, "n": n}, partition=p)
+    in_flight, peak = 0, 0
+    order: dict[str, list[int]] = {}
+
+    async def handler(message: Message) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        order.setdefault(message.data["p"], []).append(message.data["n"])
+        await trio.sleep(0.005)
+        in_flight -= 1
+
+    stats = await queen.consume("fan", handler, max_messages=80)
+    assert stats.completed == 80
+    assert order == {p: list(range(20)) for p in "abcd"}
+    assert peak == 4  # the default concurrency: all four partitions at once
+
+
+async def test_settle_and_pop_reports_refused_acks_and_still_pops(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    import httpx
+
+    await queen.configure("refused", lease_time=1)
+    await queen.push("refused", "first")
+    first = await pop_one(queen, "refused")
+    await trio.sleep(1.2)  # its lease expires ...
+    again = await pop_one(queen, "refused")  # ... and another consumer has it
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        entry = {"transactionId": first.transaction_id, "partitionId": first.partition_id,
+                 "leaseId": first.lease_id, "status": "completed"}
+        r = await http.post("/api/v1/pop/queue/refused", params={"batch": 5},
+                            json={"acknowledgments": [entry]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["acks"] == [] and body["ackError"]["status"] == 409
+        assert body["ackError"]["error"] == "lease_lost"
+        assert body["messages"] == [] and body["partition"] is None  # leased to the other
+        # The other consumer settles through the same route and gets nothing more.
+        entry = {**entry, "leaseId": again.lease_id}
+        r = await http.post("/api/v1/pop/queue/refused/partition/Default",
+                            json={"acknowledgments": [entry]})
+        assert [a["leaseReleased"] for a in r.json()["acks"]] == [True]
+        assert "ackError" not in r.json()
+        # A body that is not acknowledgements is the client's mistake: 400, nothing done.
+        await queen.push("refused", "second")
+        r = await http.post("/api/v1/pop/queue/refused", json={"acknowledgments": "all"})
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_body")
+        r = await http.post("/api/v1/pop/queue/refused")  # no body: a plain pop
+        assert [m["data"] for m in r.json()["messages"]] == ["second"]
