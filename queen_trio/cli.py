@@ -13,7 +13,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import __version__, cli_client
 from .config import Settings, load_settings
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-def _with_database(settings: Settings, command) -> int:  # type: ignore[no-untyped-def]
+def _with_database(settings: Settings, command: Callable[[Settings], int]) -> int:
     """Run ``command(settings)`` against the configured or the embedded database."""
     if settings.database_url is not None:
         return command(settings)
@@ -238,7 +239,7 @@ def _unset(value: int | None) -> int | None:
     return None if value is None or value == -1 else value
 
 
-def _print_tenants(rows: list[dict]) -> None:  # type: ignore[type-arg]
+def _print_tenants(rows: list[dict[str, Any]]) -> None:
     def limit(v: object) -> str:
         return "unlimited" if v is None else str(v)
 
@@ -260,6 +261,11 @@ class _StopRequests:
         self.requested = True
         log.info("received %s", signal.Signals(signum).name)
 
+    def asked(self) -> bool:
+        # A bound method, not ``lambda: stop.requested``: after ``if stop.requested: return``
+        # mypy types such a lambda as always returning False.
+        return self.requested
+
 
 def _serve(settings: Settings, stop: _StopRequests) -> int:
     import psycopg
@@ -272,9 +278,9 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
     if settings.workers > 1 and settings.listen_fd is None:
         from .workers import Supervisor
 
-        return Supervisor(settings, lambda: stop.requested).run()
+        return Supervisor(settings, stop.asked).run()
     try:
-        trio.run(serve_until_signalled, settings, lambda: stop.requested)
+        trio.run(serve_until_signalled, settings, stop.asked)
     except psycopg.OperationalError as exc:
         print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
         return EXIT_FAILURE

@@ -43,7 +43,7 @@ exit codes:
 """
 
 
-def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the client commands to the ``queen-trio`` parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, metavar="URL[,URL…]",

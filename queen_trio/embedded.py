@@ -167,6 +167,8 @@ class EmbeddedPostgres:
         )
 
         entry = ensure_user_exists(_SYSTEM_USER)
+        if entry is None:  # it creates the user when missing; None would be its bug
+            raise EmbeddedPostgresError(f"could not create the system user {_SYSTEM_USER!r}")
         ensure_prefix_permissions(bin_dir)
         ensure_folder_permissions(bin_dir, 0o055)
         ensure_folder_permissions(bin_dir.parent / "lib", 0o044)

@@ -19,6 +19,8 @@ and a stable snake_case code in exactly one place.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class QueenError(Exception):
     """Base class of every error raised on purpose by queen-trio."""
@@ -55,7 +57,7 @@ class ClientError(QueenError):
 
     status = 400
 
-    def __init__(self, code: str, message: str, *, status: int | None = None, **extra: object):
+    def __init__(self, code: str, message: str, *, status: int | None = None, **extra: Any):
         super().__init__(message)
         self.code = code
         self.message = message

@@ -74,17 +74,17 @@ class _StatisticsCollector(Collector):
                 value=s.discarded_total,
             )
         if self._listener is not None:
-            s = self._listener()
+            ls = self._listener()
             yield GaugeMetricFamily(
                 "queen_listener_connected", "1 while the LISTEN connection is up",
-                value=int(s.connected),
+                value=int(ls.connected),
             )
             yield CounterMetricFamily(
-                "queen_listener_reconnects", "LISTEN reconnections", value=s.reconnects_total
+                "queen_listener_reconnects", "LISTEN reconnections", value=ls.reconnects_total
             )
             yield CounterMetricFamily(
                 "queen_listener_notifications", "NOTIFY messages received",
-                value=s.notifications_total,
+                value=ls.notifications_total,
             )
 
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from quart_trio import QuartTrio
 
 from .api import create_app
 from .config import Settings
@@ -142,7 +143,7 @@ async def run_broker(
 
 
 async def _serve_http(
-    app: object,
+    app: QuartTrio,
     settings: Settings,
     shutdown_trigger: Callable[[], Awaitable[None]],
     done: trio.Event,

@@ -154,7 +154,7 @@ def execute(
     answer; a cancel that finds nothing (absent) does not.
     """
     ceiling = limits.message_ceiling
-    results = []
+    results: list[Any] = []  # per operation type: Appended, AckResult, Put or bool
     for op in bundle.operations:
         try:
             if op.type == "push":

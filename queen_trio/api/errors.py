@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from quart import Quart, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import ClientError, DatabaseUnavailable
 
@@ -91,7 +91,7 @@ def install_error_handlers(app: Quart) -> None:
         if status == 404:
             message = f"no route for {request.method} {request.path}"
         response = error_response(status, code, message)
-        if status == 405 and getattr(exc, "valid_methods", None):
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         if status in (408, 413):
             # The rest of the body was never read: the connection cannot carry another

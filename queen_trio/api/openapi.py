@@ -73,9 +73,10 @@ _SETTLE_AND_POP_RESPONSES = {
 def _timer_paths() -> dict[str, Any]:
     key_params = [_path_param("queue", "destination queue"),
                   _path_param("key", "the timer's name (rest of the path, may contain '/')")]
-    schedule_body = {"type": "object", "required": ["delayMs", "payload"], "properties": {
-        "delayMs": {"type": "integer", "description": "relative delay in ms; <= 0 fires now"},
-        "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
+    schedule_body: dict[str, Any] = {
+        "type": "object", "required": ["delayMs", "payload"], "properties": {
+            "delayMs": {"type": "integer", "description": "relative delay in ms; <= 0 fires now"},
+            "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
         "additionalProperties": False}
     answer = _json({"$ref": "#/components/schemas/TimerAnswer"},
                    "scheduled | rescheduled | cancelled | absent | too_late")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import Counter
 from quart import Blueprint, Response, current_app, jsonify
 
 from .. import transactions
@@ -29,7 +30,7 @@ def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
     return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
 
 
-def _timer_counter(broker: BrokerContext, action: str):  # type: ignore[no-untyped-def]
+def _timer_counter(broker: BrokerContext, action: str) -> Counter:
     metrics = broker.metrics
     return metrics.timers_scheduled if action == "schedule" else metrics.timers_cancelled
 

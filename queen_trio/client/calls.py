@@ -123,17 +123,21 @@ def push_item(queue: str, payload: Any, partition: str | None, txn: str | None) 
     return item
 
 
-def push(items: Sequence[dict[str, Any]]) -> Call[tuple[m.PushResult, ...]]:
+def _push(items: Sequence[dict[str, Any]], parse: Callable[[Any], T]) -> Call[T]:
     if not items:
         raise ValueError("push needs at least one item")
     # Only client-chosen transactionIds make a repeated push recognisable as a duplicate.
     safe = all("transactionId" in i for i in items)
-    return Call("POST", f"{API}/push", lambda w: tuple(m.PushResult.from_wire(r) for r in w),
-                safe, body={"items": list(items)})
+    return Call("POST", f"{API}/push", parse, safe, body={"items": list(items)})
+
+
+def push(items: Sequence[dict[str, Any]]) -> Call[tuple[m.PushResult, ...]]:
+    return _push(items, lambda w: tuple(m.PushResult.from_wire(r) for r in w))
 
 
 def push_one(item: dict[str, Any]) -> Call[m.PushResult]:
-    return dataclasses.replace(push([item]), parse=lambda w: m.PushResult.from_wire(w[0]))
+    # The same request as push([item]); only the answer is read as one result.
+    return _push([item], lambda w: m.PushResult.from_wire(w[0]))
 
 
 def _pop_path(queue: str, partition: str | None) -> str:

@@ -120,7 +120,8 @@ def error_from_response(response: Reply) -> ApiError:
             pass
     status = response.status_code
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
-    code = body.get("error") if isinstance(body.get("error"), str) else f"http_{status}"
+    error = body.get("error")
+    code = error if isinstance(error, str) else f"http_{status}"
     message = body.get("message")
     if not isinstance(message, str):
         message = response.reason_phrase

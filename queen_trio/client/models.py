@@ -7,9 +7,10 @@ The enums are ``StrEnum``\\s, so ``result.status == "scheduled"`` holds as well 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -41,6 +42,10 @@ class AckStatus(StrEnum):
     DLQ = "dlq"        # dead-letter it now
 
 
+@overload
+def parse_time(text: str) -> datetime: ...
+@overload
+def parse_time(text: str | None) -> datetime | None: ...
 def parse_time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
 
@@ -152,7 +157,7 @@ class Batch:
     lease_id: str | None = None
     lease_expires_at: datetime | None = None
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Message]:
         return iter(self.messages)
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -85,7 +85,7 @@ class Endpoints:
     """The base URLs in order of preference; after a failover the one that answered is
     preferred until it fails in turn."""
 
-    def __init__(self, urls: str | list[str] | tuple[str, ...]) -> None:
+    def __init__(self, urls: str | Sequence[str]) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise ValueError("at least one broker URL is needed")

@@ -15,6 +15,7 @@ Consumers re-read the database when they see it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import random
 from collections.abc import Iterable, Iterator
@@ -35,21 +36,19 @@ class Notification:
     pid: int
 
 
-class _Missed:
-    """Marker: notifications may have been lost; re-read the state they describe."""
+class _Missed(enum.Enum):
+    """Marker: notifications may have been lost; re-read the state they describe.
 
-    _instance: _Missed | None = None
+    A one-member enum, so that ``item is MISSED`` narrows ``Notification | _Missed`` for
+    mypy."""
 
-    def __new__(cls) -> _Missed:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    MISSED = "MISSED"
 
     def __repr__(self) -> str:
         return "MISSED"
 
 
-MISSED: Final = _Missed()
+MISSED: Final = _Missed.MISSED
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,7 +139,9 @@ class Listener:
             subscribers=sum(len(s) for s in self._subscriptions.values()),
         )
 
-    async def run(self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED):
+    async def run(
+        self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Listen until cancelled, reconnecting with jittered exponential backoff.
 
         The first connection must succeed (a broker that cannot LISTEN should not start);

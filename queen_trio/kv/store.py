@@ -11,6 +11,7 @@ import psycopg
 import trio
 
 from ..db import Database, queries
+from ..db.rows import one
 from ..db.transient import every
 from ..errors import NotFound, ValidationError
 from ..log.store import add_usage
@@ -47,7 +48,7 @@ def put(
     params = {"tenant_id": tenant_id, "namespace": namespace, "key": key, "value": text,
               "ttl_s": ttl_s}
     old = raw.execute(Q.lock_existing, params).fetchone()
-    row = raw.execute(Q.put, params).fetchone()
+    row = one(raw.execute(Q.put, params))
     add_usage(raw, tenant_id, row["size_bytes"] - (old["size_bytes"] if old else 0))
     return Put(namespace, key, row["expires_at"], created=old is None or old["expired"])
 

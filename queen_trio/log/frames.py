@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from ..db import queries
+from ..db.rows import one
 from .segments import DecodedSegment, Frame, SegmentCache, decode
 
 Q = queries.load("log")
@@ -65,11 +66,11 @@ def read(
     if head and head[0]["offset"] == from_offset:
         return [_head_frame(row) for row in head]
 
-    where = raw.execute(
+    where = one(raw.execute(
         Q.sealed_range,
         {"partition_id": partition_id, "group": group, "from_offset": from_offset,
          "to_offset": from_offset + count, "limit": _MAX_SEGMENTS_PER_READ},
-    ).fetchone()
+    ))
     sealed = _read_sealed(raw, partition_id, from_offset, count, where["firsts"], cache)
     if not sealed:
         return []

@@ -30,6 +30,7 @@ import trio
 
 from ..config import Settings
 from ..db import Database, queries
+from ..db.rows import one
 from ..db.transient import TRANSIENT_ERRORS
 from ..metrics import BrokerMetrics
 from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
@@ -80,8 +81,8 @@ def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_R
 
 
 def _try_lock(raw: Raw, partition_id: uuid.UUID) -> bool:
-    row = raw.execute(Q.try_lock_partition,
-                      {"lock_space": LOCK_SPACE, "partition_id": partition_id}).fetchone()
+    row = one(raw.execute(Q.try_lock_partition,
+                          {"lock_space": LOCK_SPACE, "partition_id": partition_id}))
     return bool(row["locked"])
 
 
@@ -111,14 +112,14 @@ def seal_partition(raw: Raw, partition_id: uuid.UUID, policy: SealPolicy) -> Sea
     data = encode(chosen, policy.zstd_level)
     first, last = chosen[0].offset, chosen[-1].offset
     raw_bytes = sum(f.size_bytes for f in chosen)
-    stored = raw.execute(Q.insert_segment, {
+    stored = one(raw.execute(Q.insert_segment, {
         "partition_id": partition_id, "first_offset": first, "last_offset": last,
         "tenant_id": rows[0]["tenant_id"], "frame_count": n, "raw_bytes": raw_bytes,
         "first_created_at": _instant(chosen[0].created_us),
         "last_created_at": _instant(chosen[-1].created_us),
         "transaction_ids": [f.transaction_id for f in chosen], "codec": CODEC_ZSTD,
         "data": data,
-    }).fetchone()["stored_bytes"]
+    }))["stored_bytes"]
     deleted = raw.execute(Q.delete_sealed_head, {"partition_id": partition_id,
                                                  "first_offset": first, "last_offset": last})
     if deleted.rowcount != n:  # cannot happen under the lock; refuse to half-seal if it does

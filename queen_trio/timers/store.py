@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from ..db import queries
+from ..db.rows import one
 from ..log import rules as log_rules
 from ..log import store as log_store
 from . import rules
@@ -51,11 +52,11 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
 
     One statement: it may run in autocommit as its own transaction."""
     blob, size, compressed = rules.pack(s.payload)
-    row = raw.execute(Q.schedule_one, {
+    row = one(raw.execute(Q.schedule_one, {
         "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
         "txn": s.txn or log_rules.new_transaction_id(), "payload": blob, "zstd": compressed,
         "bytes": size, "delay": s.delay_ms, "notify_within_ms": notify_within_ms,
-    }).fetchone()
+    }))
     return _outcome(s, row)
 
 
@@ -304,7 +305,7 @@ def release(raw: Raw, token: uuid.UUID) -> int:
 
 
 def pending_count(raw: Raw) -> int:
-    return raw.execute(Q.pending_count).fetchone()["n"]
+    return one(raw.execute(Q.pending_count))["n"]
 
 
 def next_due(raw: Raw) -> NextDue | None:

@@ -1,0 +1,20 @@
+"""Reading the one row of a statement that always returns exactly one."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import psycopg
+
+Row = TypeVar("Row")
+
+
+def one(cursor: psycopg.Cursor[Row]) -> Row:
+    """The row of a statement that returns exactly one (an aggregate, an upsert's RETURNING, a
+    function call). No row there is a bug in the statement: said so, rather than a TypeError
+    on ``None`` further on."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError(f"expected one row, the statement returned none "
+                           f"({cursor.statusmessage})")
+    return row
