@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from ..db import queries
+from ..db.rows import one
 from ..errors import Conflict, NotFound
 from . import frames as log_frames
 from . import rules
@@ -120,7 +121,7 @@ def _lock_partitions(
     raw: Raw, tenant_id: int, pairs: list[tuple[str, str]]
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Lock the (queue, partition) rows, creating the missing ones first."""
-    params = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
+    params: dict[str, Any] = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
               "names": [p for _, p in pairs]}
     rows = raw.execute(Q.lock_partitions, params).fetchall()
     if len(rows) < len(pairs):  # first frames of a queue or partition
@@ -156,9 +157,8 @@ def to_json(value: Any) -> str:
 
 
 def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dict[str, Any]:
-    row = raw.execute(
-        Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}
-    ).fetchone()
+    row = one(raw.execute(
+        Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
     raw.execute(
         Q.ensure_partitions,
         {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
@@ -345,10 +345,9 @@ def _pop_partition(
     cursor_key = {**key, "committed": committed, "acked_ahead": ahead_left}
     if picked and not req.auto_ack:
         # (take_lease also turns off the synchronous commit of this transaction.)
-        lease = raw.execute(
+        lease = one(raw.execute(
             Q.take_lease,
-            {**cursor_key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset},
-        ).fetchone()
+            {**cursor_key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset}))
         batch = PopBatch(req.queue, cand["name"], pid, req.group, lease["lease_id"],
                          lease["lease_expires_at"], picked, skip)
         return batch, None, skip
@@ -388,13 +387,12 @@ def _dead_letter(
         if found is None:
             return False  # retention dropped it meanwhile: nothing left to keep
         frame = found
-    row = raw.execute(
+    row = one(raw.execute(
         Q.dead_letter_frame,
         {"tenant_id": tenant_id, "partition_id": partition_id, "group": group,
          "offset": frame.offset, "transaction_id": frame.transaction_id,
          "payload": to_json(frame.payload), "size_bytes": frame.size_bytes,
-         "created_at": frame.created_at, "retry_count": retry_count, "error": error},
-    ).fetchone()
+         "created_at": frame.created_at, "retry_count": retry_count, "error": error}))
     add_usage(raw, tenant_id, row["size_bytes"])
     return True
 
@@ -536,9 +534,8 @@ def _ack_partition(
             out[position] = result(released=True)
             continue
         if a.status == "failed":
-            count = raw.execute(
-                Q.bump_retry, {**key, "offset": offset, "error": a.error}
-            ).fetchone()["retry_count"]
+            count = one(raw.execute(
+                Q.bump_retry, {**key, "offset": offset, "error": a.error}))["retry_count"]
             if count <= info["retry_limit"]:
                 release = True  # redelivered from the cursor on the next pop
                 out[position] = result(released=True)
@@ -546,9 +543,9 @@ def _ack_partition(
             dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset, count,
                                 a.error or "retries exhausted")
         elif a.status == "dlq":
-            row = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
+            counted = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
             dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset,
-                                row["retry_count"] if row else 0,
+                                counted["retry_count"] if counted else 0,
                                 a.error or "sent to dead letters")
         ahead.add(offset)
         committed, remaining = advance(committed, ahead)
@@ -635,7 +632,7 @@ def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
         "queue": queue,
         "partitions": raw.execute(Q.queue_partitions, key).fetchall(),
         "cursors": raw.execute(Q.queue_cursors, key).fetchall(),
-        "dead_letters": raw.execute(Q.queue_dead_letter_count, key).fetchone()["n"],
+        "dead_letters": one(raw.execute(Q.queue_dead_letter_count, key))["n"],
     }
 
 
