@@ -1,4 +1,4 @@
-"""Due instants kept apart: what "idle" means in SPEC §4 and in the timer issues.
+"""Due instants kept apart: what "idle" means in the README's figures and the timer issues.
 
 An idle broker sees timers come due one at a time. Random delays alone do not give that: two
 timers due a few milliseconds apart make the second wait for QUEEN_SWEEPER_MIN_SLEEP_MS after

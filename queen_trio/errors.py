@@ -9,12 +9,14 @@
      │    └── MigrationError         schema/ is inconsistent with the database
      ├── EmbeddedPostgresError  the embedded server could not be prepared or started
      └── ClientError            the request cannot be honoured as sent (maps to a 4xx)
-          ├── ValidationError        malformed or out-of-range input (400, 413 for size)
+          ├── ValidationError        malformed or out-of-range input (400)
+          │    └── PayloadTooLarge       a payload or value above its byte ceiling (413)
           ├── NotFound               the named resource does not exist for this tenant (404)
           └── Conflict               the resource is in a state that forbids it (409)
 
-HTTP-facing errors live in :mod:`queen_trio.api.errors`; they map domain errors to a status
-and a stable snake_case code in exactly one place.
+:data:`HTTP_STATUS` is the one mapping from these kinds to HTTP statuses: an error's status
+is its class's, never set where it is raised. :mod:`queen_trio.api.errors` answers each with
+that status and the error's stable snake_case ``code``.
 """
 
 from __future__ import annotations
@@ -55,24 +57,51 @@ class EmbeddedPostgresError(QueenError):
 class ClientError(QueenError):
     """The client's request cannot be honoured as sent; the API answers a 4xx with ``code``."""
 
-    status = 400
-
-    def __init__(self, code: str, message: str, *, status: int | None = None, **extra: Any):
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.extra = extra
-        if status is not None:
-            self.status = status
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this error is answered with (from :data:`HTTP_STATUS`)."""
+        return http_status(type(self))
 
 
 class ValidationError(ClientError):
-    status = 400
+    """Malformed or out-of-range input."""
+
+
+class PayloadTooLarge(ValidationError):
+    """A payload or value is above its byte ceiling (code ``payload_too_large``)."""
 
 
 class NotFound(ClientError):
-    status = 404
+    """The named resource does not exist for this tenant."""
 
 
 class Conflict(ClientError):
-    status = 409
+    """The resource is in a state that forbids the request."""
+
+
+#: The HTTP status of each kind of error the API answers on purpose; every class that can
+#: reach a client is listed itself (tests/unit/test_errors.py holds the package to that).
+#: Other errors are answered 500 ``internal_error``.
+HTTP_STATUS: dict[type[QueenError], int] = {
+    ClientError: 400,
+    ValidationError: 400,
+    PayloadTooLarge: 413,
+    NotFound: 404,
+    Conflict: 409,
+    DatabaseUnavailable: 503,
+}
+
+
+def http_status(kind: type[QueenError]) -> int:
+    """The status :data:`HTTP_STATUS` gives ``kind`` (or its nearest listed base class)."""
+    for cls in kind.__mro__:
+        status = HTTP_STATUS.get(cls)
+        if status is not None:
+            return status
+    return 500

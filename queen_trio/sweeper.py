@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from typing import Literal
 
 import trio
 
@@ -60,6 +61,62 @@ _LOOK_AHEAD_S = 0.01
 _DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
 TRANSIENT = TRANSIENT_ERRORS
+
+
+#: Why a cycle starts when it does. "deadline", "max_sleep" and "notify" are the reasons counted
+#: in ``queen_sweeper_wakeups``; "min_sleep", "backlog" and "start" are never waited out.
+Reason = Literal["deadline", "max_sleep", "notify", "min_sleep", "backlog", "start"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """The sweeper's next cycle: when it starts and what it is for."""
+
+    start_at: float  # trio clock; -inf: at once
+    # The database instant start_at stands for (the due instant of the timer the cycle is
+    # for), if any: the sweep is sent with it as not_before.
+    due_db: float | None
+    # "deadline": the earliest timer the last sweep saw; "max_sleep": none sooner than
+    # MAX_SLEEP; "notify": a NOTIFY of a sooner timer (or of missed ones); "min_sleep": held
+    # back to MIN_SLEEP after the last cycle's start; "backlog": the last batch was full.
+    reason: Reason
+    # Wake _LOOK_AHEAD_S early to look up where the timer due at due_db will land.
+    look_ahead: bool = False
+    # That timer, as looked up: announced to the parked pops when the cycle starts.
+    upcoming: store.NextDue | None = None
+
+
+_FIRST = Plan(-math.inf, None, "start")
+_BACKLOG = Plan(-math.inf, None, "backlog")
+
+
+def next_plan(
+    *, now: float, last_start: float, full: bool, due_at: float | None, due_db: float | None,
+    min_sleep: float, max_sleep: float, announcing: bool,
+) -> Plan:
+    """The next cycle, planned when a cycle that started at ``last_start`` returns at ``now``
+    (trio clock). ``full``: its batch was full (a backlog is draining: go on at once). Else
+    the next is at the earliest timer it saw (due at ``due_at``, trio clock, which is
+    ``due_db`` on the database's) if that comes before ``now + max_sleep``, else at MAX_SLEEP.
+    ``announcing``: the sweeper tells parked pops of a timer about to fire; a plan looks ahead
+    for it unless the cycle falls at the MIN_SLEEP floor (then, under load, the cycle is the
+    floor's, not a timer's). NOTIFYs may bring the plan forward while the sweeper sleeps;
+    :func:`floored` keeps it MIN_SLEEP after ``last_start``."""
+    if full:
+        return _BACKLOG
+    if due_at is not None and due_at < now + max_sleep:
+        return Plan(due_at, due_db, "deadline", announcing and due_at > last_start + min_sleep)
+    return Plan(now + max_sleep, None, "max_sleep", announcing)
+
+
+def floored(plan: Plan, last_start: float, min_sleep: float) -> Plan:
+    """``plan``, or a cycle ``min_sleep`` after ``last_start`` if it would start sooner (not
+    for a timer then: nothing to wait for in the backend, nothing to announce). A backlog
+    drains back to back."""
+    floor = last_start + min_sleep
+    if floor > plan.start_at and plan.reason != "backlog":
+        return Plan(floor, None, "min_sleep")
+    return plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,103 +185,95 @@ class Sweeper:
                 self._alive = False
 
     async def _loop(self, notifications: trio.MemoryReceiveChannel) -> None:
-        last_start = -math.inf
-        start_at = -math.inf  # trio clock: when the next cycle should run
-        due_db: float | None = None  # the database instant start_at stands for, if one does
-        upcoming: store.NextDue | None = None  # the timer due at due_db, looked up ahead
+        last_start = -math.inf  # trio clock: when the last cycle started
+        plan = _FIRST
+        announcing = self._announce_fire is not None
         while True:
-            floor = last_start + self._min_sleep
-            if floor > start_at:
-                start_at, due_db, upcoming = floor, None, None
+            plan = floored(plan, last_start, self._min_sleep)
+            start_at = plan.start_at
             await trio.sleep_until(start_at - _EARLY_SEND_S)
             now = trio.current_time()
             last_start = max(start_at, now)
             self._last_cycle_at = last_start
             self._cycles += 1
-            if upcoming is not None:
+            announced = plan.upcoming
+            if announced is not None:
                 assert self._announce_fire is not None
-                self._announce_fire(upcoming, start_at)
-            announced, upcoming = upcoming, None
-            for_timer = due_db is not None
-            if due_db is None and start_at > now:
-                due_db = self._db_instant(start_at)
+                self._announce_fire(announced, start_at)
+            not_before = plan.due_db
+            if not_before is None and start_at > now:
+                not_before = self._db_instant(start_at)
             try:
-                result = await self._cycle(not_before=due_db, announced=announced,
-                                           for_timer=for_timer)
+                result = await self._cycle(not_before=not_before, announced=announced,
+                                           for_timer=plan.due_db is not None)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
-                start_at, due_db, _ = await self._sleep_or_wake(
-                    notifications, trio.current_time() + self._max_sleep, None)
+                plan = await self._sleep_or_wake(
+                    notifications, Plan(trio.current_time() + self._max_sleep, None, "max_sleep"))
                 continue
-            if len(result.fired) + len(result.rows) >= self._settings.sweeper_batch:
-                start_at, due_db = -math.inf, None  # a backlog is draining: go on at once
-                last_start = -math.inf
+            full = len(result.fired) + len(result.rows) >= self._settings.sweeper_batch
+            due_db = None if full else result.next_due
+            plan = next_plan(
+                now=trio.current_time(), last_start=last_start, full=full,
+                due_at=None if due_db is None else self._local_deadline(due_db), due_db=due_db,
+                min_sleep=self._min_sleep, max_sleep=self._max_sleep, announcing=announcing,
+            )
+            if full:
                 continue
-            deadline, due_db = trio.current_time() + self._max_sleep, None
-            reason_deadline = "max_sleep"
-            if result.next_due is not None:
-                due_deadline = self._local_deadline(result.next_due)
-                if due_deadline < deadline:
-                    deadline, due_db, reason_deadline = due_deadline, result.next_due, "deadline"
-            if self._announce_fire is None or (due_db is not None
-                                               and deadline <= last_start + self._min_sleep):
-                # (At the MIN_SLEEP floor, under load, the cycle is the floor's, not a timer's:
-                # nothing to announce.)
-                start_at, due_db, woke = await self._sleep_or_wake(notifications, deadline,
-                                                                   due_db)
+            if plan.look_ahead:
+                plan = await self._sleep_and_look_up(notifications, plan)
             else:
-                start_at, due_db, woke, upcoming = await self._sleep_and_look_up(
-                    notifications, deadline, due_db)
-            self._metrics.sweeper_wakeups.labels(woke or reason_deadline).inc()
+                plan = await self._sleep_or_wake(notifications, plan)
+            self._metrics.sweeper_wakeups.labels(plan.reason).inc()
 
     async def _sleep_and_look_up(
-        self, notifications: trio.MemoryReceiveChannel, deadline: float, due_db: float | None
-    ) -> tuple[float, float | None, str | None, store.NextDue | None]:
+        self, notifications: trio.MemoryReceiveChannel, plan: Plan
+    ) -> Plan:
         """:meth:`_sleep_or_wake`, looking up a little ahead where the timer due at the end
         will land (off the path of the sweep itself). A NOTIFY of a sooner timer after the
         look-up cancels it."""
-        start_at, due_db, woke = await self._sleep_or_wake(
-            notifications, deadline, due_db, lead_s=_EARLY_SEND_S + _LOOK_AHEAD_S)
-        if start_at <= trio.current_time():
-            return start_at, due_db, woke, None  # deaf for a while: sweep now
-        planned, upcoming = due_db, None
+        plan = await self._sleep_or_wake(notifications, plan,
+                                         lead_s=_EARLY_SEND_S + _LOOK_AHEAD_S)
+        if plan.start_at <= trio.current_time():
+            return plan  # deaf for a while: sweep now
+        planned, upcoming = plan.due_db, None
         if planned is not None:
             # Never at the sweep's expense: a look-up that has not answered by the send is
             # dropped (the database is slow, or its answers are not reaching us).
-            with trio.move_on_at(start_at - _EARLY_SEND_S):
+            with trio.move_on_at(plan.start_at - _EARLY_SEND_S):
                 upcoming = await self._look_up(planned)
-        start_at, due_db, woke_again = await self._sleep_or_wake(notifications, start_at, due_db)
-        if due_db != planned:
-            upcoming = None
-        return start_at, due_db, woke or woke_again, upcoming
+        plan = await self._sleep_or_wake(notifications, plan)
+        if upcoming is None or plan.due_db != planned:
+            return plan
+        return Plan(plan.start_at, planned, plan.reason, plan.look_ahead, upcoming)
 
     async def _sleep_or_wake(
-        self, notifications: trio.MemoryReceiveChannel, deadline: float, due_db: float | None,
+        self, notifications: trio.MemoryReceiveChannel, plan: Plan,
         *, lead_s: float = _EARLY_SEND_S,
-    ) -> tuple[float, float | None, str | None]:
-        """Sleep until ``lead_s`` before ``deadline`` (which stands for the database instant
-        ``due_db``, if any), brought forward by NOTIFYs of sooner timers.
+    ) -> Plan:
+        """Sleep until ``lead_s`` before ``plan.start_at``, brought forward by NOTIFYs of
+        sooner timers.
 
-        Returns the (possibly earlier) deadline and its database instant, and "notify" if a
-        notification decided it, None if the planned deadline stood.
+        Returns ``plan`` if it stood, else the plan for the soonest timer notified (reason
+        "notify"), or for an immediate cycle if notifications were missed.
         """
-        reason = None
+        deadline, due_db, notified = plan.start_at, plan.due_db, False
         while True:
             with trio.move_on_at(deadline - lead_s) as sleep:
                 item = await notifications.receive()
             if sleep.cancelled_caught:
-                return deadline, due_db, reason
+                return Plan(deadline, due_db, "notify", plan.look_ahead) if notified else plan
             if item is MISSED:
                 # A sooner timer may have been announced while we were deaf: look now.
-                return trio.current_time(), None, "notify"
+                return Plan(trio.current_time(), None, "notify")
             try:
                 announced = int(item.payload) / 1_000_000  # epoch µs, the database's clock
             except ValueError:
                 continue
             due = self._local_deadline(announced)
             if due < deadline:
-                deadline, due_db, reason = due, announced, "notify"
+                deadline, due_db, notified = due, announced, True
 
     async def _look_up(self, due_db: float) -> store.NextDue | None:
         """The timer due at ``due_db``: at the cycle, the pops parked on its queue are told it

@@ -64,7 +64,7 @@ class Limits:
 
 def _at(index: int, exc: ClientError) -> ClientError:
     """The same error, saying which operation it belongs to."""
-    return type(exc)(exc.code, f"operations[{index}]: {exc.message}", status=exc.status,
+    return type(exc)(exc.code, f"operations[{index}]: {exc.message}",
                      **{**exc.extra, "operation": index})
 
 

@@ -1,8 +1,9 @@
-"""HTTP errors: one JSON shape, one place that maps failures to statuses.
+"""HTTP errors: one JSON shape; the statuses of the broker's own errors come from one mapping.
 
 Every error answer is ``{"ok": false, "error": "<snake_case_code>", "message": "<text>"}``.
-Client mistakes get a 4xx with a stable code; anything unexpected is logged with its traceback
-and answered 500 ``internal_error`` without one.
+A domain error (:mod:`queen_trio.errors`) is answered with the status
+:data:`queen_trio.errors.HTTP_STATUS` gives its class and its stable code; client mistakes get
+a 4xx. Anything unexpected is logged with its traceback and answered 500 ``internal_error``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..errors import ClientError, DatabaseUnavailable
+from ..errors import ClientError, DatabaseUnavailable, http_status
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def install_error_handlers(app: Quart) -> None:
 
     @app.errorhandler(ClientError)
     async def _client_error(exc: ClientError) -> Response:
-        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+        return error_response(http_status(type(exc)), exc.code, exc.message, **exc.extra)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
@@ -102,7 +103,8 @@ def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(DatabaseUnavailable)
     async def _db_down(exc: DatabaseUnavailable) -> Response:
         log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
-        return error_response(503, "database_unavailable", "the database is unreachable; retry")
+        return error_response(http_status(type(exc)), "database_unavailable",
+                              "the database is unreachable; retry")
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:

@@ -1,4 +1,4 @@
-"""The fluent builders of SPEC §8, shared by the async and the sync client.
+"""The SDK's fluent builders (README, "Python SDK"), shared by the async and the sync client.
 
 Builders are immutable: every step returns a new builder, so a half-built one can be reused
 (``base = queen.timer("reminders")``, then ``base.key(a)…``, ``base.key(b)…``). Arguments are

@@ -13,7 +13,7 @@ import trio
 from ..db import Database, queries
 from ..db.rows import one
 from ..db.transient import every
-from ..errors import NotFound, ValidationError
+from ..errors import NotFound, PayloadTooLarge, ValidationError
 from ..log.store import add_usage
 
 Q = queries.load("kv")
@@ -41,9 +41,8 @@ def put(
     except UnicodeEncodeError:
         raise ValidationError("invalid_value", "value contains an unpaired surrogate") from None
     if size > ceiling:
-        raise ValidationError(
-            "payload_too_large", f"value is {size} bytes, above the {ceiling}-byte ceiling",
-            status=413,
+        raise PayloadTooLarge(
+            "payload_too_large", f"value is {size} bytes, above the {ceiling}-byte ceiling"
         )
     params = {"tenant_id": tenant_id, "namespace": namespace, "key": key, "value": text,
               "ttl_s": ttl_s}

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import PayloadTooLarge, ValidationError
 
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
@@ -120,10 +120,9 @@ def check_payload_size(payload: Any, ceiling: int, where: str) -> None:
             "invalid_payload", f"{where}: payload contains an unpaired UTF-16 surrogate"
         ) from None
     if size > ceiling:
-        raise ValidationError(
+        raise PayloadTooLarge(
             "payload_too_large",
             f"{where}: payload is {size} bytes, above the {ceiling}-byte message ceiling",
-            status=413,
         )
 
 

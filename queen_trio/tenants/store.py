@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from ..db import queries
-from ..errors import ClientError, NotFound, ValidationError
+from ..errors import Conflict, NotFound, ValidationError
 from . import tokens
 
 Q = queries.load("tenants")
@@ -46,7 +46,7 @@ def check_name(name: str) -> str:
 def create_tenant(raw: Raw, name: str) -> int:
     row = raw.execute(Q.create_tenant, {"name": check_name(name)}).fetchone()
     if row is None:
-        raise ClientError("tenant_exists", f"tenant {name!r} already exists", status=409)
+        raise Conflict("tenant_exists", f"tenant {name!r} already exists")
     return row["tenant_id"]
 
 

@@ -1,4 +1,4 @@
-"""Timer races against a real PostgreSQL and real broker processes (SPEC §3-§4).
+"""Timer races against a real PostgreSQL and real broker processes (README: "How a timer fires").
 
 What every test here defends is the one promise of the feature: a due timer becomes exactly one
 frame in the log — never two, never none — whatever else happens at the same time (a cancel or
@@ -571,12 +571,12 @@ async def _freeze_mid_fire(database_url: str, broker: BrokerProcess) -> None:
 async def test_a_broker_frozen_mid_fire_is_taken_over_and_appends_nothing_on_waking(
     database_url: str, path: str
 ) -> None:
-    """SPEC §4: a broker frozen mid-fire (SIGSTOP, a stalled VM) must not pin its rows past the
-    lease: the server ends its open fire transaction (broker path; on the postgres path the
-    fire is one statement, which the server finishes without its frozen client), another
-    broker takes the rows over, and the frozen one, when it wakes, appends nothing. (That it
-    also survives waking is checked
-    by test_a_broker_frozen_between_statements_of_a_fire_survives_waking.)"""
+    """A broker frozen mid-fire (SIGSTOP, a stalled VM) must not pin its rows past the
+    lease (README, "How a timer fires"): the server ends its open fire transaction (broker
+    path; on the postgres path the fire is one statement, which the server finishes without
+    its frozen client), another broker takes the rows over, and the frozen one, when it
+    wakes, appends nothing. (That it also survives waking is checked by
+    test_a_broker_frozen_between_statements_of_a_fire_survives_waking.)"""
     total = 3_000
     keys = [f"f{i}" for i in range(total)]
     expected = set(keys)
@@ -669,7 +669,9 @@ async def test_a_broker_frozen_between_statements_of_a_fire_survives_waking(
 ) -> None:
     """Freeze one broker (a few times) while its sweeper is between two statements of a fire,
     each time until the server has ended that transaction; the broker must wake and carry on
-    (the trouble is transient: SPEC §3-§4), and no timer may fire twice or get lost.
+    (the trouble is transient: the sweeper hands its claims back, spends no attempt and
+    sweeps again; see Sweeper._fire and Sweeper._loop), and no timer may fire twice or get
+    lost.
 
     Regression: the server's idle_in_transaction_session_timeout surfaces as SQLSTATE 25P03
     (an InternalError, not an OperationalError); before 1ec5d0a it escaped the sweeper and the

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from queen_trio.errors import ClientError, ValidationError
+from queen_trio.errors import ClientError, PayloadTooLarge, ValidationError
 from queen_trio.log import rules
 from queen_trio.log.rules import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -43,10 +43,10 @@ def test_validation_error_is_a_400_client_error() -> None:
     assert str(exc) == "some message"
 
 
-def test_validation_error_status_can_be_overridden() -> None:
-    exc = ValidationError("payload_too_large", "big", status=413)
-    assert exc.status == 413
-    assert ValidationError("x", "y").status == 400  # the override is per instance
+def test_a_payload_too_large_is_a_413_validation_error() -> None:
+    exc = PayloadTooLarge("payload_too_large", "big")
+    assert isinstance(exc, ValidationError) and exc.status == 413
+    assert ValidationError("x", "y").status == 400  # the status is the class's
 
 
 # --- queue names --------------------------------------------------------------------------
