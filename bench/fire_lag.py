@@ -90,6 +90,9 @@ from queen_trio.client.wire import LeanClient
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCENARIOS = ("idle", "steady", "burst", "api-load", "multi-broker", "cancel-race")
 WITH_PEER = ("idle", "steady", "burst")
+# Beside the verdict (``ours``: Client.consume() at its defaults), in the peer's scenarios: the
+# sync client's consume() and the wire-level consumer (see bench.fire_parties.CONSUMERS).
+OURS_BESIDE = ("ours-sync", "ours-wire")
 EXPLORE_MIN_SLEEP_MS = (1, 5, 10, 25)
 EXPLORE_BATCH = (100, 500, 2000)
 IDLE_SEED = 20250707
@@ -99,13 +102,13 @@ REQUEST_TIMEOUT_S = 30.0
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    idle_timers: int = 500
+    idle_timers: int = 300
     idle_spacing_s: float = 0.1
     idle_delay_ms: tuple[int, int] = (200, 3000)
     steady_rates: tuple[int, ...] = (1000, 500)
-    steady_seconds: int = 30
-    burst_timers: int = 100_000
-    peer_burst_timers: int = 100_000
+    steady_seconds: int = 20
+    burst_timers: int = 50_000
+    peer_burst_timers: int = 50_000
     load_rate: int = 500
     load_seconds: int = 20
     load_clients: int = 4  # pushers, and as many poppers
@@ -198,7 +201,7 @@ async def scenario_idle(party: Ours | Peer, ctx: Ctx, sizes: Sizes, *,
     why = None
     with ctx.limit(limit) as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(party.receive, queue, 100)
+            await nursery.start(party.receive, queue, 100)
             start = trio.current_time()
             for i in range(n):
                 await trio.sleep_until(start + i * spacing)
@@ -237,7 +240,7 @@ async def scenario_steady(party: Ours | Peer, ctx: Ctx, sizes: Sizes, rate: int,
         out["calibration_timers_per_s"] = round(calibrated)
         first_due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(party.receive, queue, 100)
+            await nursery.start(party.receive, queue, 100)
             t_sched = time.time()
             for b in range(0, n, 500):
                 now = time.time()
@@ -285,7 +288,7 @@ async def scenario_burst(party: Ours | Peer, ctx: Ctx, sizes: Sizes, n: int, wai
         out["calibration_timers_per_s"] = round(calibrated)
         due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(party.receive, queue, 1000)
+            await nursery.start(party.receive, queue, 1000)
             t_sched = time.time()
             for b in range(0, n, 500):
                 delay = round((due - time.time()) * 1000)
@@ -301,7 +304,13 @@ async def scenario_burst(party: Ours | Peer, ctx: Ctx, sizes: Sizes, n: int, wai
             cpu0, t0 = ctx.cpu.snapshot(), time.perf_counter()
             why = await wait_delivered(delivery, time.monotonic() + wait_s,
                                        stall_after=time.monotonic())
-            out["cpu_cores"] = ctx.cpu.cores(cpu0, ctx.cpu.snapshot(), time.perf_counter() - t0)
+            cpu1 = ctx.cpu.snapshot()
+            out["cpu_cores"] = ctx.cpu.cores(cpu0, cpu1, time.perf_counter() - t0)
+            if delivery.got_expected and "broker" in cpu1:
+                # Everything the service did for the burst (fires, pops, settlements) per
+                # timer handled: an upper bound of what consuming costs it.
+                out["service_cpu_ms_per_timer"] = round(
+                    (cpu1["broker"] - cpu0["broker"]) * 1000 / delivery.got_expected, 4)
             nursery.cancel_scope.cancel()
     out = await finish(party, ctx, name, queue, out, m0, why, scope, limit)
     out.update(drain(delivery))
@@ -322,6 +331,9 @@ def drain(delivery: Delivery) -> dict[str, Any]:
     if not dues or len(fired) < 2:
         return {}
     fired.sort()
+    handled = sorted(copies[0][0] for key, copies in delivery.frames.items()
+                     if key in delivery.expected)
+    handled_span = handled[-1] - handled[0]
     due = min(dues)
     span = fired[-1] - fired[0]
     complete = len(fired) == len(dues)
@@ -330,6 +342,9 @@ def drain(delivery: Delivery) -> dict[str, Any]:
         "deliver_at_spread_ms": round((max(dues) - due) * 1000, 1),
         "drained": len(fired),
         "drain_timers_per_s": round((len(fired) - 1) / span) if span > 0 else None,
+        # at the consumer: handler starts (ours) or job starts (the peer)
+        "handled_per_s": round((len(handled) - 1) / handled_span) if handled_span > 0 else None,
+        "last_handled_lag_s": round(handled[-1] - due, 3) if complete else None,
         "first_fire_after_due_s": round(fired[0] - due, 3),
         "last_timer_lag_s": round(fired[-1] - due, 3) if complete else None,
         "last_seen_lag_s": round(fired[-1] - due, 3),
@@ -446,7 +461,7 @@ async def scenario_cancel_race(party: Ours, ctx: Ctx, sizes: Sizes) -> dict[str,
 
     with ctx.limit(limit) as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(party.receive, queue, 100)
+            await nursery.start(party.receive, queue, 100)
             async with trio.open_nursery() as cancellers:
                 start = trio.current_time()
                 for i in range(sizes.cancel_timers):
@@ -534,7 +549,7 @@ async def _drive(unit: str, party: Ours | Peer, ctx: Ctx, sizes: Sizes) -> dict[
     return await drivers[unit](party, ctx, sizes)
 
 
-async def ours_unit(unit: str, urls: list[str], pids: list[int], cpu: PartyCpu,
+async def ours_unit(unit: str, party: str, urls: list[str], pids: list[int], cpu: PartyCpu,
                     failures: Failures, sizes: Sizes, database_url: str) -> dict[str, Any]:
     # The SDK's HTTP client (queen_trio.client.wire), as a user's consumer would have.
     clients = [LeanClient(url, timeout=REQUEST_TIMEOUT_S) for url in urls]
@@ -544,7 +559,8 @@ async def ours_unit(unit: str, urls: list[str], pids: list[int], cpu: PartyCpu,
         async with trio.open_nursery() as nursery:
             for pid in pids:
                 nursery.start_soon(watchdog, ctx, pid)
-            result = await run_driver(unit, Ours(apis, failures, database_url), ctx, sizes)
+            result = await run_driver(unit, Ours(apis, failures, database_url, party), ctx,
+                                      sizes)
             nursery.cancel_scope.cancel()
         result["broker_died"] = ctx.broker_died
         return result
@@ -576,13 +592,13 @@ def run_unit(server: Server, unit: str, party: str, sizes: Sizes, failures: Fail
              env: dict[str, str] | None = None) -> dict[str, Any]:
     """A fresh database, the party's processes on it, the scenario, the cleanup."""
     started = time.monotonic()
-    if party == "ours":
+    if party.startswith("ours"):
         count = sizes.multi_brokers if unit == "multi-broker" else 1
         with server.database("fire_lag_ours") as db:
             try:
                 with brokers(db, count, env) as handles:
                     pids = [h.pid for h in handles if h.pid]
-                    result = trio.run(ours_unit, unit, [h.url for h in handles], pids,
+                    result = trio.run(ours_unit, unit, party, [h.url for h in handles], pids,
                                       PartyCpu(pids, server.postmaster_pid), failures, sizes,
                                       db)
             except RuntimeError as exc:  # a broker did not start
@@ -694,9 +710,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             scenarios: dict[str, dict[str, Any]] = {}
             for unit in units(chosen, sizes):
-                parties = ["ours"] + ([f"peer-{p}" for p in peer.PROFILES]
-                                      if not peer_missing and unit.split("-")[0] in WITH_PEER
-                                      else [])
+                beside = unit.split("-")[0] in WITH_PEER
+                parties = (["ours", *(OURS_BESIDE if beside else ())]
+                           + ([f"peer-{p}" for p in peer.PROFILES]
+                              if not peer_missing and beside else []))
                 for party in parties:
                     print(f"[fire_lag] {unit} {party}: running ...", file=sys.stderr, flush=True)
                     result = run_unit(server, unit, party, sizes, failures)

@@ -18,6 +18,7 @@ import trio
 
 from bench import peer_procrastinate as peer
 from bench.log_throughput import Failures, percentile
+from bench.sdk_consumer import SdkConsumer
 from bench.timer_lag import (
     BUNDLE,
     CALIBRATION_WARMUP,
@@ -113,18 +114,30 @@ def merge(metrics: list[Metrics | None]) -> Metrics | None:
 # -- parties ----------------------------------------------------------------------------------
 
 
-class Ours:
-    """queen-trio brokers over HTTP; timers scheduled round-robin over ``apis``."""
+CONSUMERS = {
+    # party name -> how its timers are received
+    "ours": "sdk",            # Client.consume() at its defaults, asyncio, its own process
+    "ours-sync": "sdk-sync",  # SyncClient.consume() at its defaults, its own process
+    "ours-wire": "wire",      # a long-polling autoAck pop loop in the bench (the wire's view)
+}
 
-    name = "ours"
+
+class Ours:
+    """queen-trio brokers over HTTP; timers scheduled round-robin over ``apis``; received by
+    the consumer ``CONSUMERS[name]`` names. Lag is the handler's start for the SDK consumers
+    (what a user feels) and the answer's arrival for the wire-level one."""
+
     has_metrics = True
 
-    def __init__(self, apis: list[Api], failures: Failures, database_url: str) -> None:
+    def __init__(self, apis: list[Api], failures: Failures, database_url: str,
+                 name: str = "ours") -> None:
         self.apis = apis
         self.database_url = database_url
         self.failures = failures
         self.delivery: Delivery | None = None
         self._next = 0
+        self.name = name
+        self.consumer = CONSUMERS[name]
 
     def _api(self) -> Api:
         self._next = (self._next + 1) % len(self.apis)
@@ -152,9 +165,23 @@ class Ours:
         for answer in answers:
             self.delivery.schedule_answer(answer)
 
-    async def receive(self, queue: str, batch: int) -> None:
-        assert self.delivery is not None
-        await consume(self.apis[0], self.delivery, queue, batch)
+    async def receive(self, queue: str, batch: int, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        delivery = self.delivery
+        assert delivery is not None
+        if self.consumer == "wire":
+            task_status.started()
+            await consume(self.apis[0], delivery, queue, batch)
+            return
+        process = SdkConsumer(self.apis[0].client.base_url, queue, sync=self.consumer == "sdk-sync")
+        process.on_start = lambda frame, started: delivery.receive([frame], started)
+        try:
+            await process.run(task_status=task_status)
+            await trio.sleep_forever()
+        finally:
+            if process.process is not None and process.process.returncode not in (0, None):
+                self.failures.add(delivery.scenario, "consumer exit",
+                                  f"exit {process.process.returncode}: {process.log_tail()}")
 
     async def calibrate(self, scenario: str, queue: str) -> float:
         """Timers/s through 500-timer transactions, far-future timers on a side queue."""
@@ -207,7 +234,9 @@ class Peer:
             for key, scheduled in await self.client.defer(entries[i:i + BUNDLE]):
                 self.delivery.schedule_answer({"key": key, "deliverAt": peer.iso(scheduled)})
 
-    async def receive(self, queue: str, batch: int) -> None:
+    async def receive(self, queue: str, batch: int, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         await trio.sleep_forever()  # the worker's stdout feeds the delivery
 
     async def calibrate(self, scenario: str, queue: str) -> float:
