@@ -126,20 +126,22 @@ async def settle_and_pop_partition(queue: str, partition: str) -> Response:
 
 async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     """A pop that first settles what the consumer finished (``acknowledgments``, as for
-    ``/ack/batch``): one round trip per batch instead of an ack and a pop. The acks commit
-    first, all or nothing, at the pop's commit level; refused acks (a lost lease, an unknown
-    message) do not stop the pop and come back as ``ackError``. The answer is always 200,
-    with ``messages`` empty when nothing was ready and ``acks`` one result per ack."""
+    ``/ack/batch``, where a top-level ``partitionId`` and ``leaseId`` stand in for the ones
+    an entry leaves out): one round trip per batch instead of an ack and a pop. The acks
+    commit first, all or nothing, at the pop's commit level; refused acks (a lost lease, an
+    unknown message) do not stop the pop and come back as ``ackError``. The answer is always
+    200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
+    did (:func:`ack_summary`)."""
     req = rules.pop_request(queue, partition, dict(request.args))
     raw = await request.get_data()
     body = await read_json_object() if raw.strip() else {}
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
     broker = _broker()
-    extra: dict[str, Any] = {"acks": []}
+    extra: dict[str, Any] = {"acks": ack_summary([])}
     if acks:
         try:
             results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
-            extra["acks"] = [ack_to_wire(r) for r in results]
+            extra["acks"] = ack_summary(results)
         except ClientError as exc:
             extra["ackError"] = {"status": exc.status, "error": exc.code,
                                  "message": exc.message, **exc.extra}
@@ -234,6 +236,21 @@ def skip_to_wire(skip: store.Skip | None) -> dict[str, int] | None:
 
 
 # -- ack & leases -----------------------------------------------------------------------------
+
+
+def ack_summary(results: list[store.AckResult]) -> dict[str, Any]:
+    """What a pop's acknowledgements did, counted (the client knows which it sent, in order):
+    newly applied ones by status, repeats, dead letters, and whether the lease was released."""
+    out: dict[str, Any] = {"count": len(results), **dict.fromkeys(rules.ACK_STATUSES, 0),
+                           "alreadyAcked": 0, "deadLettered": 0,
+                           "leaseReleased": any(r.lease_released for r in results)}
+    for r in results:
+        if r.already_acked:
+            out["alreadyAcked"] += 1
+        else:
+            out[r.status] += 1
+        out["deadLettered"] += r.dead_lettered
+    return out
 
 
 def ack_to_wire(r: store.AckResult) -> dict[str, Any]:

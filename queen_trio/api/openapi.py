@@ -56,12 +56,16 @@ _SETTLE_AND_POP = (
     "The acknowledgements (as for /ack/batch) are applied first, all or nothing, and "
     "committed as a pop commits (QUEEN_POP_COMMIT); then the pop runs with the query's "
     "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: they "
-    "come back as ackError {status, error, message}. Always 200: messages is empty when "
-    "nothing was ready; acks has one result per acknowledgement.")
+    "come back as ackError {status, error, message}. A top-level partitionId and leaseId "
+    "stand in for the ones an entry leaves out. Always 200: messages is empty when nothing "
+    "was ready; acks counts what the acknowledgements did.")
 _SETTLE_AND_POP_RESPONSES = {
     "200": _json({"allOf": [{"$ref": "#/components/schemas/PopResponse"}, {
         "type": "object", "properties": {
-            "acks": {"type": "array", "items": {"type": "object"}},
+            "acks": {"type": "object", "description": "what the acknowledgements did",
+                     "properties": {k: {"type": "integer"} for k in (
+                         "count", "completed", "failed", "retry", "dlq", "alreadyAcked",
+                         "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
             "ackError": {"type": "object", "properties": {
                 "status": {"type": "integer"}, "error": {"type": "string"},
                 "message": {"type": "string"}}}}}]},
@@ -176,7 +180,8 @@ def _log_paths() -> dict[str, Any]:
     ack_results = _json({"type": "array", "items": {"type": "object"}}, "One result per ack")
     settle_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {
-            "consumerGroup": {"type": "string"},
+            "consumerGroup": {"type": "string"}, "partitionId": {"type": "string"},
+            "leaseId": {"type": "string"},
             "acknowledgments": {"type": "array", "items": ack_schema}}}}}}
     return {
         "/api/v1/configure": {"post": {

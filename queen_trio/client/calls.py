@@ -178,7 +178,25 @@ def settle_and_pop(queue: str, acks: Sequence[dict[str, Any]], *, group: str | N
     params, wait_s = _pop_params(group, batch, wait, False)
     # Not idempotent, as a pop.
     return Call("POST", _pop_path(queue, partition), m.SettledPop.from_wire, False,
-                params=params, body={"acknowledgments": list(acks)}, extra_read_s=wait_s)
+                params=params, body=compact_acks(acks), extra_read_s=wait_s)
+
+
+_SHARED = ("partitionId", "leaseId", "consumerGroup")
+
+
+def compact_acks(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """An acknowledgements body with what every entry shares (a batch settled whole: one
+    partition, lease and group) said once at the top, and a completed entry as its
+    transactionId alone."""
+    if not entries:
+        return {"acknowledgments": []}
+    first = entries[0]
+    shared = {k: first[k] for k in _SHARED
+              if k in first and all(e.get(k) == first[k] and k in e for e in entries)}
+    return {**shared, "acknowledgments": [
+        {k: v for k, v in e.items()
+         if k not in shared and not (k == "status" and v == "completed")}
+        for e in entries]}
 
 
 def ack_entry(message: m.Message, status: m.AckStatus | str, error: str | None) -> dict[str, Any]:

@@ -10,10 +10,11 @@ How it spends requests, since that is what a consumer's latency and the broker's
   a poll at the broker, where every parked poll is run again on every wake-up of the queue. A
   worker that owes settlements while another one polls sends them on a pop that does not wait
   (it takes whatever is ready now, from another partition or the next batch of its own).
-* A worker whose pop came back short (nothing more was ready) keeps the slot while it handles
-  the batch, so that under a steady trickle one worker settles and polls again in one request
-  instead of two workers taking turns; it gives the slot up after ``SLOT_HOLD_S`` so that a
-  slow handler never keeps other partitions waiting. A full batch gives it up at once.
+* A worker keeps the slot while it handles its batch, so that while handlers are quick one
+  worker settles and pops again in one request (a partition's next batch can only be leased
+  once the previous one is settled: a second worker polling meanwhile would only wait and then
+  race for it); it gives the slot up after ``SLOT_HOLD_S``, so that a slow handler never keeps
+  the other partitions waiting.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ log = logging.getLogger("queen_trio.client")
 DEFAULT_CONCURRENCY = 4  # partitions handled at once
 DEFAULT_BATCH = 100      # messages per pop: a pop answers with what is ready, never waits for more
 DEFAULT_LEASE_S = 300    # the broker's default leaseTime, for a queue it does not know yet
-SLOT_HOLD_S = 0.02       # how long a short batch keeps the poll slot while it is handled
+SLOT_HOLD_S = 0.02       # how long a batch being handled keeps the poll slot
 SETTLE_AT_EXIT_S = 5.0   # how long a stopping or cancelled worker may take to settle
 _PASSING = (BrokerUnreachable, ServerError, RateLimited)  # waited out, never fatal
 
@@ -119,8 +120,7 @@ class _Loop:
         if not entries:
             return
         if answer is not None and answer.ack_error is None:
-            self.count(completed=sum(1 for r in answer.acks if r.status == "completed"
-                                     and not r.already_acked))
+            self.count(completed=answer.acks["completed"])
             return
         # The lease was lost or the broker is gone: the messages come back after their lease
         # expires, which is what at-least-once delivery means.
@@ -199,8 +199,6 @@ class _Worker:
                 self.give_back(got)
                 return
             loop.last_activity = anyio.current_time()
-            if len(got) >= loop.batch:
-                self.release_slot()  # a backlog: another worker may fetch meanwhile
             await self.handle_batch(got)
 
     def give_back(self, got: Batch) -> None:
@@ -267,7 +265,8 @@ class _Worker:
         except (ApiError, BrokerUnreachable) as exc:
             self.loop.settled(owed, None, exc)
         else:
-            self.loop.settled(owed, SettledPop(Batch(), results, None))
+            done = sum(1 for r in results if r.status == "completed" and not r.already_acked)
+            self.loop.settled(owed, SettledPop(Batch(), {"completed": done}, None))
         finally:
             self.loop.count(requests=1)
 

@@ -186,18 +186,18 @@ class AckResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SettledPop:
-    """The answer to a pop that carried acknowledgements: what the acks did (``acks``, or
-    ``ack_error`` when the broker refused them all: they are all or nothing), then the batch.
-    """
+    """The answer to a pop that carried acknowledgements: what the acks did (``acks``: counts
+    by status of those newly applied, plus ``alreadyAcked``, ``deadLettered`` and
+    ``leaseReleased``; or ``ack_error`` when the broker refused them all: they are all or
+    nothing), then the batch."""
 
     batch: Batch
-    acks: tuple[AckResult, ...]
+    acks: dict[str, Any]
     ack_error: dict[str, Any] | None
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> SettledPop:
-        return cls(Batch.from_wire(w), tuple(AckResult.from_wire(a) for a in w["acks"]),
-                   w.get("ackError"))
+        return cls(Batch.from_wire(w), w["acks"], w.get("ackError"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

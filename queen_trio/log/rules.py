@@ -295,7 +295,11 @@ def lease_id(value: Any, field: str = "leaseId") -> uuid.UUID:
     return _uuid(value, field, "invalid_lease_id")
 
 
-def ack(obj: Any, index: int, *, group_override: str | None = None, where: str = "") -> Ack:
+def ack(obj: Any, index: int, *, group_override: str | None = None, where: str = "",
+        default_partition: uuid.UUID | None = None,
+        default_lease: uuid.UUID | None = None) -> Ack:
+    """One acknowledgement; ``default_partition`` and ``default_lease`` (already parsed) stand
+    in for a ``partitionId`` or ``leaseId`` the object leaves out."""
     if not isinstance(obj, dict):
         raise ValidationError("invalid_body", f"{where or 'the body'} must be an object")
     prefix = f"{where}." if where else ""
@@ -308,7 +312,11 @@ def ack(obj: Any, index: int, *, group_override: str | None = None, where: str =
         )
     if "transactionId" not in obj:
         raise ValidationError("missing_field", f"{prefix}transactionId is required")
-    if "partitionId" not in obj:
+    if "partitionId" in obj:
+        partition = _uuid(obj["partitionId"], f"{prefix}partitionId", "invalid_partition_id")
+    elif default_partition is not None:
+        partition = default_partition
+    else:
         raise ValidationError("missing_field", f"{prefix}partitionId is required")
     lease = obj.get("leaseId")
     error = obj.get("error")
@@ -317,10 +325,11 @@ def ack(obj: Any, index: int, *, group_override: str | None = None, where: str =
     return Ack(
         index=index,
         transaction_id=transaction_id(obj["transactionId"], f"{prefix}transactionId"),
-        partition_id=_uuid(obj["partitionId"], f"{prefix}partitionId", "invalid_partition_id"),
+        partition_id=partition,
         status=status,
         group=group_override or consumer_group(obj.get("consumerGroup"), for_pop=False),
-        lease_id=None if lease in (None, "") else lease_id(lease, f"{prefix}leaseId"),
+        lease_id=(default_lease if "leaseId" not in obj
+                  else None if lease in (None, "") else lease_id(lease, f"{prefix}leaseId")),
         error=error[:2000] if error else None,
     )
 
@@ -331,7 +340,14 @@ def ack_batch(body: dict[str, Any]) -> list[Ack]:
         raise ValidationError("invalid_body", "acknowledgments must be a non-empty array")
     group = body.get("consumerGroup")
     override = consumer_group(group, for_pop=False) if group else None
+    # partitionId and leaseId at the top stand in for the ones an entry leaves out: a batch
+    # settled whole (one partition, one lease) need not repeat them per message.
+    partition, lease = body.get("partitionId"), body.get("leaseId")
+    default_partition = (None if partition is None
+                         else _uuid(partition, "partitionId", "invalid_partition_id"))
+    default_lease = None if lease in (None, "") else lease_id(lease)
     return [
-        ack(item, i, group_override=override, where=f"acknowledgments[{i}]")
+        ack(item, i, group_override=override, where=f"acknowledgments[{i}]",
+            default_partition=default_partition, default_lease=default_lease)
         for i, item in enumerate(acks)
     ]
