@@ -18,6 +18,11 @@ a bad chunk line or a chunk's data not followed by CRLF, a Content-Length that i
 number, a Transfer-Encoding other than ``chunked``, a ``101``), like an answer cut off, raises
 ``httpx.RemoteProtocolError`` and closes the connection; the client's retry policy decides, by
 the call's idempotency, whether to send the request again. Interim ``1xx`` answers are skipped.
+
+A request that cannot be written as given raises before anything is sent, as httpx does: a
+method or header name that is not a token, or a header value with a CR, LF or NUL, raises
+``httpx.LocalProtocolError`` (:class:`LeanClient` checks its headers when it is made); a URL
+with an ASCII control character raises ``httpx.InvalidURL``.
 """
 
 from __future__ import annotations
@@ -282,8 +287,11 @@ class LeanClient:
                  timeout: float | httpx.Timeout = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = dict(headers or {})
-        self._fixed = "".join(f"{name}: {value}\r\n" for name, value in {
-            "Accept": "*/*", "User-Agent": _USER_AGENT, **self._headers}.items())
+        fixed = {"Accept": "*/*", "User-Agent": _USER_AGENT, **self._headers}
+        for name, value in fixed.items():
+            if _TEXT_TOKEN.fullmatch(name) is None or _TEXT_UNSAFE.search(str(value)):
+                raise httpx.LocalProtocolError(f"illegal header {name!r}: {value!r}")
+        self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
         self._timeout = timeout
         self._pool = _Pool()
         self._origins: dict[str, tuple[tuple[str, int], str, str] | None] = {}
@@ -300,7 +308,14 @@ class LeanClient:
         if origin is None:
             return await self._secure(method, url, params, json, limit)
         address, host, rest = origin
-        target = rest if rest.isascii() and " " not in rest else quote(rest, safe=_TARGET_SAFE)
+        if method not in _METHODS and _TEXT_TOKEN.fullmatch(method) is None:
+            raise httpx.LocalProtocolError(f"illegal method {method!r}")
+        if rest.isascii() and rest.isprintable() and " " not in rest:
+            target = rest
+        elif _CONTROL.search(rest):
+            raise httpx.InvalidURL(f"invalid non-printable ASCII character in URL {url!r}")
+        else:
+            target = quote(rest, safe=_TARGET_SAFE)
         if params:
             target += ("&" if "?" in target else "?") + _query(params)
         if json is None:  # as httpx: no body, not a JSON null
@@ -365,10 +380,20 @@ def _version() -> str:
 
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# What a request must not carry: text that would end its line or its head early.
+_TEXT_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_TEXT_UNSAFE = re.compile(r"[\x00\r\n]")
+_UNSAFE = re.compile(rb"[\x00\r\n]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_BAD_TARGET = re.compile(rb"[^\x21-\x7e]")
 _USER_AGENT = f"queen-trio-python/{_version()}"
 
 
 def _address(authority: str) -> tuple[tuple[str, int], str, str]:
+    if _CONTROL.search(authority):
+        raise httpx.InvalidURL(f"invalid non-printable ASCII character in URL "
+                               f"http://{authority}")
     parsed = urlsplit(f"http://{authority}")
     if parsed.hostname is None:
         raise httpx.UnsupportedProtocol(f"no host in http://{authority}")
@@ -385,8 +410,18 @@ def _query(params: dict[str, Any]) -> str:
 
 
 def _encode(request: httpx.Request) -> bytes:
-    target = request.url.raw_path
-    lines = [request.method.encode() + b" " + target + b" HTTP/1.1"]
+    """The request's head, refused (``httpx.LocalProtocolError``, as httpx's own transport
+    raises) if it could not be read back as the request it is."""
+    method, target = request.method.encode(), request.url.raw_path
+    if _TOKEN.fullmatch(method) is None:
+        raise httpx.LocalProtocolError(f"illegal method {request.method!r}", request=request)
+    if _BAD_TARGET.search(target):
+        raise httpx.LocalProtocolError(f"illegal request target {target!r}", request=request)
+    for name, value in request.headers.raw:
+        if _TOKEN.fullmatch(name) is None or _UNSAFE.search(value):
+            raise httpx.LocalProtocolError(f"illegal header {name!r}: {value!r}",
+                                           request=request)
+    lines = [method + b" " + target + b" HTTP/1.1"]
     lines += [name + b": " + value for name, value in request.headers.raw]
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
