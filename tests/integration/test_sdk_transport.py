@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 import trio
@@ -37,11 +38,13 @@ def dead_url() -> str:
 
 
 class Dropper:
-    """Reads each request whole, then hangs up without answering."""
+    """Reads each request whole, then hangs up without answering (or after sending
+    ``answer``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bytes = b"") -> None:
         self.requests = 0
         self.url = ""
+        self.answer = answer
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -62,6 +65,8 @@ class Dropper:
         while len(body) < length:
             body += await stream.receive_some()
         self.requests += 1
+        if self.answer:
+            await stream.send_all(self.answer)
         await stream.aclose()
 
 
@@ -120,6 +125,28 @@ async def test_only_calls_safe_to_repeat_are_retried_after_a_lost_answer(
     async with Client([dropper.url, broker.url], retry=RETRY_3) as queen:
         r = await queen.timer("lost").key("k").delay("1m").payload(1).schedule()
         assert r.status is TimerStatus.SCHEDULED and queen.url == broker.url
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 1\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\ncontent-length: -2\r\n\r\n{}",
+], ids=["chunk-size-not-hex", "no-crlf-after-chunk", "two-lengths", "negative-length"])
+async def test_a_malformed_answer_is_judged_by_the_retry_policy(answer: bytes) -> None:
+    server = Dropper(answer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        async with Client(server.url, retry=RETRY_3) as queen:
+            with pytest.raises(BrokerUnreachable) as push:
+                await queen.push("garbled", "no txn")  # may have been applied: not repeated
+            assert server.requests == 1 and push.value.maybe_applied
+            with pytest.raises(BrokerUnreachable) as get:
+                await queen.kv.get("ns", "k")  # safe to repeat: repeated
+            assert server.requests == 5 and not get.value.maybe_applied
+            assert all(isinstance(cause, httpx.RemoteProtocolError)
+                       for cause in (*push.value.causes, *get.value.causes))
+        nursery.cancel_scope.cancel()
 
 
 # -- refusals ---------------------------------------------------------------------------------
