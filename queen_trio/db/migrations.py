@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 Q = queries.load("migrations")
 
 _FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+SNAPSHOT_FILE = "snapshot.sql"  # the dumped live schema, for review and tests; never applied
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ def discover(directory: Traversable | None = None) -> list[Migration]:
     directory = directory or schema_dir()
     found: list[Migration] = []
     for entry in directory.iterdir():
-        if not entry.name.endswith(".sql"):
+        if not entry.name.endswith(".sql") or entry.name == SNAPSHOT_FILE:
             continue
         match = _FILE_RE.match(entry.name)
         if match is None:
