@@ -789,6 +789,12 @@ CREATE TABLE queen.retries (
     last_error text
 );
 
+CREATE TABLE queen.schema_functions (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE queen.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -915,6 +921,9 @@ ALTER TABLE ONLY queen.queues
 
 ALTER TABLE ONLY queen.retries
     ADD CONSTRAINT retries_pkey PRIMARY KEY (partition_id, consumer_group, "offset");
+
+ALTER TABLE ONLY queen.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY queen.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
