@@ -1,9 +1,9 @@
 """Where the time goes between an idle timer's due instant and a parked consumer, step by step.
 
 A broker runs with timestamps added along the path (this module's ``--serve`` mode patches the
-functions below in its own process; nothing in the package changes): the sweep returning to
-the broker, the NOTIFY that names the queue, the pop statement's start and end (the ordinary
-pop, or the one waiting behind the fire lock of schema 010), the answer built, its head handed
+functions below in its own process; nothing in the package changes): the sweep returning to the
+broker, the NOTIFY that names the queue, the pop statement's start and end (the ordinary pop, or
+the one waiting behind the fire lock of queen.pop_head_after), the answer built, its head handed
 to the socket. A consumer parks a pop (blocking socket, HTTP/1.1), schedules one timer 150–300
 ms ahead, receives the frame, and reads the broker's timestamps. Each step is shown as time after
 the due instant (PostgreSQL's clock: every party shares this machine's clock).

@@ -1,7 +1,7 @@
 """What one sweeper cycle costs, taken apart, for a single due timer, through the same
 trio⇄psycopg bridge the broker uses, without HTTP:
 
-* sweep: a small JSON payload, fired by PostgreSQL inside the one sweep statement (schema 005);
+* sweep: a small JSON payload, fired by PostgreSQL inside the sweep statement (queen.sweep_timers);
 * claim + fire: a compressed payload, claimed under a lease by the sweep statement, then fired
   by the broker (decompressed, appended, deleted) in a second transaction.
 

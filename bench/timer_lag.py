@@ -286,7 +286,7 @@ def sweeper_summary(m: Metrics | None) -> dict[str, Any]:
         "dead_lettered": int(m.value("queen_timers_dead_lettered_total")),
         "scheduled": {k: int(v) for k, v in
                       sorted(m.by_label("queen_timers_scheduled_total", "status").items())},
-        # Parked pops that took their frame behind the fire lock (schema 010), or did not.
+        # Parked pops that took their frame behind the fire lock (queen.pop_head_after), or did not.
         "pop_fire_waits": {k: int(v) for k, v in
                            sorted(m.by_label("queen_pop_fire_waits_total", "result").items())},
     }

@@ -40,7 +40,8 @@ class Settings:
     # acks and timer fires always wait. "sync" makes pops wait too.
     pop_commit_sync: bool = False
     # How long past a timer's due instant a pop parked on its queue waits for the frame inside
-    # PostgreSQL, once the sweeper has said it is about to fire (0: never; schema 010).
+    # PostgreSQL, once the sweeper has said it is about to fire (0: never; queen.pop_head_after
+    # in schema/functions/log.sql).
     pop_fire_wait_ms: int = 10
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000

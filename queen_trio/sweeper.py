@@ -1,6 +1,6 @@
 """The sweeper: sleeps until the next timer is due, then fires what is due.
 
-One cycle is one statement, ``queen.sweep_timers`` (schema 005), run in autocommit: it locks the
+One cycle is one statement, ``queen.sweep_timers``, run in autocommit: it locks the
 due rows, fires those stored as plain JSON (frames appended, rows deleted, one commit) and
 claims the rest under a lease. Claimed rows (compressed payloads, payloads over the ceiling)
 are then fired by the broker in a second transaction that deletes only the rows still carrying
@@ -14,16 +14,18 @@ a sooner timer, or ``MAX_SLEEP``, whichever comes first; two cycles start at lea
 Clocks: due times are PostgreSQL's. Each sweep also reads the database clock, so the sweeper
 can turn "due at T (database time)" into a local deadline. It wakes a few milliseconds before
 that deadline and sends the statement with T itself as ``not_before``: the backend waits for T
-(schema 008), so the instant is kept by PostgreSQL's own clock and the work starts in a process
+(queen.wait_until) so the instant is kept by PostgreSQL's own clock and the work starts in a process
 that is already running, not in one a packet has to wake. The backend does the fire's work a
-millisecond ahead of T, with the rows locked, and returns (then commits) at T (schema 014), so
+millisecond ahead of T, with the rows locked, and returns (then commits) at T, so
 the commit follows the instant rather than the work. A sweep that ran a hair early would find
 nothing and cost a whole MIN_SLEEP.
 
 Ahead of such a sweep (one planned for a timer's own instant, not for the MIN_SLEEP floor) the
 sweeper looks up where the timer will land, wakes the pops parked on that queue when it sends
 the sweep, and the sweep holds the queue's fire lock until it commits, so one of those pops can
-take the frame the moment it is visible (schema 010)."""
+take the frame the moment it is visible (queen.pop_head_after).
+
+These functions of the schema are in schema/functions/timers.sql and schema/functions/log.sql."""
 
 from __future__ import annotations
 
@@ -144,7 +146,7 @@ class Sweeper:
         self._metrics = metrics
         self._ceiling_for = ceiling_for
         # Told (the timer, its local due instant) before an idle sweep fires a timer, so the
-        # pops parked on its queue can wait for the frame in PostgreSQL (schema 010).
+        # pops parked on its queue can wait for the frame in PostgreSQL (queen.pop_head_after).
         self._announce_fire = announce_fire if settings.pop_fire_wait_ms > 0 else None
         # Where the look-up for an announcement runs: not on the sweeper's own connections,
         # so a look-up that is cut short never costs the sweep its connection.
@@ -277,7 +279,8 @@ class Sweeper:
 
     async def _look_up(self, due_db: float) -> store.NextDue | None:
         """The timer due at ``due_db``: at the cycle, the pops parked on its queue are told it
-        is about to fire, and the sweep holds that queue's fire lock for them (schema 010)."""
+        is about to fire, and the sweep holds that queue's fire lock for them
+        (queen.sweep_timers_for)."""
         try:
             upcoming = await self._look_up_db.run_statement(store.next_due)
         except TRANSIENT:

@@ -10,9 +10,9 @@ Choice of server, in order (as the README's "Using an existing PostgreSQL" tells
    power cuts, they run fast) and removed afterwards. Each session has its own server, so two
    pytest runs on one machine never stop each other's database.
 
-A template database with every migration applied is built once per schema version and cloned
-for each test (``CREATE DATABASE … TEMPLATE``), so tests never see each other's rows and may run
-in parallel.
+A template database with every migration and function file applied is built once per schema
+version (their checksums) and cloned for each test (``CREATE DATABASE … TEMPLATE``), so tests
+never see each other's rows and may run in parallel.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from queen_trio.db.migrations import apply_migrations, discover
+from queen_trio.db.migrations import apply_migrations, discover, discover_functions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,9 +98,10 @@ class Databases:
         return psycopg.connect(self.admin_url, autocommit=True)
 
     def _build_template(self) -> str:
-        digest = hashlib.sha256(
-            "".join(m.checksum for m in discover()).encode()
-        ).hexdigest()[:12]
+        # Numbered migrations and function files both: editing a function's body makes a new
+        # template, as a new migration does.
+        checksums = [m.checksum for m in discover()] + [f.checksum for f in discover_functions()]
+        digest = hashlib.sha256("".join(checksums).encode()).hexdigest()[:12]
         name = f"queen_tpl_{digest}"
         with self._admin() as conn:
             conn.execute("SELECT pg_advisory_lock(hashtext('queen-trio-tests:template'))")

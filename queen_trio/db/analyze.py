@@ -9,17 +9,18 @@ and then takes a burst would pop, ack and fire through sequential scans of ever 
 for that minute: in a probe (50,000 frames pushed after a dozen pop-and-ack rounds on an
 empty log), one more round took 240 ms instead of a few.
 
-So every few seconds each broker asks PostgreSQL to analyze the queen tables that now hold
-more than twice the rows their statistics describe (schema 013). ANALYZE invalidates every
-plan that depends on the table, on every connection; a growing table is analyzed once per
-doubling, a steady one never. (A cancel's or a peek's look-ups do not wait for this:
-:func:`queen_trio.timers.store._planned_now` plans them at each use.)
+So every few seconds each broker asks PostgreSQL to analyze the queen tables that now hold more
+than twice the rows their statistics describe (queen.analyze_grown_tables, in
+schema/functions/ops.sql). ANALYZE invalidates every plan that depends on the table, on every
+connection; a growing table is analyzed once per doubling, a steady one never. (A cancel's or a
+peek's look-ups do not wait for this: :func:`queen_trio.timers.store._planned_now` plans them
+at each use.)
 
-Why not ``enable_seqscan = off`` on the functions instead, as schema 012 does for the
-schedule's per-timer probes: tried on the fire's functions, it replaced the sequential scans
-of small tables with full scans of an unrelated index (queen.partitions walked by its primary
-key, a name filter on every entry), which is worse than a sequential scan once the table is
-large, and it made an idle single-timer sweep slower.
+Why not ``enable_seqscan = off`` on the functions instead, as queen.schedule_timers has for its
+per-timer probes (schema/functions/timers.sql): tried on the fire's functions, it replaced the
+sequential scans of small tables with full scans of an unrelated index (queen.partitions walked
+by its primary key, a name filter on every entry), which is worse than a sequential scan once
+the table is large, and it made an idle single-timer sweep slower.
 """
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
                    give_up: float, *, sync_commit: bool = True) -> PopOutcome | None:
     """:func:`pop_head` for a timer about to fire into the queue: the backend waits for the
     due instant ``not_before`` and tries until the frame is there or ``give_up`` has passed
-    (epoch seconds, the database's clock; schema 010). Answers as :func:`pop_head` does."""
+    (epoch seconds, the database's clock; schema/functions/log.sql). Answers as :func:`pop_head`
+    does."""
     rows = raw.execute(
         Q.pop_head_after,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,

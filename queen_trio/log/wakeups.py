@@ -8,7 +8,8 @@ set once and replaced, never cleared.
 
 The sweeper also says when a timer is about to fire into a queue (:meth:`expect_fire`): the
 queue's waiters are woken ahead of the fire, and the first to :meth:`claim_fire` it waits for
-the frame inside PostgreSQL (schema 010) instead of for the NOTIFY.
+the frame inside PostgreSQL (queen.pop_head_after, schema/functions/log.sql) instead of for
+the NOTIFY.
 """
 
 from __future__ import annotations

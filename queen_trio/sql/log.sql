@@ -65,7 +65,8 @@ UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %
 SELECT pg_notify('queen_log', %(payload)s)
 
 -- name: pop_head
--- The common pop in one statement (schema 007); 'fallback' sends the broker to its general pop.
+-- The common pop in one statement (schema/functions/log.sql); 'fallback' sends the broker to
+-- its general pop.
 -- The commit level (NULL: the server's own) is set for this statement's own transaction
 -- (pop_head always returns a row, so the join evaluates it); it takes effect at the commit
 -- that ends the statement.
@@ -79,7 +80,7 @@ SELECT p.* FROM commit_level,
 
 -- name: pop_head_after
 -- pop_head, tried from the due instant of a timer about to fire into this queue until it has
--- fired or p_give_up (schema 010); the commit level as for pop_head.
+-- fired or p_give_up (schema/functions/log.sql); the commit level as for pop_head.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
@@ -356,5 +357,6 @@ SELECT g.queue_id,
 FROM gone g
 
 -- name: add_usage
--- Storage usage changes ride the writing transaction as deltas (see schema 003).
+-- Storage usage changes ride the writing transaction as deltas (queen.usage_deltas in
+-- schema/001_baseline.sql).
 INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (%(tenant_id)s, %(bytes)s)

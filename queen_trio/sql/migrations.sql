@@ -14,6 +14,12 @@ CREATE TABLE IF NOT EXISTS queen.schema_migrations (
     name       text        NOT NULL,
     checksum   text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
+);
+-- The function files (schema/functions/<name>) as last applied.
+CREATE TABLE IF NOT EXISTS queen.schema_functions (
+    name       text PRIMARY KEY,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
 )
 
 -- name: applied
@@ -21,6 +27,21 @@ SELECT version, name, checksum FROM queen.schema_migrations ORDER BY version
 
 -- name: record
 INSERT INTO queen.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)
+
+-- name: forget_migrations
+-- The pre-baseline history, replaced by the baseline's row in the same transaction.
+DELETE FROM queen.schema_migrations
+
+-- name: functions_applied
+SELECT name, checksum FROM queen.schema_functions ORDER BY name
+
+-- name: record_function
+INSERT INTO queen.schema_functions (name, checksum) VALUES (%s, %s)
+ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now()
+
+-- name: forget_functions
+-- Files no longer shipped (renamed or merged: their functions are defined elsewhere now).
+DELETE FROM queen.schema_functions WHERE name <> ALL (%s)
 
 -- name: current_version
 SELECT coalesce(max(version), 0) AS version FROM queen.schema_migrations

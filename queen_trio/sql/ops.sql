@@ -5,5 +5,5 @@
 SELECT coalesce((SELECT max(version) FROM queen.schema_migrations), 0) AS schema_version
 
 -- name: analyze_grown_tables
--- ANALYZE the queen tables that have outgrown their planner statistics (schema 013).
+-- ANALYZE the queen tables that have outgrown their planner statistics (schema/functions/ops.sql).
 SELECT table_name, live_rows, rows_before FROM queen.analyze_grown_tables(%(slack)s)

@@ -2,8 +2,9 @@
 -- the sweeper's claim, which serves every tenant.
 
 -- name: lock_timer_name
--- Waits for any other schedule or cancel of this timer to commit (schema 009), so that a row
--- lock left in the way of lock_timer can only be a sweeper's.
+-- Waits for any other schedule or cancel of this timer to commit (queen.lock_timer_names in
+-- schema/functions/timers.sql), so that a row lock left in the way of lock_timer can only be a
+-- sweeper's.
 SELECT queen.lock_timer_names(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text])
 
 -- name: lock_timer
@@ -19,8 +20,9 @@ SELECT txn FROM queen.timers
 WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
 
 -- name: schedule
--- Upserts a list of timers in one statement (schema 005): decided under the rows' locks,
--- answering one row per input by position; queues, usage and the sweepers' NOTIFY included.
+-- Upserts a list of timers in one statement (schema/functions/timers.sql): decided under the
+-- rows' locks, answering one row per input by position; queues, usage and the sweepers' NOTIFY
+-- included.
 SELECT ord, status, txn, deliver_at
 FROM queen.schedule_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[],
                            %(partitions)b::text[], %(txns)b::text[], %(payloads)b::bytea[],
@@ -57,11 +59,12 @@ ORDER BY timer_key
 LIMIT %(limit)s
 
 -- name: sweep
--- A whole sweeper cycle in one statement (schema 005): fires what PostgreSQL can fire itself,
--- claims the rest under a lease, and reports when to look again and the database's clock.
--- It starts no earlier than not_before (epoch seconds, database clock; schema 008). Given a
--- queue (lock_tenant, lock_queue), it holds that queue's fire lock until it commits, for the
--- pops waiting on it (schema 010).
+-- A whole sweeper cycle in one statement (queen.sweep_timers in schema/functions/timers.sql):
+-- fires what PostgreSQL can fire itself, claims the rest under a lease, and reports when to
+-- look again and the database's clock. It commits at not_before (epoch seconds, database
+-- clock), its work staged just ahead. Given a queue (lock_tenant, lock_queue), it holds that
+-- queue's fire lock until it commits, for the pops waiting on it (queen.pop_head_after in
+-- schema/functions/log.sql).
 SELECT * FROM queen.sweep_timers_for(%(lock_tenant)s, %(lock_queue)s, %(token)s, %(broker)s,
                                      %(batch)s, %(lease_ms)s, %(max_payload)s, %(fire)s,
                                      %(not_before)s::float8)
@@ -104,7 +107,7 @@ SELECT count(*) AS n FROM queen.timers
 
 -- name: next_due
 -- The timer that comes due first, and where it will land (the sweeper tells that queue's parked
--- pops before it fires: schema 010).
+-- pops before it fires: queen.pop_head_after in schema/functions/log.sql).
 SELECT tenant_id, queue, partition, extract(epoch FROM visible_at)::float8 AS due
 FROM queen.timers
 ORDER BY visible_at

@@ -107,7 +107,8 @@ def pack(payload: Any) -> tuple[bytes, int, bool]:
 
     The payload's compact JSON text, zstd-compressed only when that saves at least an eighth:
     small JSON (most timers) does not shrink, and a payload kept as text is fired by
-    PostgreSQL itself without a round trip through the broker (see schema 005).
+    PostgreSQL itself without a round trip through the broker (see queen.sweep_timers in
+    schema/functions/timers.sql).
     """
     raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     if len(raw) >= MIN_COMPRESSED_BYTES:

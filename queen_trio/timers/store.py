@@ -187,7 +187,7 @@ def sweep(
     With ``not_before`` (epoch seconds, the database's clock) the statement waits in the backend
     until then, up to 100 ms, and takes what is due at that instant. With ``fire_lock`` (the
     timer announced to its queue's parked pops) it holds that queue's fire lock until it
-    commits (schema 010).
+    commits (queen.sweep_timers_for, schema/functions/timers.sql).
     """
     rows = raw.execute(
         Q.sweep, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,

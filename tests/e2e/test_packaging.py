@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from queen_trio.db.migrations import discover
+from queen_trio.db.migrations import discover, discover_functions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,5 +25,9 @@ def test_wheel_contains_schema_and_queries(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for migration in discover():
         assert f"queen_trio/schema/{migration.version:03d}_{migration.name}.sql" in names
+    functions = discover_functions()
+    assert functions
+    for function_file in functions:
+        assert f"queen_trio/schema/functions/{function_file.name}" in names
     assert "queen_trio/sql/migrations.sql" in names
     assert "queen_trio/sql/ops.sql" in names

@@ -54,7 +54,8 @@ async def proxy(database_url: str, nursery: trio.Nursery) -> AsyncIterator[PgPro
 
 def payload_for(key: str, path: str) -> Any:
     """"postgres": small JSON that PostgreSQL fires inside the sweep statement; "broker": a
-    compressible payload, claimed under a lease and fired by the broker (schema 005)."""
+    compressible payload, claimed under a lease and fired by the broker (queen.sweep_timers in
+    schema/functions/timers.sql)."""
     return {"key": key} if path == "postgres" else {"key": key, "padding": "abcdefgh" * 16}
 
 

@@ -1,5 +1,6 @@
-"""Tables that outgrow their planner statistics are analyzed within seconds (schema 013,
-queen_trio/db/analyze.py), which drops the plans connections made while they were small."""
+"""Tables that outgrow their planner statistics are analyzed within seconds
+(schema/functions/ops.sql, queen_trio/db/analyze.py), which drops the plans connections made
+while they were small."""
 
 from __future__ import annotations
 

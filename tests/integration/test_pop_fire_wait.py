@@ -1,6 +1,6 @@
-"""A parked pop waiting inside PostgreSQL for a timer about to fire into its queue (schema 010):
-the lock an announced sweep holds until it commits, the pop that queues behind it, and the
-whole path through the broker."""
+"""A parked pop waiting inside PostgreSQL for a timer about to fire into its queue
+(queen.pop_head_after in schema/functions/log.sql): the lock an announced sweep holds until it
+commits, the pop that queues behind it, and the whole path through the broker."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""queen.pop_head (schema 007): the common pop in one statement, at the store level against a
-real PostgreSQL. It must answer exactly what the general pop would, and hand every other case
-back ('fallback', None here) without changing anything."""
+"""queen.pop_head (schema/functions/log.sql): the common pop in one statement, at the store
+level against a real PostgreSQL. It must answer exactly what the general pop would, and hand
+every other case back ('fallback', None here) without changing anything."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The timer store's one-statement paths (schema 005), at the store level against a real
-PostgreSQL: schedule_many deciding a whole bundle in one statement, and the sweep statement
-firing plain-JSON timers itself while the broker fires compressed ones, in one order."""
+"""The timer store's one-statement paths (schema/functions/timers.sql), at the store level
+against a real PostgreSQL: schedule_many deciding a whole bundle in one statement, and the sweep
+statement firing plain-JSON timers itself while the broker fires compressed ones, in one
+order."""
 
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ def test_schedules_and_cancels_of_one_timer_at_once_wait_for_each_other(
 def test_a_sweep_sent_early_waits_for_its_instant_and_takes_what_is_due_then(
     database_url: str,
 ) -> None:
-    """not_before (schema 008): the statement waits in the backend, so a timer due after the
+    """not_before (queen.wait_until): the statement waits in the backend, so a timer due after the
     statement was sent, but by not_before, is fired by it, and none is fired early."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
@@ -372,8 +373,8 @@ def test_schedule_many_of_nothing_writes_nothing(database_url: str) -> None:
 
 
 def test_deleting_a_queue_or_a_tenant_still_deletes_its_frames(database_url: str) -> None:
-    """frames has no per-row foreign key to partitions (schema 005); a statement trigger keeps
-    the cascade."""
+    """frames has no per-row foreign key to partitions (schema/001_baseline.sql); a statement
+    trigger keeps the cascade (schema/functions/log.sql)."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
         other = conn.execute("INSERT INTO queen.tenants (name) VALUES ('other') "
@@ -543,9 +544,9 @@ def test_the_fire_walks_indexes_once_the_analyzer_has_seen_the_tables_grow(
     """The sweep, the claimed fire and the append are PL/pgSQL, whose cached plans only an
     ANALYZE replaces: made on a one-row queen.timers they read it whole (the due-row pick,
     the delete, the earliest-due look-up, the per-key probes of a claimed fire), and go on
-    doing so after it has grown. The broker's analyzer (schema 013) finds it grown and
-    analyzes it; the next fire's plans walk indexes. (Without it, the same run shows the
-    scans: the trap is real.)"""
+    doing so after it has grown. The broker's analyzer (queen.analyze_grown_tables) finds it
+    grown and analyzes it; the next fire's plans walk indexes. (Without it, the same run
+    shows the scans: the trap is real.)"""
     with connect(database_url, autocommit=True) as conn:
         tenant = _tiny_table(conn)
         token = uuid.uuid4()

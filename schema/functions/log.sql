@@ -1,0 +1,211 @@
+-- The log's functions: reading the head, the cascade of a partition's frames, the one-statement
+-- pop. Applied by the migrator after the numbered migrations whenever this file changes
+-- (schema/README.md): edit a body here in place; a dropped function or a changed signature
+-- needs a numbered migration as well.
+
+-- The one reader of frames: offsets [from_offset, from_offset + max_count) of a partition.
+-- Only the head (queen.frames): sealed segments are compressed with zstd, which PostgreSQL
+-- cannot decompress, so the broker reads them (queen_trio/log/frames.py).
+CREATE OR REPLACE FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer)
+RETURNS TABLE ("offset" bigint, transaction_id text, payload jsonb, size_bytes integer,
+               created_at timestamptz, meta jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT f."offset", f.transaction_id, f.payload, f.size_bytes, f.created_at, f.meta
+    FROM queen.frames f
+    WHERE f.partition_id = p_partition
+      AND f."offset" >= from_offset
+      AND f."offset" < from_offset + max_count
+    ORDER BY f."offset"
+$$;
+
+COMMENT ON FUNCTION queen.read_frames(uuid, bigint, integer) IS
+    'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
+
+-- frames has no foreign key to partitions (the per-row check cost more than the insert: see
+-- queen.frames in schema/001_baseline.sql). What the key did besides, the cascade when a
+-- partition (queue, tenant) is deleted, is kept by this one statement-level trigger.
+CREATE OR REPLACE FUNCTION queen.delete_partitions_frames() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM queen.frames f USING gone g WHERE f.partition_id = g.partition_id;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
+
+-- The common pop in one statement.
+--
+-- A consumer that keeps up pops frames that are still in the head, that nobody has failed
+-- before, from a cursor with nothing acked out of order and no expired lease to account for.
+-- queen.pop_head serves exactly that case in one statement (run in autocommit): pick a
+-- partition, lock the group's cursor, read the frames, take the lease (or, with autoAck,
+-- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
+-- with frames it handed out, frames sealed into segments or with a retry history,
+-- delayedProcessing, a cursor behind log_start) answers 'fallback' having changed nothing,
+-- and the broker runs its general pop (queen_trio/log/store.py) instead.
+CREATE OR REPLACE FUNCTION queen.pop_head(
+    p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
+    p_auto_ack boolean)
+RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
+               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
+               payload jsonb, created_at timestamptz, meta jsonb)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    cand record;
+    cur record;
+    v_wanted bigint;
+    v_offsets bigint[];
+    v_txns text[];
+    v_payloads jsonb[];
+    v_created timestamptz[];
+    v_metas jsonb[];
+    v_last bigint;
+    v_lease uuid;
+    v_expires timestamptz;
+    v_fallback boolean := false;
+BEGIN
+    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    FOR cand IN
+        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
+        LEFT JOIN queen.cursors c
+               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue
+          AND (p_partition IS NULL OR p.name = p_partition)
+          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        ORDER BY c.updated_at NULLS FIRST
+        LIMIT 8
+    LOOP
+        IF cand.delayed_processing_s > 0 THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to INTO cur
+        FROM queen.cursors c
+        WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
+                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
+                EXIT;
+            END IF;
+            CONTINUE;  -- another consumer of the group holds (or is taking) it
+        END IF;
+        IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
+           OR (cur.lease_expires_at IS NOT NULL
+               AND coalesce(cur.leased_to, -1) > cur.committed) THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+
+        v_wanted := least(p_batch, cand.next_offset - cur.committed - 1);
+        IF v_wanted <= 0 THEN
+            -- Another consumer of the group took these frames between the candidates and the
+            -- lock: nothing left here.
+            CONTINUE;
+        END IF;
+        SELECT array_agg(f."offset" ORDER BY f."offset"),
+               array_agg(f.transaction_id ORDER BY f."offset"),
+               array_agg(f.payload ORDER BY f."offset"),
+               array_agg(f.created_at ORDER BY f."offset"),
+               array_agg(f.meta ORDER BY f."offset")
+        INTO v_offsets, v_txns, v_payloads, v_created, v_metas
+        FROM queen.read_frames(cand.pid, cur.committed + 1, v_wanted::integer) f;
+        IF coalesce(cardinality(v_offsets), 0) < v_wanted  -- some are sealed
+           OR EXISTS (SELECT 1 FROM queen.retries r
+                      WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                        AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
+        THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+        v_last := v_offsets[cardinality(v_offsets)];
+
+        IF p_auto_ack THEN
+            UPDATE queen.cursors c
+            SET committed = v_last, lease_expires_at = NULL, updated_at = now()
+            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group;
+            DELETE FROM queen.retries r
+            WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+              AND r."offset" <= v_last;
+        ELSE
+            -- Losing a lease in a crash is what its expiry does anyway: the frames are handed
+            -- out again. So this commit need not wait for the disk.
+            PERFORM set_config('synchronous_commit', 'off', true);
+            UPDATE queen.cursors c
+            SET lease_id = gen_random_uuid(),
+                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
+                leased_to = v_last, updated_at = now()
+            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+            RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
+        END IF;
+        RETURN QUERY
+        SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
+        FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
+        RETURN;
+    END LOOP;
+
+    -- Nothing to pop (no candidate, or every candidate held by another consumer of the
+    -- group), or a case for the general pop.
+    RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
+                        NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz, NULL::bigint,
+                        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+END
+$fn$;
+
+-- A parked pop can wait for a timer's fire inside PostgreSQL.
+--
+-- Before an idle sweep fires a timer (the sweep is sent ahead of the due instant: see
+-- queen.sweep_timers in timers.sql), the sweeper tells the broker's pops parked on that timer's
+-- queue, and sends the sweep through queen.sweep_timers_for, which first takes an advisory lock
+-- named after the queue (queen.fire_lock_key, timers.sql); the lock is held until the fire
+-- commits. One parked pop sends queen.pop_head_after instead of its usual pop: it waits until
+-- just before the due instant, then queues for a shared hold of that lock, which PostgreSQL
+-- grants the moment the fire's commit is visible, and pops at once in a backend that is already
+-- running. The frame leaves without waiting for a NOTIFY to reach the broker, the broker to
+-- wake and a fresh statement to reach an idle backend. Waiting for a lock costs no CPU. If the
+-- pop comes first (a late sweep), it pops at once, finds nothing and goes back to waiting for
+-- the NOTIFY.
+CREATE OR REPLACE FUNCTION queen.pop_head_after(
+    p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
+    p_auto_ack boolean, p_not_before float8, p_give_up float8)
+RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
+               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
+               payload jsonb, created_at timestamptz, meta jsonb)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+    v_left float8;
+BEGIN
+    -- Sleep (no spin: the sweep's backend is spinning for its instant) until the sweep, sent
+    -- ahead of this, surely holds the lock.
+    v_left := p_not_before - 0.002 - extract(epoch FROM clock_timestamp());
+    IF v_left > 0 THEN
+        PERFORM pg_sleep(least(v_left, 0.1));
+    END IF;
+    -- At most a second past the due instant, whatever the caller asked.
+    v_left := least(p_give_up, p_not_before + 1.0) - extract(epoch FROM clock_timestamp());
+    IF v_left > 0 THEN
+        PERFORM set_config('lock_timeout', ceil(v_left * 1000)::bigint::text || 'ms', true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(1363170306,
+                                                 queen.fire_lock_key(p_tenant, p_queue));
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the fire is late: pop now, and the NOTIFY will tell of it later
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
+    -- A new statement, so a new snapshot: it sees the fire that has just committed.
+    RETURN QUERY SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch,
+                                              p_auto_ack);
+END
+$fn$;

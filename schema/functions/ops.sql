@@ -1,0 +1,39 @@
+-- Housekeeping functions the broker calls. Applied by the migrator after the numbered
+-- migrations whenever this file changes (schema/README.md): edit a body here in place; a
+-- dropped function or a changed signature needs a numbered migration as well.
+
+-- Tables that have outgrown their planner statistics are analyzed at once.
+--
+-- A plan made while a table held a handful of rows reads it whole (a sequential scan is then
+-- the cheapest way), and connections keep their plans (psycopg's prepared statements, the
+-- PL/pgSQL functions' cached plans) until the table's statistics change: until autovacuum's
+-- next ANALYZE, up to a minute after the table has grown. Each broker calls this every few
+-- seconds (queen_trio/db/analyze.py); ANALYZE invalidates every plan that depends on the table
+-- on every connection, so a plan made small outlives the growth by seconds, not a minute.
+--
+-- ANALYZE each table of the queen schema that now holds more than twice the rows its
+-- statistics were taken at, and at least p_slack more (never analyzed counts as none). A table
+-- another session is already analyzing or vacuuming is left to it (SKIP_LOCKED). Answers the
+-- tables analyzed.
+CREATE OR REPLACE FUNCTION queen.analyze_grown_tables(p_slack integer)
+RETURNS TABLE (table_name text, live_rows bigint, rows_before real)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v record;
+BEGIN
+    FOR v IN
+        SELECT s.schemaname, s.relname, s.n_live_tup, c.reltuples
+        FROM pg_stat_user_tables s
+        JOIN pg_class c ON c.oid = s.relid
+        WHERE s.schemaname = 'queen'
+          AND s.n_live_tup > 2 * greatest(c.reltuples, 0) + p_slack
+        ORDER BY s.relname
+    LOOP
+        EXECUTE format('ANALYZE (SKIP_LOCKED) %I.%I', v.schemaname, v.relname);
+        table_name := v.schemaname || '.' || v.relname;
+        live_rows := v.n_live_tup;
+        rows_before := v.reltuples;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;

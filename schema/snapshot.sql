@@ -1,0 +1,1016 @@
+-- The live schema queen as a freshly migrated database has it (PostgreSQL 18): the
+-- normalised pg_dump --schema-only of tests/schema_snapshot.py. Do not edit; regenerate
+-- with `python -m tests.schema_snapshot` and review the diff.
+
+CREATE SCHEMA queen;
+
+CREATE FUNCTION queen.analyze_grown_tables(p_slack integer) RETURNS TABLE(table_name text, live_rows bigint, rows_before real)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v record;
+BEGIN
+    FOR v IN
+        SELECT s.schemaname, s.relname, s.n_live_tup, c.reltuples
+        FROM pg_stat_user_tables s
+        JOIN pg_class c ON c.oid = s.relid
+        WHERE s.schemaname = 'queen'
+          AND s.n_live_tup > 2 * greatest(c.reltuples, 0) + p_slack
+        ORDER BY s.relname
+    LOOP
+        EXECUTE format('ANALYZE (SKIP_LOCKED) %I.%I', v.schemaname, v.relname);
+        table_name := v.schemaname || '.' || v.relname;
+        live_rows := v.n_live_tup;
+        rows_before := v.reltuples;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION queen.append_timer_frames(p_tenants integer[], p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_texts text[], p_payload_bytes integer[], p_deliver_at timestamp with time zone[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_appended integer;
+    v_queues_woken integer;
+    v_wanted integer;
+    v_locked integer;
+BEGIN
+    SELECT count(*) INTO v_wanted
+    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions)) AS w;
+    FOR attempt IN 1..2 LOOP
+        WITH locked AS (
+            SELECT 1
+            FROM queen.partitions p
+            JOIN queen.queues q USING (queue_id)
+            WHERE (q.tenant_id, q.name, p.name) IN (
+                SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+            ORDER BY p.partition_id
+            FOR UPDATE OF p
+        )
+        SELECT count(*) INTO v_locked FROM locked;
+        EXIT WHEN v_locked = v_wanted OR attempt = 2;
+        -- First frames of a queue or a partition (usually they exist): create what is
+        -- missing, then lock again.
+        INSERT INTO queen.queues (tenant_id, name)
+        SELECT DISTINCT n.tenant_id, n.queue
+        FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                          WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
+        ON CONFLICT (tenant_id, name) DO NOTHING;
+        INSERT INTO queen.partitions (tenant_id, queue_id, name)
+        SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
+        FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
+        JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
+        WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
+                          WHERE p.queue_id = q.queue_id AND p.name = n.partition)
+        ON CONFLICT (queue_id, name) DO NOTHING;
+    END LOOP;
+    IF v_locked <> v_wanted THEN
+        -- A queue deleted while we created its partition: try the whole fire again later
+        -- rather than append fewer frames than the rows it deletes.
+        RAISE EXCEPTION 'a destination partition vanished during the fire'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+
+    WITH fired AS (
+        SELECT f.*, p.partition_id,
+               p.next_offset - 1 + row_number() OVER (PARTITION BY p.partition_id ORDER BY f.ord)
+                   AS "offset"
+        FROM unnest(p_tenants, p_queues, p_keys, p_partitions, p_txns, p_texts,
+                    p_payload_bytes, p_deliver_at) WITH ORDINALITY
+             AS f(tenant_id, queue, timer_key, partition, txn, payload, payload_bytes,
+                  deliver_at, ord)
+        JOIN queen.queues q ON q.tenant_id = f.tenant_id AND q.name = f.queue
+        JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = f.partition
+    ), appended AS (
+        INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
+                                  size_bytes, created_at, meta)
+        SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
+               greatest(clock_timestamp(), deliver_at),
+               jsonb_build_object('timer', jsonb_build_object(
+                   'key', timer_key,
+                   'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
+                                        'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+        FROM fired
+        RETURNING 1
+    ), bumped AS (
+        UPDATE queen.partitions p SET next_offset = p.next_offset + n.frames
+        FROM (SELECT partition_id, count(*) AS frames FROM fired GROUP BY partition_id) n
+        WHERE p.partition_id = n.partition_id
+        RETURNING 1
+    ), usage AS (
+        -- The bytes move from the timer row to the log: usually a change of zero.
+        INSERT INTO queen.usage_deltas (tenant_id, bytes)
+        SELECT tenant_id, sum(octet_length(payload) - payload_bytes)
+        FROM fired
+        GROUP BY tenant_id
+        HAVING sum(octet_length(payload) - payload_bytes) <> 0
+        RETURNING 1
+    ), woken AS (
+        -- Long-polling pops of these queues, on every broker; delivered only on commit.
+        SELECT pg_notify('queen_log', tenant_id || ':' || queue)
+        FROM (SELECT DISTINCT tenant_id, queue FROM fired) d
+    )
+    SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM woken)
+    INTO v_appended, v_queues_woken;
+    RETURN v_appended;
+END
+$$;
+
+CREATE FUNCTION queen.delete_partitions_frames() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM queen.frames f USING gone g WHERE f.partition_id = g.partition_id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queen.find_transactions(p_partition uuid, p_txns text[]) RETURNS TABLE(transaction_id text, "offset" bigint)
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_indexscan TO 'off'
+    AS $$
+DECLARE
+    v_hashes bigint[] := ARRAY(SELECT hashtextextended(x, 0) FROM unnest(p_txns) AS x);
+BEGIN
+    RETURN QUERY
+    SELECT f.transaction_id, f."offset"
+    FROM queen.frames f
+    WHERE f.partition_id = p_partition AND f.transaction_id = ANY(p_txns);
+    RETURN QUERY
+    WITH hit AS MATERIALIZED (
+        SELECT s.partition_id, s.first_offset, s.transaction_ids
+        FROM queen.segments s
+        WHERE s.transaction_hashes && v_hashes
+    )
+    SELECT t.txn, h.first_offset + t.i - 1
+    FROM hit h
+    CROSS JOIN LATERAL unnest(h.transaction_ids) WITH ORDINALITY AS t(txn, i)
+    JOIN unnest(p_txns) AS w(txn) ON w.txn = t.txn
+    WHERE h.partition_id = p_partition;
+END
+$$;
+
+CREATE FUNCTION queen.fire_claimed_timers(p_token uuid, p_tenants integer[], p_queues text[], p_keys text[], p_texts text[]) RETURNS TABLE(tenant_id integer, queue text, timer_key text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH ours AS (
+        -- One index lookup per key (LATERAL), whatever the planner thinks of the table.
+        SELECT k.ord, k.text, t.ctid AS row_id
+        FROM unnest(p_tenants, p_queues, p_keys, p_texts) WITH ORDINALITY
+             AS k(tenant_id, queue, timer_key, text, ord)
+        CROSS JOIN LATERAL (
+            SELECT x.ctid FROM queen.timers x
+            WHERE x.tenant_id = k.tenant_id AND x.queue = k.queue
+              AND x.timer_key = k.timer_key AND x.claim_token = p_token
+            FOR UPDATE
+        ) t
+    ), gone AS (
+        DELETE FROM queen.timers t
+        USING ours o
+        WHERE t.ctid = o.row_id
+        RETURNING o.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, o.text,
+                  t.payload_bytes, t.deliver_at
+    ), appended AS (
+        SELECT queen.append_timer_frames(
+                   array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
+                   array_agg(g.timer_key ORDER BY g.ord), array_agg(g.partition ORDER BY g.ord),
+                   array_agg(g.txn ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
+                   array_agg(g.payload_bytes ORDER BY g.ord),
+                   array_agg(g.deliver_at ORDER BY g.ord)) AS done
+        FROM gone g
+        HAVING count(*) > 0
+    )
+    SELECT g.tenant_id, g.queue, g.timer_key
+    FROM gone g, (SELECT count(*) FROM appended) a;
+END
+$$;
+
+CREATE FUNCTION queen.fire_lock_key(p_tenant integer, p_queue text) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT hashtext(p_tenant::text || ':' || p_queue) $$;
+
+CREATE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_name integer;
+BEGIN
+    FOR v_name IN
+        SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
+                                 || '/' || u.k)
+        FROM unnest(p_queues, p_keys) AS u(q, k)
+        ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(1363170305, v_name);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cand record;
+    cur record;
+    v_wanted bigint;
+    v_offsets bigint[];
+    v_txns text[];
+    v_payloads jsonb[];
+    v_created timestamptz[];
+    v_metas jsonb[];
+    v_last bigint;
+    v_lease uuid;
+    v_expires timestamptz;
+    v_fallback boolean := false;
+BEGIN
+    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    FOR cand IN
+        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
+        LEFT JOIN queen.cursors c
+               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue
+          AND (p_partition IS NULL OR p.name = p_partition)
+          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        ORDER BY c.updated_at NULLS FIRST
+        LIMIT 8
+    LOOP
+        IF cand.delayed_processing_s > 0 THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to INTO cur
+        FROM queen.cursors c
+        WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
+                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
+                EXIT;
+            END IF;
+            CONTINUE;  -- another consumer of the group holds (or is taking) it
+        END IF;
+        IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
+           OR (cur.lease_expires_at IS NOT NULL
+               AND coalesce(cur.leased_to, -1) > cur.committed) THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+
+        v_wanted := least(p_batch, cand.next_offset - cur.committed - 1);
+        IF v_wanted <= 0 THEN
+            -- Another consumer of the group took these frames between the candidates and the
+            -- lock: nothing left here.
+            CONTINUE;
+        END IF;
+        SELECT array_agg(f."offset" ORDER BY f."offset"),
+               array_agg(f.transaction_id ORDER BY f."offset"),
+               array_agg(f.payload ORDER BY f."offset"),
+               array_agg(f.created_at ORDER BY f."offset"),
+               array_agg(f.meta ORDER BY f."offset")
+        INTO v_offsets, v_txns, v_payloads, v_created, v_metas
+        FROM queen.read_frames(cand.pid, cur.committed + 1, v_wanted::integer) f;
+        IF coalesce(cardinality(v_offsets), 0) < v_wanted  -- some are sealed
+           OR EXISTS (SELECT 1 FROM queen.retries r
+                      WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                        AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
+        THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+        v_last := v_offsets[cardinality(v_offsets)];
+
+        IF p_auto_ack THEN
+            UPDATE queen.cursors c
+            SET committed = v_last, lease_expires_at = NULL, updated_at = now()
+            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group;
+            DELETE FROM queen.retries r
+            WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+              AND r."offset" <= v_last;
+        ELSE
+            -- Losing a lease in a crash is what its expiry does anyway: the frames are handed
+            -- out again. So this commit need not wait for the disk.
+            PERFORM set_config('synchronous_commit', 'off', true);
+            UPDATE queen.cursors c
+            SET lease_id = gen_random_uuid(),
+                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
+                leased_to = v_last, updated_at = now()
+            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+            RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
+        END IF;
+        RETURN QUERY
+        SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
+        FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
+        RETURN;
+    END LOOP;
+
+    -- Nothing to pop (no candidate, or every candidate held by another consumer of the
+    -- group), or a case for the general pop.
+    RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
+                        NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz, NULL::bigint,
+                        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+END
+$$;
+
+CREATE FUNCTION queen.pop_head_after(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_not_before double precision, p_give_up double precision) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+    v_left float8;
+BEGIN
+    -- Sleep (no spin: the sweep's backend is spinning for its instant) until the sweep, sent
+    -- ahead of this, surely holds the lock.
+    v_left := p_not_before - 0.002 - extract(epoch FROM clock_timestamp());
+    IF v_left > 0 THEN
+        PERFORM pg_sleep(least(v_left, 0.1));
+    END IF;
+    -- At most a second past the due instant, whatever the caller asked.
+    v_left := least(p_give_up, p_not_before + 1.0) - extract(epoch FROM clock_timestamp());
+    IF v_left > 0 THEN
+        PERFORM set_config('lock_timeout', ceil(v_left * 1000)::bigint::text || 'ms', true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(1363170306,
+                                                 queen.fire_lock_key(p_tenant, p_queue));
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the fire is late: pop now, and the NOTIFY will tell of it later
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
+    -- A new statement, so a new snapshot: it sees the fire that has just committed.
+    RETURN QUERY SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch,
+                                              p_auto_ack);
+END
+$$;
+
+CREATE FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) RETURNS TABLE("offset" bigint, transaction_id text, payload jsonb, size_bytes integer, created_at timestamp with time zone, meta jsonb)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT f."offset", f.transaction_id, f.payload, f.size_bytes, f.created_at, f.meta
+    FROM queen.frames f
+    WHERE f.partition_id = p_partition
+      AND f."offset" >= from_offset
+      AND f."offset" < from_offset + max_count
+    ORDER BY f."offset"
+$$;
+
+COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
+
+CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, deliver_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_keys);
+    v_ords integer[];
+    v_status text[];
+    v_txns text[];
+    v_at timestamptz[];
+    v_delta bigint;
+    v_soonest timestamptz;
+    i integer;
+BEGIN
+    IF p_attempt > 2 THEN
+        -- Created and gone again under us twice in a row: a fire is racing us.
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
+                     FROM generate_series(1, n) AS g;
+        RETURN;
+    END IF;
+    PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
+    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(p_queues, p_keys) AS u(q, k)) < n THEN
+        -- The same timer more than once: one at a time, in order, as separate calls would.
+        FOR i IN 1..n LOOP
+            RETURN QUERY
+            SELECT i, s.status, s.txn, s.deliver_at
+            FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
+                                       p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
+                                       p_delays_ms[i:i], p_notify_within_ms) s;
+        END LOOP;
+        RETURN;
+    END IF;
+
+    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID
+    -- scan) that the planner cannot flatten: with the table's statistics stale (it grew since the last ANALYZE), a join
+    -- would be planned as a scan of all the tenant's timers, for every bundle.
+    WITH input AS (
+        SELECT u.queue, u.timer_key, u.partition, u.txn, u.payload, u.zstd, u.bytes,
+               u.ord::integer AS ord, now() + make_interval(secs => u.delay_ms / 1000.0) AS due
+        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_payloads, p_zstd, p_bytes,
+                    p_delays_ms) WITH ORDINALITY
+             AS u(queue, timer_key, partition, txn, payload, zstd, bytes, delay_ms, ord)
+    ), existing AS (
+        SELECT i.ord, t.row_id, t.txn
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.ctid AS row_id, x.txn FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            LIMIT 1  -- (keeps the planner from flattening the probe into a join)
+        ) t
+    ), locked AS (
+        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
+        SELECT i.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.ctid AS row_id, x.txn, x.payload_bytes,
+                   x.claim_token IS NOT NULL AND x.visible_at > now() AS claimed
+            FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            FOR UPDATE SKIP LOCKED
+        ) t
+    ), busy AS (
+        SELECT e.ord, e.txn
+        FROM existing e
+        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
+    ), rescheduled AS (
+        -- A reschedule is a new timer under an old name: the failure budget starts again.
+        UPDATE queen.timers t
+        SET partition = i.partition, txn = i.txn, payload = i.payload, payload_zstd = i.zstd,
+            payload_bytes = i.bytes, deliver_at = i.due, visible_at = i.due, attempts = 0,
+            last_error = NULL, claim_token = NULL, claimed_by = NULL, updated_at = now()
+        FROM locked l
+        JOIN input i ON i.ord = l.ord
+        WHERE t.ctid = l.row_id AND NOT l.claimed
+        RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
+    ), inserted AS (
+        INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload,
+                                  payload_zstd, payload_bytes, deliver_at, visible_at)
+        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.payload, i.zstd, i.bytes,
+               i.due, i.due
+        FROM input i
+        WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
+        ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
+        ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
+        RETURNING queue, timer_key, deliver_at
+    ), answers AS (
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
+        FROM rescheduled r JOIN input i ON i.ord = r.ord
+        UNION ALL
+        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
+        FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
+        UNION ALL
+        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
+        UNION ALL
+        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
+    )
+    SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
+           coalesce(sum(a.delta), 0),
+           min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
+                                     AND p_delays_ms[a.ord] < p_notify_within_ms)
+    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
+    FROM answers a;
+
+    INSERT INTO queen.queues (tenant_id, name)
+    SELECT DISTINCT p_tenant, p_queues[a.o]
+    FROM unnest(v_ords, v_status) AS a(o, s)
+    WHERE a.s = 'scheduled'
+      AND NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = p_tenant AND q.name = p_queues[a.o])
+    ON CONFLICT (tenant_id, name) DO NOTHING;
+    IF v_delta <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
+    END IF;
+    IF v_soonest IS NOT NULL THEN
+        -- Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
+        -- The due instant in epoch microseconds: a sweeper woken even a fraction of a
+        -- millisecond early finds nothing due and then owes a whole MIN_SLEEP.
+        PERFORM pg_notify('queen_timers',
+                          ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
+    END IF;
+
+    RETURN QUERY
+    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
+
+    -- A timer created by a concurrent transaction after this statement's snapshot was neither
+    -- updated nor inserted here: decide it again with a fresh look.
+    FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
+        RETURN QUERY
+        SELECT i, s.status, s.txn, s.deliver_at
+        FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
+                                   p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
+                                   p_delays_ms[i:i], p_notify_within_ms, p_attempt + 1) s;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION queen.segments_are_immutable() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' OR TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'sealed segments are immutable (%)', TG_OP
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF EXISTS (SELECT 1 FROM queen.partitions p
+               WHERE p.partition_id = OLD.partition_id AND p.log_start <= OLD.last_offset) THEN
+        RAISE EXCEPTION 'segment %..% is still retained (log_start has not passed it)',
+            OLD.first_offset, OLD.last_offset
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN OLD;
+END
+$$;
+
+CREATE FUNCTION queen.sweep_due(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_due timestamptz[];
+    v_ctids tid[];
+    v_direct integer;
+    v_fired timestamptz[] := '{}';
+    v_appended integer;
+BEGIN
+    SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
+           coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
+    INTO v_due, v_ctids, v_direct
+    FROM (
+        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at, t.ctid,
+               row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
+                   AS ord,
+               p_fire AND NOT t.payload_zstd
+                   AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
+        FROM (
+            -- (ctid: the locked rows are then deleted or claimed by a TID scan, which no
+            -- planner estimate can turn into a scan of the whole table.)
+            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.visible_at,
+                   due.payload_zstd, due.payload_bytes
+            FROM queen.timers due
+            WHERE due.visible_at <= p_now
+            ORDER BY due.visible_at
+            LIMIT p_batch
+            FOR UPDATE SKIP LOCKED
+        ) t
+        JOIN queen.tenants tn ON tn.tenant_id = t.tenant_id
+    ) d;
+
+    IF v_direct > 0 THEN
+        WITH gone AS (
+            DELETE FROM queen.timers t
+            USING unnest(v_ctids[1:v_direct]) WITH ORDINALITY AS k(row_id, ord)
+            WHERE t.ctid = k.row_id
+            RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
+                      convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
+                      t.deliver_at
+        )
+        SELECT array_agg(g.deliver_at ORDER BY g.ord),
+               queen.append_timer_frames(
+                   array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
+                   array_agg(g.timer_key ORDER BY g.ord),
+                   array_agg(g.partition ORDER BY g.ord), array_agg(g.txn ORDER BY g.ord),
+                   array_agg(g.text ORDER BY g.ord),
+                   array_agg(g.payload_bytes ORDER BY g.ord),
+                   array_agg(g.deliver_at ORDER BY g.ord))
+        INTO v_fired, v_appended
+        FROM gone g;
+    ELSE
+        -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
+        -- the disk. A fire keeps the synchronous commit.
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+
+    RETURN QUERY
+    SELECT true, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+           NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
+           NULL::float8, NULL::float8
+    FROM unnest(v_fired) AS f(at);
+
+    IF v_direct < cardinality(v_ctids) THEN
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE queen.timers t
+            SET visible_at = p_now + make_interval(secs => p_lease_ms / 1000.0),
+                claim_token = p_token, claimed_by = p_broker
+            FROM unnest(v_ctids[v_direct + 1:], v_due[v_direct + 1:]) AS k(row_id, due_at)
+            WHERE t.ctid = k.row_id
+            RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
+                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
+                      NULL::float8, NULL::float8
+        )
+        SELECT * FROM claimed;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 0.001::float8 $$;
+
+CREATE FUNCTION queen.sweep_timers(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+BEGIN
+    v_now := queen.wait_until(p_not_before - queen.sweep_lead_s());
+    IF p_not_before IS NOT NULL THEN
+        -- The instant itself, unless it is past (then now) or the wait was cut short (a far
+        -- not_before: then only a lead's worth ahead of the clock).
+        v_now := greatest(v_now, least(to_timestamp(p_not_before),
+                                       v_now + make_interval(secs => queen.sweep_lead_s())));
+    END IF;
+    BEGIN
+        -- (A set-returning plpgsql function hands back its rows only once it has finished:
+        -- if it raises, nothing of it has been returned.)
+        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
+                                                   p_max_payload, p_fire, v_now);
+    EXCEPTION WHEN data_exception THEN
+        -- A payload PostgreSQL could not turn into a frame: the block's locks, deletes and
+        -- frames are gone; claim every due row for the broker, which fires or fails each.
+        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
+                                                   p_max_payload, false, v_now);
+    END;
+    -- Nothing it took was due later than v_now: return (then commit) no earlier than that.
+    PERFORM queen.wait_until(extract(epoch FROM v_now)::float8);
+
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz,
+           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t),
+           extract(epoch FROM clock_timestamp())::float8;
+END
+$$;
+
+CREATE FUNCTION queen.sweep_timers_for(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF p_lock_queue IS NOT NULL THEN
+        -- Several brokers may announce the same fire: the first sweep holds the lock, the
+        -- others go on without it (they find the timer taken).
+        PERFORM pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
+                                                                           p_lock_queue));
+    END IF;
+    RETURN QUERY SELECT * FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms,
+                                                  p_max_payload, p_fire, p_not_before);
+END
+$$;
+
+CREATE FUNCTION queen.wait_until(p_epoch double precision) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_left float8;
+BEGIN
+    IF p_epoch IS NOT NULL THEN
+        v_left := least(p_epoch - extract(epoch FROM clock_timestamp()), 0.1);
+        IF v_left > 0.0015 THEN
+            PERFORM pg_sleep(v_left - 0.0015);
+        END IF;
+        p_epoch := least(p_epoch, extract(epoch FROM clock_timestamp()) + 0.002);
+        WHILE extract(epoch FROM clock_timestamp()) < p_epoch LOOP
+        END LOOP;
+    END IF;
+    RETURN clock_timestamp();
+END
+$$;
+
+CREATE TABLE queen.cursors (
+    partition_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    tenant_id integer NOT NULL,
+    committed bigint NOT NULL,
+    acked_ahead bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    lease_id uuid,
+    lease_expires_at timestamp with time zone,
+    leased_to bigint,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queen.dead_letters (
+    dead_letter_id bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    queue_id bigint NOT NULL,
+    partition_id uuid,
+    consumer_group text NOT NULL,
+    "offset" bigint,
+    transaction_id text NOT NULL,
+    payload jsonb NOT NULL,
+    size_bytes integer DEFAULT 0 NOT NULL,
+    frame_created_at timestamp with time zone,
+    retry_count integer DEFAULT 0 NOT NULL,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    replayed_at timestamp with time zone,
+    replay_transaction_id text
+);
+
+ALTER TABLE queen.dead_letters ALTER COLUMN dead_letter_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queen.dead_letters_dead_letter_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queen.frames (
+    partition_id uuid NOT NULL,
+    "offset" bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    transaction_id text NOT NULL,
+    payload jsonb NOT NULL,
+    size_bytes integer NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    meta jsonb
+);
+
+CREATE TABLE queen.kv (
+    tenant_id integer NOT NULL,
+    namespace text NOT NULL,
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    size_bytes integer NOT NULL,
+    expires_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queen.partitions (
+    partition_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id integer NOT NULL,
+    queue_id bigint NOT NULL,
+    name text NOT NULL,
+    next_offset bigint DEFAULT 0 NOT NULL,
+    log_start bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queen.queues (
+    queue_id bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    name text NOT NULL,
+    lease_time_s integer DEFAULT 300 NOT NULL,
+    retry_limit integer DEFAULT 3 NOT NULL,
+    delayed_processing_s integer DEFAULT 0 NOT NULL,
+    retention_s integer DEFAULT 0 NOT NULL,
+    dead_letter_queue boolean DEFAULT true NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    retain_until_consumed boolean DEFAULT false NOT NULL,
+    CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
+    CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),
+    CONSTRAINT queues_retention_s_check CHECK ((retention_s >= 0)),
+    CONSTRAINT queues_retry_limit_check CHECK ((retry_limit >= 0))
+);
+
+ALTER TABLE queen.queues ALTER COLUMN queue_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queen.queues_queue_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queen.retries (
+    partition_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    "offset" bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    retry_count integer NOT NULL,
+    last_error text
+);
+
+CREATE TABLE queen.schema_functions (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queen.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queen.segments (
+    partition_id uuid NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    frame_count integer NOT NULL,
+    raw_bytes bigint NOT NULL,
+    stored_bytes integer NOT NULL,
+    first_created_at timestamp with time zone NOT NULL,
+    last_created_at timestamp with time zone NOT NULL,
+    transaction_ids text[] NOT NULL,
+    transaction_hashes bigint[] NOT NULL,
+    codec smallint DEFAULT 1 NOT NULL,
+    data bytea NOT NULL,
+    sealed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT segments_check CHECK ((frame_count = ((last_offset - first_offset) + 1))),
+    CONSTRAINT segments_check1 CHECK ((cardinality(transaction_ids) = frame_count))
+);
+ALTER TABLE ONLY queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
+
+CREATE TABLE queen.tenant_tokens (
+    token_id bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    prefix text NOT NULL,
+    salt bytea NOT NULL,
+    hash bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    revoked_at timestamp with time zone
+);
+
+ALTER TABLE queen.tenant_tokens ALTER COLUMN token_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queen.tenant_tokens_token_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queen.tenant_usage (
+    tenant_id integer NOT NULL,
+    stored_bytes bigint DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE queen.tenants (
+    tenant_id integer NOT NULL,
+    name text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_message_bytes integer DEFAULT 1048576 NOT NULL,
+    max_stored_bytes bigint,
+    requests_per_second integer,
+    plan_updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT tenants_max_message_bytes_check CHECK (((max_message_bytes >= 1) AND (max_message_bytes <= 1048576))),
+    CONSTRAINT tenants_max_stored_bytes_check CHECK ((max_stored_bytes >= 0)),
+    CONSTRAINT tenants_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'::text)),
+    CONSTRAINT tenants_requests_per_second_check CHECK ((requests_per_second >= 1))
+);
+
+ALTER TABLE queen.tenants ALTER COLUMN tenant_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queen.tenants_tenant_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queen.timers (
+    tenant_id integer NOT NULL,
+    queue text NOT NULL,
+    timer_key text NOT NULL,
+    partition text NOT NULL,
+    txn text NOT NULL,
+    payload bytea NOT NULL,
+    payload_bytes integer NOT NULL,
+    deliver_at timestamp with time zone NOT NULL,
+    visible_at timestamp with time zone NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    claim_token uuid,
+    claimed_by text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    payload_zstd boolean DEFAULT true NOT NULL
+);
+
+COMMENT ON COLUMN queen.timers.payload IS 'the payload''s compact JSON text, zstd-compressed when payload_zstd';
+
+CREATE TABLE queen.usage_deltas (
+    tenant_id integer NOT NULL,
+    bytes bigint NOT NULL
+);
+
+ALTER TABLE ONLY queen.cursors
+    ADD CONSTRAINT cursors_pkey PRIMARY KEY (partition_id, consumer_group);
+
+ALTER TABLE ONLY queen.dead_letters
+    ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (dead_letter_id);
+
+ALTER TABLE ONLY queen.frames
+    ADD CONSTRAINT frames_pkey PRIMARY KEY (partition_id, "offset");
+
+ALTER TABLE ONLY queen.kv
+    ADD CONSTRAINT kv_pkey PRIMARY KEY (tenant_id, namespace, key);
+
+ALTER TABLE ONLY queen.partitions
+    ADD CONSTRAINT partitions_pkey PRIMARY KEY (partition_id);
+
+ALTER TABLE ONLY queen.partitions
+    ADD CONSTRAINT partitions_queue_id_name_key UNIQUE (queue_id, name);
+
+ALTER TABLE ONLY queen.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (queue_id);
+
+ALTER TABLE ONLY queen.queues
+    ADD CONSTRAINT queues_tenant_id_name_key UNIQUE (tenant_id, name);
+
+ALTER TABLE ONLY queen.retries
+    ADD CONSTRAINT retries_pkey PRIMARY KEY (partition_id, consumer_group, "offset");
+
+ALTER TABLE ONLY queen.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queen.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY queen.segments
+    ADD CONSTRAINT segments_pkey PRIMARY KEY (partition_id, first_offset);
+
+ALTER TABLE ONLY queen.tenant_tokens
+    ADD CONSTRAINT tenant_tokens_pkey PRIMARY KEY (token_id);
+
+ALTER TABLE ONLY queen.tenant_tokens
+    ADD CONSTRAINT tenant_tokens_prefix_key UNIQUE (prefix);
+
+ALTER TABLE ONLY queen.tenant_usage
+    ADD CONSTRAINT tenant_usage_pkey PRIMARY KEY (tenant_id);
+
+ALTER TABLE ONLY queen.tenants
+    ADD CONSTRAINT tenants_name_key UNIQUE (name);
+
+ALTER TABLE ONLY queen.tenants
+    ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
+
+ALTER TABLE ONLY queen.timers
+    ADD CONSTRAINT timers_pkey PRIMARY KEY (tenant_id, queue, timer_key);
+
+CREATE UNIQUE INDEX cursors_lease ON queen.cursors USING btree (lease_id) WHERE (lease_id IS NOT NULL);
+
+CREATE INDEX dead_letters_listing ON queen.dead_letters USING btree (tenant_id, queue_id, consumer_group, dead_letter_id);
+
+CREATE INDEX frames_transaction ON queen.frames USING btree (partition_id, transaction_id);
+
+CREATE INDEX kv_expiry ON queen.kv USING btree (expires_at) WHERE (expires_at IS NOT NULL);
+
+CREATE INDEX partitions_tenant ON queen.partitions USING btree (tenant_id, queue_id);
+
+CREATE UNIQUE INDEX segments_last_offset ON queen.segments USING btree (partition_id, last_offset);
+
+CREATE INDEX segments_transactions ON queen.segments USING gin (transaction_hashes) WITH (fastupdate=off);
+
+CREATE INDEX timers_claim_token ON queen.timers USING btree (claim_token) WHERE (claim_token IS NOT NULL);
+
+CREATE INDEX timers_visible ON queen.timers USING btree (visible_at);
+
+CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
+
+CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
+
+CREATE TRIGGER segments_not_truncated BEFORE TRUNCATE ON queen.segments FOR EACH STATEMENT EXECUTE FUNCTION queen.segments_are_immutable();
+
+ALTER TABLE ONLY queen.cursors
+    ADD CONSTRAINT cursors_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.dead_letters
+    ADD CONSTRAINT dead_letters_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.dead_letters
+    ADD CONSTRAINT dead_letters_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES queen.queues(queue_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.dead_letters
+    ADD CONSTRAINT dead_letters_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.kv
+    ADD CONSTRAINT kv_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.partitions
+    ADD CONSTRAINT partitions_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES queen.queues(queue_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.partitions
+    ADD CONSTRAINT partitions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.queues
+    ADD CONSTRAINT queues_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.retries
+    ADD CONSTRAINT retries_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.segments
+    ADD CONSTRAINT segments_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.tenant_tokens
+    ADD CONSTRAINT tenant_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.tenant_usage
+    ADD CONSTRAINT tenant_usage_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.timers
+    ADD CONSTRAINT timers_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.usage_deltas
+    ADD CONSTRAINT usage_deltas_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
