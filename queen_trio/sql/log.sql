@@ -212,8 +212,9 @@ WHERE p.partition_id = %(partition_id)s AND p.tenant_id = %(tenant_id)s
 ORDER BY f."offset"
 
 -- name: ack_head
--- The common acknowledgement in one statement (schema 016); 'fallback' sends the broker to its
--- general ack. The commit level as for pop_head: acks riding a pop commit as pops do.
+-- The common acknowledgement in one statement (queen.ack_head, schema/functions/log.sql);
+-- 'fallback' sends the broker to its general ack. The commit level as for pop_head: acks
+-- riding a pop commit as pops do.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),

@@ -116,7 +116,7 @@ class Harness:
                      for_timer: bool = False) -> SweepResult:
         self.cycles.append(Cycle(trio.current_time(), not_before, for_timer, announced))
         if not_before is not None:
-            await trio.sleep_until(not_before - EPOCH)  # as PostgreSQL does (schema 008)
+            await trio.sleep_until(not_before - EPOCH)  # as queen.sweep_timers does
         if not self.results:
             self._stop.cancel()
             await trio.sleep_forever()
