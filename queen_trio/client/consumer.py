@@ -97,15 +97,20 @@ class _Loop:
         self.group, self.batch, self.partition = group, batch, partition
         self.max_messages, self.idle_s, self.poll_s = max_messages, idle_s, poll_s
         self.renew = renew
-        self.stats = ConsumeStats()
+        self.counts = dict.fromkeys(ConsumeStats.__dataclass_fields__, 0)
         self.stopping = False
         self.last_activity = anyio.current_time()
         self.fatal: ApiError | None = None
         self.slot = anyio.Semaphore(1)
 
+    @property
+    def stats(self) -> ConsumeStats:
+        return ConsumeStats(**self.counts)
+
     def count(self, **increments: int) -> None:
-        self.stats = dataclasses.replace(self.stats, **{
-            k: getattr(self.stats, k) + v for k, v in increments.items()})
+        counts = self.counts
+        for k, v in increments.items():
+            counts[k] += v
 
     def stop(self) -> None:
         """Pop no more. Handlers in progress finish, and pops in flight are not cancelled:
@@ -135,6 +140,13 @@ class _Worker:
         self.loop = loop
         self.owed: list[dict[str, Any]] = []  # settlements of the last batch, not yet sent
         self.holding = False                  # this worker holds the poll slot
+        # The batch being handled, for the watchdog (slot hand-over, lease renewal): a task
+        # that lives as long as the worker, so that a batch costs no task of its own before
+        # its first handler starts.
+        self.current: Batch | None = None
+        self.began = 0.0
+        self.armed = anyio.Event()
+        self.watching: anyio.CancelScope | None = None
 
     def release_slot(self) -> None:
         if self.holding:
@@ -143,7 +155,10 @@ class _Worker:
 
     async def run(self) -> None:
         try:
-            await self._pop_and_handle()
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self.watchdog)
+                await self._pop_and_handle()
+                tasks.cancel_scope.cancel()
         finally:
             self.release_slot()
             if self.owed:
@@ -209,26 +224,39 @@ class _Worker:
         loop = self.loop
         messages = got.messages
         done = 0  # messages whose handler finished (their settlement is owed)
+        self.current, self.began = got, anyio.current_time()
+        self.armed.set()
         try:
-            async with anyio.create_task_group() as tasks:
-                if loop.renew and got.lease_id is not None:
-                    tasks.start_soon(self.renew_lease, got.lease_id)
-                if self.holding:
-                    tasks.start_soon(self.release_slot_later)
-                for message in messages:
-                    failed = await self.handle(message)
-                    done += 1
-                    if failed or loop.stopping:
-                        # The rest goes back untouched, no retry spent: the partition's order
-                        # holds (a failed message is redelivered before the ones after it).
-                        break
-                tasks.cancel_scope.cancel()
+            for message in messages:
+                failed = await self.handle(message)
+                done += 1
+                if failed or loop.stopping:
+                    # The rest goes back untouched, no retry spent: the partition's order
+                    # holds (a failed message is redelivered before the ones after it).
+                    break
         finally:
+            self.current = None
+            if self.watching is not None:
+                self.watching.cancel()
             self.owed += [calls.ack_entry(m, AckStatus.RETRY, None) for m in messages[done:]]
 
-    async def release_slot_later(self) -> None:
-        await anyio.sleep(SLOT_HOLD_S)
-        self.release_slot()
+    async def watchdog(self) -> None:
+        """While a batch is handled: give the poll slot up after ``SLOT_HOLD_S``, then renew
+        the batch's lease every third of the queue's leaseTime. A batch handled sooner than
+        this task gets to look at it costs nothing here."""
+        while True:
+            await self.armed.wait()
+            self.armed = anyio.Event()
+            got = self.current
+            if got is None:
+                continue  # that batch is over already
+            with anyio.CancelScope() as scope:
+                self.watching = scope
+                await anyio.sleep_until(self.began + SLOT_HOLD_S)
+                self.release_slot()
+                if self.loop.renew and got.lease_id is not None:
+                    await self.renew_lease(got.lease_id)
+            self.watching = None
 
     async def handle(self, message: Message) -> bool:
         """Run the handler; owe the message's settlement. True if the handler raised."""
@@ -253,7 +281,7 @@ class _Worker:
             self.owed.append(calls.ack_entry(message, status, error))
             loop.count(handled=1, failed=int(failed))
         loop.last_activity = anyio.current_time()
-        if loop.max_messages is not None and loop.stats.handled >= loop.max_messages:
+        if loop.max_messages is not None and loop.counts["handled"] >= loop.max_messages:
             loop.stop()
         return failed
 
