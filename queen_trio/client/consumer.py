@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 
 from . import calls
 from .durations import Duration, delay_ms
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("queen_trio.client")
 
 DEFAULT_CONCURRENCY = 4  # partitions handled at once
-DEFAULT_BATCH = 100      # messages per pop: a pop answers with what is ready, never waits for more
+DEFAULT_BATCH = 500      # messages per pop: a pop answers with what is ready, never waits for more
 DEFAULT_LEASE_S = 300    # the broker's default leaseTime, for a queue it does not know yet
 SLOT_HOLD_S = 0.02       # how long a batch being handled keeps the poll slot
 SETTLE_AT_EXIT_S = 5.0   # how long a stopping or cancelled worker may take to settle
@@ -66,17 +68,31 @@ async def consume(
         raise ValueError("concurrency and batch must be at least 1")
     if max_messages is not None and max_messages < 1:
         raise ValueError("max_messages must be at least 1")
+    in_thread = isinstance(handler, InThread)
+    if isinstance(handler, InThread):
+        handler = handler.function
     loop = _Loop(client, queue, handler, group=group, batch=batch, partition=partition,
                  max_messages=max_messages,
                  idle_s=None if idle_timeout is None else delay_ms(idle_timeout,
                                                                     "idle_timeout") / 1000,
-                 poll_s=_positive_s(poll, "poll"), renew=renew_leases)
+                 poll_s=_positive_s(poll, "poll"), renew=renew_leases, in_thread=in_thread)
     async with anyio.create_task_group() as workers:
         for _ in range(concurrency):
             workers.start_soon(_Worker(loop).run)
     if loop.fatal is not None:
         raise loop.fatal  # as itself, not wrapped in the task group's ExceptionGroup
     return loop.stats
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InThread:
+    """A plain function whose calls must not block the event loop: the loop runs each batch
+    of them in a worker thread (:meth:`SyncClient.consume`)."""
+
+    function: Callable[[Message], Any]
+
+    def __call__(self, message: Message) -> Any:
+        return self.function(message)
 
 
 def _positive_s(value: Duration, what: str) -> float:
@@ -92,8 +108,9 @@ class _Loop:
     def __init__(self, client: Client, queue: str, handler: Callable[[Message], Any], *,
                  group: str | None, batch: int, partition: str | None,
                  max_messages: int | None, idle_s: float | None, poll_s: float,
-                 renew: bool) -> None:
+                 renew: bool, in_thread: bool = False) -> None:
         self.client, self.queue, self.handler = client, queue, handler
+        self.in_thread = in_thread  # a plain function's batches run in a worker thread
         self.group, self.batch, self.partition = group, batch, partition
         self.max_messages, self.idle_s, self.poll_s = max_messages, idle_s, poll_s
         self.renew = renew
@@ -135,6 +152,32 @@ class _Loop:
         self.count(ack_errors=sum(1 for e in entries if e["status"] != "retry"))
 
 
+class _Handling:
+    """Around one handler call: what the handler settled itself (``ack``, or a committed
+    transaction that acks it) and how it ended. The handler's exception is the message's
+    failure, not the loop's: it is recorded and swallowed."""
+
+    def __init__(self, queue: str, message: Message) -> None:
+        self.queue, self.message = queue, message
+        self.settled: set[tuple[str, str]] = set()
+        self.status: AckStatus = AckStatus.COMPLETED
+        self.error: str | None = None
+
+    def __enter__(self) -> _Handling:
+        self.token = calls.settled_here.set(self.settled)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        calls.settled_here.reset(self.token)
+        if not isinstance(exc, Exception):
+            return False  # done, or cancelled: cancellation is the loop's
+        self.status, self.error = AckStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        log.warning("consume %s: handler failed on %s: %s", self.queue,
+                    self.message.transaction_id, self.error, exc_info=exc)
+        return True
+
+
 class _Worker:
     def __init__(self, loop: _Loop) -> None:
         self.loop = loop
@@ -145,6 +188,7 @@ class _Worker:
         # its first handler starts.
         self.current: Batch | None = None
         self.began = 0.0
+        self.done = 0
         self.armed = anyio.Event()
         self.watching: anyio.CancelScope | None = None
 
@@ -223,22 +267,27 @@ class _Worker:
     async def handle_batch(self, got: Batch) -> None:
         loop = self.loop
         messages = got.messages
-        done = 0  # messages whose handler finished (their settlement is owed)
+        self.done = 0  # messages whose handler finished (their settlement is owed)
         self.current, self.began = got, anyio.current_time()
         self.armed.set()
         try:
-            for message in messages:
-                failed = await self.handle(message)
-                done += 1
-                if failed or loop.stopping:
-                    # The rest goes back untouched, no retry spent: the partition's order
-                    # holds (a failed message is redelivered before the ones after it).
-                    break
+            if loop.in_thread:
+                await anyio.to_thread.run_sync(self.handle_in_thread, messages)
+            else:
+                for message in messages:
+                    failed = await self.handle(message)
+                    self.done += 1
+                    if failed or loop.stopping:
+                        break
         finally:
+            # After a failure (or the stop) the rest goes back untouched, no retry spent: the
+            # partition's order holds (a failed message is redelivered before the ones after).
             self.current = None
             if self.watching is not None:
                 self.watching.cancel()
-            self.owed += [calls.ack_entry(m, AckStatus.RETRY, None) for m in messages[done:]]
+            self.owed += [calls.ack_entry(m, AckStatus.RETRY, None)
+                          for m in messages[self.done:]]
+            loop.last_activity = anyio.current_time()
 
     async def watchdog(self) -> None:
         """While a batch is handled: give the poll slot up after ``SLOT_HOLD_S``, then renew
@@ -260,27 +309,33 @@ class _Worker:
 
     async def handle(self, message: Message) -> bool:
         """Run the handler; owe the message's settlement. True if the handler raised."""
-        loop = self.loop
-        settled: set[tuple[str, str]] = set()
-        token = calls.settled_here.set(settled)
-        status, error = AckStatus.COMPLETED, None
-        try:
-            result = loop.handler(message)
+        with _Handling(self.loop.queue, message) as handling:
+            result = self.loop.handler(message)
             if inspect.isawaitable(result):
                 await result
-        except Exception as exc:  # the handler's failure is the message's, not the loop's
-            status, error = AckStatus.FAILED, f"{type(exc).__name__}: {exc}"
-            log.warning("consume %s: handler failed on %s: %s", loop.queue,
-                        message.transaction_id, error, exc_info=True)
-        finally:
-            calls.settled_here.reset(token)
-        failed = status is AckStatus.FAILED
-        if (message.partition_id, message.transaction_id) in settled:
+        return self.record(handling)
+
+    def handle_in_thread(self, messages: Sequence[Message]) -> None:
+        """A plain function's batch, in one worker thread: one hop per batch, not per
+        message. A cancelled loop stops it before the next message."""
+        for message in messages:
+            anyio.from_thread.check_cancelled()
+            with _Handling(self.loop.queue, message) as handling:
+                self.loop.handler(message)
+            self.done += 1
+            if self.record(handling) or self.loop.stopping:
+                return
+
+    def record(self, handling: _Handling) -> bool:
+        """Owe the broker the handled message's settlement (unless the handler settled it
+        itself); True if the handler raised."""
+        loop, message = self.loop, handling.message
+        failed = handling.status is AckStatus.FAILED
+        if (message.partition_id, message.transaction_id) in handling.settled:
             loop.count(handled=1, failed=int(failed), settled_by_handler=1)
         else:
-            self.owed.append(calls.ack_entry(message, status, error))
+            self.owed.append(calls.ack_entry(message, handling.status, handling.error))
             loop.count(handled=1, failed=int(failed))
-        loop.last_activity = anyio.current_time()
         if loop.max_messages is not None and loop.counts["handled"] >= loop.max_messages:
             loop.stop()
         return failed

@@ -7,14 +7,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import httpx
 
 from .api import BaseClient
 from .async_client import Client
 from .blocking import iterate_blocking, run_blocking
 from .calls import Call
-from .consumer import ConsumeStats
+from .consumer import ConsumeStats, InThread
 from .models import Message, Page
 from .transport import Send
 
@@ -58,14 +57,12 @@ class SyncClient(BaseClient[Any]):
     def consume(self, queue: str, handler: Callable[[Message], Any], **options: Any
                 ) -> ConsumeStats:
         """:meth:`Client.consume` for a plain function: blocks until the loop ends (give
-        ``max_messages`` or ``idle_timeout``, or interrupt it). Handlers run in worker
-        threads, one per ``concurrency``; they may use this client."""
-
-        async def in_thread(message: Message) -> Any:
-            return await anyio.to_thread.run_sync(handler, message)
+        ``max_messages`` or ``idle_timeout``, or interrupt it). Each batch's handler calls run
+        in a worker thread, one batch per ``concurrency`` at a time; they may use this
+        client."""
 
         async def main() -> ConsumeStats:
             async with Client(**self._options()) as client:
-                return await client.consume(queue, in_thread, **options)
+                return await client.consume(queue, InThread(handler), **options)
 
         return anyio.run(main)

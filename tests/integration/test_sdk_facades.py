@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
@@ -148,8 +149,10 @@ async def test_sync_consume_runs_sync_handlers(broker: BrokerHandle) -> None:
         with SyncClient(broker.url, retry=FAST_RETRY) as queen:
             queen.push_many("sync-jobs", [1, 2, 3])
             seen: list[Any] = []
+            threads: set[int] = set()
 
             def handler(message: Message) -> None:
+                threads.add(threading.get_ident())
                 seen.append(message.data)
                 if message.data == 2 and message.retry_count == 0:
                     raise RuntimeError("try again")
@@ -157,6 +160,8 @@ async def test_sync_consume_runs_sync_handlers(broker: BrokerHandle) -> None:
                     queen.transaction().ack(message).kv.put("jobs", "3", "ok").commit()
 
             stats = queen.consume("sync-jobs", handler, max_messages=4)
+            # Off the loop's thread: a blocking handler never stalls the loop.
+            assert threading.get_ident() not in threads
             assert queen.kv.get("jobs", "3").value == "ok"
             assert len(queen.pop("sync-jobs")) == 0
             return stats, seen
