@@ -177,6 +177,23 @@ async def finish(party: Ours | Peer, ctx: Ctx, name: str, queue: str, out: dict[
     return out
 
 
+async def begin(party: Ours | Peer, name: str, queue: str, out: dict[str, Any]) -> Any:
+    """The queue prepared, the load average noted; the metrics before (ours)."""
+    await party.prepare(name, queue)
+    m0 = await party.metrics()
+    out["load_avg_start"] = load()
+    return m0
+
+
+async def calibrated_due(party: Ours | Peer, name: str, queue: str, n: int,
+                         out: dict[str, Any]) -> float:
+    """When the first of ``n`` timers scheduled from now can come due: the calibrated
+    scheduling time (with its margin) plus LEAD_S."""
+    calibrated = await party.calibrate(name, queue)
+    out["calibration_timers_per_s"] = round(calibrated)
+    return time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+
+
 async def scenario_idle(party: Ours | Peer, ctx: Ctx, sizes: Sizes, *,
                         explore: bool = False) -> dict[str, Any]:
     name = "idle"
@@ -227,14 +244,10 @@ async def scenario_steady(party: Ours | Peer, ctx: Ctx, sizes: Sizes, rate: int,
     limit = 600.0
     out: dict[str, Any] = {"rate": rate, "seconds": seconds, "timers": n,
                            "wait_s": sizes.wait_steady_s}
-    await party.prepare(name, queue)
-    m0 = await party.metrics()
-    out["load_avg_start"] = load()
+    m0 = await begin(party, name, queue, out)
     why = None
     with ctx.limit(limit) as scope:
-        calibrated = await party.calibrate(name, queue)
-        out["calibration_timers_per_s"] = round(calibrated)
-        first_due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+        first_due = await calibrated_due(party, name, queue, n, out)
         async with trio.open_nursery() as nursery:
             await nursery.start(party.receive, queue, 100)
             t_sched = time.time()
@@ -275,14 +288,10 @@ async def scenario_burst(party: Ours | Peer, ctx: Ctx, sizes: Sizes, n: int, wai
     delivery = party.delivery = Delivery(name)
     limit = 1800.0
     out: dict[str, Any] = {"timers": n, "wait_s": wait_s}
-    await party.prepare(name, queue)
-    m0 = await party.metrics()
-    out["load_avg_start"] = load()
+    m0 = await begin(party, name, queue, out)
     why = None
     with ctx.limit(limit) as scope:
-        calibrated = await party.calibrate(name, queue)
-        out["calibration_timers_per_s"] = round(calibrated)
-        due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+        due = await calibrated_due(party, name, queue, n, out)
         async with trio.open_nursery() as nursery:
             await nursery.start(party.receive, queue, 1000)
             t_sched = time.time()

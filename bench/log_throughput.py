@@ -57,7 +57,7 @@ from typing import Any
 import httpx
 import trio
 
-from bench.harness.api import event
+from bench.harness.api import REQUEST_TIMEOUT_S, event, pop_problem
 from bench.harness.brokers import broker_process
 from bench.harness.clients import timed_loop
 from bench.harness.cpu import CpuMeter, cpu_cell
@@ -88,7 +88,6 @@ WAKE_TIMEOUT_MS = 5000
 WAITER_POLL_S = 0.002
 WAITER_REGISTER_TIMEOUT_S = 3.0
 
-REQUEST_TIMEOUT_S = 30.0
 SCENARIO_LIMIT_S = 120.0  # a hang must not hang the script
 
 TARGET_PUSH = 5_000.0  # msgs/s
@@ -171,14 +170,8 @@ class Broker:
         if response.status_code == 204:
             return None
         body = json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200 or 204"
-        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            why = "expected an object with messages"
-        elif not body["messages"] or len(body["messages"]) > batch:
-            why = f"expected 1..{batch} messages, got {len(body['messages'])}"
-        elif not auto_ack and not body.get("leaseId"):
+        why = pop_problem(response.status_code, body, batch)
+        if why is None and not auto_ack and not body.get("leaseId"):
             why = "no leaseId without autoAck"
         if why:
             self.failures.bad_response(scenario, "GET", path, None, response, why)

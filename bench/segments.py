@@ -30,10 +30,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import trio
 import zstandard
 
-from bench.harness.pg import scratch_database
+from bench.harness.pg import measure_on_scratch
 from bench.harness.stats import percentile
 from queen_trio.db import Database
 from queen_trio.log import housekeeping, rules, store
@@ -288,11 +287,5 @@ async def measure(url: str) -> None:
     await database(url)
 
 
-def main() -> None:
-    with scratch_database(os.environ.get("QUEEN_DATABASE_URL"), "queen-bench-segments-",
-                          migrate=True) as url:
-        trio.run(measure, url)
-
-
 if __name__ == "__main__":
-    main()
+    measure_on_scratch(measure, "queen-bench-segments-")

@@ -30,7 +30,7 @@ import uuid
 
 import trio
 
-from bench.harness.pg import scratch_database
+from bench.harness.pg import measure_on_scratch
 from bench.harness.stats import percentile
 from queen_trio.db import Database
 from queen_trio.timers import rules, store
@@ -98,11 +98,5 @@ async def measure(url: str) -> None:
                         f"{percentile(ordered, p):7.2f}" for p in (50, 90, 99, 100)))
 
 
-def main() -> None:
-    with scratch_database(os.environ.get("QUEEN_DATABASE_URL"), "queen-bench-cycle-",
-                          migrate=True) as url:
-        trio.run(measure, url)
-
-
 if __name__ == "__main__":
-    main()
+    measure_on_scratch(measure, "queen-bench-cycle-")

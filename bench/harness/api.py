@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,6 +20,17 @@ REQUEST_TIMEOUT_S = 30.0
 
 def epoch(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def pop_problem(status: int, body: Any, batch: int) -> str | None:
+    """Why a pop's answer (other than 204) is wrong, or None."""
+    if status != 200:
+        return "expected 200 or 204"
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return "expected an object with messages"
+    if not body["messages"] or len(body["messages"]) > batch:
+        return f"expected 1..{batch} messages, got {len(body['messages'])}"
+    return None
 
 
 class Api:
@@ -40,6 +52,20 @@ class Api:
              response: Answer, why: str) -> None:
         self.failures.bad_response(scenario, method, path, clip(body), response, why)
 
+    async def _checked(self, scenario: str, method: str, path: str, body: Any,
+                       problem: Callable[[int, Any], str | None]) -> Any:
+        """The answer's JSON if ``problem(status, json)`` finds nothing wrong, else None (the
+        failure recorded)."""
+        response = await self._call(scenario, method, path, body)
+        if response is None:
+            return None
+        answer = json_or_none(response)
+        why = problem(response.status_code, answer)
+        if why:
+            self._bad(scenario, method, path, body, response, why)
+            return None
+        return answer
+
     async def configure(self, scenario: str, queue: str) -> bool:
         path = f"{API}/configure"
         body = {"queue": queue}
@@ -54,53 +80,42 @@ class Api:
     async def put_timer(self, scenario: str, queue: str, key: str, delay_ms: int,
                         payload: Any) -> dict[str, Any] | None:
         """PUT one timer; the answer if it was scheduled, else None."""
-        path = f"{API}/timers/{queue}/{key}"
+
+        def problem(status: int, answer: Any) -> str | None:
+            if status != 200:
+                return "expected 200"
+            if not isinstance(answer, dict) or answer.get("status") != "scheduled" \
+                    or answer.get("ok") is not True:
+                return "expected ok: true, status: scheduled"
+            if answer.get("key") != key or not isinstance(answer.get("deliverAt"), str):
+                return "expected the key back and a deliverAt"
+            return None
+
         body = {"delayMs": delay_ms, "payload": payload}
-        response = await self._call(scenario, "PUT", path, body)
-        if response is None:
-            return None
-        answer = json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200"
-        elif not isinstance(answer, dict) or answer.get("status") != "scheduled" \
-                or answer.get("ok") is not True:
-            why = "expected ok: true, status: scheduled"
-        elif answer.get("key") != key or not isinstance(answer.get("deliverAt"), str):
-            why = "expected the key back and a deliverAt"
-        if why:
-            self._bad(scenario, "PUT", path, body, response, why)
-            return None
-        return answer
+        return await self._checked(scenario, "PUT", f"{API}/timers/{queue}/{key}", body,
+                                   problem)
 
     async def bundle(self, scenario: str, timers: list[dict[str, Any]]
                      ) -> list[dict[str, Any]] | None:
         """POST /transaction with only a timers array; the per-timer answers if all were
         scheduled, else None."""
-        path = f"{API}/transaction"
-        body = {"operations": [], "timers": timers}
-        response = await self._call(scenario, "POST", path, body)
-        if response is None:
-            return None
-        answer = json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200"
-        elif not isinstance(answer, dict) or answer.get("success") is not True \
-                or not isinstance(answer.get("timers"), list):
-            why = "expected success: true and a timers array"
-        elif len(answer["timers"]) != len(timers):
-            why = f"expected {len(timers)} timer answers, got {len(answer['timers'])}"
-        else:
+
+        def problem(status: int, answer: Any) -> str | None:
+            if status != 200:
+                return "expected 200"
+            if not isinstance(answer, dict) or answer.get("success") is not True \
+                    or not isinstance(answer.get("timers"), list):
+                return "expected success: true and a timers array"
+            if len(answer["timers"]) != len(timers):
+                return f"expected {len(timers)} timer answers, got {len(answer['timers'])}"
             bad = [t for t, sent in zip(answer["timers"], timers, strict=True)
                    if t.get("status") != "scheduled" or t.get("key") != sent["key"]
                    or not isinstance(t.get("deliverAt"), str)]
-            if bad:
-                why = f"{len(bad)} timer(s) not scheduled, first: {bad[0]}"
-        if why:
-            self._bad(scenario, "POST", path, body, response, why)
-            return None
-        return answer["timers"]
+            return f"{len(bad)} timer(s) not scheduled, first: {bad[0]}" if bad else None
+
+        body = {"operations": [], "timers": timers}
+        answer = await self._checked(scenario, "POST", f"{API}/transaction", body, problem)
+        return None if answer is None else answer["timers"]
 
     async def pop(self, scenario: str, queue: str, *, batch: int,
                   timeout_ms: int) -> dict[str, Any] | None | bool:
@@ -114,13 +129,7 @@ class Api:
         if response.status_code == 204:
             return None
         body = json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200 or 204"
-        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            why = "expected an object with messages"
-        elif not body["messages"] or len(body["messages"]) > batch:
-            why = f"expected 1..{batch} messages, got {len(body['messages'])}"
+        why = pop_problem(response.status_code, body, batch)
         if why:
             self._bad(scenario, "GET", path, None, response, why)
             return False
@@ -128,16 +137,16 @@ class Api:
 
     async def pending(self, scenario: str, queue: str) -> int | None:
         """How many timers the queue still lists as pending (at most 10 looked at)."""
-        path = f"{API}/timers/{queue}?limit=10"
-        response = await self._call(scenario, "GET", path)
-        if response is None:
+
+        def problem(status: int, body: Any) -> str | None:
+            if status != 200 or not isinstance(body, dict) \
+                    or not isinstance(body.get("timers"), list):
+                return "expected 200 with a timers array"
             return None
-        body = json_or_none(response)
-        if response.status_code != 200 or not isinstance(body, dict) \
-                or not isinstance(body.get("timers"), list):
-            self._bad(scenario, "GET", path, None, response, "expected 200 with a timers array")
-            return None
-        return len(body["timers"])
+
+        body = await self._checked(scenario, "GET", f"{API}/timers/{queue}?limit=10", None,
+                                   problem)
+        return None if body is None else len(body["timers"])
 
     async def metrics(self) -> Metrics | None:
         try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -135,3 +136,11 @@ def scratch_database(url: str | None, prefix: str, *, migrate: bool = False,
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure_on_scratch(measure: Callable[[str], Awaitable[None]], prefix: str) -> None:
+    """``trio.run(measure, url)`` on $QUEEN_DATABASE_URL, or on a migrated throw-away server."""
+    import trio
+
+    with scratch_database(os.environ.get("QUEEN_DATABASE_URL"), prefix, migrate=True) as url:
+        trio.run(measure, url)
