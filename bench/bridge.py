@@ -37,12 +37,9 @@ import dataclasses
 import datetime
 import gc
 import json
-import math
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -53,9 +50,10 @@ from typing import Any
 import psycopg
 import trio
 
+from bench.harness.pg import scratch_database
+from bench.harness.stats import percentile
 from queen_trio.db.listener import Listener, Notification
 from queen_trio.db.pool import Database
-from queen_trio.embedded import EmbeddedPostgres
 
 ROUNDS = 20
 QUERY = "SELECT 1"
@@ -73,12 +71,6 @@ Samples = list[int]  # nanoseconds
 
 
 # -- statistics -------------------------------------------------------------------------------
-
-
-def percentile(sorted_ns: Samples, p: float) -> int:
-    """Nearest-rank percentile of already sorted samples."""
-    rank = max(1, math.ceil(p / 100 * len(sorted_ns)))
-    return sorted_ns[rank - 1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,16 +329,8 @@ def wake_batches(
 def database_url() -> Iterator[tuple[str, str]]:
     """Yield (url, where it comes from): $QUEEN_DATABASE_URL, or a throw-away embedded server."""
     url = os.environ.get("QUEEN_DATABASE_URL")
-    if url:
-        yield url, "QUEEN_DATABASE_URL"
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-"))
-    server = EmbeddedPostgres(data_dir)
-    try:
-        yield server.start(), "embedded (temporary)"
-    finally:
-        server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with scratch_database(url, "queen-bench-") as scratch:
+        yield scratch, "QUEEN_DATABASE_URL" if url else "embedded (temporary)"
 
 
 def machine_info(url: str, source: str) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 Scenarios (each bounded in time; a fresh database and a fresh broker or peer worker per party):
 
 * ``idle``: 500 timers, one PUT every 100 ms, each with a random delay in 0.2–3 s, drawn so
-  that no two come due within 25 ms of each other (``bench.spacing``): they come due one at a
-  time on an otherwise idle service;
+  that no two come due within 25 ms of each other (``bench.harness.spacing``): they come due
+  one at a time on an otherwise idle service;
 * ``steady``: 1,000 and 500 timers/s due for 30 s, scheduled ahead in 500-timer batches;
 * ``burst``: 100,000 timers due at one instant (``--million``: 1,000,000 for ours): drain rate,
   last timer's lag, lost and duplicated;
@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
-import math
 import os
 import platform
 import random
@@ -63,24 +61,23 @@ import trio
 
 from bench import fire_lag_report as report
 from bench import peer_procrastinate as peer
-from bench.client_gc import collector_paused
-from bench.fire_parties import Ours, Peer, arrival_lags, metric_lag, quantiles
-from bench.log_throughput import Failures, cpu_cell, event, source_revision
-from bench.pgshared import PartyCpu, Server, brokers, shared_server
-from bench.spacing import IDLE_GAP_S, SpacedDelays
-from bench.timer_lag import (
-    API,
+from bench.fire_parties import Ours, Peer, arrival_lags
+from bench.harness.api import API, REQUEST_TIMEOUT_S, Api, epoch, event
+from bench.harness.brokers import brokers
+from bench.harness.collector import collector_paused
+from bench.harness.cpu import PartyCpu, cpu_cell
+from bench.harness.metrics import metric_lag, request_counts, sweeper_summary
+from bench.harness.pg import Server, shared_server
+from bench.harness.report import Failures, json_default, load, now_iso, source_revision
+from bench.harness.spacing import IDLE_GAP_S, SpacedDelays
+from bench.harness.stats import quantiles
+from bench.harness.timers import (
     SCHEDULE_ESTIMATE_MARGIN,
-    Api,
     Ctx,
     Delivery,
     delivery_failures,
-    epoch,
     hang,
-    load,
     new_key,
-    request_counts,
-    sweeper_summary,
     undelivered,
     wait_delivered,
     watchdog,
@@ -97,7 +94,6 @@ EXPLORE_MIN_SLEEP_MS = (1, 5, 10, 25)
 EXPLORE_BATCH = (100, 500, 2000)
 IDLE_SEED = 20250707
 LEAD_S = 2.0  # first due instant after scheduling ends
-REQUEST_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +177,23 @@ async def finish(party: Ours | Peer, ctx: Ctx, name: str, queue: str, out: dict[
     return out
 
 
+async def begin(party: Ours | Peer, name: str, queue: str, out: dict[str, Any]) -> Any:
+    """The queue prepared, the load average noted; the metrics before (ours)."""
+    await party.prepare(name, queue)
+    m0 = await party.metrics()
+    out["load_avg_start"] = load()
+    return m0
+
+
+async def calibrated_due(party: Ours | Peer, name: str, queue: str, n: int,
+                         out: dict[str, Any]) -> float:
+    """When the first of ``n`` timers scheduled from now can come due: the calibrated
+    scheduling time (with its margin) plus LEAD_S."""
+    calibrated = await party.calibrate(name, queue)
+    out["calibration_timers_per_s"] = round(calibrated)
+    return time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+
+
 async def scenario_idle(party: Ours | Peer, ctx: Ctx, sizes: Sizes, *,
                         explore: bool = False) -> dict[str, Any]:
     name = "idle"
@@ -231,14 +244,10 @@ async def scenario_steady(party: Ours | Peer, ctx: Ctx, sizes: Sizes, rate: int,
     limit = 600.0
     out: dict[str, Any] = {"rate": rate, "seconds": seconds, "timers": n,
                            "wait_s": sizes.wait_steady_s}
-    await party.prepare(name, queue)
-    m0 = await party.metrics()
-    out["load_avg_start"] = load()
+    m0 = await begin(party, name, queue, out)
     why = None
     with ctx.limit(limit) as scope:
-        calibrated = await party.calibrate(name, queue)
-        out["calibration_timers_per_s"] = round(calibrated)
-        first_due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+        first_due = await calibrated_due(party, name, queue, n, out)
         async with trio.open_nursery() as nursery:
             await nursery.start(party.receive, queue, 100)
             t_sched = time.time()
@@ -279,14 +288,10 @@ async def scenario_burst(party: Ours | Peer, ctx: Ctx, sizes: Sizes, n: int, wai
     delivery = party.delivery = Delivery(name)
     limit = 1800.0
     out: dict[str, Any] = {"timers": n, "wait_s": wait_s}
-    await party.prepare(name, queue)
-    m0 = await party.metrics()
-    out["load_avg_start"] = load()
+    m0 = await begin(party, name, queue, out)
     why = None
     with ctx.limit(limit) as scope:
-        calibrated = await party.calibrate(name, queue)
-        out["calibration_timers_per_s"] = round(calibrated)
-        due = time.time() + n / calibrated * SCHEDULE_ESTIMATE_MARGIN + LEAD_S
+        due = await calibrated_due(party, name, queue, n, out)
         async with trio.open_nursery() as nursery:
             await nursery.start(party.receive, queue, 1000)
             t_sched = time.time()
@@ -747,10 +752,6 @@ def explore(server: Server, sizes: Sizes, failures: Failures) -> list[dict[str, 
     return out
 
 
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
 def stamp(summary: dict[str, Any], started: float) -> None:
     summary["timestamp"] = now_iso()
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -772,13 +773,7 @@ def save(path: Path, info: dict[str, Any], sizes: Sizes, scenarios: dict[str, An
                    failures={"total": failures.total(), "counts": failures.counts,
                              "examples": failures.examples})
     stamp(summary, started)
-    path.write_text(json.dumps(summary, indent=1, default=_json_default) + "\n")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
+    path.write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.fire_parties import qname
+from bench.harness.stats import qname
 
 README = Path(__file__).resolve().parent / "README.md"
 PARTIES = ("ours", "ours-sync", "ours-wire", "peer-default", "peer-best")
@@ -427,8 +427,4 @@ def print_failures(failures: Any) -> None:
     if not failures.total():
         print("failures: none (every answer as expected; every timer of ours exactly once)")
         return
-    print(f"failures: {failures.total()}")
-    for key, n in failures.counts.items():
-        print(f"   {n:>6} x {key}")
-    for ex in failures.examples[:20]:
-        print(f"   - {json.dumps(ex)[:600]}")
+    failures.print_details(examples=20, width=600)

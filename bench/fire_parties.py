@@ -1,7 +1,7 @@
-"""The two sides of ``bench.fire_lag``, behind one small interface, and its statistics.
+"""The two sides of ``bench.fire_lag``, behind one small interface.
 
 A *party* schedules timers (key, delayMs), reports each timer's arrival into a
-``bench.timer_lag.Delivery`` (which does the exactly-once bookkeeping), and says what is left
+``bench.harness.timers.Delivery`` (which does the exactly-once bookkeeping), and says what is left
 afterwards. ``Ours`` talks HTTP to one or more brokers (arrival = a long-polling consumer's
 receive time); ``Peer`` defers Procrastinate jobs with ``schedule_in`` (arrival = the job's start
 time in the worker). Lag is arrival minus due in both cases; for ours the broker's own histogram
@@ -17,77 +17,21 @@ from typing import Any
 import trio
 
 from bench import peer_procrastinate as peer
-from bench.log_throughput import Failures, percentile
-from bench.sdk_consumer import SdkConsumer
-from bench.timer_lag import (
+from bench.harness.api import Api
+from bench.harness.metrics import Metrics, merge
+from bench.harness.report import Failures
+from bench.harness.timers import (
     BUNDLE,
-    CALIBRATION_WARMUP,
     FAR_DELAY_MS,
-    FIRE_LAG,
-    Api,
     Delivery,
-    Metrics,
+    calibration_rate,
     consume,
     final_check,
-    histogram_quantile,
-    lag_summary,
     settle_metrics,
 )
+from bench.sdk_consumer import SdkConsumer
 
 CALIBRATION_BUNDLES = 6
-QUANTILES = (50, 90, 99, 99.9)
-CDF_POINTS = 200
-
-
-# -- statistics -------------------------------------------------------------------------------
-
-
-def qname(q: float) -> str:
-    return f"p{q:g}".replace(".", "_")  # p50, p99_9
-
-
-def quantiles(samples_s: list[float]) -> dict[str, Any]:
-    """p50/p90/p99/p99.9/max in ms (nearest rank). A timer that never arrived counts as
-    +inf (``missing``): a percentile that lands on one is None, i.e. "more than the wait"."""
-    if not samples_s:
-        return {"n": 0}
-    ordered = sorted(samples_s)
-    finite = [x for x in ordered if math.isfinite(x)]
-
-    def ms(x: float) -> float | None:
-        return round(x * 1000, 2) if math.isfinite(x) else None
-
-    out: dict[str, Any] = {"n": len(ordered), "missing": len(ordered) - len(finite)}
-    for q in QUANTILES:
-        out[qname(q)] = ms(percentile(ordered, q))
-    out["max"] = ms(ordered[-1])
-    out["mean"] = round(sum(finite) / len(finite) * 1000, 2) if finite else None
-    out["cdf_ms"] = cdf_points(finite, len(ordered))
-    return out
-
-
-def cdf_points(finite_s: list[float], total: int) -> list[list[float]]:
-    """[lag ms, fraction <= it] at ranks spaced evenly in log(1 - F), so the tail is drawn
-    as finely as the body; small enough for the JSON."""
-    n = len(finite_s)
-    if not n:
-        return []
-    ranks = {n - 1}
-    for i in range(CDF_POINTS):
-        tail = 10 ** (-4 * i / (CDF_POINTS - 1))  # 1 .. 1e-4 of the timers above
-        ranks.add(min(n - 1, max(0, round(total * (1 - tail)) - 1)))
-    return [[round(finite_s[r] * 1000, 3), round((r + 1) / total, 6)] for r in sorted(ranks)]
-
-
-def metric_lag(m: Metrics | None) -> dict[str, Any]:
-    """``lag_summary`` of the broker histogram plus p99.9 (interpolated inside buckets)."""
-    out = lag_summary(m)
-    if m is not None and out.get("count"):
-        value = histogram_quantile(m.buckets(FIRE_LAG), 0.999)
-        out["p99_9_ms"] = None if value is None else round(value * 1000, 2)
-        out["cdf_ms"] = [[round(le * 1000, 3), round(c / out["count"], 6)]
-                         for le, c in m.buckets(FIRE_LAG) if math.isfinite(le)]
-    return out
 
 
 def arrival_lags(delivery: Delivery) -> list[float]:
@@ -97,18 +41,6 @@ def arrival_lags(delivery: Delivery) -> list[float]:
         copies = delivery.frames.get(key)
         out.append(copies[0][0] - due if copies else math.inf)
     return out
-
-
-def merge(metrics: list[Metrics | None]) -> Metrics | None:
-    """Several brokers' scrapes as one (counters and histogram buckets add up)."""
-    known = [m for m in metrics if m is not None]
-    if not known:
-        return None
-    samples: dict[Any, float] = {}
-    for m in known:
-        for k, v in m.samples.items():
-            samples[k] = samples.get(k, 0.0) + v
-    return Metrics(samples)
 
 
 # -- parties ----------------------------------------------------------------------------------
@@ -277,8 +209,6 @@ async def _calibrate(send: Any) -> float:
     """Timers/s of 500-timer batches, timed after CALIBRATION_WARMUP untimed ones (the first
     requests on each pool connection are slower)."""
     stamp = f"{time.monotonic_ns()}"
-    for b in range(CALIBRATION_WARMUP + CALIBRATION_BUNDLES):
-        if b == CALIBRATION_WARMUP:
-            t0 = time.perf_counter()
-        await send([(f"cal-{stamp}-{b}-{i}", FAR_DELAY_MS) for i in range(BUNDLE)])
-    return CALIBRATION_BUNDLES * BUNDLE / (time.perf_counter() - t0)
+    return await calibration_rate(
+        lambda b: send([(f"cal-{stamp}-{b}-{i}", FAR_DELAY_MS) for i in range(BUNDLE)]),
+        CALIBRATION_BUNDLES)

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,9 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.log_throughput import free_port, wait_healthy
-from bench.pgshared import REPO, shared_server
+from bench.harness.brokers import REPO, free_port, wait_healthy
+from bench.harness.pg import shared_server
+from bench.harness.stats import percentile
 
 VARIANTS = {"notify (QUEEN_POP_FIRE_WAIT_MS=0)": "0", "fire lock (default)": "10"}
 STEPS = ["created", "wake", "pop_start", "committed", "sweep_ret", "pop_end", "resp_built",
@@ -223,9 +223,8 @@ def summary(rows: list[dict[str, float]]) -> list[tuple[str, int, float, float, 
     for step in STEPS:
         values = sorted(1000 * r[step] for r in rows if step in r)
         if values:
-            out.append((step, len(values), statistics.median(values),
-                        values[int(0.9 * (len(values) - 1))],
-                        values[int(0.99 * (len(values) - 1))], values[-1]))
+            out.append((step, len(values), percentile(values, 50), percentile(values, 90),
+                        percentile(values, 99), values[-1]))
     return out
 
 

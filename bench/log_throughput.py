@@ -45,15 +45,8 @@ import dataclasses
 import datetime
 import json
 import math
-import os
-import platform
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -63,6 +56,13 @@ from typing import Any
 
 import httpx
 import trio
+
+from bench.harness.api import REQUEST_TIMEOUT_S, event, pop_problem
+from bench.harness.brokers import broker_process
+from bench.harness.clients import timed_loop
+from bench.harness.cpu import CpuMeter, cpu_cell
+from bench.harness.report import Failures, json_or_none, machine_info, save_json, verdict
+from bench.harness.stats import distribution
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 API = "/api/v1"
@@ -88,96 +88,14 @@ WAKE_TIMEOUT_MS = 5000
 WAITER_POLL_S = 0.002
 WAITER_REGISTER_TIMEOUT_S = 3.0
 
-REQUEST_TIMEOUT_S = 30.0
 SCENARIO_LIMIT_S = 120.0  # a hang must not hang the script
-BROKER_START_TIMEOUT_S = 60.0
-BROKER_STOP_TIMEOUT_S = 20.0
 
 TARGET_PUSH = 5_000.0  # msgs/s
 TARGET_POP_ACK = 5_000.0  # msgs/s
 TARGET_WAKE_P99_MS = 20.0
 
 
-# -- statistics -------------------------------------------------------------------------------
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-def distribution(samples_s: list[float]) -> dict[str, Any]:
-    """p50/p90/p99/max/mean in milliseconds of samples in seconds."""
-    if not samples_s:
-        return {"n": 0}
-    ms = sorted(x * 1000 for x in samples_s)
-    return {
-        "n": len(ms),
-        "p50": round(percentile(ms, 50), 2),
-        "p90": round(percentile(ms, 90), 2),
-        "p99": round(percentile(ms, 99), 2),
-        "max": round(ms[-1], 2),
-        "mean": round(sum(ms) / len(ms), 2),
-    }
-
-
-# -- failures ---------------------------------------------------------------------------------
-
-
-class Failures:
-    """What went wrong, with the request and the broker's answer. The first few of each kind
-    are kept verbatim; all are counted."""
-
-    KEEP = 5
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.examples: list[dict[str, Any]] = []
-
-    def add(self, scenario: str, kind: str, detail: str, **request: Any) -> None:
-        key = f"{scenario}: {kind}"
-        self.counts[key] = self.counts.get(key, 0) + 1
-        if self.counts[key] <= self.KEEP:
-            self.examples.append({"scenario": scenario, "kind": kind, "detail": detail, **request})
-
-    def bad_response(self, scenario: str, method: str, path: str, body: Any,
-                     response: httpx.Response, why: str) -> None:
-        self.add(scenario, f"{method} {path.split('?')[0]} -> {response.status_code}", why,
-                 request=f"{method} {path}", request_body=_clip(body),
-                 status=response.status_code, response_body=_clip(response.text))
-
-    def exception(self, scenario: str, method: str, path: str, body: Any,
-                  exc: BaseException) -> None:
-        self.add(scenario, f"{method} {path.split('?')[0]} raised {type(exc).__name__}",
-                 str(exc) or repr(exc), request=f"{method} {path}", request_body=_clip(body))
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def _clip(value: Any, limit: int = 600) -> str | None:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
-
-
 # -- payloads ---------------------------------------------------------------------------------
-
-
-def event(seq: int, source: str) -> dict[str, Any]:
-    """A ~200-byte JSON event object; ``eventId`` identifies it on the way back."""
-    return {
-        "eventId": f"{source}-{seq:09d}",
-        "type": "order.created",
-        "orderId": 1_000_000 + seq,
-        "customerId": f"cust-{seq % 9973:05d}",
-        "amount": round(10 + (seq % 5000) / 7, 2),
-        "currency": "EUR",
-        "items": [{"sku": f"SKU-{seq % 997:04d}", "qty": 1 + seq % 3}],
-        "ts": "2025-01-01T12:00:00.000Z",
-    }
 
 
 def partition_of(layout: str, client: int, request: int, item: int) -> str:
@@ -208,15 +126,22 @@ class Broker:
         self.failures = failures
         self.cpu = cpu
 
-    async def push(self, scenario: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """POST /push; the per-item results if every item was queued, else None."""
-        path = f"{API}/push"
+    async def _post(self, scenario: str, path: str, body: dict[str, Any]
+                    ) -> httpx.Response | None:
+        """The answer, or None (recorded) if the request itself failed."""
         try:
-            response = await self.client.post(path, json=body)
+            return await self.client.post(path, json=body)
         except httpx.HTTPError as exc:
             self.failures.exception(scenario, "POST", path, body, exc)
             return None
-        results = _json_or_none(response)
+
+    async def push(self, scenario: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """POST /push; the per-item results if every item was queued, else None."""
+        path = f"{API}/push"
+        response = await self._post(scenario, path, body)
+        if response is None:
+            return None
+        results = json_or_none(response)
         items = body["items"]
         why = None
         if response.status_code != 201:
@@ -244,15 +169,9 @@ class Broker:
             return False
         if response.status_code == 204:
             return None
-        body = _json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200 or 204"
-        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            why = "expected an object with messages"
-        elif not body["messages"] or len(body["messages"]) > batch:
-            why = f"expected 1..{batch} messages, got {len(body['messages'])}"
-        elif not auto_ack and not body.get("leaseId"):
+        body = json_or_none(response)
+        why = pop_problem(response.status_code, body, batch)
+        if why is None and not auto_ack and not body.get("leaseId"):
             why = "no leaseId without autoAck"
         if why:
             self.failures.bad_response(scenario, "GET", path, None, response, why)
@@ -266,12 +185,10 @@ class Broker:
              "leaseId": m["leaseId"], "status": "completed"}
             for m in messages
         ]}
-        try:
-            response = await self.client.post(path, json=body)
-        except httpx.HTTPError as exc:
-            self.failures.exception(scenario, "POST", path, body, exc)
+        response = await self._post(scenario, path, body)
+        if response is None:
             return False
-        results = _json_or_none(response)
+        results = json_or_none(response)
         why = None
         if response.status_code != 200:
             why = "expected 200"
@@ -310,65 +227,28 @@ class Broker:
         return counts
 
 
-def _json_or_none(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
 # -- 1. push ----------------------------------------------------------------------------------
 
 
 async def push_scenario(broker: Broker, run: str, layout: str, clients: int) -> dict[str, Any]:
     scenario = f"push[{layout},C={clients}]"
     queue = f"bench-push-{layout}-c{clients}-{run}"
-    latencies: list[float] = []
-    counters = {"messages": 0, "requests": 0, "failed": 0}
-    clock: dict[str, float] = {}
-    started = trio.Event()
-    warmed = [0]
-    cpu: dict[str, dict[str, float]] = {}
 
-    async def client(c: int) -> None:
-        request = 0
-        seq = c * 10_000_000
-        while True:
-            if request == PUSH_WARMUP_REQUESTS:
-                warmed[0] += 1
-                if warmed[0] == clients:
-                    cpu["before"] = broker.cpu.snapshot()
-                    clock["start"] = time.perf_counter()
-                    clock["stop"] = clock["start"] + PUSH_SECONDS
-                    started.set()
-                await started.wait()
-            measuring = request >= PUSH_WARMUP_REQUESTS
-            if measuring and time.perf_counter() >= clock["stop"]:
-                return
-            body = push_body(queue, layout, c, request, seq, scenario)
-            t0 = time.perf_counter()
-            results = await broker.push(scenario, body)
-            t1 = time.perf_counter()
-            if measuring:
-                counters["requests"] += 1
-                if results is None:
-                    counters["failed"] += 1
-                else:
-                    latencies.append(t1 - t0)
-                    counters["messages"] += len(results)
-                    clock["end"] = max(clock.get("end", t1), t1)
-            request += 1
-            seq += PUSH_BATCH
+    def body(c: int, request: int) -> dict[str, Any]:
+        return push_body(queue, layout, c, request, c * 10_000_000 + request * PUSH_BATCH,
+                         scenario)
 
-    async with trio.open_nursery() as nursery:
-        for c in range(clients):
-            nursery.start_soon(client, c)
-    cores = CpuMeter.cores(cpu["before"], broker.cpu.snapshot(),
-                           time.perf_counter() - clock["start"])
-    elapsed = clock.get("end", clock["start"]) - clock["start"]
-    rate = counters["messages"] / elapsed if elapsed > 0 else 0.0
+    async def push(items: dict[str, Any]) -> int | None:
+        results = await broker.push(scenario, items)
+        return None if results is None else len(results)
+
+    timed = await timed_loop(broker.cpu, clients, PUSH_SECONDS, PUSH_WARMUP_REQUESTS, body, push)
+    cores = timed.cores(broker.cpu)
+    elapsed = timed.elapsed
+    rate = timed.items / elapsed if elapsed > 0 else 0.0
     return {"layout": layout, "clients": clients, "batch": PUSH_BATCH, "seconds": round(elapsed, 2),
-            **counters, "msgs_per_s": round(rate), "latency_ms": distribution(latencies),
+            "messages": timed.items, "requests": timed.requests, "failed": timed.failed,
+            "msgs_per_s": round(rate), "latency_ms": distribution(timed.latencies),
             "cpu_cores": cores}
 
 
@@ -579,224 +459,13 @@ async def wake_scenario(broker: Broker, run: str) -> dict[str, Any]:
             "wake_after_push_answer_ms": distribution(after_push), "cpu_cores": cores}
 
 
-# -- CPU accounting --------------------------------------------------------------------------
-
-
-class CpuMeter:
-    """CPU seconds used by this client, the broker process and its descendants (the embedded
-    PostgreSQL), and by everything else on the machine ("other": a concurrent test run skews
-    the numbers), read from /proc. Without a broker pid (``--url``) only the client is known."""
-
-    TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    PARTIES = ("client", "broker", "postgres", "other")
-
-    def __init__(self, broker_pid: int | None) -> None:
-        self.broker_pid = broker_pid
-
-    def snapshot(self) -> dict[str, float]:
-        snap = {"client": time.process_time()}
-        if self.broker_pid is None or not Path("/proc").is_dir():
-            return snap
-        busy = _machine_busy_ticks()
-        stats = _proc_stats()
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, *_) in stats.items():
-            children.setdefault(ppid, []).append(pid)
-        below, stack = 0.0, list(children.get(self.broker_pid, []))
-        while stack:
-            pid = stack.pop()
-            below += stats[pid][1] + stats[pid][2]  # + reaped children: backends that exited
-            stack.extend(children.get(pid, []))
-        snap["broker"] = stats.get(self.broker_pid, (0, 0.0, 0.0))[1] / self.TICK
-        snap["postgres"] = below / self.TICK
-        snap["other"] = busy / self.TICK - snap["client"] - snap["broker"] - snap["postgres"]
-        return snap
-
-    @staticmethod
-    def cores(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
-        """Average cores busy per party over ``wall_s``."""
-        return {k: round((after[k] - before[k]) / wall_s, 2) for k in before if wall_s > 0}
-
-
-def _machine_busy_ticks() -> float:
-    """Non-idle CPU ticks of the whole machine since boot (first line of /proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return float(user + nice + system + irq + softirq + steal)
-
-
-def _proc_stats() -> dict[int, tuple[int, float, float]]:
-    """pid -> (ppid, own utime + stime, reaped children's cutime + cstime), in ticks, for
-    every readable process."""
-    stats = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-        stats[int(entry.name)] = (int(fields[1]), float(own), float(reaped))
-    return stats
-
-
-# -- the broker -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None) -> None:
-    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"broker exited with {process.returncode}:\n{log_tail(log_path)}")
-        try:
-            response = httpx.get(f"{url}/health", timeout=2.0)
-            if response.status_code == 200:
-                return
-            last = f"{response.status_code} {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    raise RuntimeError(f"broker not healthy after {BROKER_START_TIMEOUT_S} s ({last}):\n"
-                       f"{log_tail(log_path)}")
-
-
-def log_tail(path: Path | None, lines: int = 30) -> str:
-    if path is None or not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def error_lines(path: Path, limit: int = 60) -> list[str]:
-    """The broker log from its first ERROR or traceback on (at most ``limit`` lines)."""
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    for i, line in enumerate(lines):
-        if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback"):
-            return lines[i:i + limit]
-    return []
-
-
-@dataclasses.dataclass
-class BrokerProcess:
-    url: str
-    source: str
-    database_url: str | None
-    log_path: Path | None
-    pid: int | None = None
-    exit_code: int | None = None
-    log_errors: list[str] = dataclasses.field(default_factory=list)
-
-
-@contextmanager
-def broker_process(url: str | None) -> Iterator[BrokerProcess]:
-    """The broker at ``url``, or one started here and stopped (SIGTERM) on the way out."""
-    if url:
-        wait_healthy(url, None, None)
-        yield BrokerProcess(url, f"existing broker at {url}",
-                            os.environ.get("QUEEN_DATABASE_URL") or None, None)
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-log-"))
-    log_path = data_dir / "broker.log"
-    port = free_port()
-    env = {**os.environ, "QUEEN_PORT": str(port), "QUEEN_HOST": "127.0.0.1",
-           "QUEEN_DATA_DIR": str(data_dir / "data"), "QUEEN_LOG_LEVEL": "INFO"}
-    external_db = env.get("QUEEN_DATABASE_URL") or None
-    source = "QUEEN_DATABASE_URL" if external_db else "embedded (temporary)"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], env=env,
-                                   stdout=log_file, stderr=subprocess.STDOUT)
-    handle = BrokerProcess(f"http://127.0.0.1:{port}", f"subprocess, database {source}",
-                           external_db, log_path, process.pid)
-    try:
-        wait_healthy(handle.url, process, log_path)
-        if handle.database_url is None:
-            match = re.search(r"using embedded PostgreSQL at (\S+)", log_path.read_text())
-            handle.database_url = match.group(1) if match else None
-        yield handle
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=BROKER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print(f"broker did not stop in {BROKER_STOP_TIMEOUT_S} s; killing it",
-                      file=sys.stderr)
-                process.kill()
-                process.wait()
-        handle.exit_code = process.returncode
-        handle.log_errors = error_lines(log_path)
-        if handle.exit_code != 0:
-            print(f"broker exited with {handle.exit_code}:\n{log_tail(log_path)}", file=sys.stderr)
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def server_version(database_url: str | None, embedded: bool) -> str:
-    if not database_url:
-        return "embedded PostgreSQL 18 (version not read)" if embedded else "unknown"
-    try:
-        import psycopg
-
-        with psycopg.connect(database_url, connect_timeout=5) as conn:
-            version, fsync, sync_commit = (
-                conn.execute(f"SHOW {name}").fetchone()[0]
-                for name in ("server_version", "fsync", "synchronous_commit")
-            )
-        return f"PostgreSQL {version} (fsync={fsync}, synchronous_commit={sync_commit})"
-    except Exception as exc:  # noqa: BLE001 - informational only
-        return f"unknown ({type(exc).__name__})"
-
-
-def source_revision() -> str:
-    """The checkout's commit, marked dirty when queen_trio/ has uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                                capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "queen_trio", "schema"],
-                               cwd=root, text=True, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit}{' + uncommitted changes' if dirty.strip() else ''}"
-
-
-def machine_info(handle: BrokerProcess) -> dict[str, Any]:
-    return {
-        "checkout": source_revision(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "httpx": httpx.__version__,
-        "trio": trio.__version__,
-        "broker": handle.source,
-        "postgresql": server_version(handle.database_url, handle.log_path is not None),
-        "load_avg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
-
-
 # -- report -----------------------------------------------------------------------------------
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
 
 
 def dist_cells(d: dict[str, Any]) -> str:
     if not d.get("n"):
         return f"{'-':>7} {'-':>7} {'-':>7} {'-':>8}"
     return f"{d['p50']:7.1f} {d['p90']:7.1f} {d['p99']:7.1f} {d['max']:8.1f}"
-
-
-def cpu_cell(cores: dict[str, float]) -> str:
-    """Cores busy as client/broker/postgres/other."""
-    return "/".join(f"{cores[k]:.2f}" if k in cores else "-" for k in CpuMeter.PARTIES)
 
 
 def print_push(rows: list[dict[str, Any]]) -> None:
@@ -894,11 +563,7 @@ def print_failures(failures: Failures, counts: dict[str, int], log_errors: list[
     if not failures.total():
         print("failures: none (every response had the expected status and shape)")
         return
-    print(f"failures: {failures.total()}")
-    for key, n in failures.counts.items():
-        print(f"   {n:>6} x {key}")
-    for ex in failures.examples:
-        print(f"   - {json.dumps(ex)}")
+    failures.print_details()
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -987,8 +652,7 @@ def main() -> int:
         "failures": {"total": failures.total(), "counts": failures.counts,
                      "examples": failures.examples, "broker_log_errors": handle.log_errors},
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    save_json(args.json, summary)
     return 0 if failures.total() == 0 else 1
 
 

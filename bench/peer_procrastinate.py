@@ -21,17 +21,14 @@ import argparse
 import asyncio
 import datetime
 import logging
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness.lines import LineProcess
+
 QUEUE = "fire"
 SIDE_QUEUE = "calibration"  # no worker listens here: far-future jobs for rate calibration
 TASK = "bench.fire"
@@ -165,77 +162,25 @@ class PeerClient:
         return await trio.to_thread.run_sync(self._pending, queue)
 
 
-class PeerWorker:
-    """The worker subprocess; ``on_job(key, scheduled_at, started)`` for every job it starts."""
+class PeerWorker(LineProcess):
+    """The worker subprocess; ``on_job(key, scheduled_at, started)`` for every job it starts
+    (stopped with SIGTERM first: graceful, it unregisters the worker)."""
 
     def __init__(self, dsn: str, profile: str) -> None:
+        super().__init__("bench.peer_procrastinate", ["--dsn", dsn, "--profile", profile],
+                         what="peer worker", log_prefix=f"queen-bench-peer-{profile}-")
         self.dsn = dsn
         self.profile = profile
-        self.process: trio.Process | None = None
-        self.ready = trio.Event()
         self.on_job: Callable[[str, float, float], None] = lambda *_: None
-        self.stderr_path = Path(tempfile.mkstemp(prefix=f"queen-bench-peer-{profile}-",
-                                                 suffix=".log")[1])
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        cmd = [sys.executable, "-m", "bench.peer_procrastinate", "--dsn", self.dsn,
-               "--profile", self.profile]
-        with open(self.stderr_path, "wb") as err:  # noqa: ASYNC230 - a local file, once
-            self.process = await trio.lowlevel.open_process(
-                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read)
-                with trio.fail_after(30):
-                    await self.ready.wait()
-                task_status.started()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._stop()
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        buffer = b""
-        async for chunk in self.process.stdout:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                self._line(line.decode())
-        if not self.ready.is_set():
-            raise RuntimeError(f"peer worker exited before it was ready: {self.log_tail()}")
-
-    def _line(self, line: str) -> None:
-        if line == "READY":
-            self.ready.set()
-            return
+    def on_line(self, line: str) -> None:
         parts = line.split("\t")
         if len(parts) == 3:
             self.on_job(parts[0], float(parts[1]), float(parts[2]))
 
-    async def _stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)  # graceful: unregisters the worker
-        with trio.move_on_after(10):
-            await self.process.wait()
-            return
-        self.process.kill()
-        await self.process.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
 
 def job_messages(records: Iterable[tuple[str, float, float]]) -> list[dict[str, Any]]:
-    """A started job in the shape of a popped timer frame, so ``bench.timer_lag.Delivery`` can
+    """A started job in the shape of a popped timer frame, so ``bench.harness.timers.Delivery`` can
     check it (createdAt = the job's start, deliverAt = its scheduled_at)."""
     return [{"timer": {"key": key, "deliverAt": iso(scheduled)}, "createdAt": iso(started)}
             for key, scheduled, started in records]

@@ -34,8 +34,10 @@ from typing import Any
 
 import psycopg
 
-from bench.log_throughput import source_revision
-from bench.pgshared import PartyCpu, brokers, shared_server
+from bench.harness.brokers import brokers
+from bench.harness.cpu import PartyCpu
+from bench.harness.pg import shared_server
+from bench.harness.report import source_revision
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_PUT_RATE = 1_000.0

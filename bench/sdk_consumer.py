@@ -16,19 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import trio
-
 import queen_trio
-
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness.lines import LineProcess
 
 
 def _line(message: queen_trio.Message, started: float) -> str:
@@ -69,76 +63,25 @@ def consumer_main(argv: list[str] | None = None) -> int:
 # -- the suite's side (trio) --------------------------------------------------------------
 
 
-class SdkConsumer:
+class SdkConsumer(LineProcess):
     """The consumer subprocess; ``on_start(message_like, started)`` for every handler call,
-    with the record in the shape of a popped frame (``bench.timer_lag.Delivery`` reads it)."""
+    with the record in the shape of a popped frame (``bench.harness.timers.Delivery`` reads
+    it)."""
 
     def __init__(self, url: str, queue: str, *, sync: bool = False) -> None:
+        super().__init__("bench.sdk_consumer",
+                         ["--url", url, "--queue", queue, *(["--sync"] if sync else [])],
+                         what="consumer", log_prefix="queen-bench-consumer-")
         self.url, self.queue, self.sync = url, queue, sync
-        self.process: trio.Process | None = None
-        self.ready = trio.Event()
         self.on_start: Callable[[dict[str, Any], float], None] = lambda *_: None
-        self.stderr_path = Path(tempfile.mkstemp(prefix="queen-bench-consumer-",
-                                                 suffix=".log")[1])
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        cmd = [sys.executable, "-m", "bench.sdk_consumer", "--url", self.url,
-               "--queue", self.queue, *(["--sync"] if self.sync else [])]
-        with open(self.stderr_path, "wb") as err:  # noqa: ASYNC230 - a local file, once
-            self.process = await trio.lowlevel.open_process(
-                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read)
-                with trio.fail_after(30):
-                    await self.ready.wait()
-                task_status.started()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._stop()
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        buffer = b""
-        async for chunk in self.process.stdout:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                self._line(line.decode())
-        if not self.ready.is_set():
-            raise RuntimeError(f"consumer exited before it was ready: {self.log_tail()}")
-
-    def _line(self, line: str) -> None:
-        if line == "READY":
-            self.ready.set()
-            return
+    def on_line(self, line: str) -> None:
         parts = line.split("\t")
         if len(parts) == 4:
             key, due, started, created = parts
             frame = {"timer": {"key": key, "deliverAt": _wire_time(due)},
                      "createdAt": _wire_time(created)}
             self.on_start(frame, float(started))
-
-    async def _stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            await self.process.wait()
-            return
-        self.process.kill()
-        await self.process.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def _wire_time(iso: str) -> str:

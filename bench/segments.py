@@ -24,21 +24,17 @@ from __future__ import annotations
 import os
 import platform
 import random
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import trio
 import zstandard
 
+from bench.harness.pg import measure_on_scratch
+from bench.harness.stats import percentile
 from queen_trio.db import Database
-from queen_trio.db.migrations import apply_migrations
-from queen_trio.embedded import EmbeddedPostgres
 from queen_trio.log import housekeeping, rules, store
 from queen_trio.log.segments import HeadFrame, SealPolicy, SegmentCache, encode_lines
 
@@ -48,13 +44,9 @@ REPEATS = 3
 SEAL_ALL = SealPolicy(max_frames=SEGMENT, max_bytes=64 << 20, min_age_ms=0, max_age_ms=0)
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
-
-
 def pcts(values: list[float]) -> str:
-    return " ".join(f"{percentile(values, p):8.2f}" for p in (0.5, 0.9, 0.99))
+    ordered = sorted(values)
+    return " ".join(f"{percentile(ordered, p):8.2f}" for p in (50, 90, 99))
 
 
 # -- event-like payloads ------------------------------------------------------------------------
@@ -295,21 +287,5 @@ async def measure(url: str) -> None:
     await database(url)
 
 
-def main() -> None:
-    url = os.environ.get("QUEEN_DATABASE_URL")
-    if url:
-        trio.run(measure, url)
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-segments-"))
-    server = EmbeddedPostgres(data_dir)
-    try:
-        url = server.start()
-        apply_migrations(url)
-        trio.run(measure, url)
-    finally:
-        server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    measure_on_scratch(measure, "queen-bench-segments-")

@@ -31,9 +31,7 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +46,9 @@ from typing import Any
 import httpx
 import trio
 
+from bench.harness.brokers import free_port
+from bench.harness.pg import scratch_database
+
 REPO = Path(__file__).resolve().parent.parent
 API = "/api/v1"
 TIMER_QUEUE = "soak-timers"
@@ -57,31 +58,15 @@ LOG_QUEUE = "soak-log"
 # -- processes ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def database(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from queen_trio.embedded import EmbeddedPostgres
-
-    root = Path(tempfile.mkdtemp(prefix="queen-soak-"))
-    server = EmbeddedPostgres(root, database="queen")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with scratch_database(url, "queen-soak-", database="queen") as scratch:
+        yield scratch
 
 
 class Broker:
     def __init__(self, url: str, n: int, env: dict[str, str]) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"soak-broker{n}-", suffix=".log",  # noqa: SIM115
                                                delete=False)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,8 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from queen_trio.db.migrations import apply_migrations
-from queen_trio.embedded import EmbeddedPostgres
+from bench.harness.pg import scratch_database
 from queen_trio.timers import store
 from queen_trio.timers.rules import Schedule
 
@@ -93,15 +90,8 @@ def main() -> None:
     parser.add_argument("--timers", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=500, help="QUEEN_SWEEPER_BATCH")
     args = parser.parse_args()
-    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-cost-"))
-    server = EmbeddedPostgres(data_dir)
-    try:
-        url = server.start()
-        apply_migrations(url)
+    with scratch_database(None, "queen-bench-cost-", migrate=True) as url:
         measure(url, args.timers, args.batch)
-    finally:
-        server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,26 +25,18 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import trio
 
+from bench.harness.pg import measure_on_scratch
+from bench.harness.stats import percentile
 from queen_trio.db import Database
-from queen_trio.db.migrations import apply_migrations
-from queen_trio.embedded import EmbeddedPostgres
 from queen_trio.timers import rules, store
 
 ROUNDS = 150
 IDLE_S = 0.2
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
 
 
 SMALL = {"accountId": 42}
@@ -101,25 +93,10 @@ async def measure(url: str) -> None:
                     for step, ms in (await cycle(db, tenant_id, i)).items():
                         steps.setdefault(step, []).append(ms)
                 for step, values in steps.items():
+                    ordered = sorted(values)
                     print(f"{mode:<14} {step:<6} " + " ".join(
-                        f"{percentile(values, p):7.2f}" for p in (0.5, 0.9, 0.99, 1.0)))
-
-
-def main() -> None:
-    url = os.environ.get("QUEEN_DATABASE_URL")
-    if url:
-        trio.run(measure, url)
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="queen-bench-cycle-"))
-    server = EmbeddedPostgres(data_dir)
-    try:
-        url = server.start()
-        apply_migrations(url)
-        trio.run(measure, url)
-    finally:
-        server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+                        f"{percentile(ordered, p):7.2f}" for p in (50, 90, 99, 100)))
 
 
 if __name__ == "__main__":
-    main()
+    measure_on_scratch(measure, "queen-bench-cycle-")

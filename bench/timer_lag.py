@@ -6,7 +6,7 @@ scenario, so its metrics start at zero) reached over TCP with the SDK's HTTP cli
 
 1. ``idle``: 300 timers, one ``PUT /api/v1/timers/{q}/{key}`` every 100 ms, each with a
    random ``delayMs`` in 200..3000 drawn so that no two come due within 25 ms of each other
-   (``bench.spacing``): they come due one at a time (~10/s) on an otherwise idle broker. Lag
+   (``bench.harness.spacing``): they come due one at a time (~10/s) on an idle broker. Lag
    two ways:
    (a) the broker's histogram ``queen_timers_fire_lag_seconds`` (fire commit minus
        ``deliver_at`` on PostgreSQL's clock): count and p50/p90/p99 interpolated inside the
@@ -75,46 +75,54 @@ The broker gets a free port and a temporary QUEEN_DATA_DIR (an embedded PostgreS
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
-import json
 import math
 import os
 import random
-import re
-import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
-from bench.client_gc import collector_paused
-from bench.log_throughput import (
-    CpuMeter,
-    Failures,
-    _clip,
-    _json_or_none,
-    broker_process,
-    cpu_cell,
-    distribution,
-    machine_info,
-    verdict,
+from bench.harness.api import REQUEST_TIMEOUT_S, Api, epoch
+from bench.harness.brokers import broker_process
+from bench.harness.collector import collector_paused
+from bench.harness.cpu import CpuMeter, cpu_cell
+from bench.harness.metrics import Metrics, lag_summary, request_counts, sweeper_summary
+from bench.harness.report import Failures, load, machine_info, save_json, verdict
+from bench.harness.spacing import IDLE_GAP_S, SpacedDelays
+from bench.harness.stats import distribution
+from bench.harness.timers import (
+    BUNDLE,
+    FAR_DELAY_MS,
+    FINAL_POP_BATCH,
+    METRIC_SETTLE_S,
+    SCHEDULE_ESTIMATE_MARGIN,
+    Ctx,
+    Delivery,
+    bundle_entries,
+    calibration_rate,
+    consume,
+    consume_lean,
+    delivery_failures,
+    final_check,
+    hang,
+    new_key,
+    settle_metrics,
+    timed_clients,
+    undelivered,
+    wait_delivered,
+    watchdog,
 )
-from bench.spacing import IDLE_GAP_S, SpacedDelays
-from queen_trio.client.wire import Answer, LeanClient
+from queen_trio.client.wire import LeanClient
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-API = "/api/v1"
 SCENARIOS = ("idle", "idle-lean", "steady", "burst", "schedule")
 
 MIN_SLEEP_MS = int(os.environ.get("QUEEN_SWEEPER_MIN_SLEEP_MS") or 10)
-BUNDLE = 500  # timers per transaction
-FAR_DELAY_MS = 3_600_000  # one hour: never fires during the run
 
 IDLE_TIMERS = 300
 IDLE_SPACING_S = 0.1
@@ -135,12 +143,8 @@ BURST_CLIENTS = 1
 BURST_CALIBRATION_BUNDLES = 6
 BURST_LEAD_S = 2.0  # due instant after the last schedule request
 BURST_POLL_S = 0.1
-BURST_POP_BATCH = 1000
+BURST_POP_BATCH = FINAL_POP_BATCH
 BURST_LIMIT_S = 480.0
-# Scheduling time = timers / calibrated rate x this margin (the rate drops a little as the
-# table grows; an overrun would make the first timers come due while scheduling goes on).
-SCHEDULE_ESTIMATE_MARGIN = 1.25
-CALIBRATION_WARMUP = 10  # untimed bundles first (the broker's pool has 10 connections)
 STEADY_CALIBRATION_BUNDLES = 3
 
 SCHEDULE_SECONDS = 10.0
@@ -148,11 +152,7 @@ PUT_CLIENTS = 32
 BUNDLE_CLIENTS = (1, 4)
 SCHEDULE_LIMIT_S = 120.0
 
-POP_TIMEOUT_MS = 5000
 DRAIN_GRACE_S = 15.0  # after the last due instant, how long to wait for the rest
-STALL_S = 15.0  # no progress for this long: the rest is declared lost
-METRIC_SETTLE_S = 3.0  # wait for the fired counter to catch up with what the consumer saw
-REQUEST_TIMEOUT_S = 30.0
 
 TARGET_IDLE_METRIC_P50_MS = 2.0
 TARGET_IDLE_METRIC_P99_MS = 5.0
@@ -163,547 +163,12 @@ TARGET_BURST_RATE = 20_000.0
 TARGET_PUT_RATE = 1_000.0
 TARGET_BUNDLE_RATE = 10_000.0
 
-FIRE_LAG = "queen_timers_fire_lag_seconds"
 CLOCK_NOTE = ("end-to-end lag = consumer's time.time() when the pop answer arrived - deliverAt "
               "from the schedule response (PostgreSQL's clock); broker, PostgreSQL and this "
               "script share one machine and one clock")
 
 
-# -- Prometheus text --------------------------------------------------------------------------
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclasses.dataclass
-class Metrics:
-    """One scrape of /metrics: (name, labels) -> value."""
-
-    samples: dict[tuple[str, Labels], float]
-
-    @classmethod
-    def parse(cls, text: str) -> Metrics:
-        samples: dict[tuple[str, Labels], float] = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            match = _SAMPLE.match(line)
-            if not match:
-                continue
-            labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
-            try:
-                samples[(match.group(1), labels)] = float(match.group(3))
-            except ValueError:
-                continue
-        return cls(samples)
-
-    def minus(self, before: Metrics | None) -> Metrics:
-        if before is None:
-            return self
-        return Metrics({k: v - before.samples.get(k, 0.0) for k, v in self.samples.items()})
-
-    def value(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels``."""
-        want = set(labels.items())
-        return sum(v for (n, lab), v in self.samples.items() if n == name and want <= set(lab))
-
-    def by_label(self, name: str, label: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for (n, lab), v in self.samples.items():
-            if n == name:
-                key = dict(lab).get(label, "?")
-                out[key] = out.get(key, 0.0) + v
-        return out
-
-    def buckets(self, histogram: str) -> list[tuple[float, float]]:
-        """(upper bound, cumulative count), ascending, the last one +Inf."""
-        rows = [(float(dict(lab)["le"]), v) for (n, lab), v in self.samples.items()
-                if n == f"{histogram}_bucket" and "le" in dict(lab)]
-        return sorted(rows)
-
-
-def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Linear interpolation inside the bucket holding rank q * count (lower edge of the first
-    bucket 0), as Prometheus' histogram_quantile; None for an empty histogram."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le
-            if count == prev_count:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
-        prev_le, prev_count = le, count
-    return prev_le
-
-
-def lag_summary(m: Metrics | None) -> dict[str, Any]:
-    """The fire-lag histogram in milliseconds: count, mean, interpolated p50/p90/p99, the
-    bucket the slowest timer fell in, and the non-empty buckets."""
-    if m is None:
-        return {"count": 0}
-    buckets = m.buckets(FIRE_LAG)
-    count = int(m.value(f"{FIRE_LAG}_count"))
-    if not buckets or count <= 0:
-        return {"count": count}
-    total = m.value(f"{FIRE_LAG}_sum")
-    out: dict[str, Any] = {"count": count, "mean_ms": round(total / count * 1000, 2)}
-    for q in (50, 90, 99):
-        value = histogram_quantile(buckets, q / 100)
-        out[f"p{q}_ms"] = None if value is None else round(value * 1000, 2)
-    prev_le, prev = 0.0, 0.0
-    per_bucket: dict[str, int] = {}
-    for le, cum in buckets:
-        if cum > prev:  # the last non-empty bucket holds the slowest timer
-            per_bucket[_le_ms(le)] = int(cum - prev)
-            out["max_bucket_ms"] = f"({_le_ms(prev_le)}, {_le_ms(le)}]"
-        prev_le, prev = le, cum
-    out["buckets_ms"] = per_bucket  # upper bound (ms) -> timers in that bucket
-    return out
-
-
-def _le_ms(le: float) -> str:
-    return "+Inf" if math.isinf(le) else f"{le * 1000:g}"
-
-
-def sweeper_summary(m: Metrics | None) -> dict[str, Any]:
-    if m is None:
-        return {}
-    claims = m.value("queen_sweeper_claim_batch_size_count")
-    timers = m.value("queen_sweeper_claim_batch_size_sum")
-    return {
-        "fired": int(m.value("queen_timers_fired_total")),
-        "wakeups": {k: int(v) for k, v in
-                    sorted(m.by_label("queen_sweeper_wakeups_total", "reason").items())},
-        "claims": int(claims),
-        "timers_per_claim": round(timers / claims, 1) if claims else None,
-        "failures": {k: int(v) for k, v in
-                     sorted(m.by_label("queen_timers_failures_total", "kind").items())},
-        "dead_lettered": int(m.value("queen_timers_dead_lettered_total")),
-        "scheduled": {k: int(v) for k, v in
-                      sorted(m.by_label("queen_timers_scheduled_total", "status").items())},
-        # Parked pops that took their frame behind the fire lock (queen.pop_head_after), or did not.
-        "pop_fire_waits": {k: int(v) for k, v in
-                           sorted(m.by_label("queen_pop_fire_waits_total", "result").items())},
-    }
-
-
-def request_counts(m: Metrics | None) -> dict[str, Any]:
-    """queen_http_requests_total by status class, and every non-2xx (route, method, status)."""
-    if m is None:
-        return {}
-    classes: dict[str, int] = {}
-    odd: dict[str, int] = {}
-    for (name, labels), v in m.samples.items():
-        if name != "queen_http_requests_total" or v <= 0:
-            continue
-        lab = dict(labels)
-        status = lab.get("status", "?")
-        classes[f"{status[:1]}xx"] = classes.get(f"{status[:1]}xx", 0) + int(v)
-        if not status.startswith("2"):
-            odd[f"{lab.get('method')} {lab.get('route')} {status}"] = int(v)
-    return {"by_class": dict(sorted(classes.items())), "non_2xx": odd}
-
-
-# -- HTTP -------------------------------------------------------------------------------------
-
-
-def epoch(iso: str) -> float:
-    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-class Api:
-    """The broker's HTTP API; every answer is checked and failures are recorded."""
-
-    def __init__(self, client: LeanClient, failures: Failures) -> None:
-        self.client = client
-        self.failures = failures
-
-    async def _call(self, scenario: str, method: str, path: str, body: Any = None,
-                    limit_s: float = REQUEST_TIMEOUT_S) -> Answer | None:
-        try:
-            return await self.client.request(method, path, json=body, timeout=limit_s)
-        except httpx.HTTPError as exc:
-            self.failures.exception(scenario, method, path, _clip(body), exc)
-            return None
-
-    def _bad(self, scenario: str, method: str, path: str, body: Any,
-             response: Answer, why: str) -> None:
-        self.failures.bad_response(scenario, method, path, _clip(body), response, why)
-
-    async def configure(self, scenario: str, queue: str) -> bool:
-        path = f"{API}/configure"
-        body = {"queue": queue}
-        response = await self._call(scenario, "POST", path, body)
-        if response is None:
-            return False
-        if response.status_code not in (200, 201):
-            self._bad(scenario, "POST", path, body, response, "expected 200/201")
-            return False
-        return True
-
-    async def put_timer(self, scenario: str, queue: str, key: str, delay_ms: int,
-                        payload: Any) -> dict[str, Any] | None:
-        """PUT one timer; the answer if it was scheduled, else None."""
-        path = f"{API}/timers/{queue}/{key}"
-        body = {"delayMs": delay_ms, "payload": payload}
-        response = await self._call(scenario, "PUT", path, body)
-        if response is None:
-            return None
-        answer = _json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200"
-        elif not isinstance(answer, dict) or answer.get("status") != "scheduled" \
-                or answer.get("ok") is not True:
-            why = "expected ok: true, status: scheduled"
-        elif answer.get("key") != key or not isinstance(answer.get("deliverAt"), str):
-            why = "expected the key back and a deliverAt"
-        if why:
-            self._bad(scenario, "PUT", path, body, response, why)
-            return None
-        return answer
-
-    async def bundle(self, scenario: str, timers: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]] | None:
-        """POST /transaction with only a timers array; the per-timer answers if all were
-        scheduled, else None."""
-        path = f"{API}/transaction"
-        body = {"operations": [], "timers": timers}
-        response = await self._call(scenario, "POST", path, body)
-        if response is None:
-            return None
-        answer = _json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200"
-        elif not isinstance(answer, dict) or answer.get("success") is not True \
-                or not isinstance(answer.get("timers"), list):
-            why = "expected success: true and a timers array"
-        elif len(answer["timers"]) != len(timers):
-            why = f"expected {len(timers)} timer answers, got {len(answer['timers'])}"
-        else:
-            bad = [t for t, sent in zip(answer["timers"], timers, strict=True)
-                   if t.get("status") != "scheduled" or t.get("key") != sent["key"]
-                   or not isinstance(t.get("deliverAt"), str)]
-            if bad:
-                why = f"{len(bad)} timer(s) not scheduled, first: {bad[0]}"
-        if why:
-            self._bad(scenario, "POST", path, body, response, why)
-            return None
-        return answer["timers"]
-
-    async def pop(self, scenario: str, queue: str, *, batch: int,
-                  timeout_ms: int) -> dict[str, Any] | None | bool:
-        """Long-poll pop with autoAck: the body (200), None (204), False on failure."""
-        path = (f"{API}/pop/queue/{queue}?wait=true&timeout={timeout_ms}&batch={batch}"
-                "&autoAck=true")
-        response = await self._call(scenario, "GET", path,
-                                    limit_s=timeout_ms / 1000 + REQUEST_TIMEOUT_S)
-        if response is None:
-            return False
-        if response.status_code == 204:
-            return None
-        body = _json_or_none(response)
-        why = None
-        if response.status_code != 200:
-            why = "expected 200 or 204"
-        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            why = "expected an object with messages"
-        elif not body["messages"] or len(body["messages"]) > batch:
-            why = f"expected 1..{batch} messages, got {len(body['messages'])}"
-        if why:
-            self._bad(scenario, "GET", path, None, response, why)
-            return False
-        return body
-
-    async def pending(self, scenario: str, queue: str) -> int | None:
-        """How many timers the queue still lists as pending (at most 10 looked at)."""
-        path = f"{API}/timers/{queue}?limit=10"
-        response = await self._call(scenario, "GET", path)
-        if response is None:
-            return None
-        body = _json_or_none(response)
-        if response.status_code != 200 or not isinstance(body, dict) \
-                or not isinstance(body.get("timers"), list):
-            self._bad(scenario, "GET", path, None, response, "expected 200 with a timers array")
-            return None
-        return len(body["timers"])
-
-    async def metrics(self) -> Metrics | None:
-        try:
-            response = await self.client.get("/metrics", timeout=10.0)
-        except httpx.HTTPError:
-            return None
-        return Metrics.parse(response.text) if response.status_code == 200 else None
-
-    async def fired_total(self) -> float | None:
-        try:
-            response = await self.client.get("/metrics", timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        match = re.search(r"^queen_timers_fired_total (\S+)$", response.text, re.MULTILINE)
-        return float(match.group(1)) if match else None
-
-
-# -- delivery ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Delivery:
-    """Every frame a consumer received, by timer key, with its arrival wall clock."""
-
-    scenario: str
-    expected: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
-    # key -> list of (arrival wall clock, frame deliverAt string, frame createdAt string)
-    frames: dict[str, list[tuple[float, str, str]]] = dataclasses.field(default_factory=dict)
-    no_timer_meta: int = 0
-    scheduling_done: bool = False
-    got_expected: int = 0  # distinct scheduled keys received
-    last_progress: float = dataclasses.field(default_factory=time.monotonic)
-    first_arrival: float | None = None
-    last_arrival: float | None = None
-
-    def schedule_answer(self, answer: dict[str, Any]) -> None:
-        key = answer["key"]
-        if key not in self.expected and key in self.frames:
-            self.got_expected += 1
-        self.expected[key] = (epoch(answer["deliverAt"]), answer["deliverAt"])
-
-    def receive(self, messages: list[dict[str, Any]], at: float) -> None:
-        for m in messages:
-            timer = m.get("timer")
-            if not isinstance(timer, dict) or "key" not in timer:
-                self.no_timer_meta += 1
-                continue
-            copies = self.frames.setdefault(timer["key"], [])
-            if not copies:
-                self.last_progress = time.monotonic()
-                if timer["key"] in self.expected:
-                    self.got_expected += 1
-            copies.append((at, str(timer.get("deliverAt")), str(m.get("createdAt"))))
-        if self.first_arrival is None:
-            self.first_arrival = at
-        self.last_arrival = at
-
-    @property
-    def distinct(self) -> int:
-        return len(self.frames)
-
-    @property
-    def complete(self) -> bool:
-        """Scheduling is over and every timer it scheduled has arrived."""
-        return self.scheduling_done and self.got_expected >= len(self.expected)
-
-    def report(self) -> dict[str, Any]:
-        """Exactly-once check and the lag views, over the timers whose schedule was answered."""
-        received = set(self.frames)
-        expected = set(self.expected)
-        duplicates = sum(len(v) - 1 for v in self.frames.values())
-        e2e, in_log = [], []
-        early = mismatch = 0
-        for key, copies in self.frames.items():
-            if key not in self.expected:
-                continue
-            due, due_text = self.expected[key]
-            arrived, frame_due, created = copies[0]
-            e2e.append(arrived - due)
-            if frame_due != due_text:
-                mismatch += 1
-            try:
-                lag = epoch(created) - due
-            except ValueError:
-                continue
-            in_log.append(lag)
-            if lag < 0:
-                early += 1
-        return {
-            "scheduled": len(expected),
-            "received_distinct": len(received & expected),
-            "lost": len(expected - received),
-            "duplicates": duplicates,
-            "unexpected": len(received - expected),
-            "no_timer_meta": self.no_timer_meta,
-            "early": early,
-            "deliver_at_mismatch": mismatch,
-            "e2e_lag_ms": distribution(e2e),
-            "in_log_lag_ms": distribution(in_log),
-        }
-
-
-class LeanConsumer:
-    """A minimal HTTP/1.1 keep-alive client on a blocking socket, for ``idle-lean``.
-
-    It shows what the broker delivers to the wire, without what the SDK's HTTP client on trio
-    that the other scenarios use costs the consumer itself."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        self._sock = socket.create_connection((host, int(port)))
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._buffer = b""
-
-    def get(self, path: str) -> tuple[int, bytes, float]:
-        """Status, body and the wall-clock time the whole answer had arrived."""
-        self._sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
-        while b"\r\n\r\n" not in self._buffer:
-            self._buffer += self._receive()
-        head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-            elif name.strip().lower() == b"transfer-encoding":
-                raise RuntimeError("LeanConsumer reads Content-Length answers only")
-        while len(self._buffer) < length:
-            self._buffer += self._receive()
-        at = time.time()
-        body, self._buffer = self._buffer[:length], self._buffer[length:]
-        return status, body, at
-
-    def _receive(self) -> bytes:
-        chunk = self._sock.recv(1 << 16)
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        return chunk
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-async def consume_lean(ctx: Ctx, delivery: Delivery, queue: str, batch: int) -> None:
-    """As :func:`consume`, through a :class:`LeanConsumer` in a worker thread; the arrival
-    time is taken in that thread as the answer's last byte is read."""
-    consumer = LeanConsumer(str(ctx.api.client.base_url).rstrip("/"))
-    path = (f"{API}/pop/queue/{queue}?wait=true&timeout={POP_TIMEOUT_MS}&batch={batch}"
-            "&autoAck=true")
-    try:
-        while True:
-            status, body, at = await trio.to_thread.run_sync(
-                consumer.get, path, abandon_on_cancel=True)
-            if status == 200:
-                delivery.receive(json.loads(body)["messages"], at)
-            elif status != 204:
-                ctx.failures.add(delivery.scenario, "pop", f"answered {status}: {body[:200]!r}")
-                await trio.sleep(0.05)
-    finally:
-        consumer.close()
-
-
-async def consume(api: Api, delivery: Delivery, queue: str, batch: int) -> None:
-    """Long-poll pops (autoAck), noting every frame, until cancelled."""
-    while True:
-        body = await api.pop(delivery.scenario, queue, batch=batch, timeout_ms=POP_TIMEOUT_MS)
-        at = time.time()
-        if body is False:
-            await trio.sleep(0.05)
-            continue
-        if body is None:
-            continue
-        delivery.receive(body["messages"], at)
-
-
-async def wait_delivered(delivery: Delivery, deadline: float,
-                         stall_after: float = 0.0) -> str | None:
-    """Wait until every scheduled timer arrived; a reason if not: past ``deadline``, or no new
-    frame for STALL_S, counted from the later of the last new frame and ``stall_after``."""
-    while not delivery.complete:
-        now = time.monotonic()
-        if now > deadline:
-            return "deadline"
-        if now - max(delivery.last_progress, stall_after) > STALL_S:
-            return "stalled"
-        await trio.sleep(0.02)
-    return None
-
-
-def undelivered(ctx: Ctx, scenario: str, delivery: Delivery, why: str) -> None:
-    seconds = time.monotonic() - delivery.last_progress
-    ctx.failures.add(scenario, f"delivery {why}",
-                     f"{delivery.got_expected} of {len(delivery.expected)} scheduled timers "
-                     f"received; last new frame {seconds:.1f} s ago")
-
-
-async def settle_metrics(api: Api, fired_at_least: int) -> Metrics | None:
-    """/metrics once the fired counter shows what the consumer saw (the fire observes its lag
-    after its commit, a consumer can be faster)."""
-    deadline = time.monotonic() + METRIC_SETTLE_S
-    while True:
-        m = await api.metrics()
-        if m is None or m.value("queen_timers_fired_total") >= fired_at_least \
-                or time.monotonic() > deadline:
-            return m
-        await trio.sleep(0.05)
-
-
-async def final_check(api: Api, delivery: Delivery, queue: str) -> dict[str, Any]:
-    """After the drain: one more pop must find nothing, the queue must list no pending timer."""
-    body = await api.pop(delivery.scenario, queue, batch=BURST_POP_BATCH, timeout_ms=1000)
-    extra = 0
-    if isinstance(body, dict):
-        extra = len(body["messages"])
-        delivery.receive(body["messages"], time.time())
-        api.failures.add(delivery.scenario, "final pop not empty",
-                         f"{extra} frame(s) handed out after the drain")
-    pending = await api.pending(delivery.scenario, queue)
-    if pending:
-        api.failures.add(delivery.scenario, "timers still pending",
-                         f"GET /timers/{queue} lists {pending} pending timer(s) after the drain")
-    return {"final_pop_empty": body is None, "final_pop_frames": extra, "pending_left": pending}
-
-
-def delivery_failures(api: Api, scenario: str, report: dict[str, Any]) -> None:
-    for field, what in (("lost", "timers never delivered"), ("duplicates", "duplicated frames"),
-                        ("unexpected", "frames of keys never scheduled"),
-                        ("early", "frames created before their deliverAt"),
-                        ("deliver_at_mismatch", "frame deliverAt differs from the schedule's"),
-                        ("no_timer_meta", "frames without timer metadata")):
-        if report.get(field):
-            api.failures.add(scenario, field, f"{report[field]} {what}")
-
-
 # -- scenario plumbing ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Ctx:
-    api: Api
-    failures: Failures
-    cpu: CpuMeter
-    run: str
-    quick: bool
-    broker_died: bool = False
-    scopes: list[trio.CancelScope] = dataclasses.field(default_factory=list)
-
-    def limit(self, seconds: float) -> trio.CancelScope:
-        """The scenario's time limit; the watchdog cancels it too if the broker dies."""
-        scope = trio.move_on_after(seconds)
-        self.scopes.append(scope)
-        if self.broker_died:
-            scope.cancel()
-        return scope
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def new_key(prefix: str, i: int) -> str:
-    return f"{prefix}-{i:07d}"
-
-
-def bundle_entries(queue: str, prefix: str, indices: range, delay_ms: Callable[[int], int],
-                   scenario: str) -> list[dict[str, Any]]:
-    return [{"action": "schedule", "queue": queue, "key": new_key(prefix, i),
-             "delayMs": delay_ms(i), "payload": {"scenario": scenario, "i": i}}
-            for i in indices]
 
 
 async def calibrate(ctx: Ctx, scenario: str, bundles: int) -> float:
@@ -711,38 +176,24 @@ async def calibrate(ctx: Ctx, scenario: str, bundles: int) -> float:
     hour), timed after CALIBRATION_WARMUP untimed bundles: a fresh broker's first requests on
     each pool connection are slower, and an estimate made from them leaves a long lead."""
     queue = f"lag-{scenario}-calibration-{ctx.run}"
-    for b in range(CALIBRATION_WARMUP + bundles):
-        if b == CALIBRATION_WARMUP:
-            t0 = time.perf_counter()
-        await ctx.api.bundle(f"{scenario} calibration", bundle_entries(
-            queue, f"cal-{b}", range(BUNDLE), lambda _: FAR_DELAY_MS, scenario))
-    return bundles * BUNDLE / (time.perf_counter() - t0)
+    return await calibration_rate(lambda b: ctx.api.bundle(
+        f"{scenario} calibration",
+        bundle_entries(queue, f"cal-{b}", range(BUNDLE), lambda _: FAR_DELAY_MS, scenario)),
+        bundles)
 
 
-def hang(ctx: Ctx, scenario: str, limit: float, phase: str) -> None:
-    if ctx.broker_died:
-        ctx.failures.add(scenario, "broker died", f"the broker process ended while {phase}")
-        return
-    ctx.failures.add(scenario, "hang", f"scenario did not finish in {limit:.0f} s "
-                                       f"(stopped while {phase})")
-
-
-def process_alive(pid: int) -> bool:
-    """False once the process has exited (gone, or a zombie not yet reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
-
-
-async def watchdog(ctx: Ctx, pid: int) -> None:
-    """Stop the scenario at once if the broker process dies (its exit code is reported)."""
-    while process_alive(pid):  # noqa: ASYNC110 - polling /proc is the only signal
-        await trio.sleep(0.25)
-    ctx.broker_died = True
-    for scope in ctx.scopes:
-        scope.cancel()
+async def wrap_up(ctx: Ctx, name: str, delivery: Delivery, queue: str, m0: Metrics | None,
+                  out: dict[str, Any]) -> tuple[Metrics | None, Metrics | None]:
+    """Once a scenario's timers are in: the load average, the settled metrics, the final
+    check and the delivery report into ``out``; the metrics and their change since ``m0``."""
+    out["load_avg_end"] = load()
+    m1 = await settle_metrics(ctx.api, len(delivery.expected))
+    delta = m1.minus(m0) if m1 else None
+    out.update(final_check=await final_check(ctx.api, delivery, queue))
+    report = delivery.report()
+    delivery_failures(ctx.api, name, report)
+    out.update(report)
+    return m1, delta
 
 
 # -- 1. idle ----------------------------------------------------------------------------------
@@ -792,13 +243,7 @@ async def scenario_idle(ctx: Ctx, *, lean: bool = False) -> dict[str, Any]:
     if scope.cancelled_caught:
         hang(ctx, name, IDLE_LIMIT_S, phase)
     out["cpu_cores"] = CpuMeter.cores(cpu0, ctx.cpu.snapshot(), time.perf_counter() - t0)
-    out["load_avg_end"] = load()
-    m1 = await settle_metrics(ctx.api, len(delivery.expected))
-    delta = m1.minus(m0) if m1 else None
-    out.update(final_check=await final_check(ctx.api, delivery, queue))
-    report = delivery.report()
-    delivery_failures(ctx.api, name, report)
-    out.update(report)
+    m1, delta = await wrap_up(ctx, name, delivery, queue, m0, out)
     out["metric_lag"] = lag_summary(delta)
     out["sweeper"] = sweeper_summary(delta)
     out["put_rtt_ms"] = distribution(put_rtt)
@@ -862,13 +307,7 @@ async def scenario_steady(ctx: Ctx) -> dict[str, Any]:
             nursery.cancel_scope.cancel()
     if scope.cancelled_caught:
         hang(ctx, name, STEADY_LIMIT_S, phase)
-    out["load_avg_end"] = load()
-    m1 = await settle_metrics(ctx.api, len(delivery.expected))
-    delta = m1.minus(m0) if m1 else None
-    out.update(final_check=await final_check(ctx.api, delivery, queue))
-    report = delivery.report()
-    delivery_failures(ctx.api, name, report)
-    out.update(report)
+    m1, delta = await wrap_up(ctx, name, delivery, queue, m0, out)
     dues = sorted(d for d, _ in delivery.expected.values())
     if len(dues) > 1:
         out["due_span_s"] = round(dues[-1] - dues[0], 3)
@@ -965,13 +404,7 @@ async def scenario_burst(ctx: Ctx) -> dict[str, Any]:
             nursery.cancel_scope.cancel()
     if scope.cancelled_caught:
         hang(ctx, name, BURST_LIMIT_S, phase)
-    out["load_avg_end"] = load()
-    m1 = await settle_metrics(ctx.api, len(delivery.expected))
-    delta = m1.minus(m0) if m1 else None
-    out.update(final_check=await final_check(ctx.api, delivery, queue))
-    report = delivery.report()
-    delivery_failures(ctx.api, name, report)
-    out.update(report)
+    m1, delta = await wrap_up(ctx, name, delivery, queue, m0, out)
     out.update(burst_drain(delivery, polls, len(delivery.expected)))
     if delta is not None and delta.value("queen_timers_fired_total") != len(delivery.expected):
         ctx.failures.add(name, "fired counter",
@@ -1045,59 +478,6 @@ def burst_drain(delivery: Delivery, polls: list[tuple[float, float]], n: int) ->
 
 
 # -- 4. schedule throughput -------------------------------------------------------------------
-
-
-async def timed_clients(ctx: Ctx, clients: int, seconds: float, warmup: int,
-                        request: Callable[[int, int], Awaitable[int | None]]
-                        ) -> dict[str, Any]:
-    """``clients`` loops calling ``request(client, n)`` (returns timers scheduled or None on
-    failure); ``warmup`` calls each before the clock starts, then ``seconds`` measured."""
-    latencies: list[float] = []
-    counters = {"requests": 0, "failed": 0, "timers": 0}
-    clock: dict[str, float] = {}
-    started = trio.Event()
-    warmed = [0]
-    cpu: dict[str, dict[str, float]] = {}
-
-    async def client(c: int) -> None:
-        n = 0
-        while True:
-            if n == warmup:
-                warmed[0] += 1
-                if warmed[0] == clients:
-                    cpu["before"] = ctx.cpu.snapshot()
-                    clock["start"] = time.perf_counter()
-                    clock["stop"] = clock["start"] + seconds
-                    started.set()
-                await started.wait()
-            measuring = n >= warmup
-            if measuring and time.perf_counter() >= clock["stop"]:
-                return
-            t0 = time.perf_counter()
-            scheduled = await request(c, n)
-            t1 = time.perf_counter()
-            if measuring:
-                counters["requests"] += 1
-                if scheduled is None:
-                    counters["failed"] += 1
-                else:
-                    latencies.append(t1 - t0)
-                    counters["timers"] += scheduled
-                    clock["end"] = max(clock.get("end", t1), t1)
-            n += 1
-
-    async with trio.open_nursery() as nursery:
-        for c in range(clients):
-            nursery.start_soon(client, c)
-    elapsed = clock.get("end", clock["start"]) - clock["start"]
-    return {
-        "clients": clients, "seconds": round(elapsed, 2), **counters,
-        "requests_per_s": round(counters["requests"] / elapsed) if elapsed > 0 else 0,
-        "timers_per_s": round(counters["timers"] / elapsed) if elapsed > 0 else 0,
-        "latency_ms": distribution(latencies),
-        "cpu_cores": CpuMeter.cores(cpu["before"], ctx.cpu.snapshot(),
-                                    time.perf_counter() - clock["start"]),
-    }
 
 
 SCHEDULE_PARTS = ("put", *(f"bundle-c{c}" for c in BUNDLE_CLIENTS))
@@ -1413,11 +793,7 @@ def print_failures(failures: Failures, brokers: dict[str, dict[str, Any]]) -> No
         print("failures: none (every response had the expected status and shape, every timer "
               "delivered exactly once)")
         return
-    print(f"failures: {failures.total()}")
-    for key, n in failures.counts.items():
-        print(f"   {n:>6} x {key}")
-    for ex in failures.examples:
-        print(f"   - {json.dumps(ex)}")
+    failures.print_details()
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -1523,8 +899,7 @@ def main() -> int:
         "failures": {"total": failures.total(), "counts": failures.counts,
                      "examples": failures.examples},
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    save_json(args.json, summary)
     return 0 if failures.total() == 0 else 1
 
 

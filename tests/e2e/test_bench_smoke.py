@@ -29,7 +29,7 @@ def test_smoke_idle_ours_only_without_the_bench_extra(
     assert code == 0, summary["failures"]
     assert "procrastinate is not installed" in summary["peer"]["skipped"]
     assert list(summary["scenarios"]) == ["idle"]
-    assert list(summary["scenarios"]["idle"]) == ["ours"]
+    assert list(summary["scenarios"]["idle"]) == ["ours", *fire_lag.OURS_BESIDE]
     ours = summary["scenarios"]["idle"]["ours"]
     scheduled = fire_lag.SIZES["smoke"].idle_timers
     assert ours["delivery"]["scheduled"] == ours["delivery"]["received_distinct"] == scheduled

@@ -1,0 +1,127 @@
+"""CPU seconds per party (this client, the service under test, PostgreSQL, the rest of the
+machine), read from /proc, and the "client/broker/pg/other" cell the reports print."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+class CpuMeter:
+    """CPU seconds used by this client, the broker process and its descendants (the embedded
+    PostgreSQL), and by everything else on the machine ("other": a concurrent test run skews
+    the numbers), read from /proc. Without a broker pid (``--url``) only the client is known."""
+
+    TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    PARTIES = ("client", "broker", "postgres", "other")
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+
+    def snapshot(self) -> dict[str, float]:
+        snap = {"client": time.process_time()}
+        if self.broker_pid is None or not Path("/proc").is_dir():
+            return snap
+        busy = machine_busy_ticks()
+        stats = proc_stats()
+        children = children_of(stats)
+        below = tree_ticks(stats, children, children.get(self.broker_pid, []))
+        snap["broker"] = stats.get(self.broker_pid, (0, 0.0, 0.0))[1] / self.TICK
+        snap["postgres"] = below / self.TICK
+        snap["other"] = busy / self.TICK - snap["client"] - snap["broker"] - snap["postgres"]
+        return snap
+
+    @staticmethod
+    def cores(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+        """Average cores busy per party over ``wall_s``."""
+        return {k: round((after[k] - before[k]) / wall_s, 2) for k in before if wall_s > 0}
+
+
+def machine_busy_ticks() -> float:
+    """Non-idle CPU ticks of the whole machine since boot (first line of /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return float(user + nice + system + irq + softirq + steal)
+
+
+def proc_stats() -> dict[int, tuple[int, float, float]]:
+    """pid -> (ppid, own utime + stime, reaped children's cutime + cstime), in ticks, for
+    every readable process."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        stats[int(entry.name)] = (int(fields[1]), float(own), float(reaped))
+    return stats
+
+
+def children_of(stats: dict[int, tuple[int, float, float]]) -> dict[int, list[int]]:
+    """ppid -> its children's pids, from ``proc_stats()``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def tree_ticks(stats: dict[int, tuple[int, float, float]], children: dict[int, list[int]],
+               roots: list[int]) -> float:
+    """CPU ticks of ``roots`` and all their descendants, each with its reaped children's
+    (PostgreSQL backends that have exited)."""
+    total, stack = 0.0, list(roots)
+    while stack:
+        p = stack.pop()
+        if p in stats:
+            total += stats[p][1] + stats[p][2]  # own + reaped
+        stack.extend(children.get(p, []))
+    return total
+
+
+def cpu_cell(cores: dict[str, float]) -> str:
+    """Cores busy as client/broker/postgres/other."""
+    return "/".join(f"{cores[k]:.2f}" if k in cores else "-" for k in CpuMeter.PARTIES)
+
+
+class PartyCpu:
+    """CPU seconds of this client, the service processes under test (brokers, or the peer's
+    worker; key "broker" so ``cpu_cell`` prints it), the shared PostgreSQL server (postmaster
+    and every backend, exited ones included) and the rest of the machine."""
+
+    TICK = CpuMeter.TICK
+
+    def __init__(self, service_pids: list[int], postmaster_pid: int | None) -> None:
+        self.service_pids = service_pids
+        self.postmaster_pid = postmaster_pid
+
+    def snapshot(self) -> dict[str, float]:
+        snap = {"client": time.process_time()}
+        if not Path("/proc").is_dir():
+            return snap
+        busy = machine_busy_ticks()
+        stats = proc_stats()
+        children = children_of(stats)
+
+        def tree(pid: int) -> float:
+            return tree_ticks(stats, children, [pid]) / self.TICK
+
+        snap["broker"] = sum(tree(p) for p in self.service_pids)
+        snap["postgres"] = tree(self.postmaster_pid) if self.postmaster_pid else 0.0
+        snap["other"] = busy / self.TICK - snap["client"] - snap["broker"] - snap["postgres"]
+        return snap
+
+    cores = staticmethod(CpuMeter.cores)
+
+
+def process_alive(pid: int) -> bool:
+    """False once the process has exited (gone, or a zombie not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"

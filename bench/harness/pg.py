@@ -1,0 +1,146 @@
+"""One PostgreSQL server shared by several parties, and throw-away databases on it.
+
+``bench.fire_lag`` needs more than a broker on its own embedded server: a peer job queue on
+the *same* server (its own database), three brokers on one database, a broker restarted with
+other sweeper settings. So the server is started once (or an existing one is used) and each
+party run gets a fresh database (``Server.database``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+@dataclasses.dataclass
+class Server:
+    """A PostgreSQL server on which this run may create and drop databases."""
+
+    admin_url: str
+    description: str
+    postmaster_pid: int | None  # None: not on this machine, its CPU is not accounted
+
+    def create_database(self, prefix: str) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return with_dbname(self.admin_url, name)
+
+    def drop_database(self, url: str) -> None:
+        name = conninfo_to_dict(url)["dbname"]
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                         .format(sql.Identifier(name)))
+
+    @contextlib.contextmanager
+    def database(self, prefix: str) -> Iterator[str]:
+        url = self.create_database(prefix)
+        try:
+            yield url
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                self.drop_database(url)
+
+    def settings(self) -> str:
+        try:
+            with psycopg.connect(self.admin_url, connect_timeout=5) as conn:
+                values = [conn.execute(f"SHOW {n}").fetchone()[0]  # type: ignore[index]
+                          for n in ("server_version", "fsync", "synchronous_commit")]
+        except psycopg.Error as exc:
+            return f"unknown ({type(exc).__name__})"
+        return "PostgreSQL {} (fsync={}, synchronous_commit={})".format(*values)
+
+
+def local_postmaster(admin_url: str) -> int | None:
+    """The server's postmaster pid if it runs on this machine: the parent of our backend."""
+    try:
+        with psycopg.connect(admin_url, connect_timeout=5) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            stat = Path(f"/proc/{backend}/stat").read_text()
+    except (psycopg.Error, OSError):
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+@contextlib.contextmanager
+def shared_server(admin_url: str | None) -> Iterator[Server]:
+    """``admin_url``'s server, or a temporary embedded one with PostgreSQL's default (durable)
+    settings, as a broker's own embedded server has."""
+    if admin_url:
+        yield Server(admin_url, "existing server (--admin-url / QUEEN_DATABASE_URL)",
+                     local_postmaster(admin_url))
+        return
+    from queen_trio.embedded import EmbeddedPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-pg-"))
+    server = EmbeddedPostgres(root, database="postgres")
+    try:
+        server.start()
+        yield Server(server.admin_url, "embedded (temporary), default settings", server.pid)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def server_version(database_url: str | None, embedded: bool) -> str:
+    if not database_url:
+        return "embedded PostgreSQL 18 (version not read)" if embedded else "unknown"
+    try:
+        import psycopg
+
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            version, fsync, sync_commit = (
+                conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("server_version", "fsync", "synchronous_commit")
+            )
+        return f"PostgreSQL {version} (fsync={fsync}, synchronous_commit={sync_commit})"
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return f"unknown ({type(exc).__name__})"
+
+
+@contextlib.contextmanager
+def scratch_database(url: str | None, prefix: str, *, migrate: bool = False,
+                     **embedded: str) -> Iterator[str]:
+    """``url`` itself when given; else a temporary embedded server's URL (the server stopped
+    and its files removed on the way out), with queen-trio's schema when ``migrate``.
+    ``embedded`` goes to ``EmbeddedPostgres`` (e.g. ``database="queen"``)."""
+    if url:
+        yield url
+        return
+    from queen_trio.db.migrations import apply_migrations
+    from queen_trio.embedded import EmbeddedPostgres
+
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(data_dir, **embedded)  # type: ignore[arg-type]
+    try:
+        url = server.start()
+        if migrate:
+            apply_migrations(url)
+        yield url
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure_on_scratch(measure: Callable[[str], Awaitable[None]], prefix: str) -> None:
+    """``trio.run(measure, url)`` on $QUEEN_DATABASE_URL, or on a migrated throw-away server."""
+    import trio
+
+    with scratch_database(os.environ.get("QUEEN_DATABASE_URL"), prefix, migrate=True) as url:
+        trio.run(measure, url)
