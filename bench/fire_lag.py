@@ -90,6 +90,7 @@ WITH_PEER = ("idle", "steady", "burst")
 # Beside the verdict (``ours``: Client.consume() at its defaults), in the peer's scenarios: the
 # sync client's consume() and the wire-level consumer (see bench.fire_parties.CONSUMERS).
 OURS_BESIDE = ("ours-sync", "ours-wire")
+PARTY_ENV = {"ours-w2": {"QUEEN_WORKERS": "2"}}  # the burst again with two broker processes
 EXPLORE_MIN_SLEEP_MS = (1, 5, 10, 25)
 EXPLORE_BATCH = (100, 500, 2000)
 IDLE_SEED = 20250707
@@ -716,12 +717,13 @@ def main(argv: list[str] | None = None) -> int:
             scenarios: dict[str, dict[str, Any]] = {}
             for unit in units(chosen, sizes):
                 beside = unit.split("-")[0] in WITH_PEER
-                parties = (["ours", *(OURS_BESIDE if beside else ())]
+                parties = (["ours", *(OURS_BESIDE if beside else ()),
+                            *(PARTY_ENV if unit == "burst" else ())]
                            + ([f"peer-{p}" for p in peer.PROFILES]
                               if not peer_missing and beside else []))
                 for party in parties:
                     print(f"[fire_lag] {unit} {party}: running ...", file=sys.stderr, flush=True)
-                    result = run_unit(server, unit, party, sizes, failures)
+                    result = run_unit(server, unit, party, sizes, failures, PARTY_ENV.get(party))
                     result.update(ran_at=now_iso(), command=command)
                     scenarios.setdefault(unit, {})[party] = result
                     for sub, r in ([("steady", result["steady"]), ("burst", result["burst"])]

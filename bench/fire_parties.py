@@ -51,6 +51,7 @@ CONSUMERS = {
     "ours": "sdk",            # Client.consume() at its defaults, asyncio, its own process
     "ours-sync": "sdk-sync",  # SyncClient.consume() at its defaults, its own process
     "ours-wire": "wire",      # a long-polling autoAck pop loop in the bench (the wire's view)
+    "ours-w2": "sdk",         # as "ours", against a broker of QUEEN_WORKERS=2 (burst only)
 }
 
 
