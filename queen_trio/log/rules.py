@@ -287,7 +287,8 @@ def subscription(args: dict[str, str]) -> datetime | str | None:
                                          else start)
     except ValueError:
         instant = None
-    if instant is None or instant.tzinfo is None or not 1 <= instant.year <= 9999:
+    # (Years far from ours are refused: shifted to UTC they may leave what Python can hold.)
+    if instant is None or instant.tzinfo is None or not 1900 <= instant.year <= 9000:
         raise ValidationError(
             "invalid_subscription_from",
             "subscriptionFrom must be beginning, now or an ISO-8601 timestamp with a time "
