@@ -808,6 +808,13 @@ CREATE TABLE queen.frames (
     meta jsonb
 );
 
+CREATE TABLE queen.group_subscriptions (
+    tenant_id integer NOT NULL,
+    queue text NOT NULL,
+    consumer_group text NOT NULL,
+    subscribed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
 CREATE TABLE queen.kv (
     tenant_id integer NOT NULL,
     namespace text NOT NULL,
@@ -979,6 +986,9 @@ ALTER TABLE ONLY queen.dead_letters
 ALTER TABLE ONLY queen.frames
     ADD CONSTRAINT frames_pkey PRIMARY KEY (partition_id, "offset");
 
+ALTER TABLE ONLY queen.group_subscriptions
+    ADD CONSTRAINT group_subscriptions_pkey PRIMARY KEY (tenant_id, queue, consumer_group);
+
 ALTER TABLE ONLY queen.kv
     ADD CONSTRAINT kv_pkey PRIMARY KEY (tenant_id, namespace, key);
 
@@ -1059,6 +1069,9 @@ ALTER TABLE ONLY queen.dead_letters
 
 ALTER TABLE ONLY queen.dead_letters
     ADD CONSTRAINT dead_letters_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.group_subscriptions
+    ADD CONSTRAINT group_subscriptions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY queen.kv
     ADD CONSTRAINT kv_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;

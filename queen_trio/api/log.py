@@ -145,24 +145,30 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
         except ClientError as exc:
             extra["ackError"] = {"status": exc.status, "error": exc.code,
                                  "message": exc.message, **exc.extra}
-    batch = await _pop_batch(req)
-    if batch is None:
+    batches = await _pop_batches(req)
+    if not batches:
         return _json({"success": True, "queue": req.queue, "partition": None,
                       "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
-                      "consumerGroup": req.group, "messages": [], "skipped": None, **extra})
-    return _json({**batch_to_wire(batch), **extra})
+                      "consumerGroup": req.group, "messages": [], "skipped": None,
+                      **({"partitions": []} if req.partitions > 1 else {}), **extra})
+    return _json({**batches_to_wire(req, batches), **extra})
 
 
 async def _pop(queue: str, partition: str | None) -> Response:
-    batch = await _pop_batch(rules.pop_request(queue, partition, dict(request.args)))
-    if batch is None:
+    req = rules.pop_request(queue, partition, dict(request.args))
+    batches = await _pop_batches(req)
+    if not batches:
         return Response(b"", status=204)
-    return _json(batch_to_wire(batch))
+    return _json(batches_to_wire(req, batches))
 
 
-async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
+async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
     broker = _broker()
     tenant = current_tenant_id()
+    if req.subscribe_from == rules.SUBSCRIBE_NOW:
+        # The group's subscription instant, before it looks: what is pushed from now on is
+        # new to it, whichever partition it lands in (store.subscribe).
+        await broker.db.run(store.subscribe, tenant, req)
     key = store.wake_key(tenant, req.queue)
     deadline = trio.current_time() + req.timeout_ms / 1000
     sync_commit = broker.settings.pop_commit_sync
@@ -175,8 +181,11 @@ async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
                 fire = None
-            # Most pops are served by one statement; the rest by the general pop.
-            if fire is not None:
+            # Most pops are served by one statement; the rest by the general pop (which alone
+            # takes several partitions).
+            if req.partitions > 1:
+                outcome = None
+            elif fire is not None:
                 # A timer is about to fire into this queue: wait for its frame in PostgreSQL.
                 outcome = await broker.db.run_statement(
                     store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
@@ -205,13 +214,37 @@ async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
         if waiting:
             broker.metrics.longpoll_waiters.dec()
 
-    batch = outcome.batch
-    if batch is None:
+    batches = outcome.batches
+    if not batches:
         broker.metrics.pops.labels("empty").inc()
-        return None
+        return []
     broker.metrics.pops.labels("messages").inc()
-    broker.metrics.messages_popped.inc(len(batch.messages))
-    return batch
+    broker.metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
+    return batches
+
+
+def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch]) -> dict[str, Any]:
+    """A pop's answer. A pop asking for several partitions (``partitions`` above 1) lists
+    them in ``partitions``, each with its own lease; every message carries its partitionId and
+    leaseId, which is what acks and lease extensions use. The top-level partition and lease
+    are those of the only partition when there is one, null when there are several (Queen
+    gives them one shared lease; here each partition keeps its own)."""
+    if req.partitions == 1:
+        return batch_to_wire(batches[0])
+    wire = batch_to_wire(batches[0]) if len(batches) == 1 else {
+        "success": True, "queue": req.queue, "partition": None, "partitionId": None,
+        "leaseId": None, "leaseExpiresAt": None, "consumerGroup": req.group,
+        "messages": [message_to_wire(b, m) for b in batches for m in b.messages],
+        "skipped": None,
+    }
+    wire["partitions"] = [
+        {"partition": b.partition, "partitionId": str(b.partition_id),
+         "leaseId": None if b.lease_id is None else str(b.lease_id),
+         "leaseExpiresAt": iso(b.lease_expires_at), "messages": len(b.messages),
+         "skipped": skip_to_wire(b.skipped)}
+        for b in batches
+    ]
+    return wire
 
 
 def batch_to_wire(batch: store.PopBatch) -> dict[str, Any]:

@@ -45,6 +45,17 @@ _POP_PARAMS = [
     _query("wait", {"type": "boolean"}, "long-poll until a message arrives or timeout"),
     _query("timeout", {"type": "integer", "minimum": 0, "maximum": 300000}, "long-poll ms"),
     _query("autoAck", {"type": "boolean"}, "advance the cursor at delivery; no lease"),
+    _query("partitions", {"type": "integer", "minimum": 1, "maximum": 100},
+           "take up to this many partitions in one pop, each under its own lease, sharing "
+           "batch; listed in the answer's partitions (the partition route takes one)"),
+    _query("subscriptionMode", {"type": "string", "enum": ["all", "new", "new-only"]},
+           "where a consumer group starts on a partition it has never popped: all (the "
+           "beginning, the default) or new (what is pushed after the group's first pop with "
+           "this mode, in any partition); queue mode ignores it"),
+    _query("subscriptionFrom", {"type": "string"},
+           "beginning, now (as subscriptionMode=new) or an ISO-8601 instant with a time zone: "
+           "a new consumer group starts at the first message created at or after it; wins "
+           "over subscriptionMode"),
 ]
 _POP_RESPONSES = {
     "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
@@ -425,6 +436,21 @@ def _document() -> dict[str, Any]:
                     "consumerGroup": {"type": "string"},
                     "messages": {"type": "array",
                                  "items": {"$ref": "#/components/schemas/Message"}},
+                    "partitions": {
+                        "type": "array",
+                        "description": "only when partitions > 1 was asked: the partitions "
+                                       "this pop took, each under its own lease (top-level "
+                                       "partition and leaseId are null when there are "
+                                       "several; every message carries its own)",
+                        "items": {"type": "object", "properties": {
+                            "partition": {"type": "string"},
+                            "partitionId": {"type": "string"},
+                            "leaseId": {"type": ["string", "null"]},
+                            "leaseExpiresAt": {"type": ["string", "null"]},
+                            "messages": {"type": "integer"},
+                            "skipped": {"oneOf": [
+                                {"type": "null"},
+                                {"$ref": "#/components/schemas/Skipped"}]}}}},
                     "skipped": {
                         "oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Skipped"}],
                         "description": "null, or the offsets this consumer group never "

@@ -13,6 +13,7 @@ import os
 import re
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
@@ -26,6 +27,8 @@ MAX_POP_BATCH = 10_000
 MAX_POP_TIMEOUT_MS = 300_000
 DEFAULT_POP_TIMEOUT_MS = 30_000
 MAX_TRANSACTION_ID_LENGTH = 256
+MAX_POP_PARTITIONS = 100
+SUBSCRIBE_NOW = "now"
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,256}$")
@@ -232,6 +235,12 @@ class PopRequest:
     wait: bool
     timeout_ms: int
     auto_ack: bool
+    # Up to this many partitions in one pop, each under its own lease, sharing ``batch``.
+    partitions: int = 1
+    # Where a consumer group starts on a partition it has never popped: None, the beginning
+    # of the log; SUBSCRIBE_NOW, the group's subscription instant (its first pop with this
+    # mode); a datetime, the first message created at or after it. Never for queue mode.
+    subscribe_from: datetime | str | None = None
 
 
 def query_bool(args: dict[str, str], key: str) -> bool:
@@ -254,17 +263,59 @@ def query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int)
     return int(raw)
 
 
+_SUBSCRIPTION_MODES = {"all": None, "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}
+
+
+def subscription(args: dict[str, str]) -> datetime | str | None:
+    """Queen's ``subscriptionMode`` (``all``; ``new`` or its alias ``new-only``) and
+    ``subscriptionFrom`` (``beginning``, ``now`` or an ISO-8601 instant with a time zone).
+    ``subscriptionFrom``, the more precise of the two, wins when both are given."""
+    mode = args.get("subscriptionMode") or None
+    if mode is not None and mode not in _SUBSCRIPTION_MODES:
+        raise ValidationError(
+            "invalid_subscription_mode", "subscriptionMode must be one of all, new, new-only"
+        )
+    start = args.get("subscriptionFrom") or None
+    if start is None:
+        return None if mode is None else _SUBSCRIPTION_MODES[mode]
+    if start == "beginning":
+        return None
+    if start == SUBSCRIBE_NOW:
+        return SUBSCRIBE_NOW
+    try:
+        instant = datetime.fromisoformat(start.replace("Z", "+00:00") if start.endswith("Z")
+                                         else start)
+    except ValueError:
+        instant = None
+    # (Years far from ours are refused: shifted to UTC they may leave what Python can hold.)
+    if instant is None or instant.tzinfo is None or not 1900 <= instant.year <= 9000:
+        raise ValidationError(
+            "invalid_subscription_from",
+            "subscriptionFrom must be beginning, now or an ISO-8601 timestamp with a time "
+            "zone (2025-01-01T00:00:00Z)",
+        )
+    return instant
+
+
 def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopRequest:
+    group = consumer_group(args.get("consumerGroup"))
+    since = subscription(args)
+    partitions = query_int(args, "partitions", 1, lo=1, hi=MAX_POP_PARTITIONS)
     return PopRequest(
         queue=queue_name(queue),
         partition=None if partition is None else partition_name(partition),
-        group=consumer_group(args.get("consumerGroup")),
+        group=group,
         batch=query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
         wait=query_bool(args, "wait"),
         timeout_ms=query_int(
             args, "timeout", DEFAULT_POP_TIMEOUT_MS, lo=0, hi=MAX_POP_TIMEOUT_MS
         ),
         auto_ack=query_bool(args, "autoAck"),
+        # One partition when the route names it (as Queen caps it there).
+        partitions=1 if partition is not None else partitions,
+        # Queue mode distributes work: starting it anywhere but the beginning would lose
+        # messages, so only consumer groups subscribe (the parameters are still validated).
+        subscribe_from=None if group == QUEUE_MODE_GROUP else since,
     )
 
 

@@ -206,6 +206,11 @@ class PopOutcome:
     batch: PopBatch | None
     retry_in_s: float | None = None  # a held-back frame matures this soon (delayedProcessing)
     skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
+    more: tuple[PopBatch, ...] = ()  # a multi-partition pop: the other partitions' batches
+
+    @property
+    def batches(self) -> list[PopBatch]:
+        return [] if self.batch is None else [self.batch, *self.more]
 
 
 def _commit_level(sync_commit: bool) -> str | None:
@@ -258,29 +263,83 @@ def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | N
                                first["lease_id"], first["lease_expires_at"], messages))
 
 
+def subscribe(raw: Raw, tenant_id: int, req: PopRequest) -> None:
+    """Record the group's subscription instant on the queue (``subscriptionMode=new``) unless
+    it has one: partitions it first pops later start there (see ``_start_after``)."""
+    raw.execute(Q.subscribe_group, {"tenant_id": tenant_id, "name": req.queue, "group": req.group})
+
+
+_MAX_CANDIDATE_ROUNDS = 64
+
+
 def pop(raw: Raw, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None, *, sync_commit: bool = True) -> PopOutcome:
-    """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`)."""
+    """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`).
+
+    With ``req.partitions`` above 1 it goes on to further candidates, each partition under its
+    own lease, until it holds that many partitions or ``req.batch`` messages in all."""
     if not sync_commit:
         raw.execute(Q.pop_commit_level, {"synchronous_commit": _commit_level(sync_commit)})
-    candidates = raw.execute(
-        Q.pop_candidates,
-        {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
-         "partition": req.partition},
-    ).fetchall()
-    if not candidates:
-        return PopOutcome(None)  # nothing past the group's cursors, or no such queue
-    queue = candidates[0]  # every row carries the queue's options
+    limit = max(8, 2 * req.partitions)
+    batches: list[PopBatch] = []
     retry_in: float | None = None
     skipped = 0
-    for cand in candidates:
-        batch, matures_in, skip = _pop_partition(raw, tenant_id, req, queue, cand, cache)
-        skipped += skip.count if skip else 0
-        if batch is not None:
-            return PopOutcome(batch, skipped=skipped)
-        if matures_in is not None:
-            retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
-    return PopOutcome(None, retry_in, skipped)
+    left = req.batch
+    for _ in range(_MAX_CANDIDATE_ROUNDS):
+        candidates = raw.execute(
+            Q.pop_candidates,
+            {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
+             "partition": req.partition, "limit": limit},
+        ).fetchall()
+        if not candidates:
+            break  # nothing past the group's cursors, or no such queue
+        queue = candidates[0]  # every row carries the queue's options
+        subscribed_past = False
+        for cand in candidates:
+            part_req = req if left == req.batch else dataclasses.replace(req, batch=left)
+            batch, matures_in, skip, past = _pop_partition(raw, tenant_id, part_req, queue, cand,
+                                                           cache)
+            subscribed_past |= past
+            skipped += skip.count if skip else 0
+            if batch is not None:
+                batches.append(batch)
+                left -= len(batch.messages)
+                if len(batches) == req.partitions or left <= 0:
+                    break
+            elif matures_in is not None:
+                retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
+        # A group subscribing from an instant may find every candidate older than that (their
+        # new cursors now leave them out): look again rather than wait with more behind them.
+        if batches or not subscribed_past or len(candidates) < limit:
+            break
+    if not batches:
+        return PopOutcome(None, retry_in, skipped)
+    return PopOutcome(batches[0], skipped=skipped, more=tuple(batches[1:]))
+
+
+def _start_after(raw: Raw, tenant_id: int, req: PopRequest, cand: dict[str, Any],
+                 cache: SegmentCache | None) -> int:
+    """Where a group's new cursor on this partition starts (its ``committed``): before
+    log_start, or, for a group subscribing from an instant, before the first frame created at
+    or after it (the end of the partition when there is none yet)."""
+    log_start = cand["log_start"]
+    if req.subscribe_from is None:
+        return log_start - 1
+    pid = cand["partition_id"]
+    since = None if req.subscribe_from == rules.SUBSCRIBE_NOW else req.subscribe_from
+    row = one(raw.execute(
+        Q.subscription_start,
+        {"tenant_id": tenant_id, "name": req.queue, "group": req.group, "since": since,
+         "partition_id": pid, "log_start": log_start}))
+    start = row["next_offset"] if row["head_first"] is None else row["head_first"]
+    if row["segment_first"] is not None:
+        # Sealed frames are compressed: the first new one is found by reading the segment.
+        first = row["segment_first"]
+        for f in log_frames.read(raw, pid, first, min(start - first, 100_000), cache=cache):
+            if f.frame.created_at >= row["at"]:
+                start = f.offset
+                break
+    return max(start, log_start) - 1
 
 
 def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip | None:
@@ -293,14 +352,29 @@ def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip 
 def _pop_partition(
     raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
     cache: SegmentCache | None,
-) -> tuple[PopBatch | None, float | None, Skip | None]:
+) -> tuple[PopBatch | None, float | None, Skip | None, bool]:
+    """One partition's part of a pop: its batch, when a held-back frame matures, the skip over
+    log_start, and whether a new cursor started past the partition's end (a subscription)."""
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
     if cursor is None:
-        cursor = raw.execute(Q.create_cursor, {**key, "log_start": cand["log_start"]}).fetchone()
+        committed = _start_after(raw, tenant_id, req, cand, cache)
+        cursor = raw.execute(Q.create_cursor, {**key, "committed": committed}).fetchone()
+        if cursor is not None and committed >= cand["log_start"]:
+            batch, matures_in, skip = _pop_cursor(raw, tenant_id, req, queue, cand, cache,
+                                                  key, cursor)
+            return batch, matures_in, skip, batch is None
     if cursor is None:
-        return None, None, None  # another consumer of the group holds (or is taking) it
+        return None, None, None, False  # another consumer of the group holds (or is taking) it
+    return (*_pop_cursor(raw, tenant_id, req, queue, cand, cache, key, cursor), False)
+
+
+def _pop_cursor(
+    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
+    cache: SegmentCache | None, key: dict[str, Any], cursor: dict[str, Any],
+) -> tuple[PopBatch | None, float | None, Skip | None]:
+    pid = cand["partition_id"]
     # A group behind log_start resumes there (start_after): retention took what it skipped.
     committed = cursor["start_after"]
     skip = _skip(cursor["committed"], committed, cursor["acked_ahead"])

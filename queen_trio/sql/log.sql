@@ -108,16 +108,48 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
 ORDER BY c.updated_at NULLS FIRST
-LIMIT 8
+LIMIT %(limit)s
 
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
 -- commit; a concurrent creator waits on it and then skips). It starts before log_start.
+-- (A group subscribing from an instant starts later: committed is where it starts, less one.)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
-VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(log_start)s - 1)
+VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
+
+-- name: subscribe_group
+-- subscriptionMode=new: the group's subscription instant on this queue, recorded by its first
+-- such pop (queen.group_subscriptions in schema/002_group_subscriptions.sql).
+INSERT INTO queen.group_subscriptions (tenant_id, queue, consumer_group)
+VALUES (%(tenant_id)s, %(name)s, %(group)s)
+ON CONFLICT (tenant_id, queue, consumer_group) DO NOTHING
+
+-- name: subscription_start
+-- Where a group subscribing from an instant starts on a partition it has never popped: the
+-- first segment holding a frame created at or after it (the broker finds the frame inside),
+-- else the first such frame of the head, else the end. 'now' is the group's recorded instant
+-- (clock_timestamp(): nothing committed before the subscription is new to it).
+WITH since AS MATERIALIZED (
+    SELECT coalesce(%(since)s::timestamptz,
+                    (SELECT g.subscribed_at FROM queen.group_subscriptions g
+                     WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
+                       AND g.consumer_group = %(group)s),
+                    clock_timestamp()) AS at)
+SELECT since.at,
+       (SELECT s.first_offset FROM queen.segments s
+        WHERE s.partition_id = %(partition_id)s AND s.last_offset >= %(log_start)s
+          AND s.last_created_at >= since.at
+        ORDER BY s.last_offset LIMIT 1) AS segment_first,
+       (SELECT f."offset" FROM queen.frames f
+        WHERE f.partition_id = %(partition_id)s AND f."offset" >= %(log_start)s
+          AND f.created_at >= since.at
+        ORDER BY f."offset" LIMIT 1) AS head_first,
+       (SELECT p.next_offset FROM queen.partitions p
+        WHERE p.partition_id = %(partition_id)s) AS next_offset
+FROM since
 
 -- name: lock_free_cursor
 -- Two consumers of one group never hold one partition: whoever locks the cursor first and
