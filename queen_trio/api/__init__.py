@@ -10,6 +10,7 @@ from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
 from ..context import BrokerContext
+from .admin import admin_routes
 from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
 from .log import log_routes
@@ -35,6 +36,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(kv_routes)
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
+    app.register_blueprint(admin_routes)
 
     @app.before_request
     async def _start_timer() -> None:

@@ -11,8 +11,10 @@ from quart import Blueprint, Response, current_app, jsonify, request
 
 from ..context import BrokerContext
 from ..errors import ClientError, ValidationError
+from ..log import admin as log_admin
 from ..log import rules, store
 from ..wire import iso
+from .admin import instant
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -354,18 +356,26 @@ def _optional(args: dict[str, str], key: str, check) -> Any:  # type: ignore[no-
 
 @log_routes.get("/dlq")
 async def list_dead_letters() -> Response:
+    """Two ways to page, oldest first: Queen's ``limit``/``offset`` (answered in
+    ``pagination``) and the keyset ``cursor`` (``next`` of the previous page), which stays
+    exact while dead letters are added. Not both at once."""
     args = dict(request.args)
     limit = rules.query_int(args, "limit", 100, lo=1, hi=1000)
     after = rules.query_int(args, "cursor", 0, lo=0, hi=10**18)
+    offset = rules.query_int(args, "offset", 0, lo=0, hi=10**9)
+    if after and offset:
+        raise ValidationError("invalid_parameter", "page with cursor or with offset, not both")
     group = args.get("consumerGroup") or None
     if group is not None:
         group = rules.consumer_group(group, for_pop=False)
-    rows = await _broker().db.run(
-        store.list_dead_letters, current_tenant_id(),
+    rows, total = await _broker().db.run(
+        log_admin.dead_letter_page, current_tenant_id(),
         queue=_optional(args, "queue", rules.queue_name),
         group=group,
         partition=_optional(args, "partition", rules.partition_name),
-        after=after, limit=limit,
+        after=after, offset=offset, limit=limit,
+        since=_optional(args, "from", lambda v: instant(v, "from")),
+        until=_optional(args, "to", lambda v: instant(v, "to")),
     )
     messages = [
         {
@@ -387,7 +397,9 @@ async def list_dead_letters() -> Response:
         for row in rows
     ]
     next_cursor = str(rows[-1]["dead_letter_id"]) if len(rows) == limit else None
-    return _json({"messages": messages, "next": next_cursor})
+    return _json({"messages": messages, "next": next_cursor, "total": total,
+                  "pagination": {"limit": limit, "offset": offset, "total": total,
+                                 "next": next_cursor}})
 
 
 @log_routes.post("/dlq/<int:dead_letter_id>/replay")

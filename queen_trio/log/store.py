@@ -654,17 +654,6 @@ def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) ->
 # -- dead letters -----------------------------------------------------------------------------
 
 
-def list_dead_letters(
-    raw: Raw, tenant_id: int, *, queue: str | None, group: str | None, partition: str | None,
-    after: int, limit: int,
-) -> list[dict[str, Any]]:
-    return raw.execute(
-        Q.list_dead_letters,
-        {"tenant_id": tenant_id, "queue": queue, "group": group, "partition": partition,
-         "after": after, "limit": limit},
-    ).fetchall()
-
-
 def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int) -> Appended:
     row = raw.execute(Q.lock_dead_letter, {"id": dead_letter_id, "tenant_id": tenant_id}).fetchone()
     if row is None:

@@ -294,21 +294,6 @@ RETURNING lease_expires_at
 -- name: lease_exists
 SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s
 
--- name: list_dead_letters
-SELECT d.dead_letter_id, d.transaction_id, d.partition_id, q.name AS queue,
-       p.name AS partition, d.consumer_group, d."offset", d.error, d.retry_count, d.payload,
-       d.frame_created_at, d.created_at, d.replayed_at, d.replay_transaction_id
-FROM queen.dead_letters d
-JOIN queen.queues q USING (queue_id)
-LEFT JOIN queen.partitions p ON p.partition_id = d.partition_id
-WHERE d.tenant_id = %(tenant_id)s
-  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
-  AND (%(group)s::text IS NULL OR d.consumer_group = %(group)s)
-  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-  AND d.dead_letter_id > %(after)s
-ORDER BY d.dead_letter_id
-LIMIT %(limit)s
-
 -- name: lock_dead_letter
 SELECT d.dead_letter_id, d.consumer_group, d.payload, d.replayed_at, d.replay_transaction_id,
        q.name AS queue, p.name AS partition
