@@ -161,7 +161,8 @@ async def _delete_group(group: str, queue: str | None) -> Response:
     args = _args()
     delete_metadata = True if args.get("deleteMetadata") in (None, "") else rules.query_bool(
         args, "deleteMetadata")
-    deleted = await _broker().db.run(groups.delete_group, current_tenant_id(), name, queue)
+    deleted = await _broker().db.run(groups.delete_group, current_tenant_id(), name, queue,
+                                     metadata=delete_metadata)
     answer: dict[str, Any] = {"success": True, "consumerGroup": name}
     if queue is not None:
         answer["queueName"] = queue

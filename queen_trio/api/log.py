@@ -40,13 +40,19 @@ def _json(body: Any, status: int = 200) -> Response:
 
 @log_routes.post("/configure")
 async def configure() -> Response:
+    """Queen's answer (``configured``, ``queue``, ``namespace``, ``task``, ``partitionId`` of
+    the Default partition, ``options`` with every option Queen echoes), plus ``created`` and
+    ``ignored``: the options sent that this broker does not act on, and unknown names (also
+    listed in ``unknown``). Options it cannot honour safely are refused with a 400."""
     body = await read_json_object()
-    name = rules.queue_name(body.get("queue"))
-    options = rules.queue_options(body.get("options"))
+    name, req = rules.configure_request(body)
     broker = _broker()
-    outcome = await broker.db.run(store.configure, current_tenant_id(), name, options)
+    outcome = await broker.db.run(store.configure, current_tenant_id(), name, req.options)
     return _json({"configured": True, "created": outcome["created"], "queue": name,
-                  "options": options.to_wire()})
+                  "queueId": str(outcome["queue_id"]),
+                  "partitionId": str(outcome["partition_id"]),
+                  "namespace": body.get("namespace") or "", "task": body.get("task") or "",
+                  "options": req.echo, "ignored": req.ignored, "unknown": req.unknown})
 
 
 def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
@@ -412,10 +418,7 @@ async def replay_dead_letter(dead_letter_id: int) -> Response:
 
 
 def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
-    return rules.QueueOptions(
-        q["lease_time_s"], q["retry_limit"], q["delayed_processing_s"], q["retention_s"],
-        q["dead_letter_queue"], q["retain_until_consumed"],
-    ).to_wire()
+    return rules.QueueOptions.from_row(q).to_wire()
 
 
 @log_routes.get("/resources/queues")

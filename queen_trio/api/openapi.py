@@ -212,8 +212,62 @@ def _log_paths() -> dict[str, Any]:
                         "description": "with retentionSeconds: drop a segment only once every "
                                        "consumer group of its partition has committed past "
                                        "it (a partition no group ever read keeps it)"},
-                    "deadLetterQueue": {"type": "boolean"}}}}}),
-            "responses": {"200": _json({"type": "object"}, "Configured"), **_errors(400)},
+                    "deadLetterQueue": {"type": "boolean"},
+                    "maxSize": {
+                        "type": "integer", "minimum": 0,
+                        "description": "the most messages the queue holds that queue-mode "
+                                       "consumers have not consumed; a push past it is "
+                                       "refused whole, 409 queue_full (0: no limit)"},
+                    "retryDelay": {
+                        "type": "integer", "minimum": 0, "maximum": 3_600_000,
+                        "description": "milliseconds: a failed message (and its partition, "
+                                       "for that consumer group) is handed out again no "
+                                       "sooner than this (0: at once)"},
+                    "ttl": {
+                        "type": "integer", "minimum": 0,
+                        "description": "seconds a message lives: applied by retention like "
+                                       "retentionSeconds (the smaller non-zero one counts; "
+                                       "0: none)"},
+                    "completedRetentionSeconds": {
+                        "type": "integer", "minimum": 0,
+                        "description": "drop sealed segments every consumer group has "
+                                       "committed past once their newest message is this "
+                                       "old (0: never)"},
+                    "retentionEnabled": {
+                        "type": "boolean", "default": True,
+                        "description": "false: no age-based drop at all for this queue"},
+                    "encryptionEnabled": {
+                        "type": "boolean", "enum": [False],
+                        "description": "messages are not encrypted at rest; true is a 400 "
+                                       "unsupported_option"},
+                    **{name: {"description": "accepted, echoed and listed in ignored when "
+                                             "not at Queen's default; no effect here"}
+                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries",
+                                    "maxWaitTimeSeconds")}},
+                    "additionalProperties": {
+                        "description": "unknown option names are listed in ignored and "
+                                       "unknown"}},
+                "namespace": {"type": "string", "description": "echoed; ignored"},
+                "task": {"type": "string", "description": "echoed; ignored"}}}),
+            "responses": {"200": _json({"type": "object", "properties": {
+                "configured": {"type": "boolean"}, "created": {"type": "boolean"},
+                "queue": {"type": "string"}, "queueId": {"type": "string"},
+                "partitionId": {"type": "string", "description": "the Default partition"},
+                "namespace": {"type": "string"}, "task": {"type": "string"},
+                "options": {"type": "object",
+                            "description": "every option Queen echoes (priority, leaseTime, "
+                                           "retryLimit, retryDelay, maxSize, ttl, "
+                                           "deadLetterQueue, dlqAfterMaxRetries, "
+                                           "delayedProcessing, windowBuffer, "
+                                           "retentionSeconds, completedRetentionSeconds, "
+                                           "retentionEnabled, encryptionEnabled, "
+                                           "maxWaitTimeSeconds) and retainUntilConsumed, as "
+                                           "applied"},
+                "ignored": {"type": "array", "items": {"type": "string"},
+                            "description": "options sent that have no effect here (see "
+                                           "README, Compatibility with Queen)"},
+                "unknown": {"type": "array", "items": {"type": "string"}}}},
+                "Configured"), **_errors(400)},
         }},
         "/api/v1/push": {"post": {
             "summary": "Append 1..N messages, any mix of queues and partitions, atomically",
@@ -227,6 +281,9 @@ def _log_paths() -> dict[str, Any]:
                 "201": _json({"type": "array", "items": {"$ref": "#/components/schemas/Pushed"}},
                              "One result per item, in order"),
                 **_errors(400, 413),
+                "409": _json(_ERROR, "queue_full: the push would take a queue past its "
+                                     "maxSize (error carries queue, maxSize, depth, pushing); "
+                                     "nothing was pushed"),
             },
         }},
         "/api/v1/pop/queue/{queue}": {
@@ -357,8 +414,8 @@ def _admin_paths() -> dict[str, Any]:
     page = [_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
             _query("offset", {"type": "integer", "minimum": 0}, "rows to skip")]
     delete_metadata = _query("deleteMetadata", {"type": "boolean"},
-                             "accepted and echoed (default true); this broker keeps no "
-                             "subscription metadata apart from the cursors")
+                             "default true: also forget the group's subscription records "
+                             "(subscriptionMode=new), so it subscribes afresh")
     deleted = _json(_OBJECT, "{success, consumerGroup, queueName?, deletedPartitions, "
                              "metadataDeleted}")
     return {

@@ -43,12 +43,17 @@ def group_partitions(raw: Raw, tenant_id: int, *, group: str | None = None,
     return rows
 
 
-def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None) -> int:
-    """Forget the group (on one queue, or everywhere): its cursors and redelivery counts.
-    Returns the number of cursors deleted. A consumer still holding a lease of the group then
-    has its acks refused (409 ``not_delivered``); a later pop starts the group afresh."""
-    rows = raw.execute(Q.delete_group,
-                       {"tenant_id": tenant_id, "group": group, "queue": queue}).fetchall()
+def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None, *,
+                 metadata: bool = True) -> int:
+    """Forget the group (on one queue, or everywhere): its cursors and redelivery counts,
+    and with ``metadata`` its subscription records (a ``subscriptionMode=new`` group then
+    subscribes afresh). Returns the number of cursors deleted. A consumer still holding a
+    lease of the group then has its acks refused (409 ``not_delivered``); a later pop starts
+    the group afresh."""
+    key = {"tenant_id": tenant_id, "group": group, "queue": queue}
+    rows = raw.execute(Q.delete_group, key).fetchall()
+    if metadata:
+        raw.execute(Q.delete_group_subscriptions, key)
     if rows:
         _wake(raw, tenant_id, queue)
     return len(rows)

@@ -73,6 +73,9 @@ def append(
     for i, frame in enumerate(frames):
         by_partition.setdefault((frame.queue, frame.partition), []).append(i)
 
+    # First what each partition gets (duplicates left out), then maxSize, then the inserts: a
+    # push refused by a full queue writes nothing.
+    inserts: list[dict[str, Any]] = []
     for key, indexes in by_partition.items():
         part = partitions[key]
         pid = part["partition_id"]
@@ -106,15 +109,46 @@ def append(
                                   frame.transaction_id, next_offset)
             next_offset += 1
         if offsets:
-            raw.execute(
-                Q.insert_frames,
+            inserts.append(
                 {"partition_id": pid, "tenant_id": tenant_id, "offsets": offsets, "txns": txns,
-                 "payloads": payloads, "metas": metas, "next_offset": next_offset},
-            )
+                 "payloads": payloads, "metas": metas, "next_offset": next_offset})
+    _check_max_size(raw, partitions, inserts)
+    for params in inserts:
+        raw.execute(Q.insert_frames, params)
     add_usage(raw, tenant_id, stored_bytes + usage_offset)
     for name in queue_names:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return [r for r in results if r is not None]
+
+
+def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],
+                    inserts: list[dict[str, Any]]) -> None:
+    """Refuse the push (409 ``queue_full``) if it takes a queue past its ``maxSize``."""
+    capped = {p["partition_id"]: p for p in partitions.values() if p["max_size"] > 0}
+    adding: dict[int, int] = {}
+    for params in inserts:
+        part = capped.get(params["partition_id"])
+        if part is not None:
+            adding[part["queue_id"]] = adding.get(part["queue_id"], 0) + len(params["offsets"])
+    if not adding:
+        return
+    ids = sorted(adding)
+    raw.execute(Q.lock_queue_capacity, {"queue_ids": ids})
+    depths = {r["queue_id"]: r["depth"]
+              for r in raw.execute(Q.queue_depths, {"queue_ids": ids}).fetchall()}
+    for part in capped.values():
+        qid = part["queue_id"]
+        if qid not in adding:
+            continue
+        depth, limit = depths.get(qid, 0), part["max_size"]
+        if depth + adding[qid] > limit:
+            raise Conflict(
+                "queue_full",
+                f"queue {part['queue']!r} holds {depth} unconsumed messages of its maxSize "
+                f"{limit}; this push of {adding[qid]} would exceed it (nothing was pushed)",
+                queue=part["queue"], maxSize=limit, depth=depth, pushing=adding[qid],
+            )
+        adding.pop(qid)
 
 
 def _lock_partitions(
@@ -159,11 +193,17 @@ def to_json(value: Any) -> str:
 def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dict[str, Any]:
     row = one(raw.execute(
         Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
-    raw.execute(
-        Q.ensure_partitions,
-        {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
-    )
-    return {"created": row["created"]}
+    partition_id = row["default_partition_id"]
+    if partition_id is None:
+        raw.execute(
+            Q.ensure_partitions,
+            {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
+        )
+        partition_id = one(raw.execute(
+            Q.lock_partitions, {"tenant_id": tenant_id, "queues": [name],
+                                "names": [DEFAULT_PARTITION]}))["partition_id"]
+    return {"created": row["created"], "queue_id": row["queue_id"],
+            "partition_id": partition_id}
 
 
 # -- pop --------------------------------------------------------------------------------------
@@ -575,6 +615,7 @@ def _ack_partition(
     ahead = set(cursor["acked_ahead"])
     leased_to = cursor["leased_to"] if cursor["leased_to"] is not None else committed
     release = False
+    hold = False
     out: dict[int, AckResult] = {}
 
     for position, a in items:
@@ -613,6 +654,7 @@ def _ack_partition(
                 Q.bump_retry, {**key, "offset": offset, "error": a.error}))["retry_count"]
             if count <= info["retry_limit"]:
                 release = True  # redelivered from the cursor on the next pop
+                hold = info["retry_delay_ms"] > 0  # ... no sooner than retryDelay
                 out[position] = result(released=True)
                 continue
             dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset, count,
@@ -631,6 +673,8 @@ def _ack_partition(
 
     raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
                                 "release": release})
+    if hold:
+        raw.execute(Q.hold_for_retry, {**key, "delay_ms": info["retry_delay_ms"]})
     if committed > start:
         raw.execute(Q.forget_retries, {**key, "committed": committed})
     return out

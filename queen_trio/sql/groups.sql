@@ -46,6 +46,14 @@ WITH gone AS (
 )
 SELECT partition_id, coalesce(leased, false) AS leased FROM gone
 
+-- name: delete_group_subscriptions
+-- deleteMetadata: the group's subscription records (subscriptionMode=new), so that it
+-- subscribes afresh at its next pop. Returns one row per record deleted.
+DELETE FROM queen.group_subscriptions
+WHERE tenant_id = %(tenant_id)s AND consumer_group = %(group)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+RETURNING queue
+
 -- name: seek_partitions
 -- The partitions of a queue (all, or one by name) to seek a group on. A push committing
 -- meanwhile lands after the seek.

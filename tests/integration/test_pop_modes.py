@@ -206,3 +206,23 @@ async def test_settle_and_pop_takes_the_same_parameters(http: httpx.AsyncClient)
     r = await http.post(f"{API}/pop/queue/mp",
                         params={"consumerGroup": "n", "subscriptionMode": "new"})
     assert r.json()["messages"] == []
+
+
+async def test_deleting_a_group_with_its_metadata_makes_it_subscribe_afresh(
+    http: httpx.AsyncClient,
+) -> None:
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"n": 1}])
+    # Without its metadata the group keeps its subscription instant: a new first pop after
+    # the delete starts there, so the message pushed since is delivered again.
+    r = await http.delete(f"{API}/consumer-groups/g", params={"deleteMetadata": "false"})
+    assert r.json()["metadataDeleted"] is False
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"] for m in got] == [{"n": 1}]
+    # With it (the default), the group subscribes afresh at its next pop: nothing older.
+    r = await http.delete(f"{API}/consumer-groups/g")
+    assert r.json()["metadataDeleted"] is True
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"n": 2}])
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"] for m in got] == [{"n": 2}]

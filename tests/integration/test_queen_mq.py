@@ -190,8 +190,6 @@ async def test_consume_with_manual_acks_and_a_failure_to_the_dlq(broker: BrokerH
     await run(broker, flow)
 
 
-@pytest.mark.xfail(strict=True, reason="DLQ listing answers {messages, next}; queen-mq reads "
-                                        "pagination {limit, offset} and total (q20b)")
 async def test_dlq_pagination(broker: BrokerHandle) -> None:
     q = name()
 
@@ -255,11 +253,9 @@ async def test_queue_delete(broker: BrokerHandle) -> None:
     await run(broker, flow)
 
 
-# -- what other parts of issue 20 add ---------------------------------------------------------
+# -- consumer-group admin, configure options, admin reads ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="consumer-group admin routes are not built yet (q20b): "
-                                        "DELETE /api/v1/consumer-groups/{g} answers 404")
 async def test_delete_consumer_group(broker: BrokerHandle) -> None:
     q = name()
 
@@ -271,8 +267,6 @@ async def test_delete_consumer_group(broker: BrokerHandle) -> None:
     await run(broker, flow)
 
 
-@pytest.mark.xfail(strict=True, reason="configure drops maxSize / ttl options silently; q20c "
-                                        "applies and echoes them")
 async def test_configure_echoes_queen_options(broker: BrokerHandle) -> None:
     q = name()
 
@@ -283,8 +277,6 @@ async def test_configure_echoes_queen_options(broker: BrokerHandle) -> None:
     await run(broker, flow)
 
 
-@pytest.mark.xfail(strict=True, reason="Queen's admin read routes (GET /api/v1/resources/"
-                                        "partitions …) answer 404 (q20b)")
 async def test_admin_partitions(broker: BrokerHandle) -> None:
     q = name()
 

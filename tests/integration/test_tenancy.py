@@ -416,7 +416,7 @@ async def test_tenants_cli_creates_lists_issues_and_revokes(
     assert {"default", "alpha", "beta", "acme"} <= set(listed)
     assert listed["acme"]["active_tokens"] == 1
     assert listed["alpha"]["active_tokens"] == 2
-    assert listed["acme"]["max_message_bytes"] == 1048576
+    assert listed["acme"]["max_message_bytes"] is None  # the broker's ceiling, not lowered
     assert listed["acme"]["max_stored_bytes"] is None
     assert listed["acme"]["requests_per_second"] is None
 

@@ -279,9 +279,14 @@ def test_queue_options_defaults(options: Any) -> None:
     assert opts.to_wire() == {
         "leaseTime": 300,
         "retryLimit": 3,
+        "retryDelay": 0,
+        "maxSize": 0,
+        "ttl": 0,
+        "deadLetterQueue": True,
         "delayedProcessing": 0,
         "retentionSeconds": 0,
-        "deadLetterQueue": True,
+        "completedRetentionSeconds": 0,
+        "retentionEnabled": True,
         "retainUntilConsumed": False,
     }
 
@@ -313,11 +318,23 @@ def test_null_options_take_their_defaults() -> None:
     assert opts == QueueOptions()
 
 
-def test_unknown_queen_options_are_ignored() -> None:
-    opts = rules.queue_options(
-        {"priority": 5, "maxSize": 10000, "encryptionEnabled": True, "ttl": "x", "leaseTime": 10}
-    )
-    assert opts == QueueOptions(lease_time_s=10)
+def test_queen_options_are_applied_ignored_by_name_or_refused() -> None:
+    name, req = rules.configure_request({"queue": "q", "options": {
+        "priority": 5, "maxSize": 10000, "retryDelay": 250, "ttl": 60, "leaseTime": 10,
+        "windowBuffer": 0, "encryptionEnabled": False, "colour": "red"}})
+    assert name == "q"
+    assert req.options == QueueOptions(lease_time_s=10, max_size=10000, retry_delay_ms=250,
+                                       ttl_s=60)
+    # windowBuffer at Queen's default changes nothing, so it is not "ignored".
+    assert (req.ignored, req.unknown) == (["priority", "colour"], ["colour"])
+    assert (req.echo["priority"], req.echo["windowBuffer"], req.echo["encryptionEnabled"]) == (
+        5, 0, False)
+    exc = _fails(rules.configure_request, {"queue": "q", "options": {"encryptionEnabled": True}})
+    assert exc.code == "unsupported_option"
+    exc = _fails(rules.configure_request, {"queue": "q", "options": {"ttl": "x"}})
+    assert exc.code == "invalid_option" and "ttl" in exc.message
+    exc = _fails(rules.configure_request, {"queue": "q", "namespace": 3})
+    assert exc.code == "invalid_option" and "namespace" in exc.message
 
 
 @pytest.mark.parametrize(
