@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("name")
     plan.add_argument("--max-message-bytes", type=int, metavar="N",
-                      help="message ceiling, 1..1048576")
+                      help="lowers the message ceiling (QUEEN_MAX_MESSAGE_BYTES) for this "
+                           "tenant; -1 removes the lowering")
     plan.add_argument("--max-stored-bytes", type=int, metavar="N",
                       help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
     plan.add_argument("--requests-per-second", type=int, metavar="N",
@@ -215,7 +216,8 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
             elif action == "plan":
                 changed = store.set_plan(
                     raw, args.name,
-                    max_message_bytes=args.max_message_bytes,
+                    max_message_bytes=_unset(args.max_message_bytes),
+                    set_message=args.max_message_bytes is not None,
                     max_stored_bytes=_unset(args.max_stored_bytes),
                     requests_per_second=_unset(args.requests_per_second),
                     set_stored=args.max_stored_bytes is not None,
@@ -246,7 +248,7 @@ def _print_tenants(rows: list[dict[str, Any]]) -> None:
     header = f"{'TENANT':<24} {'TOKENS':>6} {'MAX MSG':>9} {'STORED':>12} {'GATE':>12} {'RPS':>9}"
     print(header)
     for r in rows:
-        print(f"{r['name']:<24} {r['active_tokens']:>6} {r['max_message_bytes']:>9} "
+        print(f"{r['name']:<24} {r['active_tokens']:>6} {limit(r['max_message_bytes']):>9} "
               f"{r['stored_bytes']:>12} {limit(r['max_stored_bytes']):>12} "
               f"{limit(r['requests_per_second']):>9}")
 

@@ -15,6 +15,9 @@ from pathlib import Path
 from .errors import ConfigError
 
 ONE_MIB = 1024 * 1024
+# QUEEN_MAX_MESSAGE_BYTES at most: a message is one JSON value in one row (PostgreSQL's jsonb
+# tops out near 256 MiB) and is read whole into the broker's memory on every push and pop.
+MAX_MESSAGE_BYTES_LIMIT = 64 * ONE_MIB
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +55,9 @@ class Settings:
     timers_max_horizon_s: int = 7_776_000
     # None means "1 MiB, or the tenant plan's message ceiling if smaller".
     timers_max_payload_bytes: int | None = None
+    # The message ceiling of pushes (and KV values, transaction pushes); a tenant plan's
+    # maxMessageBytes may lower it. Timer payloads stay within 1 MiB whatever this says.
+    max_message_bytes: int = ONE_MIB
     # Log housekeeping: sealing the head into segments, retention.
     housekeeping_interval_ms: int = 1000
     segment_max_frames: int = 1000
@@ -65,6 +71,11 @@ class Settings:
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
+
+    def http_body_limit(self) -> int:
+        """The largest request body read: room for a message at the ceiling, written with
+        JSON escapes, beside others in one push (never below 8 MiB)."""
+        return max(8 * ONE_MIB, 4 * self.max_message_bytes)
 
     def timer_payload_ceiling(self, plan_max_message_bytes: int) -> int:
         """The largest serialized timer payload a tenant with this plan may schedule."""
@@ -170,6 +181,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             env, "QUEEN_TIMERS_MAX_HORIZON_S", 7_776_000, lo=1, hi=10 * 365 * 86400
         ),
         timers_max_payload_bytes=payload,
+        max_message_bytes=_int(env, "QUEEN_MAX_MESSAGE_BYTES", ONE_MIB, lo=1024,
+                               hi=MAX_MESSAGE_BYTES_LIMIT),
         housekeeping_interval_ms=_int(
             env, "QUEEN_HOUSEKEEPING_INTERVAL_MS", 1000, lo=10, hi=3_600_000
         ),

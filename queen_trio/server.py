@@ -98,7 +98,8 @@ async def run_broker(
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
         listener = Listener(url, NOTIFY_CHANNELS)
         wakeups = QueueWakeups()
-        tenants = TenantDirectory(db, default_tenant)
+        tenants = TenantDirectory(db, default_tenant,
+                                  max_message_bytes=settings.max_message_bytes)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,

@@ -318,6 +318,7 @@ BEGIN
           AND (p_partition IS NULL OR p.name = p_partition)
           AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
         ORDER BY c.updated_at NULLS FIRST
         LIMIT 8
     LOOP
@@ -582,6 +583,54 @@ BEGIN
 END
 $$;
 
+CREATE TABLE queen.queues (
+    queue_id bigint NOT NULL,
+    tenant_id integer NOT NULL,
+    name text NOT NULL,
+    lease_time_s integer DEFAULT 300 NOT NULL,
+    retry_limit integer DEFAULT 3 NOT NULL,
+    delayed_processing_s integer DEFAULT 0 NOT NULL,
+    retention_s integer DEFAULT 0 NOT NULL,
+    dead_letter_queue boolean DEFAULT true NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    retain_until_consumed boolean DEFAULT false NOT NULL,
+    max_size bigint DEFAULT 0 NOT NULL,
+    retry_delay_ms integer DEFAULT 0 NOT NULL,
+    ttl_s integer DEFAULT 0 NOT NULL,
+    completed_retention_s integer DEFAULT 0 NOT NULL,
+    retention_enabled boolean DEFAULT true NOT NULL,
+    CONSTRAINT queues_completed_retention_s_check CHECK ((completed_retention_s >= 0)),
+    CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
+    CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),
+    CONSTRAINT queues_max_size_check CHECK ((max_size >= 0)),
+    CONSTRAINT queues_retention_s_check CHECK ((retention_s >= 0)),
+    CONSTRAINT queues_retry_delay_ms_check CHECK ((retry_delay_ms >= 0)),
+    CONSTRAINT queues_retry_limit_check CHECK ((retry_limit >= 0)),
+    CONSTRAINT queues_ttl_s_check CHECK ((ttl_s >= 0))
+);
+
+CREATE FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    WITH lim AS (
+        SELECT least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0)) AS age_s,
+               coalesce(p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                                          WHERE c.partition_id = p_partition), false)
+                   AS consumed
+    )
+    SELECT q.retention_enabled AND (
+        (lim.age_s IS NOT NULL
+         AND p_last_created <= now() - make_interval(secs => lim.age_s)
+         AND (NOT q.retain_until_consumed OR lim.consumed))
+        OR (q.completed_retention_s > 0
+            AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
+            AND lim.consumed))
+    FROM lim
+$$;
+
+COMMENT ON FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) IS 'Retention''s rule for one sealed segment: retentionSeconds/ttl, completedRetentionSeconds.';
+
 CREATE FUNCTION queen.segments_are_immutable() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -767,7 +816,8 @@ CREATE TABLE queen.cursors (
     lease_id uuid,
     lease_expires_at timestamp with time zone,
     leased_to bigint,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    retry_at timestamp with time zone
 );
 
 CREATE TABLE queen.dead_letters (
@@ -808,6 +858,13 @@ CREATE TABLE queen.frames (
     meta jsonb
 );
 
+CREATE TABLE queen.group_subscriptions (
+    tenant_id integer NOT NULL,
+    queue text NOT NULL,
+    consumer_group text NOT NULL,
+    subscribed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
 CREATE TABLE queen.kv (
     tenant_id integer NOT NULL,
     namespace text NOT NULL,
@@ -826,24 +883,6 @@ CREATE TABLE queen.partitions (
     next_offset bigint DEFAULT 0 NOT NULL,
     log_start bigint DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
-);
-
-CREATE TABLE queen.queues (
-    queue_id bigint NOT NULL,
-    tenant_id integer NOT NULL,
-    name text NOT NULL,
-    lease_time_s integer DEFAULT 300 NOT NULL,
-    retry_limit integer DEFAULT 3 NOT NULL,
-    delayed_processing_s integer DEFAULT 0 NOT NULL,
-    retention_s integer DEFAULT 0 NOT NULL,
-    dead_letter_queue boolean DEFAULT true NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    retain_until_consumed boolean DEFAULT false NOT NULL,
-    CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
-    CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),
-    CONSTRAINT queues_retention_s_check CHECK ((retention_s >= 0)),
-    CONSTRAINT queues_retry_limit_check CHECK ((retry_limit >= 0))
 );
 
 ALTER TABLE queen.queues ALTER COLUMN queue_id ADD GENERATED ALWAYS AS IDENTITY (
@@ -925,11 +964,11 @@ CREATE TABLE queen.tenants (
     tenant_id integer NOT NULL,
     name text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    max_message_bytes integer DEFAULT 1048576 NOT NULL,
+    max_message_bytes integer,
     max_stored_bytes bigint,
     requests_per_second integer,
     plan_updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT tenants_max_message_bytes_check CHECK (((max_message_bytes >= 1) AND (max_message_bytes <= 1048576))),
+    CONSTRAINT tenants_max_message_bytes_check CHECK ((max_message_bytes >= 1)),
     CONSTRAINT tenants_max_stored_bytes_check CHECK ((max_stored_bytes >= 0)),
     CONSTRAINT tenants_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'::text)),
     CONSTRAINT tenants_requests_per_second_check CHECK ((requests_per_second >= 1))
@@ -978,6 +1017,9 @@ ALTER TABLE ONLY queen.dead_letters
 
 ALTER TABLE ONLY queen.frames
     ADD CONSTRAINT frames_pkey PRIMARY KEY (partition_id, "offset");
+
+ALTER TABLE ONLY queen.group_subscriptions
+    ADD CONSTRAINT group_subscriptions_pkey PRIMARY KEY (tenant_id, queue, consumer_group);
 
 ALTER TABLE ONLY queen.kv
     ADD CONSTRAINT kv_pkey PRIMARY KEY (tenant_id, namespace, key);
@@ -1059,6 +1101,9 @@ ALTER TABLE ONLY queen.dead_letters
 
 ALTER TABLE ONLY queen.dead_letters
     ADD CONSTRAINT dead_letters_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.group_subscriptions
+    ADD CONSTRAINT group_subscriptions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY queen.kv
     ADD CONSTRAINT kv_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;

@@ -10,6 +10,7 @@ from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
 from ..context import BrokerContext
+from .admin import admin_routes
 from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
 from .log import log_routes
@@ -22,7 +23,8 @@ from .transaction import transaction_routes
 def create_app(broker: BrokerContext) -> QuartTrio:
     app = QuartTrio("queen_trio")
     app.config["BROKER"] = broker
-    app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024  # above any plan's message ceiling
+    # Above the message ceiling (QUEEN_MAX_MESSAGE_BYTES), which no plan can raise.
+    app.config["MAX_CONTENT_LENGTH"] = broker.settings.http_body_limit()
     app.config["BODY_TIMEOUT"] = broker.settings.http_body_timeout_s  # then 408
     assert isinstance(app.json, DefaultJSONProvider)  # json_provider_class is left as it is
     app.json.sort_keys = False
@@ -35,6 +37,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(kv_routes)
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
+    app.register_blueprint(admin_routes)
 
     @app.before_request
     async def _start_timer() -> None:

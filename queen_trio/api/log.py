@@ -11,8 +11,10 @@ from quart import Blueprint, Response, current_app, jsonify, request
 
 from ..context import BrokerContext
 from ..errors import ClientError, ValidationError
+from ..log import admin as log_admin
 from ..log import rules, store
 from ..wire import iso
+from .admin import instant
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -38,13 +40,19 @@ def _json(body: Any, status: int = 200) -> Response:
 
 @log_routes.post("/configure")
 async def configure() -> Response:
+    """Queen's answer (``configured``, ``queue``, ``namespace``, ``task``, ``partitionId`` of
+    the Default partition, ``options`` with every option Queen echoes), plus ``created`` and
+    ``ignored``: the options sent that this broker does not act on, and unknown names (also
+    listed in ``unknown``). Options it cannot honour safely are refused with a 400."""
     body = await read_json_object()
-    name = rules.queue_name(body.get("queue"))
-    options = rules.queue_options(body.get("options"))
+    name, req = rules.configure_request(body)
     broker = _broker()
-    outcome = await broker.db.run(store.configure, current_tenant_id(), name, options)
+    outcome = await broker.db.run(store.configure, current_tenant_id(), name, req.options)
     return _json({"configured": True, "created": outcome["created"], "queue": name,
-                  "options": options.to_wire()})
+                  "queueId": str(outcome["queue_id"]),
+                  "partitionId": str(outcome["partition_id"]),
+                  "namespace": body.get("namespace") or "", "task": body.get("task") or "",
+                  "options": req.echo, "ignored": req.ignored, "unknown": req.unknown})
 
 
 def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
@@ -145,24 +153,30 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
         except ClientError as exc:
             extra["ackError"] = {"status": exc.status, "error": exc.code,
                                  "message": exc.message, **exc.extra}
-    batch = await _pop_batch(req)
-    if batch is None:
+    batches = await _pop_batches(req)
+    if not batches:
         return _json({"success": True, "queue": req.queue, "partition": None,
                       "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
-                      "consumerGroup": req.group, "messages": [], "skipped": None, **extra})
-    return _json({**batch_to_wire(batch), **extra})
+                      "consumerGroup": req.group, "messages": [], "skipped": None,
+                      **({"partitions": []} if req.partitions > 1 else {}), **extra})
+    return _json({**batches_to_wire(req, batches), **extra})
 
 
 async def _pop(queue: str, partition: str | None) -> Response:
-    batch = await _pop_batch(rules.pop_request(queue, partition, dict(request.args)))
-    if batch is None:
+    req = rules.pop_request(queue, partition, dict(request.args))
+    batches = await _pop_batches(req)
+    if not batches:
         return Response(b"", status=204)
-    return _json(batch_to_wire(batch))
+    return _json(batches_to_wire(req, batches))
 
 
-async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
+async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
     broker = _broker()
     tenant = current_tenant_id()
+    if req.subscribe_from == rules.SUBSCRIBE_NOW:
+        # The group's subscription instant, before it looks: what is pushed from now on is
+        # new to it, whichever partition it lands in (store.subscribe).
+        await broker.db.run(store.subscribe, tenant, req)
     key = store.wake_key(tenant, req.queue)
     deadline = trio.current_time() + req.timeout_ms / 1000
     sync_commit = broker.settings.pop_commit_sync
@@ -175,8 +189,11 @@ async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
                 fire = None
-            # Most pops are served by one statement; the rest by the general pop.
-            if fire is not None:
+            # Most pops are served by one statement; the rest by the general pop (which alone
+            # takes several partitions).
+            if req.partitions > 1:
+                outcome = None
+            elif fire is not None:
                 # A timer is about to fire into this queue: wait for its frame in PostgreSQL.
                 outcome = await broker.db.run_statement(
                     store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
@@ -205,13 +222,37 @@ async def _pop_batch(req: rules.PopRequest) -> store.PopBatch | None:
         if waiting:
             broker.metrics.longpoll_waiters.dec()
 
-    batch = outcome.batch
-    if batch is None:
+    batches = outcome.batches
+    if not batches:
         broker.metrics.pops.labels("empty").inc()
-        return None
+        return []
     broker.metrics.pops.labels("messages").inc()
-    broker.metrics.messages_popped.inc(len(batch.messages))
-    return batch
+    broker.metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
+    return batches
+
+
+def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch]) -> dict[str, Any]:
+    """A pop's answer. A pop asking for several partitions (``partitions`` above 1) lists
+    them in ``partitions``, each with its own lease; every message carries its partitionId and
+    leaseId, which is what acks and lease extensions use. The top-level partition and lease
+    are those of the only partition when there is one, null when there are several (Queen
+    gives them one shared lease; here each partition keeps its own)."""
+    if req.partitions == 1:
+        return batch_to_wire(batches[0])
+    wire = batch_to_wire(batches[0]) if len(batches) == 1 else {
+        "success": True, "queue": req.queue, "partition": None, "partitionId": None,
+        "leaseId": None, "leaseExpiresAt": None, "consumerGroup": req.group,
+        "messages": [message_to_wire(b, m) for b in batches for m in b.messages],
+        "skipped": None,
+    }
+    wire["partitions"] = [
+        {"partition": b.partition, "partitionId": str(b.partition_id),
+         "leaseId": None if b.lease_id is None else str(b.lease_id),
+         "leaseExpiresAt": iso(b.lease_expires_at), "messages": len(b.messages),
+         "skipped": skip_to_wire(b.skipped)}
+        for b in batches
+    ]
+    return wire
 
 
 def batch_to_wire(batch: store.PopBatch) -> dict[str, Any]:
@@ -321,18 +362,26 @@ def _optional(args: dict[str, str], key: str, check) -> Any:  # type: ignore[no-
 
 @log_routes.get("/dlq")
 async def list_dead_letters() -> Response:
+    """Two ways to page, oldest first: Queen's ``limit``/``offset`` (answered in
+    ``pagination``) and the keyset ``cursor`` (``next`` of the previous page), which stays
+    exact while dead letters are added. Not both at once."""
     args = dict(request.args)
     limit = rules.query_int(args, "limit", 100, lo=1, hi=1000)
     after = rules.query_int(args, "cursor", 0, lo=0, hi=10**18)
+    offset = rules.query_int(args, "offset", 0, lo=0, hi=10**9)
+    if after and offset:
+        raise ValidationError("invalid_parameter", "page with cursor or with offset, not both")
     group = args.get("consumerGroup") or None
     if group is not None:
         group = rules.consumer_group(group, for_pop=False)
-    rows = await _broker().db.run(
-        store.list_dead_letters, current_tenant_id(),
+    rows, total = await _broker().db.run(
+        log_admin.dead_letter_page, current_tenant_id(),
         queue=_optional(args, "queue", rules.queue_name),
         group=group,
         partition=_optional(args, "partition", rules.partition_name),
-        after=after, limit=limit,
+        after=after, offset=offset, limit=limit,
+        since=_optional(args, "from", lambda v: instant(v, "from")),
+        until=_optional(args, "to", lambda v: instant(v, "to")),
     )
     messages = [
         {
@@ -354,7 +403,9 @@ async def list_dead_letters() -> Response:
         for row in rows
     ]
     next_cursor = str(rows[-1]["dead_letter_id"]) if len(rows) == limit else None
-    return _json({"messages": messages, "next": next_cursor})
+    return _json({"messages": messages, "next": next_cursor, "total": total,
+                  "pagination": {"limit": limit, "offset": offset, "total": total,
+                                 "next": next_cursor}})
 
 
 @log_routes.post("/dlq/<int:dead_letter_id>/replay")
@@ -367,10 +418,7 @@ async def replay_dead_letter(dead_letter_id: int) -> Response:
 
 
 def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
-    return rules.QueueOptions(
-        q["lease_time_s"], q["retry_limit"], q["delayed_processing_s"], q["retention_s"],
-        q["dead_letter_queue"], q["retain_until_consumed"],
-    ).to_wire()
+    return rules.QueueOptions.from_row(q).to_wire()
 
 
 @log_routes.get("/resources/queues")

@@ -45,6 +45,17 @@ _POP_PARAMS = [
     _query("wait", {"type": "boolean"}, "long-poll until a message arrives or timeout"),
     _query("timeout", {"type": "integer", "minimum": 0, "maximum": 300000}, "long-poll ms"),
     _query("autoAck", {"type": "boolean"}, "advance the cursor at delivery; no lease"),
+    _query("partitions", {"type": "integer", "minimum": 1, "maximum": 100},
+           "take up to this many partitions in one pop, each under its own lease, sharing "
+           "batch; listed in the answer's partitions (the partition route takes one)"),
+    _query("subscriptionMode", {"type": "string", "enum": ["all", "new", "new-only"]},
+           "where a consumer group starts on a partition it has never popped: all (the "
+           "beginning, the default) or new (what is pushed after the group's first pop with "
+           "this mode, in any partition); queue mode ignores it"),
+    _query("subscriptionFrom", {"type": "string"},
+           "beginning, now (as subscriptionMode=new) or an ISO-8601 instant with a time zone: "
+           "a new consumer group starts at the first message created at or after it; wins "
+           "over subscriptionMode"),
 ]
 _POP_RESPONSES = {
     "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
@@ -201,8 +212,62 @@ def _log_paths() -> dict[str, Any]:
                         "description": "with retentionSeconds: drop a segment only once every "
                                        "consumer group of its partition has committed past "
                                        "it (a partition no group ever read keeps it)"},
-                    "deadLetterQueue": {"type": "boolean"}}}}}),
-            "responses": {"200": _json({"type": "object"}, "Configured"), **_errors(400)},
+                    "deadLetterQueue": {"type": "boolean"},
+                    "maxSize": {
+                        "type": "integer", "minimum": 0,
+                        "description": "the most messages the queue holds that queue-mode "
+                                       "consumers have not consumed; a push past it is "
+                                       "refused whole, 409 queue_full (0: no limit)"},
+                    "retryDelay": {
+                        "type": "integer", "minimum": 0, "maximum": 3_600_000,
+                        "description": "milliseconds: a failed message (and its partition, "
+                                       "for that consumer group) is handed out again no "
+                                       "sooner than this (0: at once)"},
+                    "ttl": {
+                        "type": "integer", "minimum": 0,
+                        "description": "seconds a message lives: applied by retention like "
+                                       "retentionSeconds (the smaller non-zero one counts; "
+                                       "0: none)"},
+                    "completedRetentionSeconds": {
+                        "type": "integer", "minimum": 0,
+                        "description": "drop sealed segments every consumer group has "
+                                       "committed past once their newest message is this "
+                                       "old (0: never)"},
+                    "retentionEnabled": {
+                        "type": "boolean", "default": True,
+                        "description": "false: no age-based drop at all for this queue"},
+                    "encryptionEnabled": {
+                        "type": "boolean", "enum": [False],
+                        "description": "messages are not encrypted at rest; true is a 400 "
+                                       "unsupported_option"},
+                    **{name: {"description": "accepted, echoed and listed in ignored when "
+                                             "not at Queen's default; no effect here"}
+                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries",
+                                    "maxWaitTimeSeconds")}},
+                    "additionalProperties": {
+                        "description": "unknown option names are listed in ignored and "
+                                       "unknown"}},
+                "namespace": {"type": "string", "description": "echoed; ignored"},
+                "task": {"type": "string", "description": "echoed; ignored"}}}),
+            "responses": {"200": _json({"type": "object", "properties": {
+                "configured": {"type": "boolean"}, "created": {"type": "boolean"},
+                "queue": {"type": "string"}, "queueId": {"type": "string"},
+                "partitionId": {"type": "string", "description": "the Default partition"},
+                "namespace": {"type": "string"}, "task": {"type": "string"},
+                "options": {"type": "object",
+                            "description": "every option Queen echoes (priority, leaseTime, "
+                                           "retryLimit, retryDelay, maxSize, ttl, "
+                                           "deadLetterQueue, dlqAfterMaxRetries, "
+                                           "delayedProcessing, windowBuffer, "
+                                           "retentionSeconds, completedRetentionSeconds, "
+                                           "retentionEnabled, encryptionEnabled, "
+                                           "maxWaitTimeSeconds) and retainUntilConsumed, as "
+                                           "applied"},
+                "ignored": {"type": "array", "items": {"type": "string"},
+                            "description": "options sent that have no effect here (see "
+                                           "README, Compatibility with Queen)"},
+                "unknown": {"type": "array", "items": {"type": "string"}}}},
+                "Configured"), **_errors(400)},
         }},
         "/api/v1/push": {"post": {
             "summary": "Append 1..N messages, any mix of queues and partitions, atomically",
@@ -216,6 +281,9 @@ def _log_paths() -> dict[str, Any]:
                 "201": _json({"type": "array", "items": {"$ref": "#/components/schemas/Pushed"}},
                              "One result per item, in order"),
                 **_errors(400, 413),
+                "409": _json(_ERROR, "queue_full: the push would take a queue past its "
+                                     "maxSize (error carries queue, maxSize, depth, pushing); "
+                                     "nothing was pushed"),
             },
         }},
         "/api/v1/pop/queue/{queue}": {
@@ -277,17 +345,30 @@ def _log_paths() -> dict[str, Any]:
                           **_errors(400, 404, 409)},
         }},
         "/api/v1/dlq": {"get": {
-            "summary": "List dead letters (keyset pagination with cursor)",
+            "summary": "List dead letters, oldest first: offset pages (Queen) or cursor pages",
+            "description": "Two ways to page, not both at once: Queen's limit/offset (echoed "
+                           "in pagination, with total) and the keyset cursor (pass next of "
+                           "the previous page), which stays exact while dead letters are "
+                           "added. Every answer carries messages, next, total and "
+                           "pagination {limit, offset, total, next}.",
             "operationId": "listDeadLetters",
             "parameters": [
                 _query("queue", {"type": "string"}, "queue name"),
                 _query("consumerGroup", {"type": "string"}, "consumer group"),
                 _query("partition", {"type": "string"}, "partition name"),
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
+                _query("offset", {"type": "integer", "minimum": 0}, "dead letters to skip"),
                 _query("cursor", {"type": "string"}, "next from the previous page"),
+                _query("from", {"type": "string", "format": "date-time"},
+                       "failed at or after (ISO-8601)"),
+                _query("to", {"type": "string", "format": "date-time"},
+                       "failed at or before (ISO-8601)"),
             ],
-            "responses": {"200": _json({"type": "object"}, "A page of dead letters"),
-                          **_errors(400)},
+            "responses": {"200": _json({"type": "object", "properties": {
+                "messages": {"type": "array", "items": {"type": "object"}},
+                "next": {"type": ["string", "null"]}, "total": {"type": "integer"},
+                "pagination": {"type": "object"}}}, "A page of dead letters"),
+                **_errors(400)},
         }},
         "/api/v1/dlq/{dead_letter_id}/replay": {"post": {
             "summary": "Push a dead letter again as a new message",
@@ -315,6 +396,165 @@ def _log_paths() -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}, "Deleted"), **_errors(400)},
             },
         },
+    }
+
+
+_NOT_HERE = ("namespace, task, workerId, traceId, priorities, retryDelay and throughput "
+             "history do not exist in this broker: such fields are null, 0 or empty.")
+_OBJECT = {"type": "object"}
+_ARRAY = {"type": "array", "items": {"type": "object"}}
+_GROUP = _path_param("group", "consumer group name")
+
+
+def _admin_paths() -> dict[str, Any]:
+    """Queen's consumer-group and admin read routes (queen_trio/api/admin.py)."""
+    window = [_query("from", {"type": "string", "format": "date-time"},
+                     "ISO-8601; default an hour ago (as Queen)"),
+              _query("to", {"type": "string", "format": "date-time"}, "ISO-8601; default now")]
+    page = [_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
+            _query("offset", {"type": "integer", "minimum": 0}, "rows to skip")]
+    delete_metadata = _query("deleteMetadata", {"type": "boolean"},
+                             "default true: also forget the group's subscription records "
+                             "(subscriptionMode=new), so it subscribes afresh")
+    deleted = _json(_OBJECT, "{success, consumerGroup, queueName?, deletedPartitions, "
+                             "metadataDeleted}")
+    return {
+        "/api/v1/consumer-groups": {"get": {
+            "summary": "Consumer groups, one entry per (group, queue)",
+            "description": "Each entry: name, topics, queueName, members (partitions with a "
+                           "cursor), partitionsWithLag, totalLag (messages after the cursors), "
+                           "maxTimeLag (seconds: age of the oldest unconsumed message), state "
+                           "(Lagging past 300 s, Stable, Dead: never consumed), "
+                           "subscriptionMode/Timestamp/CreatedAt (null here). " + _NOT_HERE,
+            "operationId": "listConsumerGroups",
+            "responses": {"200": _json(_ARRAY, "Consumer groups")},
+        }},
+        "/api/v1/consumer-groups/lagging": {"get": {
+            "summary": "Partitions where a group's oldest unconsumed message is older than "
+                       "minLagSeconds",
+            "description": "Queen's snake_case rows: consumer_group, queue_name, "
+                           "partition_name, partition_id, worker_id (null), offset_lag, "
+                           "time_lag_seconds, lag_hours, oldest_unconsumed_at, "
+                           "last_consumed_at, plus committed; oldest first. For a sealed "
+                           "message the age is its segment's oldest (an upper bound).",
+            "operationId": "laggingConsumerGroups",
+            "parameters": [_query("minLagSeconds", {"type": "integer", "minimum": 0},
+                                  "threshold in seconds (default 3600, as Queen)")],
+            "responses": {"200": _json(_ARRAY, "Lagging partitions"), **_errors(400)},
+        }},
+        "/api/v1/consumer-groups/{group}": {
+            "get": {
+                "summary": "One group: per queue, per partition its cursor, lag and lease",
+                "description": "{queue: {partitions: [{partition, partitionId, committed "
+                               "(last offset done, -1: none), nextOffset, offsetLag, "
+                               "timeLagSeconds, leaseActive, leaseExpiresAt, lastConsumedAt "
+                               "(the cursor's last change), totalConsumed (committed + 1), "
+                               "workerId (null)}]}}; {} for a group the tenant does not have.",
+                "operationId": "getConsumerGroup",
+                "parameters": [_GROUP],
+                "responses": {"200": _json(_OBJECT, "The group by queue"), **_errors(400)},
+            },
+            "delete": {
+                "summary": "Delete a group on every queue: its cursors and redelivery counts",
+                "description": "Dead letters stay. A consumer still holding one of its leases "
+                               "has its acks refused (409); the next pop starts the group "
+                               "afresh.",
+                "operationId": "deleteConsumerGroup",
+                "parameters": [_GROUP, delete_metadata],
+                "responses": {"200": deleted, **_errors(400)},
+            },
+        },
+        "/api/v1/consumer-groups/{group}/queues/{queue}": {"delete": {
+            "summary": "Delete a group on one queue",
+            "operationId": "deleteConsumerGroupForQueue",
+            "parameters": [_GROUP, _path_param("queue", "queue name"), delete_metadata],
+            "responses": {"200": deleted, **_errors(400)},
+        }},
+        "/api/v1/consumer-groups/{group}/queues/{queue}/seek": {"post": {
+            "summary": "Move a group's cursor: to the end, to a timestamp or to an offset",
+            "description": "Exactly one of toEnd: true; timestamp (ISO-8601: the next pop "
+                           "returns the first message created after it; before every "
+                           "message: from the start); offset (the next pop returns that "
+                           "offset, committed = offset - 1; below log_start: from log_start; "
+                           "past the end: 400). partition limits the seek to one partition "
+                           "(offset: default 'Default'). Cursors are created where the group "
+                           "had none. A live lease is cleared, as Queen does: its holder's "
+                           "acks then answer 409 lease_lost and its messages are handed out "
+                           "again from the new position. Out-of-order acks and redelivery "
+                           "counts are cleared too.",
+            "operationId": "seekConsumerGroup",
+            "parameters": [_GROUP, _path_param("queue", "queue name")],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {
+                    "toEnd": {"type": "boolean"},
+                    "timestamp": {"type": "string", "format": "date-time"},
+                    "offset": {"type": "integer", "minimum": 0},
+                    "partition": {"type": "string"}}}}}},
+            "responses": {"200": _json(_OBJECT, "{success, consumerGroup, queueName, "
+                                                "seekToEnd, targetTimestamp, offset, "
+                                                "partitionsUpdated, partitions: [{partition, "
+                                                "partitionId, committed, nextOffset, "
+                                                "leaseCleared}]}"),
+                          **_errors(400, 404)},
+        }},
+        "/api/v1/resources/overview": {"get": {
+            "summary": "The tenant at a glance: queues, partitions, message counts, lag",
+            "description": "messages {total, pending, processing, completed, failed (0), "
+                           "deadLetter}: completed is what every consumer group of a "
+                           "partition has passed, processing what live leases hold. lag "
+                           "{time, offset} {avg, median, min, max} over every group's "
+                           "partitions. " + _NOT_HERE,
+            "operationId": "overview",
+            "responses": {"200": _json(_OBJECT, "Overview")},
+        }},
+        "/api/v1/resources/namespaces": {"get": {
+            "summary": "Queen's namespaces: none exist in this broker (always empty)",
+            "operationId": "namespaces",
+            "responses": {"200": _json(_OBJECT, "{namespaces: []}")},
+        }},
+        "/api/v1/resources/tasks": {"get": {
+            "summary": "Queen's tasks: none exist in this broker (always empty)",
+            "operationId": "tasks",
+            "responses": {"200": _json(_OBJECT, "{tasks: []}")},
+        }},
+        "/api/v1/resources/partitions": {"get": {
+            "summary": "Partitions with offsets, groups, leases and message counts",
+            "operationId": "listPartitions",
+            "parameters": [_query("queue", {"type": "string"}, "queue name"), *page],
+            "responses": {"200": _json(_OBJECT, "{partitions: [...], pagination}"),
+                          **_errors(400)},
+        }},
+        "/api/v1/status": {"get": {
+            "summary": "Dashboard status: message counts, leases, dead letters, queues",
+            "description": "throughput is empty and totalAcked null: this broker keeps no "
+                           "history. " + _NOT_HERE,
+            "operationId": "status",
+            "parameters": [_query("queue", {"type": "string"}, "queue name"), *window],
+            "responses": {"200": _json(_OBJECT, "Status"), **_errors(400)},
+        }},
+        "/api/v1/messages": {"get": {
+            "summary": "Messages created in a time window, newest first, with their status",
+            "description": "status across the partition's consumer groups: dead_letter, "
+                           "completed (every group passed it), processing (under a live "
+                           "lease), pending. Sealed messages are included (sealed: true). "
+                           + _NOT_HERE,
+            "operationId": "listMessages",
+            "parameters": [
+                _query("queue", {"type": "string"}, "queue name"),
+                _query("partition", {"type": "string"}, "partition name"),
+                _query("status", {"enum": ["pending", "processing", "completed",
+                                           "dead_letter"]}, "only this status"),
+                *window, *page],
+            "responses": {"200": _json(_OBJECT, "{messages, mode, pagination}"),
+                          **_errors(400)},
+        }},
+        "/api/v1/messages/{partition_id}/{transaction_id}": {"get": {
+            "summary": "One message with its payload and where each consumer group stands",
+            "operationId": "getMessage",
+            "parameters": [_path_param("partition_id", "partitionId (UUID)"),
+                           _path_param("transaction_id", "the message's transactionId")],
+            "responses": {"200": _json(_OBJECT, "The message"), **_errors(400, 404)},
+        }},
     }
 
 
@@ -383,6 +623,7 @@ def _document() -> dict[str, Any]:
                 }
             },
             **_log_paths(),
+            **_admin_paths(),
             **_kv_and_transaction_paths(),
             **_timer_paths(),
             "/openapi.json": {
@@ -425,6 +666,21 @@ def _document() -> dict[str, Any]:
                     "consumerGroup": {"type": "string"},
                     "messages": {"type": "array",
                                  "items": {"$ref": "#/components/schemas/Message"}},
+                    "partitions": {
+                        "type": "array",
+                        "description": "only when partitions > 1 was asked: the partitions "
+                                       "this pop took, each under its own lease (top-level "
+                                       "partition and leaseId are null when there are "
+                                       "several; every message carries its own)",
+                        "items": {"type": "object", "properties": {
+                            "partition": {"type": "string"},
+                            "partitionId": {"type": "string"},
+                            "leaseId": {"type": ["string", "null"]},
+                            "leaseExpiresAt": {"type": ["string", "null"]},
+                            "messages": {"type": "integer"},
+                            "skipped": {"oneOf": [
+                                {"type": "null"},
+                                {"$ref": "#/components/schemas/Skipped"}]}}}},
                     "skipped": {
                         "oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Skipped"}],
                         "description": "null, or the offsets this consumer group never "

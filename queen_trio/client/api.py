@@ -15,7 +15,7 @@ import httpx
 from . import calls
 from .builders import Listing, TimerBuilder, TransactionBuilder
 from .calls import Call, TimerSpec
-from .durations import Duration, whole_seconds
+from .durations import Duration, delay_ms, whole_seconds
 from .models import AckStatus, DeadLetter, Message, Page, TimerInfo
 from .transport import Endpoints, Reply, RetryPolicy, Send, drive, exchange
 
@@ -167,18 +167,29 @@ class BaseClient(Generic[R]):
     def configure(self, queue: str, *, lease_time: Duration | None = None,
                   retry_limit: int | None = None, delayed_processing: Duration | None = None,
                   retention: Duration | None = None,
-                  dead_letter_queue: bool | None = None) -> Any:
+                  dead_letter_queue: bool | None = None, max_size: int | None = None,
+                  retry_delay: Duration | None = None, ttl: Duration | None = None,
+                  completed_retention: Duration | None = None,
+                  retention_enabled: bool | None = None,
+                  retain_until_consumed: bool | None = None) -> Any:
         """Create or reconfigure a queue (a :class:`QueueConfig`). Durations are whole
-        seconds (ints count seconds). Omitted options take the broker's defaults."""
+        seconds (ints count seconds), except ``retry_delay``: milliseconds (ints count
+        milliseconds, strings such as ``"250ms"`` or ``"2s"`` convert). ``max_size``: the
+        most unconsumed messages the queue holds (a push past it is refused, 409
+        ``queue_full``). Omitted options take the broker's defaults."""
         options: dict[str, Any] = {}
         for wire, value in (("leaseTime", lease_time), ("delayedProcessing", delayed_processing),
-                            ("retentionSeconds", retention)):
+                            ("retentionSeconds", retention), ("ttl", ttl),
+                            ("completedRetentionSeconds", completed_retention)):
             if value is not None:
                 options[wire] = whole_seconds(value, wire)
-        if retry_limit is not None:
-            options["retryLimit"] = retry_limit
-        if dead_letter_queue is not None:
-            options["deadLetterQueue"] = dead_letter_queue
+        if retry_delay is not None:
+            options["retryDelay"] = delay_ms(retry_delay, "retry_delay")
+        for wire, plain in (("retryLimit", retry_limit), ("deadLetterQueue", dead_letter_queue),
+                            ("maxSize", max_size), ("retentionEnabled", retention_enabled),
+                            ("retainUntilConsumed", retain_until_consumed)):
+            if plain is not None:
+                options[wire] = plain
         return self._call(calls.configure(queue, options))
 
     @property

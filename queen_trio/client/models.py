@@ -209,12 +209,21 @@ class QueueConfig:
     delayed_processing_s: int
     retention_s: int
     dead_letter_queue: bool
+    max_size: int = 0
+    retry_delay_ms: int = 0
+    ttl_s: int = 0
+    completed_retention_s: int = 0
+    retention_enabled: bool = True
+    ignored: tuple[str, ...] = ()  # options sent that the broker does not act on
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> QueueConfig:
         o = w["options"]
         return cls(w["queue"], w["created"], o["leaseTime"], o["retryLimit"],
-                   o["delayedProcessing"], o["retentionSeconds"], o["deadLetterQueue"])
+                   o["delayedProcessing"], o["retentionSeconds"], o["deadLetterQueue"],
+                   o.get("maxSize", 0), o.get("retryDelay", 0), o.get("ttl", 0),
+                   o.get("completedRetentionSeconds", 0), o.get("retentionEnabled", True),
+                   tuple(w.get("ignored", ())))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

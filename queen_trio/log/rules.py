@@ -13,6 +13,7 @@ import os
 import re
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
@@ -20,12 +21,14 @@ from ..errors import PayloadTooLarge, ValidationError
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
 TIMER_GROUP = "__timer__"  # dead letters of timers that could not be fired
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024  # QUEEN_MAX_MESSAGE_BYTES's default
 MAX_PUSH_ITEMS = 10_000
 MAX_POP_BATCH = 10_000
 MAX_POP_TIMEOUT_MS = 300_000
 DEFAULT_POP_TIMEOUT_MS = 30_000
 MAX_TRANSACTION_ID_LENGTH = 256
+MAX_POP_PARTITIONS = 100
+SUBSCRIBE_NOW = "now"
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,256}$")
@@ -137,6 +140,8 @@ def _int_field(obj: dict[str, Any], key: str, default: int, *, lo: int, hi: int)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueOptions:
+    """The options of a queue this broker stores and applies (``POST /configure``)."""
+
     lease_time_s: int = 300
     retry_limit: int = 3
     delayed_processing_s: int = 0
@@ -144,43 +149,133 @@ class QueueOptions:
     dead_letter_queue: bool = True
     # Retention drops a segment only once every consumer group has committed past it.
     retain_until_consumed: bool = False
+    # Queen's maxSize: the most unconsumed (queue mode) messages; a push past it is refused.
+    max_size: int = 0
+    # Queen's retryDelay (ms): a failed message is handed out again no sooner than this.
+    retry_delay_ms: int = 0
+    # Queen's ttl (s): message time-to-live, applied by retention with retentionSeconds.
+    ttl_s: int = 0
+    # Queen's completedRetentionSeconds: consumed segments older than this are dropped.
+    completed_retention_s: int = 0
+    # Queen's retentionEnabled: false stops every age-based drop of the queue.
+    retention_enabled: bool = True
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "leaseTime": self.lease_time_s,
             "retryLimit": self.retry_limit,
+            "retryDelay": self.retry_delay_ms,
+            "maxSize": self.max_size,
+            "ttl": self.ttl_s,
+            "deadLetterQueue": self.dead_letter_queue,
             "delayedProcessing": self.delayed_processing_s,
             "retentionSeconds": self.retention_s,
-            "deadLetterQueue": self.dead_letter_queue,
+            "completedRetentionSeconds": self.completed_retention_s,
+            "retentionEnabled": self.retention_enabled,
             "retainUntilConsumed": self.retain_until_consumed,
         }
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QueueOptions:
+        """The options of a ``queen.queues`` row (its columns are the field names)."""
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
+
+# Options of Queen's configure that have no effect here. They are validated, echoed with the
+# value sent (or Queen's default) and named in the answer's ``ignored`` list whenever they are
+# sent with a value other than that default, which is the only value whose meaning this broker
+# honours (README: Compatibility with Queen).
+#   priority            Queen serves higher-priority queues first; here every queue is equal.
+#   windowBuffer        Queen holds a partition until its newest message is this old.
+#   dlqAfterMaxRetries  here deadLetterQueue alone decides (dead-lettered after retryLimit).
+#   maxWaitTimeSeconds  Queen deletes messages waiting longer; here they stay (see ttl).
+IGNORED_OPTIONS: dict[str, Any] = {
+    "priority": 0,
+    "windowBuffer": 0,
+    "dlqAfterMaxRetries": False,
+    "maxWaitTimeSeconds": 0,
+}
+# encryptionEnabled: false is the truth here and is accepted; true is refused (400), since
+# messages are stored unencrypted and a silently ignored promise of encryption is not safe.
+_INT_MAX = 2_147_483_647
+_APPLIED_OPTIONS = ("leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl",
+                    "deadLetterQueue", "delayedProcessing", "retentionSeconds",
+                    "completedRetentionSeconds", "retentionEnabled", "retainUntilConsumed",
+                    "encryptionEnabled")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigureRequest:
+    options: QueueOptions
+    echo: dict[str, Any]  # every option Queen echoes (and ours), as applied or as sent
+    ignored: list[str]  # options (and unknown names) this broker did not act on
+    unknown: list[str]  # option names neither Queen nor this broker knows
+
+
+def _bool_field(obj: dict[str, Any], key: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValidationError("invalid_option", f"{key} must be true or false")
+    return value
+
 
 def queue_options(options: Any) -> QueueOptions:
-    """Options of ``POST /configure``. As in Queen, omitted options take their defaults; option
-    names this broker does not implement (priority, maxSize, …) are accepted and ignored."""
+    """The stored options of ``POST /configure``. As in Queen, omitted options take their
+    defaults (see :func:`configure_request` for what is ignored or refused)."""
     if options is None:
         options = {}
     if not isinstance(options, dict):
         raise ValidationError("invalid_option", "options must be a JSON object")
-    dlq = options.get("deadLetterQueue", True)
-    if dlq is None:
-        dlq = True
-    if not isinstance(dlq, bool):
-        raise ValidationError("invalid_option", "deadLetterQueue must be true or false")
-    until_consumed = options.get("retainUntilConsumed", False)
-    if until_consumed is None:
-        until_consumed = False
-    if not isinstance(until_consumed, bool):
-        raise ValidationError("invalid_option", "retainUntilConsumed must be true or false")
     return QueueOptions(
         lease_time_s=_int_field(options, "leaseTime", 300, lo=1, hi=86_400),
         retry_limit=_int_field(options, "retryLimit", 3, lo=0, hi=1000),
         delayed_processing_s=_int_field(options, "delayedProcessing", 0, lo=0, hi=7 * 86_400),
         retention_s=_int_field(options, "retentionSeconds", 0, lo=0, hi=10 * 365 * 86_400),
-        dead_letter_queue=dlq,
-        retain_until_consumed=until_consumed,
+        dead_letter_queue=_bool_field(options, "deadLetterQueue", True),
+        retain_until_consumed=_bool_field(options, "retainUntilConsumed", False),
+        max_size=_int_field(options, "maxSize", 0, lo=0, hi=_INT_MAX),
+        retry_delay_ms=_int_field(options, "retryDelay", 0, lo=0, hi=3_600_000),
+        ttl_s=_int_field(options, "ttl", 0, lo=0, hi=10 * 365 * 86_400),
+        completed_retention_s=_int_field(options, "completedRetentionSeconds", 0, lo=0,
+                                         hi=10 * 365 * 86_400),
+        retention_enabled=_bool_field(options, "retentionEnabled", True),
     )
+
+
+def configure_request(body: dict[str, Any]) -> tuple[str, ConfigureRequest]:
+    """``POST /configure``: the queue name and what to store, echo and report as ignored.
+    Nothing is dropped silently: an option is applied, refused (400), or named in
+    ``ignored``; so are unknown option names and Queen's ``namespace`` / ``task``."""
+    name = queue_name(body.get("queue"))
+    raw = body.get("options")
+    options = queue_options(raw)
+    given: dict[str, Any] = raw or {}
+    if _bool_field(given, "encryptionEnabled", False):
+        raise ValidationError(
+            "unsupported_option",
+            "encryptionEnabled: this broker does not encrypt messages at rest; configure the "
+            "queue with encryptionEnabled false (or omit it)",
+        )
+    ignored: list[str] = []
+    echo = options.to_wire()
+    for key, default in IGNORED_OPTIONS.items():
+        value = (_bool_field(given, key, default) if isinstance(default, bool)
+                 else _int_field(given, key, default, lo=0, hi=_INT_MAX))
+        echo[key] = value
+        if value != default:
+            ignored.append(key)
+    echo["encryptionEnabled"] = False
+    unknown = sorted(k for k in given if k not in _APPLIED_OPTIONS and k not in IGNORED_OPTIONS)
+    ignored.extend(unknown)
+    for key in ("namespace", "task"):
+        label = body.get(key)
+        if label is not None and not isinstance(label, str):
+            raise ValidationError("invalid_option", f"{key} must be a string")
+        if label:
+            ignored.append(key)
+    return name, ConfigureRequest(options, echo, ignored, unknown)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,6 +327,12 @@ class PopRequest:
     wait: bool
     timeout_ms: int
     auto_ack: bool
+    # Up to this many partitions in one pop, each under its own lease, sharing ``batch``.
+    partitions: int = 1
+    # Where a consumer group starts on a partition it has never popped: None, the beginning
+    # of the log; SUBSCRIBE_NOW, the group's subscription instant (its first pop with this
+    # mode); a datetime, the first message created at or after it. Never for queue mode.
+    subscribe_from: datetime | str | None = None
 
 
 def query_bool(args: dict[str, str], key: str) -> bool:
@@ -254,17 +355,59 @@ def query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int)
     return int(raw)
 
 
+_SUBSCRIPTION_MODES = {"all": None, "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}
+
+
+def subscription(args: dict[str, str]) -> datetime | str | None:
+    """Queen's ``subscriptionMode`` (``all``; ``new`` or its alias ``new-only``) and
+    ``subscriptionFrom`` (``beginning``, ``now`` or an ISO-8601 instant with a time zone).
+    ``subscriptionFrom``, the more precise of the two, wins when both are given."""
+    mode = args.get("subscriptionMode") or None
+    if mode is not None and mode not in _SUBSCRIPTION_MODES:
+        raise ValidationError(
+            "invalid_subscription_mode", "subscriptionMode must be one of all, new, new-only"
+        )
+    start = args.get("subscriptionFrom") or None
+    if start is None:
+        return None if mode is None else _SUBSCRIPTION_MODES[mode]
+    if start == "beginning":
+        return None
+    if start == SUBSCRIBE_NOW:
+        return SUBSCRIBE_NOW
+    try:
+        instant = datetime.fromisoformat(start.replace("Z", "+00:00") if start.endswith("Z")
+                                         else start)
+    except ValueError:
+        instant = None
+    # (Years far from ours are refused: shifted to UTC they may leave what Python can hold.)
+    if instant is None or instant.tzinfo is None or not 1900 <= instant.year <= 9000:
+        raise ValidationError(
+            "invalid_subscription_from",
+            "subscriptionFrom must be beginning, now or an ISO-8601 timestamp with a time "
+            "zone (2025-01-01T00:00:00Z)",
+        )
+    return instant
+
+
 def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopRequest:
+    group = consumer_group(args.get("consumerGroup"))
+    since = subscription(args)
+    partitions = query_int(args, "partitions", 1, lo=1, hi=MAX_POP_PARTITIONS)
     return PopRequest(
         queue=queue_name(queue),
         partition=None if partition is None else partition_name(partition),
-        group=consumer_group(args.get("consumerGroup")),
+        group=group,
         batch=query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
         wait=query_bool(args, "wait"),
         timeout_ms=query_int(
             args, "timeout", DEFAULT_POP_TIMEOUT_MS, lo=0, hi=MAX_POP_TIMEOUT_MS
         ),
         auto_ack=query_bool(args, "autoAck"),
+        # One partition when the route names it (as Queen caps it there).
+        partitions=1 if partition is not None else partitions,
+        # Queue mode distributes work: starting it anywhere but the beginning would lose
+        # messages, so only consumer groups subscribe (the parameters are still validated).
+        subscribe_from=None if group == QUEUE_MODE_GROUP else since,
     )
 
 

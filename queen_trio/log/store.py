@@ -73,6 +73,9 @@ def append(
     for i, frame in enumerate(frames):
         by_partition.setdefault((frame.queue, frame.partition), []).append(i)
 
+    # First what each partition gets (duplicates left out), then maxSize, then the inserts: a
+    # push refused by a full queue writes nothing.
+    inserts: list[dict[str, Any]] = []
     for key, indexes in by_partition.items():
         part = partitions[key]
         pid = part["partition_id"]
@@ -106,15 +109,46 @@ def append(
                                   frame.transaction_id, next_offset)
             next_offset += 1
         if offsets:
-            raw.execute(
-                Q.insert_frames,
+            inserts.append(
                 {"partition_id": pid, "tenant_id": tenant_id, "offsets": offsets, "txns": txns,
-                 "payloads": payloads, "metas": metas, "next_offset": next_offset},
-            )
+                 "payloads": payloads, "metas": metas, "next_offset": next_offset})
+    _check_max_size(raw, partitions, inserts)
+    for params in inserts:
+        raw.execute(Q.insert_frames, params)
     add_usage(raw, tenant_id, stored_bytes + usage_offset)
     for name in queue_names:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return [r for r in results if r is not None]
+
+
+def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],
+                    inserts: list[dict[str, Any]]) -> None:
+    """Refuse the push (409 ``queue_full``) if it takes a queue past its ``maxSize``."""
+    capped = {p["partition_id"]: p for p in partitions.values() if p["max_size"] > 0}
+    adding: dict[int, int] = {}
+    for params in inserts:
+        part = capped.get(params["partition_id"])
+        if part is not None:
+            adding[part["queue_id"]] = adding.get(part["queue_id"], 0) + len(params["offsets"])
+    if not adding:
+        return
+    ids = sorted(adding)
+    raw.execute(Q.lock_queue_capacity, {"queue_ids": ids})
+    depths = {r["queue_id"]: r["depth"]
+              for r in raw.execute(Q.queue_depths, {"queue_ids": ids}).fetchall()}
+    for part in capped.values():
+        qid = part["queue_id"]
+        if qid not in adding:
+            continue
+        depth, limit = depths.get(qid, 0), part["max_size"]
+        if depth + adding[qid] > limit:
+            raise Conflict(
+                "queue_full",
+                f"queue {part['queue']!r} holds {depth} unconsumed messages of its maxSize "
+                f"{limit}; this push of {adding[qid]} would exceed it (nothing was pushed)",
+                queue=part["queue"], maxSize=limit, depth=depth, pushing=adding[qid],
+            )
+        adding.pop(qid)
 
 
 def _lock_partitions(
@@ -159,11 +193,17 @@ def to_json(value: Any) -> str:
 def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dict[str, Any]:
     row = one(raw.execute(
         Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
-    raw.execute(
-        Q.ensure_partitions,
-        {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
-    )
-    return {"created": row["created"]}
+    partition_id = row["default_partition_id"]
+    if partition_id is None:
+        raw.execute(
+            Q.ensure_partitions,
+            {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
+        )
+        partition_id = one(raw.execute(
+            Q.lock_partitions, {"tenant_id": tenant_id, "queues": [name],
+                                "names": [DEFAULT_PARTITION]}))["partition_id"]
+    return {"created": row["created"], "queue_id": row["queue_id"],
+            "partition_id": partition_id}
 
 
 # -- pop --------------------------------------------------------------------------------------
@@ -206,6 +246,11 @@ class PopOutcome:
     batch: PopBatch | None
     retry_in_s: float | None = None  # a held-back frame matures this soon (delayedProcessing)
     skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
+    more: tuple[PopBatch, ...] = ()  # a multi-partition pop: the other partitions' batches
+
+    @property
+    def batches(self) -> list[PopBatch]:
+        return [] if self.batch is None else [self.batch, *self.more]
 
 
 def _commit_level(sync_commit: bool) -> str | None:
@@ -258,29 +303,83 @@ def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | N
                                first["lease_id"], first["lease_expires_at"], messages))
 
 
+def subscribe(raw: Raw, tenant_id: int, req: PopRequest) -> None:
+    """Record the group's subscription instant on the queue (``subscriptionMode=new``) unless
+    it has one: partitions it first pops later start there (see ``_start_after``)."""
+    raw.execute(Q.subscribe_group, {"tenant_id": tenant_id, "name": req.queue, "group": req.group})
+
+
+_MAX_CANDIDATE_ROUNDS = 64
+
+
 def pop(raw: Raw, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None, *, sync_commit: bool = True) -> PopOutcome:
-    """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`)."""
+    """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`).
+
+    With ``req.partitions`` above 1 it goes on to further candidates, each partition under its
+    own lease, until it holds that many partitions or ``req.batch`` messages in all."""
     if not sync_commit:
         raw.execute(Q.pop_commit_level, {"synchronous_commit": _commit_level(sync_commit)})
-    candidates = raw.execute(
-        Q.pop_candidates,
-        {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
-         "partition": req.partition},
-    ).fetchall()
-    if not candidates:
-        return PopOutcome(None)  # nothing past the group's cursors, or no such queue
-    queue = candidates[0]  # every row carries the queue's options
+    limit = max(8, 2 * req.partitions)
+    batches: list[PopBatch] = []
     retry_in: float | None = None
     skipped = 0
-    for cand in candidates:
-        batch, matures_in, skip = _pop_partition(raw, tenant_id, req, queue, cand, cache)
-        skipped += skip.count if skip else 0
-        if batch is not None:
-            return PopOutcome(batch, skipped=skipped)
-        if matures_in is not None:
-            retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
-    return PopOutcome(None, retry_in, skipped)
+    left = req.batch
+    for _ in range(_MAX_CANDIDATE_ROUNDS):
+        candidates = raw.execute(
+            Q.pop_candidates,
+            {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
+             "partition": req.partition, "limit": limit},
+        ).fetchall()
+        if not candidates:
+            break  # nothing past the group's cursors, or no such queue
+        queue = candidates[0]  # every row carries the queue's options
+        subscribed_past = False
+        for cand in candidates:
+            part_req = req if left == req.batch else dataclasses.replace(req, batch=left)
+            batch, matures_in, skip, past = _pop_partition(raw, tenant_id, part_req, queue, cand,
+                                                           cache)
+            subscribed_past |= past
+            skipped += skip.count if skip else 0
+            if batch is not None:
+                batches.append(batch)
+                left -= len(batch.messages)
+                if len(batches) == req.partitions or left <= 0:
+                    break
+            elif matures_in is not None:
+                retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
+        # A group subscribing from an instant may find every candidate older than that (their
+        # new cursors now leave them out): look again rather than wait with more behind them.
+        if batches or not subscribed_past or len(candidates) < limit:
+            break
+    if not batches:
+        return PopOutcome(None, retry_in, skipped)
+    return PopOutcome(batches[0], skipped=skipped, more=tuple(batches[1:]))
+
+
+def _start_after(raw: Raw, tenant_id: int, req: PopRequest, cand: dict[str, Any],
+                 cache: SegmentCache | None) -> int:
+    """Where a group's new cursor on this partition starts (its ``committed``): before
+    log_start, or, for a group subscribing from an instant, before the first frame created at
+    or after it (the end of the partition when there is none yet)."""
+    log_start = cand["log_start"]
+    if req.subscribe_from is None:
+        return log_start - 1
+    pid = cand["partition_id"]
+    since = None if req.subscribe_from == rules.SUBSCRIBE_NOW else req.subscribe_from
+    row = one(raw.execute(
+        Q.subscription_start,
+        {"tenant_id": tenant_id, "name": req.queue, "group": req.group, "since": since,
+         "partition_id": pid, "log_start": log_start}))
+    start = row["next_offset"] if row["head_first"] is None else row["head_first"]
+    if row["segment_first"] is not None:
+        # Sealed frames are compressed: the first new one is found by reading the segment.
+        first = row["segment_first"]
+        for f in log_frames.read(raw, pid, first, min(start - first, 100_000), cache=cache):
+            if f.frame.created_at >= row["at"]:
+                start = f.offset
+                break
+    return max(start, log_start) - 1
 
 
 def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip | None:
@@ -293,14 +392,29 @@ def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip 
 def _pop_partition(
     raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
     cache: SegmentCache | None,
-) -> tuple[PopBatch | None, float | None, Skip | None]:
+) -> tuple[PopBatch | None, float | None, Skip | None, bool]:
+    """One partition's part of a pop: its batch, when a held-back frame matures, the skip over
+    log_start, and whether a new cursor started past the partition's end (a subscription)."""
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
     if cursor is None:
-        cursor = raw.execute(Q.create_cursor, {**key, "log_start": cand["log_start"]}).fetchone()
+        committed = _start_after(raw, tenant_id, req, cand, cache)
+        cursor = raw.execute(Q.create_cursor, {**key, "committed": committed}).fetchone()
+        if cursor is not None and committed >= cand["log_start"]:
+            batch, matures_in, skip = _pop_cursor(raw, tenant_id, req, queue, cand, cache,
+                                                  key, cursor)
+            return batch, matures_in, skip, batch is None
     if cursor is None:
-        return None, None, None  # another consumer of the group holds (or is taking) it
+        return None, None, None, False  # another consumer of the group holds (or is taking) it
+    return (*_pop_cursor(raw, tenant_id, req, queue, cand, cache, key, cursor), False)
+
+
+def _pop_cursor(
+    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
+    cache: SegmentCache | None, key: dict[str, Any], cursor: dict[str, Any],
+) -> tuple[PopBatch | None, float | None, Skip | None]:
+    pid = cand["partition_id"]
     # A group behind log_start resumes there (start_after): retention took what it skipped.
     committed = cursor["start_after"]
     skip = _skip(cursor["committed"], committed, cursor["acked_ahead"])
@@ -501,6 +615,7 @@ def _ack_partition(
     ahead = set(cursor["acked_ahead"])
     leased_to = cursor["leased_to"] if cursor["leased_to"] is not None else committed
     release = False
+    hold = False
     out: dict[int, AckResult] = {}
 
     for position, a in items:
@@ -539,6 +654,7 @@ def _ack_partition(
                 Q.bump_retry, {**key, "offset": offset, "error": a.error}))["retry_count"]
             if count <= info["retry_limit"]:
                 release = True  # redelivered from the cursor on the next pop
+                hold = info["retry_delay_ms"] > 0  # ... no sooner than retryDelay
                 out[position] = result(released=True)
                 continue
             dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset, count,
@@ -557,6 +673,8 @@ def _ack_partition(
 
     raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
                                 "release": release})
+    if hold:
+        raw.execute(Q.hold_for_retry, {**key, "delay_ms": info["retry_delay_ms"]})
     if committed > start:
         raw.execute(Q.forget_retries, {**key, "committed": committed})
     return out
@@ -578,17 +696,6 @@ def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) ->
 
 
 # -- dead letters -----------------------------------------------------------------------------
-
-
-def list_dead_letters(
-    raw: Raw, tenant_id: int, *, queue: str | None, group: str | None, partition: str | None,
-    after: int, limit: int,
-) -> list[dict[str, Any]]:
-    return raw.execute(
-        Q.list_dead_letters,
-        {"tenant_id": tenant_id, "queue": queue, "group": group, "partition": partition,
-         "after": after, "limit": limit},
-    ).fetchall()
 
 
 def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int) -> Appended:

@@ -4,9 +4,11 @@
 -- Configure: as in Queen, every option is set (omitted ones take their defaults).
 INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
-     dead_letter_queue, retain_until_consumed)
+     dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
+     completed_retention_s, retention_enabled)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
-        %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s)
+        %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s, %(max_size)s,
+        %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
@@ -14,8 +16,15 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET
     retention_s = excluded.retention_s,
     dead_letter_queue = excluded.dead_letter_queue,
     retain_until_consumed = excluded.retain_until_consumed,
+    max_size = excluded.max_size,
+    retry_delay_ms = excluded.retry_delay_ms,
+    ttl_s = excluded.ttl_s,
+    completed_retention_s = excluded.completed_retention_s,
+    retention_enabled = excluded.retention_enabled,
     updated_at = now()
-RETURNING queue_id, (xmax = 0) AS created
+RETURNING queue_id, (xmax = 0) AS created,
+          (SELECT p.partition_id FROM queen.partitions p
+           WHERE p.queue_id = q.queue_id AND p.name = 'Default') AS default_partition_id
 
 -- name: ensure_queues
 -- Implicit creation by push (or timer): default options, never overwrites a configured queue.
@@ -33,7 +42,7 @@ ON CONFLICT (queue_id, name) DO NOTHING
 -- name: lock_partitions
 -- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
 -- deadlocking each other.
-SELECT p.partition_id, q.name AS queue, p.name, p.next_offset
+SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 WHERE q.tenant_id = %(tenant_id)s
@@ -45,6 +54,25 @@ FOR UPDATE OF p
 -- Push de-duplication: sealed frames count too.
 SELECT DISTINCT transaction_id
 FROM queen.find_transactions(%(partition_id)s, %(txns)s::text[])
+
+-- name: lock_queue_capacity
+-- maxSize: pushes into capped queues take turns per queue (a transaction-level advisory lock,
+-- taken after the partition locks and in queue order, so pushers cannot deadlock; it blocks
+-- nothing else). The depth is read by the next statement, which sees every push committed
+-- before the lock was granted.
+SELECT pg_advisory_xact_lock(1363170307, (ids.q %% 2147483647)::integer)
+FROM (SELECT unnest(%(queue_ids)s::bigint[]) AS q ORDER BY 1) ids
+
+-- name: queue_depths
+-- What each queue holds that its queue-mode consumers have not consumed yet (Queen counts
+-- maxSize on __QUEUE_MODE__ too): offsets past that cursor (or past log_start), all partitions.
+SELECT p.queue_id,
+       sum(p.next_offset - greatest(coalesce(c.committed + 1, 0), p.log_start))::bigint AS depth
+FROM queen.partitions p
+LEFT JOIN queen.cursors c
+       ON c.partition_id = p.partition_id AND c.consumer_group = '__QUEUE_MODE__'
+WHERE p.queue_id = ANY(%(queue_ids)s::bigint[])
+GROUP BY p.queue_id
 
 -- name: insert_frames
 -- The frames and the partition's next offset, in one statement. Arrays travel in binary (%%b):
@@ -107,17 +135,50 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+  AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
 ORDER BY c.updated_at NULLS FIRST
-LIMIT 8
+LIMIT %(limit)s
 
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
 -- commit; a concurrent creator waits on it and then skips). It starts before log_start.
+-- (A group subscribing from an instant starts later: committed is where it starts, less one.)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
-VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(log_start)s - 1)
+VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
+
+-- name: subscribe_group
+-- subscriptionMode=new: the group's subscription instant on this queue, recorded by its first
+-- such pop (queen.group_subscriptions in schema/002_group_subscriptions.sql).
+INSERT INTO queen.group_subscriptions (tenant_id, queue, consumer_group)
+VALUES (%(tenant_id)s, %(name)s, %(group)s)
+ON CONFLICT (tenant_id, queue, consumer_group) DO NOTHING
+
+-- name: subscription_start
+-- Where a group subscribing from an instant starts on a partition it has never popped: the
+-- first segment holding a frame created at or after it (the broker finds the frame inside),
+-- else the first such frame of the head, else the end. 'now' is the group's recorded instant
+-- (clock_timestamp(): nothing committed before the subscription is new to it).
+WITH since AS MATERIALIZED (
+    SELECT coalesce(%(since)s::timestamptz,
+                    (SELECT g.subscribed_at FROM queen.group_subscriptions g
+                     WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
+                       AND g.consumer_group = %(group)s),
+                    clock_timestamp()) AS at)
+SELECT since.at,
+       (SELECT s.first_offset FROM queen.segments s
+        WHERE s.partition_id = %(partition_id)s AND s.last_offset >= %(log_start)s
+          AND s.last_created_at >= since.at
+        ORDER BY s.last_offset LIMIT 1) AS segment_first,
+       (SELECT f."offset" FROM queen.frames f
+        WHERE f.partition_id = %(partition_id)s AND f."offset" >= %(log_start)s
+          AND f.created_at >= since.at
+        ORDER BY f."offset" LIMIT 1) AS head_first,
+       (SELECT p.next_offset FROM queen.partitions p
+        WHERE p.partition_id = %(partition_id)s) AS next_offset
+FROM since
 
 -- name: lock_free_cursor
 -- Two consumers of one group never hold one partition: whoever locks the cursor first and
@@ -128,6 +189,7 @@ FROM queen.cursors c
 JOIN queen.partitions p USING (partition_id)
 WHERE c.partition_id = %(partition_id)s AND c.consumer_group = %(group)s
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+  AND (c.retry_at IS NULL OR c.retry_at <= now())
 FOR UPDATE OF c SKIP LOCKED
 
 -- name: count_expired_delivery
@@ -196,6 +258,13 @@ SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
     updated_at = now()
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
 
+-- name: hold_for_retry
+-- retryDelay: a failed message (and so its partition, for this group) is not handed out again
+-- before this.
+UPDATE queen.cursors
+SET retry_at = now() + make_interval(secs => %(delay_ms)s / 1000.0)
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+
 -- name: forget_retries
 DELETE FROM queen.retries
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
@@ -204,7 +273,7 @@ WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
 -- name: frames_for_acks
 -- Usually one row per txn; several when a timer re-used a txn after its first message went out.
 SELECT f.transaction_id, f."offset", p.queue_id, p.name AS partition, q.name AS queue,
-       q.retry_limit, q.dead_letter_queue
+       q.retry_limit, q.dead_letter_queue, q.retry_delay_ms
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 CROSS JOIN LATERAL queen.find_transactions(p.partition_id, %(txns)s::text[]) f
@@ -262,21 +331,6 @@ RETURNING lease_expires_at
 -- name: lease_exists
 SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s
 
--- name: list_dead_letters
-SELECT d.dead_letter_id, d.transaction_id, d.partition_id, q.name AS queue,
-       p.name AS partition, d.consumer_group, d."offset", d.error, d.retry_count, d.payload,
-       d.frame_created_at, d.created_at, d.replayed_at, d.replay_transaction_id
-FROM queen.dead_letters d
-JOIN queen.queues q USING (queue_id)
-LEFT JOIN queen.partitions p ON p.partition_id = d.partition_id
-WHERE d.tenant_id = %(tenant_id)s
-  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
-  AND (%(group)s::text IS NULL OR d.consumer_group = %(group)s)
-  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-  AND d.dead_letter_id > %(after)s
-ORDER BY d.dead_letter_id
-LIMIT %(limit)s
-
 -- name: lock_dead_letter
 SELECT d.dead_letter_id, d.consumer_group, d.payload, d.replayed_at, d.replay_transaction_id,
        q.name AS queue, p.name AS partition
@@ -293,7 +347,8 @@ WHERE dead_letter_id = %(id)s
 
 -- name: list_queues
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
-       q.retention_s, q.dead_letter_queue, q.retain_until_consumed,
+       q.retention_s, q.dead_letter_queue, q.retain_until_consumed, q.max_size,
+       q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled,
        count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
@@ -304,7 +359,8 @@ ORDER BY q.name
 
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
-       dead_letter_queue, retain_until_consumed
+       dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
+       completed_retention_s, retention_enabled
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 

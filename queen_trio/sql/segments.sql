@@ -74,8 +74,8 @@ DELETE FROM queen.frames
 WHERE partition_id = %(partition_id)s AND "offset" BETWEEN %(first_offset)s AND %(last_offset)s
 
 -- name: retention_candidates
--- Partitions whose oldest segment is past the queue's retentionSeconds (and, with
--- retainUntilConsumed, committed by every consumer group; with no group, by nobody).
+-- Partitions whose oldest segment retention may drop (queen.segment_droppable in
+-- schema/functions/ops.sql: retentionSeconds / ttl, completedRetentionSeconds).
 SELECT p.partition_id
 FROM queen.queues q
 JOIN queen.partitions p USING (queue_id)
@@ -83,11 +83,9 @@ CROSS JOIN LATERAL (
     SELECT s.last_offset, s.last_created_at FROM queen.segments s
     WHERE s.partition_id = p.partition_id ORDER BY s.first_offset LIMIT 1
 ) oldest
-WHERE q.retention_s > 0
-  AND oldest.last_created_at <= now() - make_interval(secs => q.retention_s)
-  AND (NOT q.retain_until_consumed
-       OR oldest.last_offset <= (SELECT min(c.committed) FROM queen.cursors c
-                                 WHERE c.partition_id = p.partition_id))
+WHERE q.retention_enabled
+  AND (q.retention_s > 0 OR q.ttl_s > 0 OR q.completed_retention_s > 0)
+  AND queen.segment_droppable(q, p.partition_id, oldest.last_offset, oldest.last_created_at)
 LIMIT %(limit)s
 
 -- name: droppable_segments
@@ -97,11 +95,8 @@ FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 JOIN queen.segments s ON s.partition_id = p.partition_id
 WHERE p.partition_id = %(partition_id)s
-  AND q.retention_s > 0
-  AND s.last_created_at <= now() - make_interval(secs => q.retention_s)
-  AND (NOT q.retain_until_consumed
-       OR s.last_offset <= (SELECT min(c.committed) FROM queen.cursors c
-                            WHERE c.partition_id = p.partition_id))
+  AND q.retention_enabled
+  AND queen.segment_droppable(q, p.partition_id, s.last_offset, s.last_created_at)
 ORDER BY s.first_offset
 FOR UPDATE OF p
 

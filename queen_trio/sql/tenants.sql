@@ -32,7 +32,8 @@ WHERE prefix = %(prefix)s AND revoked_at IS NULL
 
 -- name: set_plan
 UPDATE queen.tenants
-SET max_message_bytes = coalesce(%(max_message_bytes)s, max_message_bytes),
+SET max_message_bytes = CASE WHEN %(set_message)s THEN %(max_message_bytes)s
+                             ELSE max_message_bytes END,
     max_stored_bytes = CASE WHEN %(set_stored)s THEN %(max_stored_bytes)s ELSE max_stored_bytes END,
     requests_per_second = CASE WHEN %(set_rate)s THEN %(requests_per_second)s
                                ELSE requests_per_second END,

@@ -33,7 +33,9 @@ class _Bucket:
 
 
 class TenantDirectory:
-    def __init__(self, db: Database, default_tenant_id: int) -> None:
+    def __init__(self, db: Database, default_tenant_id: int, *,
+                 max_message_bytes: int = 1024 * 1024) -> None:
+        self._max_message_bytes = max_message_bytes
         self._db = db
         self.default_tenant_id = default_tenant_id
         self._plans: dict[int, Plan] = {}
@@ -68,7 +70,7 @@ class TenantDirectory:
     def plan(self, tenant_id: int) -> Plan:
         plan = self._plans.get(tenant_id)
         if plan is None:  # created since the last refresh (at most a second ago): defaults
-            plan = Plan(tenant_id, "", store.DEFAULT_MAX_MESSAGE_BYTES, None, None, 0)
+            plan = Plan(tenant_id, "", None, None, None, 0)
         return plan
 
     async def authenticate(self, token: str) -> int | None:
@@ -108,7 +110,11 @@ class TenantDirectory:
         return plan.max_stored_bytes is not None and plan.stored_bytes >= plan.max_stored_bytes
 
     def message_ceiling(self, tenant_id: int) -> int:
-        return self.plan(tenant_id).max_message_bytes
+        """QUEEN_MAX_MESSAGE_BYTES, or the tenant's plan's maxMessageBytes if lower."""
+        plan = self.plan(tenant_id).max_message_bytes
+        if plan is None:
+            return self._max_message_bytes
+        return min(self._max_message_bytes, plan)
 
 
 def retry_after_header(seconds: float) -> str:

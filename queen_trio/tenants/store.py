@@ -18,7 +18,6 @@ from . import tokens
 
 Q = queries.load("tenants")
 PLANS_CHANNEL = "queen_tenants"
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024  # the column default of queen.tenants
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 Raw = psycopg.Connection[dict[str, Any]]  # dict rows, as the pool and the CLI open them
@@ -28,7 +27,7 @@ Raw = psycopg.Connection[dict[str, Any]]  # dict rows, as the pool and the CLI o
 class Plan:
     tenant_id: int
     name: str
-    max_message_bytes: int
+    max_message_bytes: int | None  # None: the broker's QUEEN_MAX_MESSAGE_BYTES, not lowered
     max_stored_bytes: int | None
     requests_per_second: int | None
     stored_bytes: int
@@ -84,11 +83,15 @@ def revoke_token(raw: Raw, prefix: str) -> None:
 def set_plan(
     raw: Raw, name: str, *, max_message_bytes: int | None = None,
     max_stored_bytes: int | None = None, requests_per_second: int | None = None,
-    set_stored: bool = False, set_rate: bool = False,
+    set_stored: bool = False, set_rate: bool = False, set_message: bool | None = None,
 ) -> dict[str, Any]:
+    """Change a tenant's plan; each ``set_*`` says whether its value (None: no limit) is set.
+    ``set_message`` defaults to "max_message_bytes was given"."""
+    if set_message is None:
+        set_message = max_message_bytes is not None
     row = raw.execute(
         Q.set_plan,
-        {"name": name, "max_message_bytes": max_message_bytes,
+        {"name": name, "max_message_bytes": max_message_bytes, "set_message": set_message,
          "max_stored_bytes": max_stored_bytes, "requests_per_second": requests_per_second,
          "set_stored": set_stored, "set_rate": set_rate},
     ).fetchone()

@@ -80,6 +80,7 @@ BEGIN
           AND (p_partition IS NULL OR p.name = p_partition)
           AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
         ORDER BY c.updated_at NULLS FIRST
         LIMIT 8
     LOOP

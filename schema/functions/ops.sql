@@ -37,3 +37,36 @@ BEGIN
     END LOOP;
 END
 $fn$;
+
+-- Whether retention may drop a sealed segment of a queue's partition (its newest frame is
+-- p_last_offset, written at p_last_created): queen_trio/sql/segments.sql asks it for the oldest
+-- segment of each partition and then for each segment of one partition.
+--
+-- * retentionSeconds and ttl (Queen's message time-to-live: the same thing seen from the
+--   message) are one age limit, the smaller non-zero of the two; with retainUntilConsumed the
+--   segment must also be committed by every consumer group of the partition (none: nobody).
+-- * completedRetentionSeconds drops a segment every consumer group has committed past once it
+--   is that old, with or without retentionSeconds.
+-- * retentionEnabled = false turns all of it off for the queue.
+CREATE OR REPLACE FUNCTION queen.segment_droppable(
+    q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE AS $fn$
+    WITH lim AS (
+        SELECT least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0)) AS age_s,
+               coalesce(p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                                          WHERE c.partition_id = p_partition), false)
+                   AS consumed
+    )
+    SELECT q.retention_enabled AND (
+        (lim.age_s IS NOT NULL
+         AND p_last_created <= now() - make_interval(secs => lim.age_s)
+         AND (NOT q.retain_until_consumed OR lim.consumed))
+        OR (q.completed_retention_s > 0
+            AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
+            AND lim.consumed))
+    FROM lim
+$fn$;
+
+COMMENT ON FUNCTION queen.segment_droppable(queen.queues, uuid, bigint, timestamptz) IS
+    'Retention''s rule for one sealed segment: retentionSeconds/ttl, completedRetentionSeconds.';

@@ -416,7 +416,7 @@ async def test_tenants_cli_creates_lists_issues_and_revokes(
     assert {"default", "alpha", "beta", "acme"} <= set(listed)
     assert listed["acme"]["active_tokens"] == 1
     assert listed["alpha"]["active_tokens"] == 2
-    assert listed["acme"]["max_message_bytes"] == 1048576
+    assert listed["acme"]["max_message_bytes"] is None  # the broker's ceiling, not lowered
     assert listed["acme"]["max_stored_bytes"] is None
     assert listed["acme"]["requests_per_second"] is None
 
@@ -462,3 +462,36 @@ async def test_a_token_for_a_brand_new_tenant_works_at_once(
             r = await fresh.get(f"{API}/resources/queues")
             statuses.append((r.status_code, r.json().get("error")))
     assert statuses == [(200, None)] * 3
+
+
+async def test_multi_partition_and_subscription_pops_stay_in_their_tenant(
+    http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
+) -> None:
+    """Same queue, partition and group names in two tenants: a multi-partition pop and a
+    subscription (its recorded instant too) see only their own tenant's messages."""
+    async def push(http: httpx.AsyncClient, who: str, partitions: str) -> None:
+        r = await http.post(f"{API}/push", json={"items": [
+            {"queue": "shared", "partition": p, "payload": {"who": who}} for p in partitions]})
+        assert r.status_code == 201, r.text
+
+    async def pop(http: httpx.AsyncClient, **params: str) -> list[dict[str, Any]]:
+        r = await http.get(f"{API}/pop/queue/shared",
+                           params={"batch": "100", "partitions": "3", "autoAck": "true",
+                                   **params})
+        assert r.status_code in (200, 204), r.text
+        return [] if r.status_code == 204 else r.json()["messages"]
+
+    await push(http_a, "A", "abc")
+    assert await pop(http_b, consumerGroup="g", subscriptionMode="new") == []  # B subscribes
+    await push(http_a, "A", "abc")
+    await push(http_b, "B", "ab")
+    got = await pop(http_b, consumerGroup="g", subscriptionMode="new")
+    assert sorted(m["partition"] for m in got) == ["a", "b"]
+    assert {m["data"]["who"] for m in got} == {"B"}
+    since = await pop(http_b, consumerGroup="h", subscriptionFrom="2000-01-01T00:00:00Z")
+    assert [m["data"]["who"] for m in since] == ["B", "B"]
+    # A's group of the same name has no subscription of B's: it subscribes now, sees nothing old
+    assert await pop(http_a, consumerGroup="g", subscriptionMode="new") == []
+    everything = await pop(http_a, consumerGroup="all")
+    assert len(everything) == 6 and {m["data"]["who"] for m in everything} == {"A"}
+    assert len({m["partition"] for m in everything}) == 3

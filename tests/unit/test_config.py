@@ -75,6 +75,10 @@ def test_settings_are_immutable() -> None:
         ("QUEEN_LOG_LEVEL", "LOUD"),
         ("QUEEN_HTTP_IDLE_TIMEOUT_S", "0"),
         ("QUEEN_HTTP_BODY_TIMEOUT_S", "soon"),
+        ("QUEEN_MAX_MESSAGE_BYTES", "0"),
+        ("QUEEN_MAX_MESSAGE_BYTES", "1023"),
+        ("QUEEN_MAX_MESSAGE_BYTES", "4MiB"),
+        ("QUEEN_MAX_MESSAGE_BYTES", str(64 * ONE_MIB + 1)),
     ],
 )
 def test_bad_values_name_the_variable(variable: str, value: str) -> None:
@@ -85,6 +89,16 @@ def test_bad_values_name_the_variable(variable: str, value: str) -> None:
     assert message.startswith(f"{variable}=")
     assert "expected" in message
     assert "\n" not in message
+
+
+def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
+    assert load_settings({}).max_message_bytes == ONE_MIB
+    assert load_settings({}).http_body_limit() == 8 * ONE_MIB  # as before the setting
+    s = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(4 * ONE_MIB)})
+    assert s.max_message_bytes == 4 * ONE_MIB
+    assert s.http_body_limit() > s.max_message_bytes
+    # Timers keep min(1 MiB, plan ceiling), whatever the message ceiling is.
+    assert s.timer_payload_ceiling(4 * ONE_MIB) == ONE_MIB
 
 
 def test_min_sleep_above_max_sleep_is_refused() -> None:

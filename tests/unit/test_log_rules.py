@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -278,9 +279,14 @@ def test_queue_options_defaults(options: Any) -> None:
     assert opts.to_wire() == {
         "leaseTime": 300,
         "retryLimit": 3,
+        "retryDelay": 0,
+        "maxSize": 0,
+        "ttl": 0,
+        "deadLetterQueue": True,
         "delayedProcessing": 0,
         "retentionSeconds": 0,
-        "deadLetterQueue": True,
+        "completedRetentionSeconds": 0,
+        "retentionEnabled": True,
         "retainUntilConsumed": False,
     }
 
@@ -312,11 +318,23 @@ def test_null_options_take_their_defaults() -> None:
     assert opts == QueueOptions()
 
 
-def test_unknown_queen_options_are_ignored() -> None:
-    opts = rules.queue_options(
-        {"priority": 5, "maxSize": 10000, "encryptionEnabled": True, "ttl": "x", "leaseTime": 10}
-    )
-    assert opts == QueueOptions(lease_time_s=10)
+def test_queen_options_are_applied_ignored_by_name_or_refused() -> None:
+    name, req = rules.configure_request({"queue": "q", "options": {
+        "priority": 5, "maxSize": 10000, "retryDelay": 250, "ttl": 60, "leaseTime": 10,
+        "windowBuffer": 0, "encryptionEnabled": False, "colour": "red"}})
+    assert name == "q"
+    assert req.options == QueueOptions(lease_time_s=10, max_size=10000, retry_delay_ms=250,
+                                       ttl_s=60)
+    # windowBuffer at Queen's default changes nothing, so it is not "ignored".
+    assert (req.ignored, req.unknown) == (["priority", "colour"], ["colour"])
+    assert (req.echo["priority"], req.echo["windowBuffer"], req.echo["encryptionEnabled"]) == (
+        5, 0, False)
+    exc = _fails(rules.configure_request, {"queue": "q", "options": {"encryptionEnabled": True}})
+    assert exc.code == "unsupported_option"
+    exc = _fails(rules.configure_request, {"queue": "q", "options": {"ttl": "x"}})
+    assert exc.code == "invalid_option" and "ttl" in exc.message
+    exc = _fails(rules.configure_request, {"queue": "q", "namespace": 3})
+    assert exc.code == "invalid_option" and "namespace" in exc.message
 
 
 @pytest.mark.parametrize(
@@ -843,3 +861,46 @@ def test_batch_errors_name_the_item(bad: Any, code: str, field: str) -> None:
     assert exc.code == code
     assert exc.status == 400
     assert field in exc.message
+
+
+# --- subscription and multi-partition pop parameters ---------------------------------------
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ({}, None),
+    ({"subscriptionMode": "all"}, None),
+    ({"subscriptionMode": ""}, None),
+    ({"subscriptionMode": "new"}, rules.SUBSCRIBE_NOW),
+    ({"subscriptionMode": "new-only"}, rules.SUBSCRIBE_NOW),
+    ({"subscriptionFrom": "now"}, rules.SUBSCRIBE_NOW),
+    ({"subscriptionFrom": "beginning"}, None),
+    ({"subscriptionMode": "new", "subscriptionFrom": "beginning"}, None),  # From wins
+    ({"subscriptionFrom": "2025-01-01T00:00:00Z"},
+     datetime(2025, 1, 1, tzinfo=UTC)),
+    ({"subscriptionMode": "all", "subscriptionFrom": "2025-01-01T02:00:00+02:00"},
+     datetime(2025, 1, 1, tzinfo=UTC)),
+])
+def test_subscription_parameters(args: dict[str, str], expected: object) -> None:
+    assert rules.pop_request("q", None, {"consumerGroup": "g", **args}).subscribe_from == expected
+
+
+def test_queue_mode_does_not_subscribe_but_validates() -> None:
+    assert rules.pop_request("q", None, {"subscriptionMode": "new"}).subscribe_from is None
+    assert _fails(rules.pop_request, "q", None,
+                  {"subscriptionMode": "newest"}).code == "invalid_subscription_mode"
+
+
+@pytest.mark.parametrize("raw", ["later", "2025-01-01", "2025-01-01T00:00:00",
+                                 "0001-01-01T00:00:00Z", "9999-12-31T23:59:59-14:00",
+                                 "2025-02-30T00:00:00Z"])
+def test_bad_subscription_from(raw: str) -> None:
+    exc = _fails(rules.pop_request, "q", None, {"consumerGroup": "g", "subscriptionFrom": raw})
+    assert (exc.code, exc.status) == ("invalid_subscription_from", 400)
+
+
+def test_partitions_parameter() -> None:
+    assert rules.pop_request("q", None, {}).partitions == 1
+    assert rules.pop_request("q", None, {"partitions": "7"}).partitions == 7
+    assert rules.pop_request("q", "p", {"partitions": "7"}).partitions == 1  # the route names one
+    for raw in ("0", "101", "x", "-1"):
+        assert _fails(rules.pop_request, "q", None, {"partitions": raw}).code == "invalid_parameter"

@@ -1,0 +1,228 @@
+"""Queen's pop parameters over HTTP: subscription modes of a new consumer group
+(``subscriptionMode``, ``subscriptionFrom``) and multi-partition pops (``partitions``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from .test_log import API, ack, pop, push
+
+
+async def pop_all(http: httpx.AsyncClient, queue: str, **params: object) -> list[dict]:
+    """Pop (autoAck) until empty: the payloads the group gets."""
+    got: list[dict] = []
+    while (answer := await pop(http, queue, batch=100, autoAck=True, **params)) is not None:
+        got += answer["messages"]
+    return got
+
+
+# -- subscription modes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [{"subscriptionMode": "new"}, {"subscriptionMode": "new-only"},
+                                    {"subscriptionFrom": "now"}])
+async def test_new_group_with_mode_new_sees_only_what_comes_after(
+    http: httpx.AsyncClient, params: dict[str, str]
+) -> None:
+    await push(http, "ev", [{"old": 1}, {"old": 2}])
+    await push(http, "ev", [{"old": 3}], partition="p2")
+    assert await pop_all(http, "ev", consumerGroup="g", **params) == []
+    await push(http, "ev", [{"new": 1}])
+    await push(http, "ev", [{"new": 2}], partition="p2")
+    await push(http, "ev", [{"new": 3}], partition="p3")  # a partition created since
+    got = await pop_all(http, "ev", consumerGroup="g", **params)
+    assert sorted(m["data"]["new"] for m in got) == [1, 2, 3]
+    # the default (and subscriptionMode=all / subscriptionFrom=beginning) sees everything
+    assert len(await pop_all(http, "ev", consumerGroup="all")) == 6
+    assert len(await pop_all(http, "ev", consumerGroup="all2", subscriptionMode="all")) == 6
+    assert len(await pop_all(http, "ev", consumerGroup="b", subscriptionFrom="beginning")) == 6
+
+
+async def test_the_first_pop_on_an_empty_queue_subscribes_the_group(
+    http: httpx.AsyncClient,
+) -> None:
+    """A consumer waiting for the first push must get it: the group subscribed when it first
+    asked, not when a partition first had something for it."""
+    await push(http, "ev", [{"old": 1}], partition="a")
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"new": 1}], partition="b")
+    await push(http, "ev", [{"new": 2}], partition="a")
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert sorted(m["data"]["new"] for m in got) == [1, 2]
+
+
+async def test_a_long_poll_with_mode_new_gets_the_push_that_wakes_it(
+    http: httpx.AsyncClient,
+) -> None:
+    await push(http, "ev", [{"old": 1}])
+    answer: dict = {}
+
+    async def waiter() -> None:
+        answer["r"] = await pop(http, "ev", consumerGroup="g", subscriptionMode="new",
+                                wait=True, timeout=5000)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.3)
+        await push(http, "ev", [{"new": 1}])
+    assert [m["data"] for m in answer["r"]["messages"]] == [{"new": 1}]
+
+
+async def test_subscription_from_a_timestamp(http: httpx.AsyncClient, database_url: str) -> None:
+    await push(http, "ev", [{"n": 1}, {"n": 2}])
+    await trio.sleep(0.05)
+    with psycopg.connect(database_url) as conn:
+        (since,) = conn.execute("SELECT clock_timestamp()").fetchone()
+    await trio.sleep(0.05)
+    await push(http, "ev", [{"n": 3}, {"n": 4}])
+    stamp = since.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionFrom=stamp)
+    assert [m["data"]["n"] for m in got] == [3, 4]
+    later = (since + dt.timedelta(days=1)).isoformat()
+    assert await pop_all(http, "ev", consumerGroup="h", subscriptionFrom=later) == []
+    await push(http, "ev", [{"n": 5}])  # the end was where h started: it sees what follows
+    assert [m["data"]["n"] for m in await pop_all(http, "ev", consumerGroup="h",
+                                                  subscriptionFrom=later)] == [5]
+    earlier = (since - dt.timedelta(days=1)).isoformat()
+    assert len(await pop_all(http, "ev", consumerGroup="i", subscriptionFrom=earlier)) == 5
+
+
+async def test_an_existing_group_and_queue_mode_are_not_moved(http: httpx.AsyncClient) -> None:
+    await push(http, "ev", [{"n": 1}, {"n": 2}])
+    first = await pop(http, "ev", consumerGroup="g", batch=1, autoAck=True)
+    assert first["messages"][0]["data"] == {"n": 1}
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"]["n"] for m in got] == [2]
+    # queue mode distributes work: a subscription would lose messages, so it does not apply
+    assert len(await pop_all(http, "ev", subscriptionMode="new")) == 2
+
+
+@pytest.mark.parametrize(("key", "raw", "code"), [
+    ("subscriptionMode", "latest", "invalid_subscription_mode"),
+    ("subscriptionMode", "NEW", "invalid_subscription_mode"),
+    ("subscriptionFrom", "yesterday", "invalid_subscription_from"),
+    ("subscriptionFrom", "2025-01-01T00:00:00", "invalid_subscription_from"),  # no time zone
+    ("subscriptionFrom", "2025-13-01T00:00:00Z", "invalid_subscription_from"),
+    ("partitions", "0", "invalid_parameter"),
+    ("partitions", "101", "invalid_parameter"),
+    ("partitions", "two", "invalid_parameter"),
+])
+async def test_bad_pop_parameters_are_400(
+    http: httpx.AsyncClient, key: str, raw: str, code: str
+) -> None:
+    for method, path in [("GET", f"{API}/pop/queue/q"), ("POST", f"{API}/pop/queue/q"),
+                         ("GET", f"{API}/pop/queue/q/partition/p")]:
+        r = await http.request(method, path, params={"consumerGroup": "g", key: raw})
+        assert r.status_code == 400, (method, path, r.text)
+        assert r.json()["error"] == code
+
+
+# -- multi-partition pop ----------------------------------------------------------------------
+
+
+async def test_one_pop_takes_several_partitions_each_under_its_own_lease(
+    http: httpx.AsyncClient,
+) -> None:
+    for p in ("a", "b", "c"):
+        await push(http, "mp", [{"p": p, "i": i} for i in range(3)], partition=p)
+    answer = await pop(http, "mp", consumerGroup="g", batch=100, partitions=3)
+    messages = answer["messages"]
+    assert len(messages) == 9
+    assert answer["leaseId"] is None and answer["partitionId"] is None
+    parts = {e["partition"]: e for e in answer["partitions"]}
+    assert sorted(parts) == ["a", "b", "c"] and all(e["messages"] == 3 for e in parts.values())
+    assert len({e["leaseId"] for e in parts.values()}) == 3
+    for p in ("a", "b", "c"):
+        mine = [m for m in messages if m["partition"] == p]
+        assert [m["data"]["i"] for m in mine] == [0, 1, 2]  # order within a partition
+        assert {m["leaseId"] for m in mine} == {parts[p]["leaseId"]}
+        assert {m["partitionId"] for m in mine} == {parts[p]["partitionId"]}
+    # every lease can be extended on its own, and every message acked with its own lease
+    for e in parts.values():
+        r = await http.post(f"{API}/lease/{e['leaseId']}/extend", json={"seconds": 60})
+        assert r.json()[0]["success"] is True
+    for m in messages:
+        assert (await ack(http, m))["success"] is True
+    assert await pop(http, "mp", consumerGroup="g", partitions=3) is None
+
+
+async def test_the_batch_is_shared_and_one_partition_answers_as_before(
+    http: httpx.AsyncClient,
+) -> None:
+    for p in ("a", "b", "c"):
+        await push(http, "mp", [{"p": p, "i": i} for i in range(3)], partition=p)
+    answer = await pop(http, "mp", consumerGroup="g", batch=4, partitions=3)
+    assert len(answer["messages"]) == 4 and len(answer["partitions"]) == 2
+    # N=1 or absent: the single-partition answer, unchanged (no "partitions")
+    single = await pop(http, "mp", consumerGroup="h", batch=10)
+    assert "partitions" not in single and single["leaseId"] is not None
+    assert len({m["partition"] for m in single["messages"]}) == 1
+    # the partition route takes one partition whatever N is
+    named = await pop(http, "mp", "a", consumerGroup="k", batch=10, partitions=3)
+    assert {m["partition"] for m in named["messages"]} == {"a"}
+    # one partition found for a multi-partition pop: its lease at the top as well
+    await push(http, "solo", [1, 2])
+    one = await pop(http, "solo", consumerGroup="g", batch=10, partitions=5)
+    assert one["leaseId"] == one["partitions"][0]["leaseId"] == one["messages"][0]["leaseId"]
+
+
+async def test_two_consumers_of_a_group_never_share_a_partition(
+    http: httpx.AsyncClient,
+) -> None:
+    for p in ("a", "b", "c", "d"):
+        await push(http, "mp", [{"p": p, "i": i} for i in range(2)], partition=p)
+    first = await pop(http, "mp", consumerGroup="g", batch=100, partitions=2)
+    second = await pop(http, "mp", consumerGroup="g", batch=100, partitions=3)
+    a = {m["partition"] for m in first["messages"]}
+    b = {m["partition"] for m in second["messages"]}
+    assert len(a) == 2 and len(b) == 2 and not a & b
+    assert await pop(http, "mp", consumerGroup="g", partitions=3) is None
+    # another group is another cursor: it gets them all
+    other = await pop(http, "mp", consumerGroup="o", batch=100, partitions=4)
+    assert len(other["messages"]) == 8
+
+
+async def test_settle_and_pop_takes_the_same_parameters(http: httpx.AsyncClient) -> None:
+    for p in ("a", "b"):
+        await push(http, "mp", [{"p": p}], partition=p)
+    r = await http.post(f"{API}/pop/queue/mp", params={"consumerGroup": "g", "batch": "10",
+                                                       "partitions": "2"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["messages"]) == 2 and len(body["partitions"]) == 2
+    acks = [{"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+             "leaseId": m["leaseId"]} for m in body["messages"]]
+    r = await http.post(f"{API}/pop/queue/mp",
+                        params={"consumerGroup": "g", "partitions": "2"},
+                        json={"consumerGroup": "g", "acknowledgments": acks})
+    body = r.json()
+    assert body["acks"]["completed"] == 2 and body["messages"] == [] and body["partitions"] == []
+    await push(http, "mp", [{"new": 1}])
+    r = await http.post(f"{API}/pop/queue/mp",
+                        params={"consumerGroup": "n", "subscriptionMode": "new"})
+    assert r.json()["messages"] == []
+
+
+async def test_deleting_a_group_with_its_metadata_makes_it_subscribe_afresh(
+    http: httpx.AsyncClient,
+) -> None:
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"n": 1}])
+    # Without its metadata the group keeps its subscription instant: a new first pop after
+    # the delete starts there, so the message pushed since is delivered again.
+    r = await http.delete(f"{API}/consumer-groups/g", params={"deleteMetadata": "false"})
+    assert r.json()["metadataDeleted"] is False
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"] for m in got] == [{"n": 1}]
+    # With it (the default), the group subscribes afresh at its next pop: nothing older.
+    r = await http.delete(f"{API}/consumer-groups/g")
+    assert r.json()["metadataDeleted"] is True
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"n": 2}])
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"] for m in got] == [{"n": 2}]
