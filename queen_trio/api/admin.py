@@ -14,12 +14,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from quart import Blueprint, Response, current_app, jsonify, request
+from quart import Blueprint, Response, request
 
-from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import admin, groups, rules
 from ..wire import iso
+from .common import broker as _broker
+from .common import json_response as _json
 from .errors import read_json_object
 from .tenancy import current_tenant_id
 
@@ -29,14 +30,6 @@ MESSAGE_STATUSES = ("pending", "processing", "completed", "dead_letter")
 _LAGGING_STATE_S = 300  # Queen calls a group Lagging past five minutes
 
 
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
-
-
-def _json(body: Any, status: int = 200) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    return response
 
 
 def _args() -> dict[str, str]:

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, current_app, jsonify
+from quart import Blueprint, Response, jsonify
 
-from ..context import BrokerContext
 from ..errors import ValidationError
 from ..kv import rules, store
 from ..wire import iso
+from .common import broker as _broker
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
 
-
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
 
 
 def put_to_wire(p: store.Put) -> dict[str, Any]:

@@ -7,14 +7,15 @@ import math
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, current_app, jsonify, request
+from quart import Blueprint, Response, request
 
-from ..context import BrokerContext
 from ..errors import ClientError, ValidationError
 from ..log import admin as log_admin
 from ..log import rules, store
 from ..wire import iso
 from .admin import instant
+from .common import broker as _broker
+from .common import json_response as _json
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -25,14 +26,6 @@ log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
 _LONGPOLL_RECHECK_S = 1.0
 
 
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
-
-
-def _json(body: Any, status: int = 200) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    return response
 
 
 # -- configure & push -------------------------------------------------------------------------

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import psycopg
 import trio
-from quart import Blueprint, Response, current_app, jsonify
+from quart import Blueprint, Response, jsonify
 
-from ..context import BrokerContext
 from ..db import queries
 from ..errors import DatabaseUnavailable
 from ..metrics import CONTENT_TYPE
+from .common import broker as _broker
 from .openapi import openapi_document
 
 ops = Blueprint("ops", __name__)
@@ -17,9 +17,6 @@ Q = queries.load("ops")
 
 _HEALTH_DB_TIMEOUT_S = 2.0
 
-
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
 
 
 @ops.get("/health")

@@ -15,9 +15,9 @@ from typing import TypeVar
 
 from quart import current_app, g, request
 
-from ..context import BrokerContext
 from ..tenants.directory import retry_after_header
 from ..tenants.tokens import bearer
+from .common import broker as _broker
 from .errors import ApiError
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -29,9 +29,6 @@ def never_refused(view: F) -> F:
     setattr(view, _NEVER_REFUSED, True)
     return view
 
-
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
 
 
 async def admit_request() -> None:

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, current_app, jsonify, request
+from quart import Blueprint, Response, jsonify, request
 
-from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules as log_rules
 from ..timers import rules, store
 from ..transactions import timer_outcome_wire
 from ..wire import iso
+from .common import broker as _broker
 from .errors import error_response, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
 timer_routes = Blueprint("timers", __name__, url_prefix="/api/v1/timers")
 
-
-def _broker() -> BrokerContext:
-    return current_app.config["BROKER"]
 
 
 def payload_ceiling() -> int:
