@@ -1,9 +1,9 @@
 """The ``queen-trio`` command line.
 
-Exit codes: 0 success, 1 runtime failure (database unreachable, embedded server failed),
-2 usage or configuration error. The client commands (timers, push, pop, dlq, kv; see
-:mod:`queen_trio.cli_client`) add 3 (absent/too_late/nothing), 4 (broker error) and
-5 (broker unreachable).
+Exit codes: 0 success, 1 runtime failure of ``serve``/``migrate`` (database unreachable,
+embedded server failed), 2 usage or configuration error (a bad setting, a busy or forbidden HTTP
+address). The client commands (timers, push, pop, dlq, kv; see :mod:`queen_trio.cli_client`) add
+3 (absent/too_late/nothing), 4 (broker error) and 5 (broker unreachable).
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import Any
 
 from . import __version__, cli_client
 from .config import Settings, load_settings
-from .errors import ConfigError, QueenError
+from .errors import ConfigError, ListenError, QueenError
 
 log = logging.getLogger("queen_trio")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP is the terminal closing: a stop like any other, never an orphaned PostgreSQL.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _EPILOG = """\
 configuration comes from QUEEN_* environment variables (see README.md). The most used:
@@ -47,10 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"queen-trio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
         "serve",
-        help="run the broker (HTTP API and background services) until SIGINT/SIGTERM",
+        help="run the broker (HTTP API and background services) until SIGINT/SIGTERM/SIGHUP",
         description="Run the broker. Applies pending migrations first. Without "
         "QUEEN_DATABASE_URL it starts an embedded PostgreSQL under QUEEN_DATA_DIR and stops "
         "it on exit.",
@@ -280,13 +282,33 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
     if settings.workers > 1 and settings.listen_fd is None:
         from .workers import Supervisor
 
-        return Supervisor(settings, stop.asked).run()
+        try:
+            return Supervisor(settings, stop.asked).run()
+        except ListenError as exc:
+            print(f"queen-trio: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
     except psycopg.OperationalError as exc:
         print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
         return EXIT_FAILURE
+    except BaseExceptionGroup as group:
+        # A bind failure surfaces from the broker's nurseries wrapped in exception groups.
+        listen, rest = group.split(ListenError)
+        if listen is None or rest is not None:
+            raise
+        print(f"queen-trio: {_first_leaf(listen)}", file=sys.stderr)
+        return EXIT_USAGE
+    except ListenError as exc:
+        print(f"queen-trio: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 if __name__ == "__main__":
