@@ -6,9 +6,9 @@
 2. open the connection pool;
 3. in one nursery: the LISTEN connection, then the HTTP server (hypercorn serving the
    QuartTrio app);
-4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM/SIGHUP from the CLI): stop accepting connections,
-   let in-flight requests finish for up to ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the
-   background services and close the pool.
+4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM/SIGHUP from the CLI): answer parked long-polls
+   (204, nothing leased), stop accepting connections, let in-flight requests finish for up to
+   ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
 
 A service that crashes takes the whole nursery down with it: the broker exits with an error
 rather than serving HTTP with a dead service behind it.
@@ -134,8 +134,13 @@ async def run_broker(
             context.services["housekeeping"] = lambda: housekeeper.alive
 
             http_done = trio.Event()
-            urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,
-                                       http_done)
+            async def shutdown_trigger() -> None:
+                await shutdown.wait()
+                # Parked long-polls answer 204 now rather than be cut off by the drain.
+                wakeups.stop()
+
+            urls = await nursery.start(_serve_http, create_app(context), settings,
+                                       shutdown_trigger, http_done)
             context.services["http"] = lambda: not http_done.is_set()
             log.info("queen-trio listening on %s", ", ".join(urls))
             task_status.started(BrokerHandle(urls, context, shutdown))
