@@ -1,9 +1,9 @@
 """The ``queen-trio`` command line.
 
-Exit codes: 0 success, 1 runtime failure (database unreachable, embedded server failed),
-2 usage or configuration error. The client commands (timers, push, pop, dlq, kv; see
-:mod:`queen_trio.cli_client`) add 3 (absent/too_late/nothing), 4 (broker error) and
-5 (broker unreachable).
+Exit codes: 0 success, 1 runtime failure of ``serve``/``migrate`` (database unreachable,
+embedded server failed), 2 usage or configuration error (a bad setting, a busy or forbidden HTTP
+address). The client commands (timers, push, pop, dlq, kv; see :mod:`queen_trio.cli_client`) add
+3 (absent/too_late/nothing), 4 (broker error) and 5 (broker unreachable).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -18,12 +19,22 @@ from typing import Any
 
 from . import __version__, cli_client
 from .config import Settings, load_settings
-from .errors import ConfigError, QueenError
+from .errors import ConfigError, ListenError, QueenError
 
 log = logging.getLogger("queen_trio")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_REFUSED, EXIT_UNREACHABLE = cli_client.EXIT_REFUSED, cli_client.EXIT_UNREACHABLE
+
+TENANTS_EXIT_CODES = """\
+Prints the database it works on as one line on stderr. exit codes:
+  0  done
+  2  usage error (a plan value out of range; no database here and no --init)
+  4  refused (no such tenant, name taken or invalid, unknown token); its error code is printed
+  5  the database cannot be reached (or the embedded one cannot start)
+"""
+# SIGHUP is the terminal closing: a stop like any other, never an orphaned PostgreSQL.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _EPILOG = """\
 configuration comes from QUEEN_* environment variables (see README.md). The most used:
@@ -47,10 +58,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"queen-trio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
         "serve",
-        help="run the broker (HTTP API and background services) until SIGINT/SIGTERM",
+        help="run the broker (HTTP API and background services) until SIGINT/SIGTERM/SIGHUP",
         description="Run the broker. Applies pending migrations first. Without "
         "QUEEN_DATABASE_URL it starts an embedded PostgreSQL under QUEEN_DATA_DIR and stops "
         "it on exit.",
@@ -70,22 +82,29 @@ def _parser() -> argparse.ArgumentParser:
         "request's bearer token selects its tenant.",
     )
     sub = tenants.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
-    create = sub.add_parser("create", help="create a tenant")
+    database = argparse.ArgumentParser(add_help=False)
+    database.add_argument(
+        "--init", action="store_true",
+        help="without QUEEN_DATABASE_URL: create the embedded database under QUEEN_DATA_DIR if "
+             "there is none yet (otherwise refused: it would not be your broker's)")
+
+    def action(group: Any, name: str, help: str) -> argparse.ArgumentParser:
+        return group.add_parser(name, help=help, parents=[database], epilog=TENANTS_EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    create = action(sub, "create", "create a tenant")
     create.add_argument("name")
-    sub.add_parser("list", help="list tenants with their plans and usage").add_argument(
+    action(sub, "list", "list tenants with their plans and usage").add_argument(
         "--json", action="store_true", help="machine-readable output"
     )
     token = sub.add_parser("token", help="create or revoke bearer tokens")
     token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    token_create = token_sub.add_parser("create",
-                                        help="create a token (printed once, never stored)")
+    token_create = action(token_sub, "create", "create a token (printed once, never stored)")
     token_create.add_argument("name", help="tenant name")
     token_create.add_argument("--json", action="store_true", help='print {"tenant", "token"}')
-    token_revoke = token_sub.add_parser("revoke", help="revoke a token by its prefix")
+    token_revoke = action(token_sub, "revoke", "revoke a token by its prefix")
     token_revoke.add_argument("prefix", help="the token's prefix (qt_<prefix>_…) or the token")
-    plan = sub.add_parser(
-        "plan", help="change a tenant's plan (running brokers apply it within a second)"
-    )
+    plan = action(sub, "plan", "change a tenant's plan (running brokers apply it within a second)")
     plan.add_argument("name")
     plan.add_argument("--max-message-bytes", type=int, metavar="N",
                       help="lowers the message ceiling (QUEEN_MAX_MESSAGE_BYTES) for this "
@@ -115,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    quiet = args.command == "tenants" and "QUEEN_LOG_LEVEL" not in os.environ
     logging.basicConfig(
-        level=settings.log_level,
+        level=logging.WARNING if quiet else settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -124,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             return _with_database(settings, _migrate)
         if args.command == "tenants":
-            return _with_database(settings, lambda s: _tenants(s, args))
+            return _tenants_command(settings, args)
         # From here on SIGINT/SIGTERM are noted, never fatal: trio turns them into a graceful
         # shutdown while the broker runs, and before or after that (embedded PostgreSQL starting
         # or stopping) a repeated signal must not kill us and orphan the server.
@@ -165,6 +185,31 @@ def _with_database(settings: Settings, command: Callable[[Settings], int]) -> in
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _tenants_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``tenants …``: say which database, refuse to invent an embedded one, exit 0/2/4/5."""
+    if settings.database_url is not None:
+        print(f"queen-trio: database: {_redacted(settings.database_url)}", file=sys.stderr)
+        return _tenants(settings, args)
+    data_dir = settings.data_dir.resolve()
+    if not (data_dir / "pg" / "PG_VERSION").exists() and not args.init:
+        print(f"queen-trio: no embedded database in {data_dir}: set QUEEN_DATA_DIR to your "
+              "broker's data directory or QUEEN_DATABASE_URL to its database "
+              "(or pass --init to create one here)", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"queen-trio: database: embedded PostgreSQL in {data_dir}", file=sys.stderr)
+    try:
+        return _with_database(settings, lambda s: _tenants(s, args))
+    except QueenError as exc:  # the embedded server would not start, a migration failed
+        print(f"queen-trio: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
+def _redacted(url: str) -> str:
+    """``url`` (a URL or key=value conninfo) without its password."""
+    url = re.sub(r"\bpassword\s*=\s*('[^']*'|\S+)", "password=***", url)
+    return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url)
 
 
 def _migrate(settings: Settings) -> int:
@@ -225,14 +270,18 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 print(json.dumps({k: v for k, v in changed.items() if k != "tenant_id"}))
     except ClientError as exc:
-        print(f"queen-trio: {exc.message}", file=sys.stderr)
-        return EXIT_FAILURE
+        print(f"queen-trio: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_REFUSED
     except psycopg.errors.CheckViolation:
         print("queen-trio: a plan value is out of range (see --help)", file=sys.stderr)
         return EXIT_USAGE
     except psycopg.OperationalError as exc:
-        print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
-        return EXIT_FAILURE
+        print(f"queen-trio: cannot reach the database: {' '.join(str(exc).split())}",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except QueenError as exc:  # a failed migration
+        print(f"queen-trio: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     return EXIT_OK
 
 
@@ -280,13 +329,33 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
     if settings.workers > 1 and settings.listen_fd is None:
         from .workers import Supervisor
 
-        return Supervisor(settings, stop.asked).run()
+        try:
+            return Supervisor(settings, stop.asked).run()
+        except ListenError as exc:
+            print(f"queen-trio: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
     except psycopg.OperationalError as exc:
         print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
         return EXIT_FAILURE
+    except BaseExceptionGroup as group:
+        # A bind failure surfaces from the broker's nurseries wrapped in exception groups.
+        listen, rest = group.split(ListenError)
+        if listen is None or rest is not None:
+            raise
+        print(f"queen-trio: {_first_leaf(listen)}", file=sys.stderr)
+        return EXIT_USAGE
+    except ListenError as exc:
+        print(f"queen-trio: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 if __name__ == "__main__":

@@ -304,7 +304,8 @@ class _Output:
     def fail(self, code: int, document: dict[str, Any]) -> int:
         if self.json:
             print(json.dumps({"ok": False, **document}))
-        print(f"queen-trio: {document['message']}", file=sys.stderr)
+        prefix = f"{document['error']}: " if code == EXIT_REFUSED else ""
+        print(f"queen-trio: {prefix}{document['message']}", file=sys.stderr)
         return code
 
 

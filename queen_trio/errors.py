@@ -38,6 +38,10 @@ class ConfigError(QueenError):
         super().__init__(f"{variable}={value!r} is not valid: expected {expected}")
 
 
+class ListenError(QueenError):
+    """The HTTP address cannot be bound (already in use, not permitted)."""
+
+
 class DatabaseError(QueenError):
     """PostgreSQL trouble that reached the broker's own code."""
 

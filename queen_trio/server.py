@@ -6,9 +6,9 @@
 2. open the connection pool;
 3. in one nursery: the LISTEN connection, then the HTTP server (hypercorn serving the
    QuartTrio app);
-4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM from the CLI): stop accepting connections,
-   let in-flight requests finish for up to ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the
-   background services and close the pool.
+4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM/SIGHUP from the CLI): answer parked long-polls
+   (204, nothing leased), stop accepting connections, let in-flight requests finish for up to
+   ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
 
 A service that crashes takes the whole nursery down with it: the broker exits with an error
 rather than serving HTTP with a dead service behind it.
@@ -21,6 +21,7 @@ import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -33,6 +34,7 @@ from .context import BrokerContext
 from .db import Database, Listener, queries
 from .db.analyze import run_analyzer
 from .db.migrations import apply_migrations
+from .errors import ListenError
 from .kv import store as kv_store
 from .log import store as log_store
 from .log.housekeeping import Housekeeper
@@ -132,8 +134,13 @@ async def run_broker(
             context.services["housekeeping"] = lambda: housekeeper.alive
 
             http_done = trio.Event()
-            urls = await nursery.start(_serve_http, create_app(context), settings, shutdown.wait,
-                                       http_done)
+            async def shutdown_trigger() -> None:
+                await shutdown.wait()
+                # Parked long-polls answer 204 now rather than be cut off by the drain.
+                wakeups.stop()
+
+            urls = await nursery.start(_serve_http, create_app(context), settings,
+                                       shutdown_trigger, http_done)
             context.services["http"] = lambda: not http_done.is_set()
             log.info("queen-trio listening on %s", ", ".join(urls))
             task_status.started(BrokerHandle(urls, context, shutdown))
@@ -162,10 +169,38 @@ async def _serve_http(
     config.errorlog = logging.getLogger("hypercorn.error")
     # Also the deadline for a connection's request head (slow-loris clients are cut off).
     config.keep_alive_timeout = settings.http_idle_timeout_s
+    status = _NotingStarted(task_status)
     try:
-        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        await serve(app, config, shutdown_trigger=shutdown_trigger,
+                    task_status=cast(trio.TaskStatus[list[str]], status))
+    except (OSError, BaseExceptionGroup) as exc:
+        # Before ``started`` an OSError is the bind failing (a second broker on the port, no
+        # permission); hypercorn raises it wrapped in its nurseries' exception groups.
+        bind_error = _only_os_error(exc)
+        if status.started_ or bind_error is None:
+            raise
+        raise ListenError(f"cannot listen on {config.bind[0]}: "
+                          f"{bind_error.strerror or bind_error}") from None
     finally:
         done.set()
+
+
+class _NotingStarted:
+    """A task status that remembers whether ``started`` was called."""
+
+    def __init__(self, inner: trio.TaskStatus[list[str]]) -> None:
+        self.inner, self.started_ = inner, False
+
+    def started(self, value: list[str]) -> None:
+        self.started_ = True
+        self.inner.started(value)
+
+
+def _only_os_error(error: BaseException) -> OSError | None:
+    """The OSError ``error`` is, or the only one a chain of one-member groups holds."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error if isinstance(error, OSError) else None
 
 
 def _freeze_startup_objects() -> None:
@@ -182,13 +217,14 @@ def _freeze_startup_objects() -> None:
 async def serve_until_signalled(
     settings: Settings, stop_requested_before: Callable[[], bool] = lambda: False
 ) -> None:
-    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
+    """Run a broker until SIGINT, SIGTERM or SIGHUP, then shut it down gracefully.
 
     ``stop_requested_before`` reports a signal that arrived before trio was listening for them.
     """
     import signal
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # SIGHUP: the terminal that started us closed; stop as cleanly as for SIGTERM.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             broker: BrokerHandle = await nursery.start(run_broker, settings)
             _freeze_startup_objects()

@@ -12,7 +12,7 @@ lease ends). One that exits with an error of its own within seconds of starting 
 configuration or database problem: the supervisor stops them all and exits with an error rather
 than restart in a loop. (One killed by a signal, the OOM killer or an operator, is restarted
 however young.)
-SIGINT or SIGTERM is passed on to every worker, which shut down gracefully.
+SIGINT, SIGTERM or SIGHUP is passed on to every worker (as SIGTERM), which shut down gracefully.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from .config import Settings
+from .errors import ListenError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,12 @@ _STOP_GRACE_S = 10.0
 
 def bind(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.create_server((settings.host.strip("[]"), settings.port), family=family,
-                                backlog=1024)
+    try:
+        sock = socket.create_server((settings.host.strip("[]"), settings.port), family=family,
+                                    backlog=1024)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{exc.strerror or exc}") from exc
     os.set_inheritable(sock.fileno(), True)
     return sock
 

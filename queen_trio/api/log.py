@@ -203,7 +203,8 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
             if outcome.skipped:
                 broker.metrics.messages_skipped.inc(outcome.skipped)
             remaining = deadline - trio.current_time()
-            if outcome.batch is not None or not req.wait or remaining <= 0:
+            if (outcome.batch is not None or not req.wait or remaining <= 0
+                    or broker.wakeups.stopping):
                 break
             if not waiting:
                 waiting = True
@@ -211,6 +212,8 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
             pause = min(remaining, _LONGPOLL_RECHECK_S, outcome.retry_in_s or math.inf)
             with trio.move_on_after(pause):
                 await changed.wait()
+            if broker.wakeups.stopping:  # shutting down: answer "nothing", lease nothing
+                break
     finally:
         if waiting:
             broker.metrics.longpoll_waiters.dec()

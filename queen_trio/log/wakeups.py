@@ -38,6 +38,8 @@ class QueueWakeups:
         self._events: dict[str, trio.Event] = {}
         self._expected: dict[str, ExpectedFire] = {}
         self.waiting = 0
+        # Set when the broker begins to shut down: parked long-polls answer "nothing" at once.
+        self.stopping = False
 
     def watch(self, key: str) -> trio.Event:
         """The event the next change to this queue will set."""
@@ -68,6 +70,11 @@ class QueueWakeups:
         if expected is None or trio.current_time() > expected.expires_at:
             return None
         return expected
+
+    def stop(self) -> None:
+        """Shutdown begins: wake every waiter, and let none park again."""
+        self.stopping = True
+        self.wake_all()
 
     def wake_all(self) -> None:
         events, self._events = self._events, {}

@@ -55,7 +55,11 @@ def _postgres_processes_for(data_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_serve_on_embedded_postgres_then_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_serve_on_embedded_postgres_then_stop_signal(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    """SIGHUP (the terminal closing) stops the broker and its PostgreSQL like SIGTERM."""
     data_dir = tmp_path / "queen-data"
     port = _free_port()
     proc = subprocess.Popen(
@@ -68,7 +72,7 @@ def test_serve_on_embedded_postgres_then_sigterm(tmp_path: Path) -> None:
         assert r.json()["database"] == "up"
         assert _postgres_processes_for(data_dir), "the embedded server should be running"
         started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop_signal)
         assert proc.wait(timeout=5) == 0
         assert time.monotonic() - started < 5
     finally:
@@ -135,6 +139,8 @@ def test_an_unreachable_database_is_one_line_and_exit_1() -> None:
 def test_version_and_help() -> None:
     version = subprocess.run(CLI + ["version"], capture_output=True, text=True, check=True)
     assert version.stdout.startswith("queen-trio ")
+    flag = subprocess.run(CLI + ["--version"], capture_output=True, text=True, check=True)
+    assert flag.stdout == version.stdout
     helptext = subprocess.run(CLI + ["--help"], capture_output=True, text=True, check=True).stdout
     for word in ("serve", "migrate", "version", "QUEEN_DATABASE_URL"):
         assert word in helptext
@@ -164,3 +170,23 @@ def test_a_repeated_sigterm_still_stops_postgres(tmp_path: Path) -> None:
     while _postgres_processes_for(data_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _postgres_processes_for(data_dir), "a repeated SIGTERM orphaned PostgreSQL"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_busy_port_is_one_line_naming_the_address_and_exit_2(
+    database_url: str, workers: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            CLI + ["serve"],
+            env=_env(QUEEN_DATABASE_URL=database_url, QUEEN_PORT=str(port),
+                     QUEEN_WORKERS=workers, QUEEN_LOG_LEVEL="WARNING"),
+            capture_output=True, text=True, timeout=30,
+        )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0]

@@ -165,3 +165,28 @@ async def test_shutdown_lets_an_in_flight_request_finish(settings) -> None:  # t
             pass
         else:
             raise AssertionError("the stopped broker still answered")
+
+
+async def test_shutdown_answers_a_parked_long_poll_at_once(settings) -> None:  # type: ignore[no-untyped-def]
+    """A long-poll parked for far longer than the graceful timeout is answered 204 (nothing
+    leased) when the broker stops, not cut off when the drain ends."""
+    import time as _time
+
+    from queen_trio.server import run_broker
+
+    async with trio.open_nursery() as nursery:
+        handle: BrokerHandle = await nursery.start(run_broker, settings)
+        answers: list[int] = []
+
+        async def long_poll() -> None:
+            async with httpx.AsyncClient(base_url=handle.url, timeout=60) as client:
+                r = await client.get("/api/v1/pop/queue/parked",
+                                     params={"wait": "true", "timeout": "50000"})
+                answers.append(r.status_code)
+
+        nursery.start_soon(long_poll)
+        await trio.sleep(0.3)  # the pop is parked on the broker now
+        started = _time.monotonic()
+        handle.shutdown()
+    assert answers == [204]
+    assert _time.monotonic() - started < 1.5

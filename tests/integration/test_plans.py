@@ -56,7 +56,10 @@ async def run_cli(database_url: str, *args: str) -> tuple[int, str, str]:
         [sys.executable, "-m", "queen_trio", "tenants", *args],
         env=env, capture_stdout=True, capture_stderr=True, check=False,
     )
-    return done.returncode, done.stdout.decode(), done.stderr.decode()
+    # The first line on stderr names the database; the rest is the command's own.
+    first, _, err = done.stderr.decode().partition("\n")
+    assert first.startswith("queen-trio: database: "), first
+    return done.returncode, done.stdout.decode(), err
 
 
 def text_of(size: int) -> str:
@@ -131,7 +134,8 @@ async def test_the_message_ceiling_refuses_big_payloads_and_follows_the_cli(
     rc, _, err = await run_cli(database_url, "plan", "default", "--max-message-bytes", "0")
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     rc, _, err = await run_cli(database_url, "plan", "nobody", "--max-message-bytes", "10")
-    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert rc == 4 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("queen-trio: tenant_not_found: "), err
     assert broker.context.tenants.message_ceiling(broker.context.tenants.default_tenant_id) == 300
 
 

@@ -45,7 +45,10 @@ async def run_cli(database_url: str, *args: str) -> tuple[int, str, str]:
         [sys.executable, "-m", "queen_trio", "tenants", *args],
         env=env, capture_stdout=True, capture_stderr=True, check=False,
     )
-    return done.returncode, done.stdout.decode(), done.stderr.decode()
+    # The first line on stderr names the database; the rest is the command's own.
+    first, _, err = done.stderr.decode().partition("\n")
+    assert first.startswith("queen-trio: database: "), first
+    return done.returncode, done.stdout.decode(), err
 
 
 def client(broker: BrokerHandle, token: str | None) -> httpx.AsyncClient:
@@ -391,17 +394,19 @@ async def test_tenants_cli_creates_lists_issues_and_revokes(
     assert (rc, out.strip()) == (0, "created tenant acme"), err
 
     rc, out, err = await run_cli(database_url, "create", "acme")
-    assert rc != 0
+    assert rc == 4  # refused, with the error code printed
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert "acme" in err and "exists" in err
 
     rc, out, err = await run_cli(database_url, "create", "Bad Name")
-    assert rc != 0 and len(err.strip().splitlines()) == 1, err
+    assert rc == 4 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("queen-trio: invalid_tenant: "), err
 
     rc, out, err = await run_cli(database_url, "token", "create", "nobody", "--json")
-    assert rc != 0 and out == ""
+    assert rc == 4 and out == ""
     assert len(err.strip().splitlines()) == 1 and "nobody" in err, err
+    assert err.startswith("queen-trio: tenant_not_found: "), err
 
     rc, out, err = await run_cli(database_url, "token", "create", "acme", "--json")
     assert rc == 0, err
@@ -443,7 +448,7 @@ async def test_tenants_cli_creates_lists_issues_and_revokes(
         assert assert_unauthorized(r) == reference
 
     rc, out, err = await run_cli(database_url, "token", "revoke", prefix_of(token))
-    assert rc != 0 and len(err.strip().splitlines()) == 1, err
+    assert rc == 4 and len(err.strip().splitlines()) == 1, err
     rc, out, err = await run_cli(database_url, "list", "--json")
     assert {t["name"]: t for t in json.loads(out)}["acme"]["active_tokens"] == 0
 
