@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 
 # The "Two commands" blocks install the package, start a broker or run this very suite.
-TWO_COMMANDS = ("pip install -e '.[dev]' && queen-trio serve", "pip install -e '.[dev]' && pytest")
+TWO_COMMANDS = ("pip install -e . && queen-trio serve", "pip install -e '.[dev]' && pytest")
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
