@@ -142,6 +142,19 @@ async def test_odd_keys_travel_through_the_path(http: httpx.AsyncClient) -> None
     assert (r.status_code, r.json()["error"]) == (400, "invalid_key")
 
 
+async def test_a_key_with_a_leading_slash_or_a_line_break_reaches_the_handler(
+    http: httpx.AsyncClient,
+) -> None:
+    # issue 21 item 7: both used to answer 404 "no route" from the router.
+    r = await http.put(f"{TIMERS}/odd//abs/path", json={"delayMs": 600_000, "payload": 1})
+    assert r.status_code == 200 and r.json()["key"] == "/abs/path", r.text
+    assert (await http.get(f"{TIMERS}/odd//abs/path")).json()["key"] == "/abs/path"
+    assert (await http.delete(f"{TIMERS}/odd//abs/path")).json()["status"] == "cancelled"
+    for method in ("PUT", "GET", "DELETE"):
+        r = await http.request(method, f"{TIMERS}/odd/a%0Ab", json={"delayMs": 1, "payload": 1})
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_key"), (method, r.text)
+
+
 async def test_list_is_per_queue_with_keyset_pages(http: httpx.AsyncClient) -> None:
     for i in range(5):
         await schedule(http, "paged", f"k{i}", 600_000, i)
