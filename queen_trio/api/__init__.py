@@ -80,6 +80,13 @@ def create_app(broker: BrokerContext) -> QuartTrio:
                            "the path is not UTF-8 once percent-decoded") from None
 
     @app.after_request
+    async def _no_type_without_a_body(response: Response) -> Response:
+        # An empty answer (a 204 long-poll) would otherwise say "content-type: text/html".
+        if response.status_code in (204, 304) or response.content_length == 0:
+            response.headers.pop("Content-Type", None)
+        return response
+
+    @app.after_request
     async def _count(response: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         broker.metrics.http_requests.labels(rule, request.method, str(response.status_code)).inc()

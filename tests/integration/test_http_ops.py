@@ -165,3 +165,17 @@ async def test_shutdown_lets_an_in_flight_request_finish(settings) -> None:  # t
             pass
         else:
             raise AssertionError("the stopped broker still answered")
+
+
+async def test_one_compact_json_style_and_no_content_type_on_empty_answers(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 21 item 9: errors were spaced JSON while answers were compact, and a 204
+    long-poll said ``content-type: text/html``."""
+    for r in (await http.get("/health"), await http.get("/api/v1/nope"),
+              await http.put("/api/v1/timers/q/k", content=b"{")):
+        assert r.headers["content-type"] == "application/json", r.headers
+        assert ", " not in r.text and '": ' not in r.text, r.text
+    r = await http.get("/api/v1/pop/queue/empty-q", params={"wait": "true", "timeout": "10"})
+    assert r.status_code == 204 and r.content == b""
+    assert "content-type" not in r.headers, r.headers
