@@ -90,7 +90,9 @@ def _timer_paths() -> dict[str, Any]:
                   _path_param("key", "the timer's name (rest of the path, may contain '/')")]
     schedule_body: dict[str, Any] = {
         "type": "object", "required": ["delayMs", "payload"], "properties": {
-            "delayMs": {"type": "integer", "description": "relative delay in ms; <= 0 fires now"},
+            "delayMs": {"type": "integer", "description": "relative delay in ms, counted from "
+                        "PostgreSQL's now; zero or negative (a delay in the past) is legal and "
+                        "fires on the first sweep cycle"},
             "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
         "additionalProperties": False}
     answer = _json({"$ref": "#/components/schemas/TimerAnswer"},
