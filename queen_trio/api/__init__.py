@@ -92,7 +92,8 @@ def create_app(broker: BrokerContext) -> QuartTrio:
         broker.metrics.http_requests.labels(rule, request.method, str(response.status_code)).inc()
         started = getattr(g, "started", None)
         if started is not None:
-            broker.metrics.http_request_seconds.labels(rule).observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            broker.metrics.http_request_seconds.labels(rule, request.method).observe(elapsed)
         return response
 
     return app

@@ -73,6 +73,9 @@ async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncCli
             "queen_db_pool_max 5.0",
             "queen_listener_connected 1.0",
             'queen_http_requests_total{method="GET",route="/health",status="200"}',
+            # issue 21 item 12: by method too, and fire lag resolves below 1 ms
+            'queen_http_request_seconds_count{method="GET",route="/health"}',
+            'queen_timers_fire_lag_seconds_bucket{le="0.0005"}',
         ):
             assert family in text, family
 
