@@ -726,6 +726,11 @@ def _document() -> dict[str, Any]:
                         "groups": {"type": "object"}}}},
                     "consumerGroups": {"type": "array", "items": {"type": "string"}},
                     "totals": {"type": "object"},
+                    "timers": {"type": "object", "properties": {
+                        "pending": {"type": "integer",
+                                    "description": "timers not yet fired into this queue"},
+                        "nextDeliverAt": {"type": ["string", "null"],
+                                          "description": "the earliest deliverAt among them"}}},
                     "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
                 "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
                         "properties": {

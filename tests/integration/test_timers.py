@@ -478,3 +478,18 @@ async def test_shutdown_mid_run_leaves_no_half_fire(
     assert not pending & set(fired)
     assert pending | set(fired) == {f"k{i}" for i in range(count)}
     assert pending  # stopped before the end of the stream
+
+
+async def test_the_queue_detail_shows_its_pending_timers_and_the_next_due(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 21 item 12: pending timers per queue, not only one figure for the broker."""
+    await http.post(f"{API}/push", json={"items": [{"queue": "detail-t", "payload": 1}]})
+    detail = (await http.get(f"{API}/resources/queues/detail-t")).json()
+    assert detail["timers"] == {"pending": 0, "nextDeliverAt": None}
+    await schedule(http, "detail-t", "later", 3_600_000)
+    first = await schedule(http, "detail-t", "sooner", 600_000)
+    await schedule(http, "other-q", "elsewhere", 60_000)
+    detail = (await http.get(f"{API}/resources/queues/detail-t")).json()
+    assert detail["timers"]["pending"] == 2
+    assert parse_ts(detail["timers"]["nextDeliverAt"]) == parse_ts(first["deliverAt"])
