@@ -561,8 +561,9 @@ def _admin_paths() -> dict[str, Any]:
 
 
 def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
-    """A name in the path with a line break in it matches no route: every operation with a
-    path parameter may answer 404, and says so."""
+    """A path parameter left empty (``//`` in the path) matches no route: every operation with
+    a path parameter may answer 404, and says so. (A line break in a name reaches the handler,
+    which answers 400.)"""
     for operations in paths.values():
         for operation in operations.values():
             if any(p.get("in") == "path" for p in operation.get("parameters", ())):
