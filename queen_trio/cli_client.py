@@ -164,6 +164,8 @@ def _peek(queen: Any, args: argparse.Namespace, out: _Output) -> int:
 
 def _list_timers(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     timers = list(islice(queen.timers(args.queue).list(), args.limit))
+    if out.json:  # a list carries no payload: leave the field out rather than show null
+        return out.emit([{k: v for k, v in plain(t).items() if k != "payload"} for t in timers])
     return out.table(timers, ["key", "deliver_at", "state", "attempts", "partition", "txn",
                               "last_error"])
 

@@ -29,6 +29,7 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 from .api import create_app
+from .api import protocol as http_protocol
 from .config import Settings
 from .context import BrokerContext
 from .db import Database, Listener, queries
@@ -158,6 +159,7 @@ async def _serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    http_protocol.install()  # a request h11 refuses gets a JSON error, not an empty 400
     config = HypercornConfig()
     # A worker of ``serve`` with QUEEN_WORKERS > 1 accepts on the socket its parent bound.
     if settings.listen_fd is not None:

@@ -8,6 +8,7 @@ from urllib.parse import unquote_to_bytes
 from quart import Response, g, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
+from werkzeug.routing import BaseConverter
 
 from ..context import BrokerContext
 from .admin import admin_routes
@@ -18,6 +19,19 @@ from .ops import ops
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
+
+
+class NameConverter(BaseConverter):
+    """The rest of the path as a name (a timer key, a KV key): any characters, '/' included.
+
+    Werkzeug's ``path`` converter refuses a leading '/' and a line break, which turned
+    ``/timers/q//abs`` and ``/timers/q/a%0Ab`` into a 404 "no route"; here they reach the
+    handler, which accepts the first and answers the second 400 ``invalid_key``.
+    """
+
+    part_isolating = False
+    regex = r"[\s\S]+"
+    weight = 200
 
 
 def create_app(broker: BrokerContext) -> QuartTrio:
@@ -31,6 +45,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     # Werkzeug would answer a path with "//" in it (a key starting with an unencoded '/') with
     # an HTML 308 redirect to the merged path; a client's mistake gets a JSON 404 instead.
     app.url_map.merge_slashes = False
+    app.url_map.converters["name"] = NameConverter
     install_error_handlers(app)
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
@@ -65,12 +80,20 @@ def create_app(broker: BrokerContext) -> QuartTrio:
                            "the path is not UTF-8 once percent-decoded") from None
 
     @app.after_request
+    async def _no_type_without_a_body(response: Response) -> Response:
+        # An empty answer (a 204 long-poll) would otherwise say "content-type: text/html".
+        if response.status_code in (204, 304) or response.content_length == 0:
+            response.headers.pop("Content-Type", None)
+        return response
+
+    @app.after_request
     async def _count(response: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         broker.metrics.http_requests.labels(rule, request.method, str(response.status_code)).inc()
         started = getattr(g, "started", None)
         if started is not None:
-            broker.metrics.http_request_seconds.labels(rule).observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            broker.metrics.http_request_seconds.labels(rule, request.method).observe(elapsed)
         return response
 
     return app

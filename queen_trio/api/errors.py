@@ -37,7 +37,9 @@ class ApiError(Exception):
 
 def error_response(http_status: int, code: str, message: str, **extra: Any) -> Response:
     body = {"ok": False, "error": code, "message": message, **extra}
-    return Response(json.dumps(body), status=http_status, content_type="application/json")
+    # Compact, like every other answer (jsonify).
+    return Response(json.dumps(body, separators=(",", ":")), status=http_status,
+                    content_type="application/json")
 
 
 _HTTP_CODES = {

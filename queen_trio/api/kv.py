@@ -28,7 +28,7 @@ def parse_put(body: dict[str, Any], where: str = "") -> tuple[Any, int | None]:
     return body["value"], rules.ttl_seconds(body.get("ttlSeconds"), f"{where}ttlSeconds")
 
 
-@kv_routes.put("/<namespace>/<path:key>")
+@kv_routes.put("/<namespace>/<name:key>")
 async def put(namespace: str, key: str) -> Response:
     enforce_storage_gate()
     ns, k = rules.namespace(namespace), rules.key(key)
@@ -39,7 +39,7 @@ async def put(namespace: str, key: str) -> Response:
     return jsonify(put_to_wire(result))
 
 
-@kv_routes.get("/<namespace>/<path:key>")
+@kv_routes.get("/<namespace>/<name:key>")
 async def get(namespace: str, key: str) -> Response:
     ns, k = rules.namespace(namespace), rules.key(key)
     row = await _broker().db.run(store.get, current_tenant_id(), ns, k)
@@ -47,7 +47,7 @@ async def get(namespace: str, key: str) -> Response:
                     "expiresAt": iso(row["expires_at"]), "updatedAt": iso(row["updated_at"])})
 
 
-@kv_routes.delete("/<namespace>/<path:key>")
+@kv_routes.delete("/<namespace>/<name:key>")
 async def delete(namespace: str, key: str) -> Response:
     ns, k = rules.namespace(namespace), rules.key(key)
     deleted = await _broker().db.run(store.delete, current_tenant_id(), ns, k)

@@ -461,6 +461,8 @@ async def queue_detail(queue: str) -> Response:
         "consumerGroups": sorted(groups),
         "totals": {"messages": sum(p["messages"] for p in partitions),
                    "deadLetters": detail["dead_letters"]},
+        "timers": {"pending": detail["timers"]["pending"],
+                   "nextDeliverAt": iso(detail["timers"]["next_deliver_at"])},
         "storage": {k: sum(p["storage"][k] for p in partitions) for k in _STORAGE_FIELDS},
     })
 

@@ -90,7 +90,9 @@ def _timer_paths() -> dict[str, Any]:
                   _path_param("key", "the timer's name (rest of the path, may contain '/')")]
     schedule_body: dict[str, Any] = {
         "type": "object", "required": ["delayMs", "payload"], "properties": {
-            "delayMs": {"type": "integer", "description": "relative delay in ms; <= 0 fires now"},
+            "delayMs": {"type": "integer", "description": "relative delay in ms, counted from "
+                        "PostgreSQL's now; zero or negative (a delay in the past) is legal and "
+                        "fires on the first sweep cycle"},
             "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
         "additionalProperties": False}
     answer = _json({"$ref": "#/components/schemas/TimerAnswer"},
@@ -559,8 +561,9 @@ def _admin_paths() -> dict[str, Any]:
 
 
 def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
-    """A name in the path with a line break in it matches no route: every operation with a
-    path parameter may answer 404, and says so."""
+    """A path parameter left empty (``//`` in the path) matches no route: every operation with
+    a path parameter may answer 404, and says so. (A line break in a name reaches the handler,
+    which answers 400.)"""
     for operations in paths.values():
         for operation in operations.values():
             if any(p.get("in") == "path" for p in operation.get("parameters", ())):
@@ -724,6 +727,11 @@ def _document() -> dict[str, Any]:
                         "groups": {"type": "object"}}}},
                     "consumerGroups": {"type": "array", "items": {"type": "string"}},
                     "totals": {"type": "object"},
+                    "timers": {"type": "object", "properties": {
+                        "pending": {"type": "integer",
+                                    "description": "timers not yet fired into this queue"},
+                        "nextDeliverAt": {"type": ["string", "null"],
+                                          "description": "the earliest deliverAt among them"}}},
                     "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
                 "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
                         "properties": {

@@ -43,7 +43,7 @@ async def _schedule(s: rules.Schedule) -> Response:
     return jsonify(timer_outcome_wire(outcome))
 
 
-@timer_routes.put("/<queue>/<path:key>")
+@timer_routes.put("/<queue>/<name:key>")
 async def schedule_put(queue: str, key: str) -> Response:
     enforce_storage_gate()
     return await _schedule(parse_schedule(await read_json_object(), queue, key))
@@ -59,7 +59,7 @@ async def schedule_post() -> Response:
     return await _schedule(parse_schedule(body, queue, key))
 
 
-@timer_routes.delete("/<queue>/<path:key>")
+@timer_routes.delete("/<queue>/<name:key>")
 @never_refused  # a tenant must always be able to stop a message it no longer wants
 async def cancel(queue: str, key: str) -> Response:
     txn = request.args.get("txn") or None
@@ -73,7 +73,7 @@ async def cancel(queue: str, key: str) -> Response:
     return jsonify(timer_outcome_wire(outcome))
 
 
-@timer_routes.get("/<queue>/<path:key>")
+@timer_routes.get("/<queue>/<name:key>")
 async def peek(queue: str, key: str) -> Response:
     q, k = log_rules.queue_name(queue), rules.timer_key(key)
     row = await _broker().db.run(store.peek, current_tenant_id(), q, k)

@@ -15,7 +15,7 @@ import httpx
 from . import calls
 from .builders import Listing, TimerBuilder, TransactionBuilder
 from .calls import Call, TimerSpec
-from .durations import Duration, delay_ms, whole_seconds
+from .durations import Duration, span_ms, whole_seconds
 from .models import AckStatus, DeadLetter, Message, Page, TimerInfo
 from .transport import Endpoints, Reply, RetryPolicy, Send, drive, exchange
 
@@ -184,7 +184,7 @@ class BaseClient(Generic[R]):
             if value is not None:
                 options[wire] = whole_seconds(value, wire)
         if retry_delay is not None:
-            options["retryDelay"] = delay_ms(retry_delay, "retry_delay")
+            options["retryDelay"] = span_ms(retry_delay, "retry_delay")
         for wire, plain in (("retryLimit", retry_limit), ("deadLetterQueue", dead_letter_queue),
                             ("maxSize", max_size), ("retentionEnabled", retention_enabled),
                             ("retainUntilConsumed", retain_until_consumed)):

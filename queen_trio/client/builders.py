@@ -51,7 +51,8 @@ class TimerBuilder(Generic[R]):
 
     def delay(self, delay: Duration) -> TimerBuilder[R]:
         """How long from now (PostgreSQL's now) until it is due: int milliseconds, a
-        timedelta, or a string such as "250ms", "30m", "72h", "1h30m"."""
+        timedelta, or a string such as "250ms", "30m", "72h", "1h30m". Zero or negative
+        ("-5s") is legal, as on the wire: the timer fires on the first sweep cycle."""
         return dataclasses.replace(self, _delay_ms=delay_ms(delay))
 
     def payload(self, payload: Any) -> TimerBuilder[R]:

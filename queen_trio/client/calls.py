@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from . import models as m
-from .durations import Duration, delay_ms, ttl_seconds
+from .durations import Duration, span_ms, ttl_seconds
 
 T = TypeVar("T")
 API = "/api/v1"
@@ -154,7 +154,7 @@ def _pop_params(group: str | None, batch: int, wait: Duration | None,
     if group is not None:
         params["consumerGroup"] = group
     if wait is not None:
-        wait_ms = max(0, delay_ms(wait, "wait"))
+        wait_ms = span_ms(wait, "wait")
         params.update(wait="true", timeout=wait_ms)
         wait_s = wait_ms / 1000
     if auto_ack:

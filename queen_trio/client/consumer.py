@@ -30,7 +30,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from . import calls
-from .durations import Duration, delay_ms
+from .durations import Duration, delay_ms, span_ms
 from .errors import ApiError, BrokerUnreachable, Conflict, NotFound, RateLimited, ServerError
 from .models import AckStatus, Batch, Message, SettledPop
 
@@ -73,8 +73,8 @@ async def consume(
         handler = handler.function
     loop = _Loop(client, queue, handler, group=group, batch=batch, partition=partition,
                  max_messages=max_messages,
-                 idle_s=None if idle_timeout is None else delay_ms(idle_timeout,
-                                                                    "idle_timeout") / 1000,
+                 idle_s=None if idle_timeout is None else span_ms(idle_timeout,
+                                                                   "idle_timeout") / 1000,
                  poll_s=_positive_s(poll, "poll"), renew=renew_leases, in_thread=in_thread)
     async with anyio.create_task_group() as workers:
         for _ in range(concurrency):

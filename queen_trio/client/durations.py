@@ -7,8 +7,12 @@ not. The SDK accepts friendlier spellings and converts them here, before any req
 * an ``int``: milliseconds for a delay, seconds for a TTL;
 * a :class:`datetime.timedelta`;
 * a string of one or more ``<digits><unit>`` parts, units ``d``, ``h``, ``m``, ``s``, ``ms``,
-  largest first, each at most once: ``"250ms"``, ``"30s"``, ``"72h"``, ``"1h30m"``. A leading
-  ``-`` makes a delay negative (legal: such a timer fires on the first sweep).
+  largest first, each at most once: ``"250ms"``, ``"30s"``, ``"72h"``, ``"1h30m"``.
+
+A timer delay may be zero or negative (``-5000``, ``"-5s"``, a negative ``timedelta``): the wire
+takes any ``delayMs``, and a delay in the past is legal and fires on the first sweep cycle. Every
+other duration (a pop's ``wait``, ``retry_delay``, ``idle_timeout``, TTLs and queue options in
+seconds) must not be negative.
 
 Anything else (floats, bare numeric strings, ``"1.5h"``, ``"30min"``, booleans) raises
 :class:`ValueError` naming what was wrong.
@@ -19,7 +23,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-__all__ = ["Duration", "delay_ms", "format_ms", "ttl_seconds", "whole_seconds"]
+__all__ = ["Duration", "delay_ms", "format_ms", "span_ms", "ttl_seconds", "whole_seconds"]
 
 Duration = int | timedelta | str
 
@@ -45,6 +49,14 @@ def delay_ms(value: Duration, what: str = "delay") -> int:
     if isinstance(value, str):
         return _parse(value, what)
     raise ValueError(f"{what} must be a duration ({_EXAMPLES}), not {type(value).__name__}")
+
+
+def span_ms(value: Duration, what: str) -> int:
+    """A duration that cannot lie in the past (a wait, a retry delay) as whole milliseconds."""
+    ms = delay_ms(value, what)
+    if ms < 0:
+        raise ValueError(f"{what} must not be negative, got {value!r} (only a timer delay may be)")
+    return ms
 
 
 def _parse(text: str, what: str) -> int:

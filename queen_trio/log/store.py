@@ -741,6 +741,7 @@ def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
         "partitions": raw.execute(Q.queue_partitions, key).fetchall(),
         "cursors": raw.execute(Q.queue_cursors, key).fetchall(),
         "dead_letters": one(raw.execute(Q.queue_dead_letter_count, key))["n"],
+        "timers": one(raw.execute(Q.queue_timers, {"tenant_id": tenant_id, "name": name})),
     }
 
 

@@ -396,6 +396,12 @@ ORDER BY c.consumer_group, c.partition_id
 -- name: queue_dead_letter_count
 SELECT count(*) AS n FROM queen.dead_letters WHERE queue_id = %(queue_id)s AND replayed_at IS NULL
 
+-- name: queue_timers
+-- The queue's pending timers (claimed ones included: not yet in the log) and the earliest
+-- deliverAt among them; the primary key (tenant_id, queue, timer_key) serves it.
+SELECT count(*) AS pending, min(deliver_at) AS next_deliver_at
+FROM queen.timers WHERE tenant_id = %(tenant_id)s AND queue = %(name)s
+
 -- name: delete_queue
 -- Returns the bytes the queue held, which leave the tenant's storage usage with it.
 WITH gone AS (

@@ -73,6 +73,9 @@ async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncCli
             "queen_db_pool_max 5.0",
             "queen_listener_connected 1.0",
             'queen_http_requests_total{method="GET",route="/health",status="200"}',
+            # issue 21 item 12: by method too, and fire lag resolves below 1 ms
+            'queen_http_request_seconds_count{method="GET",route="/health"}',
+            'queen_timers_fire_lag_seconds_bucket{le="0.0005"}',
         ):
             assert family in text, family
 
@@ -190,3 +193,17 @@ async def test_shutdown_answers_a_parked_long_poll_at_once(settings) -> None:  #
         handle.shutdown()
     assert answers == [204]
     assert _time.monotonic() - started < 1.5
+
+
+async def test_one_compact_json_style_and_no_content_type_on_empty_answers(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 21 item 9: errors were spaced JSON while answers were compact, and a 204
+    long-poll said ``content-type: text/html``."""
+    for r in (await http.get("/health"), await http.get("/api/v1/nope"),
+              await http.put("/api/v1/timers/q/k", content=b"{")):
+        assert r.headers["content-type"] == "application/json", r.headers
+        assert ", " not in r.text and '": ' not in r.text, r.text
+    r = await http.get("/api/v1/pop/queue/empty-q", params={"wait": "true", "timeout": "10"})
+    assert r.status_code == 204 and r.content == b""
+    assert "content-type" not in r.headers, r.headers

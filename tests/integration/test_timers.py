@@ -142,6 +142,19 @@ async def test_odd_keys_travel_through_the_path(http: httpx.AsyncClient) -> None
     assert (r.status_code, r.json()["error"]) == (400, "invalid_key")
 
 
+async def test_a_key_with_a_leading_slash_or_a_line_break_reaches_the_handler(
+    http: httpx.AsyncClient,
+) -> None:
+    # issue 21 item 7: both used to answer 404 "no route" from the router.
+    r = await http.put(f"{TIMERS}/odd//abs/path", json={"delayMs": 600_000, "payload": 1})
+    assert r.status_code == 200 and r.json()["key"] == "/abs/path", r.text
+    assert (await http.get(f"{TIMERS}/odd//abs/path")).json()["key"] == "/abs/path"
+    assert (await http.delete(f"{TIMERS}/odd//abs/path")).json()["status"] == "cancelled"
+    for method in ("PUT", "GET", "DELETE"):
+        r = await http.request(method, f"{TIMERS}/odd/a%0Ab", json={"delayMs": 1, "payload": 1})
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_key"), (method, r.text)
+
+
 async def test_list_is_per_queue_with_keyset_pages(http: httpx.AsyncClient) -> None:
     for i in range(5):
         await schedule(http, "paged", f"k{i}", 600_000, i)
@@ -465,3 +478,18 @@ async def test_shutdown_mid_run_leaves_no_half_fire(
     assert not pending & set(fired)
     assert pending | set(fired) == {f"k{i}" for i in range(count)}
     assert pending  # stopped before the end of the stream
+
+
+async def test_the_queue_detail_shows_its_pending_timers_and_the_next_due(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 21 item 12: pending timers per queue, not only one figure for the broker."""
+    await http.post(f"{API}/push", json={"items": [{"queue": "detail-t", "payload": 1}]})
+    detail = (await http.get(f"{API}/resources/queues/detail-t")).json()
+    assert detail["timers"] == {"pending": 0, "nextDeliverAt": None}
+    await schedule(http, "detail-t", "later", 3_600_000)
+    first = await schedule(http, "detail-t", "sooner", 600_000)
+    await schedule(http, "other-q", "elsewhere", 60_000)
+    detail = (await http.get(f"{API}/resources/queues/detail-t")).json()
+    assert detail["timers"]["pending"] == 2
+    assert parse_ts(detail["timers"]["nextDeliverAt"]) == parse_ts(first["deliverAt"])

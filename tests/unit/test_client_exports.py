@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import zipfile
+from pathlib import Path
+
 import queen_trio
 import queen_trio.client as sdk
 
@@ -37,3 +40,25 @@ def test_statuses_compare_equal_to_their_wire_strings() -> None:
     assert sdk.TimerStatus.TOO_LATE == "too_late" and sdk.TimerStatus("absent").name == "ABSENT"
     assert [s.value for s in sdk.TimerStatus] == ["scheduled", "rescheduled", "cancelled",
                                                   "absent", "too_late"]
+
+
+def test_every_sdk_name_is_importable_from_the_package() -> None:
+    """Issue 21 item 13: ``from queen_trio import ApiError, TimerStatus`` as documented."""
+    from queen_trio import ApiError, TimerStatus
+
+    assert ApiError is sdk.ApiError and TimerStatus is sdk.TimerStatus
+    assert set(queen_trio.__all__) == {*sdk.__all__, "__version__"}
+    for name in sdk.__all__:
+        assert getattr(queen_trio, name) is getattr(sdk, name)
+
+
+def test_the_package_is_typed_and_the_wheel_ships_the_marker(tmp_path: Path) -> None:
+    """PEP 561: ``py.typed`` sits in the package and hatchling puts it in the wheel."""
+    root = Path(queen_trio.__file__).parent
+    assert (root / "py.typed").is_file()
+    from hatchling.builders.wheel import WheelBuilder
+
+    wheel = next(iter(WheelBuilder(str(root.parent)).build(directory=str(tmp_path),
+                                                           versions=["standard"])))
+    with zipfile.ZipFile(wheel) as zf:
+        assert "queen_trio/py.typed" in zf.namelist()

@@ -13,6 +13,7 @@ from queen_trio.client.durations import (
     UNIT_MS,
     delay_ms,
     format_ms,
+    span_ms,
     ttl_seconds,
     whole_seconds,
 )
@@ -124,3 +125,30 @@ def test_ttls_below_a_second_or_fractional_are_refused(bad: object) -> None:
 def test_an_int_ttl_counts_seconds_not_milliseconds() -> None:
     assert ttl_seconds(30) == 30 and delay_ms(30) == 30
     assert whole_seconds(0, "delayedProcessing") == 0
+
+
+# -- issue 21 item 8: negative only where the wire allows it ----------------------------------
+
+
+def test_a_timer_delay_may_be_negative_as_on_the_wire() -> None:
+    from queen_trio.client.builders import TimerBuilder
+
+    assert delay_ms("-5s") == -5000 and delay_ms(timedelta(seconds=-5)) == -5000
+    builder = TimerBuilder(None, "q").delay("-5s")  # type: ignore[arg-type]
+    assert builder._delay_ms == -5000  # a delay in the past: fires on the first sweep
+
+
+@pytest.mark.parametrize("bad", [-1, "-5s", timedelta(seconds=-1)])
+def test_other_durations_refuse_negative_values(bad: object) -> None:
+    with pytest.raises(ValueError, match="wait must not be negative"):
+        span_ms(bad, "wait")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 0"):
+        whole_seconds(bad, "leaseTime")  # type: ignore[arg-type]
+    assert span_ms(0, "wait") == 0 and span_ms("250ms", "wait") == 250
+
+
+def test_a_negative_wait_is_refused_before_any_request() -> None:
+    from queen_trio.client.calls import _pop_params
+
+    with pytest.raises(ValueError, match="wait must not be negative"):
+        _pop_params(None, 1, "-5s", False)
