@@ -571,10 +571,39 @@ def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
+# Writes that add stored bytes: refused with 507 past the plan's maxStoredBytes
+# (api/tenancy.py enforce_storage_gate).
+_STORAGE_GATED = {"scheduleTimerPost", "scheduleTimer", "kvPut", "transaction", "push"}
+# Never refused by the quota or the gate (api/tenancy.py never_refused).
+_NEVER_REFUSED = {"cancelTimer"}
+
+
+def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every /api/ operation takes the bearer token (required with QUEEN_AUTH=on, so the
+    security requirement lists "none" too) and may answer 401 and, but for a timer's cancel,
+    429; the writes that add stored bytes may answer 507. The ops routes (/health, /metrics,
+    /openapi.json) take no token at all."""
+    for path, operations in paths.items():
+        for operation in operations.values():
+            if not path.startswith("/api/"):
+                operation["security"] = []
+                continue
+            operation["security"] = [{"bearer": []}, {}]
+            responses = operation["responses"]
+            responses.setdefault("401", _errors(401)["401"])
+            if operation["operationId"] not in _NEVER_REFUSED:
+                responses.setdefault("429", _errors(429)["429"])
+            if operation["operationId"] in _STORAGE_GATED:
+                responses.setdefault("507", _json(_ERROR, "Storage gate: the tenant's stored "
+                                                          "bytes are at its plan's ceiling"))
+    return paths
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     document = _document()
     _no_route_for_odd_names(document["paths"])
+    _tenancy(document["paths"])
     return document
 
 

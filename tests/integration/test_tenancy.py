@@ -500,3 +500,25 @@ async def test_multi_partition_and_subscription_pops_stay_in_their_tenant(
     everything = await pop(http_a, consumerGroup="all")
     assert len(everything) == 6 and {m["data"]["who"] for m in everything} == {"A"}
     assert len({m["partition"] for m in everything}) == 3
+
+
+async def test_ops_routes_take_no_token_and_the_document_says_who_does(
+    auth_broker: BrokerHandle,
+) -> None:
+    async with httpx.AsyncClient(base_url=auth_broker.url) as anonymous:
+        for path in ("/health", "/metrics", "/metrics/prometheus", "/openapi.json"):
+            assert (await anonymous.get(path)).status_code == 200, path
+        assert (await anonymous.get(f"{API}/resources/queues")).status_code == 401
+        doc = (await anonymous.get("/openapi.json")).json()
+    for path, operations in doc["paths"].items():
+        for op in operations.values():
+            if path.startswith("/api/"):
+                assert op["security"] == [{"bearer": []}, {}], path
+                assert "401" in op["responses"], path
+                # A timer's cancel is never refused by the quota; everything else may be.
+                assert ("429" in op["responses"]) == (op["operationId"] != "cancelTimer"), path
+            else:
+                assert op["security"] == [], path
+    gated = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
+             if "507" in op["responses"]}
+    assert gated == {"scheduleTimerPost", "scheduleTimer", "kvPut", "transaction", "push"}
