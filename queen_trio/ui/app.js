@@ -174,7 +174,7 @@ function seconds(v) {
 function lagChart(points) {
   const W = 640, H = 160, P = 28;
   const chart = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img",
-    "aria-label": "timer fire lag p50 (solid) and p99 (dashed) over the last minutes" });
+    "aria-label": "timer fire lag p50 (solid) and p99 (dashed) over the last 5 minutes" });
   const values = points.flatMap((p) => [p.p50, p.p99]).filter((v) => v !== null);
   const max = Math.max(0.001, ...values);
   chart.append(svg("line", { class: "axis", x1: P, y1: H - P, x2: W - 4, y2: H - P }));
@@ -182,16 +182,16 @@ function lagChart(points) {
   const top = svg("text", { x: 2, y: 12 }); top.textContent = seconds(max); chart.append(top);
   const zero = svg("text", { x: 2, y: H - P }); zero.textContent = "0"; chart.append(zero);
   const legend = svg("text", { x: P + 6, y: H - 8 });
-  legend.textContent = "p50 solid, p99 dashed; one point per 2 s with fires"; chart.append(legend);
+  legend.textContent = "p50: solid line, filled dots; p99: dashed line, open dots; last 5 min, one point per 2 s with fires"; chart.append(legend);
+  // x: time, the last HISTORY polls ending now; a dot per point, a line through them.
+  const now = Date.now(), span = HISTORY * POLL_MS;
+  const x = (t) => P + (W - P - 8) * Math.max(0, 1 - (now - t) / span);
+  const y = (v) => H - P - (H - P - 8) * (v / max);
   for (const key of ["p50", "p99"]) {
-    const coords = [];
-    points.forEach((p, i) => {
-      if (p[key] === null) return;
-      const x = P + (W - P - 8) * (points.length > 1 ? i / (HISTORY - 1) : 0);
-      const y = H - P - (H - P - 8) * (p[key] / max);
-      coords.push(`${x.toFixed(1)},${y.toFixed(1)}`);
-    });
-    if (coords.length) chart.append(svg("polyline", { class: key, points: coords.join(" ") }));
+    const coords = points.filter((p) => p[key] !== null)
+      .map((p) => [x(p.t).toFixed(1), y(p[key]).toFixed(1)]);
+    if (coords.length > 1) chart.append(svg("polyline", { class: key, points: coords.map((c) => c.join(",")).join(" ") }));
+    for (const [cx, cy] of coords) chart.append(svg("circle", { class: key + " dot", cx, cy, r: 3 }));
   }
   return chart;
 }

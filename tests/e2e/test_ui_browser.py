@@ -34,6 +34,14 @@ DOCS = os.environ.get("QUEEN_UI_SCREENSHOTS")
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    # A quick sweeper, so a corrupt timer spends its three attempts in well under a second.
+    return Settings(database_url=database_url, port=0, graceful_timeout_ms=1000, db_pool_size=5,
+                    sweeper_min_sleep_ms=5, sweeper_max_sleep_ms=500, sweeper_max_attempts=3,
+                    sweeper_backoff_ms=20)
+
+
 async def seed(http: httpx.AsyncClient) -> None:
     r = await http.post(f"{API}/configure", json={"queue": "orders",
                                                   "options": {"retryLimit": 0}})
@@ -55,6 +63,19 @@ async def seed(http: httpx.AsyncClient) -> None:
         assert r.status_code in (200, 201), r.text
 
 
+async def timer_dead_letter(http: httpx.AsyncClient, database_url: str) -> None:
+    """A timer whose payload cannot be decoded: it spends its attempts, then dead-letters
+    under the group __timer__ (which cannot be replayed)."""
+    r = await http.put(f"{API}/timers/bills/corrupt", json={"delayMs": 600_000, "payload": 1})
+    assert r.status_code in (200, 201), r.text
+    with psycopg.connect(database_url, autocommit=True) as raw:
+        raw.execute("UPDATE queen.timers SET payload = '\\x00deadbeef'::bytea, "
+                    "visible_at = now(), deliver_at = now() WHERE timer_key = 'corrupt'")
+    with trio.fail_after(15):
+        while not (await http.get(f"{API}/dlq", params={"queue": "bills"})).json()["messages"]:
+            await trio.sleep(0.1)
+
+
 async def shot(browser: Browser, name: str) -> None:
     await browser.screenshot(ARTIFACTS / f"ui-{name}.png")
     if DOCS:
@@ -70,9 +91,10 @@ async def no_script_ran(browser: Browser) -> None:
 
 
 async def test_the_dashboard_in_a_browser(
-    broker: BrokerHandle, http: httpx.AsyncClient, tmp_path: Path
+    broker: BrokerHandle, http: httpx.AsyncClient, tmp_path: Path, database_url: str
 ) -> None:
     await seed(http)
+    await timer_dead_letter(http, database_url)
     ui = f"{broker.url}/ui"
     async with chromium(tmp_path / "profile") as browser:
         # Overview
@@ -85,6 +107,14 @@ async def test_the_dashboard_in_a_browser(
         assert await browser.evaluate(
             "[...document.querySelectorAll('.card')].find(c => c.querySelector('.label')"
             ".textContent === 'pending timers').querySelector('.value').textContent") == "3"
+        # Timers fire while the page watches: the fire-lag p50/p99 and the rates appear.
+        for i in range(5):
+            r = await http.put(f"{API}/timers/pings/p{i}", json={"delayMs": 200, "payload": i})
+            assert r.status_code in (200, 201), r.text
+        await browser.wait_for("document.body.innerText.includes('latest: p50')")
+        assert await browser.evaluate("document.querySelectorAll('svg.chart circle').length") \
+            >= 2  # a p50 and a p99 dot per 2 s step with fires
+        await browser.wait_for("!document.body.innerText.includes('\u2026')")  # rates known
         await shot(browser, "overview")
 
         # Queues, then one queue
@@ -129,13 +159,20 @@ async def test_the_dashboard_in_a_browser(
         cells = await browser.evaluate(
             "[...document.querySelectorAll('td')].map(c => c.textContent)")
         assert EVIL in cells
+        assert any("cannot be decoded" in c for c in cells)
+        timer_row = await browser.evaluate(
+            "[...document.querySelectorAll('tr')].find(r => r.textContent.includes('__timer__'))"
+            ".textContent")
+        assert "not replayable" in timer_row
+        assert await browser.evaluate("document.querySelectorAll('[data-action=replay]').length") \
+            == 1
         await no_script_ran(browser)
         await shot(browser, "dead-letters")
         await browser.evaluate(
             "setTimeout(() => document.querySelector('[data-action=replay]').click(), 0)")
         notice = await browser.wait_for("document.querySelector('#notice')?.textContent")
         assert "replayed as message" in notice, notice
-        dead = (await http.get(f"{API}/dlq")).json()["messages"]
+        dead = (await http.get(f"{API}/dlq", params={"queue": "orders"})).json()["messages"]
         assert dead[0]["replayedAt"] is not None
         assert [d["type"] for d in browser.dialogs] == ["confirm", "confirm"]
 
