@@ -43,7 +43,7 @@ function table(headers, rows) {
     el("table", {},
       el("thead", {}, el("tr", {}, headers.map((h) => el("th", { scope: "col" }, h)))),
       el("tbody", {}, rows.length
-        ? rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))
+        ? rows.map((r) => el("tr", {}, r.map((c, i) => el("td", { "data-label": headers[i] }, c))))
         : el("tr", {}, el("td", { colspan: headers.length, class: "muted" }, "none")))));
 }
 
