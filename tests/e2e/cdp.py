@@ -137,7 +137,8 @@ async def chromium(user_data_dir: Path, width: int = 1280,
 
     args = [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--no-default-browser-check", "--disable-extensions", "--disable-sync",
-            "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
+            "--hide-scrollbars", "--mute-audio", "--disable-breakpad", "--disable-crash-reporter",
+            "--remote-debugging-pipe",
             f"--user-data-dir={user_data_dir}", f"--window-size={width},{height}",
             "about:blank"]
     process = await trio.lowlevel.open_process(
