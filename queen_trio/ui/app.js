@@ -444,5 +444,9 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   window.addEventListener("hashchange", refresh);
   refresh();
-  state.timer = setInterval(refresh, POLL_MS);
+  // A poll is skipped while the previous one is still waiting on a slow broker.
+  let polling = null;
+  state.timer = setInterval(() => {
+    if (!polling) polling = refresh().finally(() => { polling = null; });
+  }, POLL_MS);
 });
