@@ -19,6 +19,7 @@ from .ops import ops
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
+from .ui import ui_routes
 
 
 class NameConverter(BaseConverter):
@@ -53,6 +54,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)
+    app.register_blueprint(ui_routes)
 
     @app.before_request
     async def _start_timer() -> None:

@@ -599,6 +599,21 @@ def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
+def _ui_paths() -> dict[str, Any]:
+    """The operator's dashboard (api/ui.py): static files, no token (the page asks for one
+    and sends it only to /api/ on this origin)."""
+    def asset(summary: str, operation_id: str, media: str) -> dict[str, Any]:
+        return {"get": {"summary": summary, "operationId": operation_id, "responses": {
+            "200": {"description": "served with a strict Content-Security-Policy and "
+                                   "X-Content-Type-Options: nosniff",
+                    "content": {media: {"schema": {"type": "string"}}}}}}}
+    return {
+        "/ui": asset("The operator's dashboard (HTML page)", "dashboard", "text/html"),
+        "/ui/app.js": asset("The dashboard's script", "dashboardScript", "text/javascript"),
+        "/ui/app.css": asset("The dashboard's stylesheet", "dashboardStylesheet", "text/css"),
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     document = _document()
@@ -658,6 +673,7 @@ def _document() -> dict[str, Any]:
             **_admin_paths(),
             **_kv_and_transaction_paths(),
             **_timer_paths(),
+            **_ui_paths(),
             "/openapi.json": {
                 "get": {
                     "summary": "This document",

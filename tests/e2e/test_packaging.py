@@ -31,6 +31,8 @@ def test_wheel_contains_schema_and_queries(tmp_path: Path) -> None:
         assert f"queen_trio/schema/functions/{function_file.name}" in names
     assert "queen_trio/sql/migrations.sql" in names
     assert "queen_trio/sql/ops.sql" in names
+    for asset in ("index.html", "app.js", "app.css"):  # the dashboard at /ui
+        assert f"queen_trio/ui/{asset}" in names
 
 
 def _base_closure() -> set[str]:
