@@ -228,8 +228,17 @@ async def overview() -> Response:
         "lag": {"time": _spread([r["lag_seconds"] for r in cursors]),
                 "offset": _spread([r["lag_messages"] for r in cursors])},
         "throughput": {"ingestedPerSecond": None, "processedPerSecond": None},
+        "storage": _storage(tenant),
         "timestamp": iso(datetime.now(UTC)), "statsAge": 0,
     })
+
+
+def _storage(tenant: int) -> dict[str, Any]:
+    """The tenant's stored bytes against its plan's gate (an extension to Queen's overview),
+    as the broker last folded them (within a second)."""
+    plan = _broker().tenants.plan(tenant)
+    return {"usedBytes": plan.stored_bytes, "maxStoredBytes": plan.max_stored_bytes,
+            "overGate": _broker().tenants.over_storage_gate(tenant)}
 
 
 @admin_routes.get("/resources/namespaces")

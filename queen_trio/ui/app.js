@@ -47,6 +47,17 @@ function table(headers, rows) {
         : el("tr", {}, el("td", { colspan: headers.length, class: "muted" }, "none")))));
 }
 
+// Stored bytes against the plan's gate ("over the gate" in words, not colour alone).
+function storageText(st) {
+  if (!st) return "—";
+  const mb = (n) => (n < 1048576 ? `${(n / 1024).toFixed(1)} KiB`
+                                   : `${(n / 1048576).toFixed(1)} MiB`);
+  if (st.maxStoredBytes == null) return `${mb(st.usedBytes)} (no gate)`;
+  const share = Math.round((100 * st.usedBytes) / st.maxStoredBytes);
+  return `${mb(st.usedBytes)} of ${mb(st.maxStoredBytes)} (${share}%)` +
+    (st.overGate ? " OVER THE GATE: writes refused" : "");
+}
+
 function card(label, value, cls) {
   return el("div", { class: "card" }, el("div", { class: "label" }, label),
     el("div", { class: "value " + (cls || "") }, value));
@@ -230,6 +241,7 @@ async function overview() {
       card("next timer due", next ? when(next) : "none"),
       card("messages pending", messages.pending ?? "—"),
       card("dead letters", messages.deadLetter ?? "—", messages.deadLetter ? "warn" : ""),
+      card("storage used", storageText(o.storage), o.storage && o.storage.overGate ? "bad" : ""),
       card("push / s", r ? r.push.toFixed(1) : "…"),
       card("pop / s", r ? r.pop.toFixed(1) : "…"),
       card("ack / s", r ? r.ack.toFixed(1) : "…")),

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import trio
 
 from queen_trio.config import Settings
 
@@ -221,6 +222,14 @@ async def test_overview_partitions_messages_and_status(
     assert overview["messages"] == {"total": 5, "pending": 2, "processing": 1,
                                     "completed": 2, "failed": 0, "deadLetter": 1}
     assert set(overview["lag"]) == {"time", "offset"}
+    # The tenant's stored bytes against its plan's gate (none by default), folded each second.
+    with trio.fail_after(5):
+        while not overview["storage"]["usedBytes"]:
+            await trio.sleep(0.1)
+            overview = (await http.get(f"{API}/resources/overview")).json()
+    assert overview["storage"]["usedBytes"] > 0
+    assert (overview["storage"]["maxStoredBytes"], overview["storage"]["overGate"]) == (
+        None, False)
 
     parts = (await http.get(f"{API}/resources/partitions", params={"queue": "ops"})).json()
     assert [(p["name"], p["messages"]["total"], p["messages"]["completed"])
