@@ -17,7 +17,6 @@ random points of a burst and restarts PostgreSQL under one broker):
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from .harness import (
     pending_txns,
     poll_until,
 )
+from .traffic import count, schedule_burst, storm, wait_drained
 
 API = "/api/v1"
 pytestmark = pytest.mark.slow
@@ -50,47 +50,6 @@ async def proxy(database_url: str, nursery: trio.Nursery) -> AsyncIterator[PgPro
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def payload_for(key: str, path: str) -> Any:
-    """"postgres": small JSON that PostgreSQL fires inside the sweep statement; "broker": a
-    compressible payload, claimed under a lease and fired by the broker (queen.sweep_timers in
-    schema/functions/timers.sql)."""
-    return {"key": key} if path == "postgres" else {"key": key, "padding": "abcdefgh" * 16}
-
-
-async def schedule_burst(broker: BrokerProcess, queue: str, n: int, delay_ms: int,
-                         path: str) -> set[str]:
-    """Schedule ``n`` timers through the broker's HTTP API in bundles; returns their txns."""
-    txns: set[str] = set()
-    async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
-        for start in range(0, n, 500):
-            timers = [{"action": "schedule", "queue": queue, "key": f"k{i}", "delayMs": delay_ms,
-                       "payload": payload_for(f"k{i}", path), "txn": f"{queue}-{i}"}
-                      for i in range(start, min(n, start + 500))]
-            r = await http.post(f"{API}/transaction", json={"timers": timers})
-            assert r.status_code == 200, r.text
-            assert {t["status"] for t in r.json()["timers"]} == {"scheduled"}
-            txns |= {t["txn"] for t in timers}
-    return txns
-
-
-async def count(url: str, query: str, params: Any = None) -> int:
-    return (await asql(url, query, params))[0]["n"]
-
-
-async def wait_drained(url: str, within: float, brokers: list[BrokerProcess]) -> None:
-    async def none_left() -> bool:
-        for b in brokers:
-            assert b.alive, f"{b.name} died ({b.returncode}); stderr:\n{b.stderr()}"
-        return await count(url, "SELECT count(*) AS n FROM queen.timers") == 0
-    try:
-        await poll_until(none_left, within, every=0.05)
-    except trio.TooSlowError:
-        left = await asql(url, "SELECT count(*) AS n, count(claim_token) AS claimed "
-                               "FROM queen.timers")
-        raise AssertionError(f"timers still pending after {within}s: {left}; " + "; ".join(
-            f"{b.name}: {b.stderr(1500)}" for b in brokers)) from None
 
 
 async def fired_metric(broker: BrokerProcess) -> float:
@@ -343,79 +302,6 @@ async def test_fires_stay_within_max_sleep_when_the_listen_connection_fails(
 # -- 5. cancel and reschedule storms racing the fire -------------------------------------------
 
 
-async def storm(brokers: list[BrokerProcess], book: TimerBook, *, clients: int, keys: int,
-                seconds: float, tolerate: tuple[int, ...] = (), seed: int = 0) -> None:
-    """``clients`` clients, each owning ``keys`` keys, schedule (PUT or a one-timer bundle),
-    reschedule and cancel at random for ``seconds`` against random brokers, every delay short
-    enough that fires race them. Answers go to ``book``; a status in ``tolerate`` or a
-    transport error makes the key's outcome unknown; anything else fails the test."""
-    stop_at = trio.current_time() + seconds
-
-    async def client(c: int) -> None:
-        rnd = random.Random(seed * 1000 + c)
-        mine = [f"c{c}-k{i}" for i in range(keys)]
-        https = [httpx.AsyncClient(base_url=b.url, timeout=10) for b in brokers]
-        try:
-            while trio.current_time() < stop_at:
-                slot = rnd.randrange(keys)
-                key = mine[slot]
-                http = rnd.choice(https)
-                try:
-                    if rnd.random() < 0.6:
-                        done = await _schedule_one(http, rnd, key, book, tolerate)
-                    else:
-                        r = await http.delete(f"{API}/timers/storm/{key}")
-                        done = r.status_code not in tolerate
-                        if done:
-                            assert r.status_code == 200, r.text
-                            book.cancelled(key, r.json()["status"], r.json()["txn"])
-                        else:
-                            book.lost_answer(key, why=str(r.status_code))
-                except httpx.TransportError as exc:
-                    if not tolerate:
-                        raise
-                    book.lost_answer(key, why=type(exc).__name__)
-                    done = False
-                if not done:
-                    # That key's story is now partly unknown: go on under a new name, so
-                    # that everything after the fault is checked in full.
-                    mine[slot] = f"{key.split('.')[0]}.{book.answers.total()}"
-                    await trio.sleep(0.05)
-        finally:
-            for h in https:
-                await h.aclose()
-
-    async with trio.open_nursery() as nursery:
-        for c in range(clients):
-            nursery.start_soon(client, c)
-
-
-async def _schedule_one(http: httpx.AsyncClient, rnd: random.Random, key: str, book: TimerBook,
-                        tolerate: tuple[int, ...]) -> bool:
-    """One schedule; False if its answer was lost (a tolerated status)."""
-    txn = str(uuid.uuid4())
-    body = {"delayMs": rnd.randrange(-20, 250),
-            "payload": payload_for(key, rnd.choice(["postgres", "broker"])), "txn": txn}
-    if rnd.random() < 0.5:
-        r = await http.put(f"{API}/timers/storm/{key}", json=body)
-        answer = r.json() if r.status_code == 200 else None
-    else:
-        r = await http.post(f"{API}/transaction", json={"timers": [
-            {"action": "schedule", "queue": "storm", "key": key, **body}]})
-        if r.status_code == 200:
-            answer = r.json()["timers"][0]
-        elif r.status_code == 409 and r.json().get("error") == "timer_too_late":
-            answer = r.json()["timers"][0]  # the bundle was rolled back
-            assert answer["status"] == "too_late", r.text
-        else:
-            answer = None
-    if answer is None:
-        if r.status_code in tolerate:
-            book.lost_answer(key, txn, str(r.status_code))
-            return False
-        raise AssertionError(f"schedule {key}: {r.status_code} {r.text[:300]}")
-    book.scheduled(key, txn, answer["status"], answer["txn"])
-    return True
 
 
 async def test_cancel_and_reschedule_storms_racing_the_fire_agree_with_the_log(
