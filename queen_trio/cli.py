@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -190,7 +189,9 @@ def _with_database(settings: Settings, command: Callable[[Settings], int]) -> in
 def _tenants_command(settings: Settings, args: argparse.Namespace) -> int:
     """``tenants …``: say which database, refuse to invent an embedded one, exit 0/2/4/5."""
     if settings.database_url is not None:
-        print(f"queen-trio: database: {_redacted(settings.database_url)}", file=sys.stderr)
+        from .db.conninfo import redacted
+
+        print(f"queen-trio: database: {redacted(settings.database_url)}", file=sys.stderr)
         return _tenants(settings, args)
     data_dir = settings.data_dir.resolve()
     if not (data_dir / "pg" / "PG_VERSION").exists() and not args.init:
@@ -204,12 +205,6 @@ def _tenants_command(settings: Settings, args: argparse.Namespace) -> int:
     except QueenError as exc:  # the embedded server would not start, a migration failed
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
-
-
-def _redacted(url: str) -> str:
-    """``url`` (a URL or key=value conninfo) without its password."""
-    url = re.sub(r"\bpassword\s*=\s*('[^']*'|\S+)", "password=***", url)
-    return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url)
 
 
 def _migrate(settings: Settings) -> int:
@@ -233,6 +228,7 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
     import psycopg
     from psycopg.rows import dict_row
 
+    from .db.conninfo import broker_conninfo
     from .db.migrations import apply_migrations
     from .errors import ClientError
     from .tenants import store
@@ -240,7 +236,7 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
     assert settings.database_url is not None
     try:
         apply_migrations(settings.database_url)
-        with psycopg.connect(settings.database_url, row_factory=dict_row) as raw:
+        with psycopg.connect(broker_conninfo(settings.database_url), row_factory=dict_row) as raw:
             action = args.tenants_command
             if action == "create":
                 store.create_tenant(raw, args.name)

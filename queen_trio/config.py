@@ -104,10 +104,13 @@ def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | 
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Build :class:`Settings` from an environment mapping (usually ``os.environ``)."""
     url = env.get("QUEEN_DATABASE_URL", "").strip() or None
-    if url is not None and not url.startswith(("postgres://", "postgresql://")) and "=" not in url:
-        raise ConfigError(
-            "QUEEN_DATABASE_URL", url, "a libpq URL such as postgresql://user@host:5432/db"
-        )
+    if url is not None:
+        # Imported here: psycopg is heavy, and only needed when a URL is given.
+        from .db.conninfo import problem, redacted
+
+        wrong = problem(url)
+        if wrong is not None:
+            raise ConfigError("QUEEN_DATABASE_URL", redacted(url), wrong)
 
     data_dir = Path(env.get("QUEEN_DATA_DIR", "").strip() or ".queen")
 

@@ -156,6 +156,17 @@ class BrokerMetrics:
             "by whether the fire came in time",
             ["result"], registry=self.registry,
         )
+        # Failover: what a broker did with read-only servers (a standby not yet promoted, a
+        # demoted or fenced primary). Nothing is ever written through such a connection.
+        self.db_read_only = Counter(
+            "queen_db_read_only_connections",
+            "Connections to a read-only database server: refused at connect (libpq's "
+            "target_session_attrs check, or the server's own report) or dropped when a "
+            "statement met it (SQLSTATE 25006); pool, sweeper and LISTEN connections",
+            ["event"], registry=self.registry,
+        )
+        for event in ("refused", "dropped"):
+            self.db_read_only.labels(event)
         self.longpoll_waiters = Gauge(
             "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,

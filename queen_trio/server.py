@@ -88,6 +88,10 @@ async def run_broker(
     await trio.to_thread.run_sync(apply_migrations, url)
 
     metrics = BrokerMetrics()
+
+    def read_only(event: str) -> None:
+        metrics.db_read_only.labels(event).inc()
+
     shutdown = trio.Event()
     # The sweeper has its own connections: API load never queues a fire behind it, and a
     # broker frozen mid-fire (SIGSTOP, a stalled VM) has its transaction ended by the server
@@ -95,11 +99,13 @@ async def run_broker(
     lease = str(settings.sweeper_lease_ms)
     sweeper_db = Database(url, max_size=2, application_name="queen-trio-sweeper",
                           session_settings={"idle_in_transaction_session_timeout": lease,
-                                            "statement_timeout": lease})
-    async with sweeper_db, Database(url, max_size=settings.db_pool_size) as db:
+                                            "statement_timeout": lease},
+                          on_read_only=read_only)
+    async with sweeper_db, Database(url, max_size=settings.db_pool_size,
+                                    on_read_only=read_only) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
-        listener = Listener(url, NOTIFY_CHANNELS)
+        listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only)
         wakeups = QueueWakeups()
         tenants = TenantDirectory(db, default_tenant,
                                   max_message_bytes=settings.max_message_bytes)

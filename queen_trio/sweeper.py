@@ -63,6 +63,10 @@ _LOOK_AHEAD_S = 0.01
 _DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
 TRANSIENT = TRANSIENT_ERRORS
+# After a cycle failed on such trouble, the next try comes this soon, doubling per further
+# failure up to MAX_SLEEP: a failover's new primary is found within moments of its promotion,
+# while a database that stays down is asked at most every MAX_SLEEP.
+RETRY_FIRST_S = 0.05
 
 
 #: Why a cycle starts when it does. "deadline", "max_sleep" and "notify" are the reasons counted
@@ -109,6 +113,13 @@ def next_plan(
     if due_at is not None and due_at < now + max_sleep:
         return Plan(due_at, due_db, "deadline", announcing and due_at > last_start + min_sleep)
     return Plan(now + max_sleep, None, "max_sleep", announcing)
+
+
+def retry_delay(failures: int, *, max_sleep: float, first: float = RETRY_FIRST_S) -> float:
+    """How long the sweeper waits before its next cycle after ``failures`` cycles in a row
+    failed on transient database trouble (``failures`` >= 1): ``first``, doubling, at most
+    ``max_sleep``. A NOTIFY, or the MISSED the listener sends when it is back, cuts it short."""
+    return min(max_sleep, first * 2 ** min(failures - 1, 30))
 
 
 def floored(plan: Plan, last_start: float, min_sleep: float) -> Plan:
@@ -189,6 +200,7 @@ class Sweeper:
     async def _loop(self, notifications: trio.MemoryReceiveChannel) -> None:
         last_start = -math.inf  # trio clock: when the last cycle started
         plan = _FIRST
+        failures = 0  # cycles in a row that met transient database trouble
         announcing = self._announce_fire is not None
         while True:
             plan = floored(plan, last_start, self._min_sleep)
@@ -210,10 +222,14 @@ class Sweeper:
                                            for_timer=plan.due_db is not None)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
-                log.warning("sweeper cycle failed (transient, no attempt spent): %s", exc)
+                failures += 1
+                delay = retry_delay(failures, max_sleep=self._max_sleep)
+                log.warning("sweeper cycle failed (transient, no attempt spent; next try in "
+                            "%.0f ms): %s", delay * 1000, str(exc).strip().splitlines()[0])
                 plan = await self._sleep_or_wake(
-                    notifications, Plan(trio.current_time() + self._max_sleep, None, "max_sleep"))
+                    notifications, Plan(trio.current_time() + delay, None, "max_sleep"))
                 continue
+            failures = 0
             full = len(result.fired) + len(result.rows) >= self._settings.sweeper_batch
             due_db = None if full else result.next_due
             plan = next_plan(

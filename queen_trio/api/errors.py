@@ -12,6 +12,7 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -107,6 +108,15 @@ def install_error_handlers(app: Quart) -> None:
         log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
         return error_response(http_status(type(exc)), "database_unavailable",
                               "the database is unreachable; retry")
+
+    @app.errorhandler(psycopg.OperationalError)
+    async def _db_trouble(exc: psycopg.OperationalError) -> Response:
+        # The pool turns a lost connection into DatabaseUnavailable; this is the rest of
+        # psycopg's "operational" class (a statement cancelled by an operator, the server
+        # shutting down): trouble of the moment, not of the request. Never a 500.
+        log.warning("database trouble during %s %s: %s", request.method, request.path,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return error_response(503, "database_unavailable", "the database is unreachable; retry")
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:

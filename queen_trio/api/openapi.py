@@ -806,6 +806,24 @@ def _document() -> dict[str, Any]:
                             "type": "object",
                             "additionalProperties": {"enum": ["up", "down"]},
                         },
+                        "server": {
+                            "description": "The PostgreSQL server the broker's pool is on "
+                                           "(with a multi-host QUEEN_DATABASE_URL, the "
+                                           "writable one it found); null while the database "
+                                           "does not answer",
+                            "type": ["object", "null"],
+                            "required": ["host", "port", "inRecovery"],
+                            "properties": {
+                                "host": {"type": "string",
+                                         "description": "host name, address or socket "
+                                                        "directory, as in the URL"},
+                                "port": {"type": "integer"},
+                                "inRecovery": {"type": "boolean",
+                                               "description": "pg_is_in_recovery(): true "
+                                                              "on a standby (never for a "
+                                                              "serving broker)"},
+                            },
+                        },
                     },
                 },
             },

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import trio
 from quart import Blueprint, Response, jsonify
@@ -23,21 +25,28 @@ _HEALTH_DB_TIMEOUT_S = 2.0
 async def health() -> Response:
     broker = _broker()
     schema_version = None
+    server: dict[str, Any] | None = None
     database = "down"
     with trio.move_on_after(_HEALTH_DB_TIMEOUT_S):
         try:
             async with broker.db.connection() as conn:
-                schema_version = await conn.fetchval(Q.health)
+                row = await conn.fetchrow(Q.health)
+                host, port = conn.server
+            assert row is not None
+            schema_version = row["schema_version"]
+            # Which server the pool is on (with a multi-host URL: the one that took it).
+            server = {"host": host, "port": port, "inRecovery": row["in_recovery"]}
             database = "up"
         except (DatabaseUnavailable, psycopg.Error, OSError) as exc:
             database = f"down: {exc}".splitlines()[0]
     services = {name: ("up" if alive() else "down") for name, alive in broker.services.items()}
     ok = database == "up" and all(state == "up" for state in services.values())
-    body = {
+    body: dict[str, Any] = {
         "ok": ok,
         "database": "up" if database == "up" else "down",
         "schemaVersion": schema_version,
         "services": services,
+        "server": server,
     }
     if database != "up":
         body["error"] = "database_unavailable"

@@ -10,6 +10,11 @@ A notification is a hint, never the only source of truth: after a reconnect ever
 receives :data:`MISSED` because notifications sent while the connection was down are gone, and a
 subscriber that lets its buffer fill up receives :data:`MISSED` instead of the dropped ones.
 Consumers re-read the database when they see it.
+
+The connection asks for a writable server like every broker connection
+(:func:`~queen_trio.db.conninfo.broker_conninfo`): NOTIFYs are only sent on the primary, so a
+listener left on a standby would hear nothing. After a failover it keeps reconnecting, through
+the URL's hosts in order, until the new primary accepts it.
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ import dataclasses
 import enum
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
 import psycopg
 import trio
 from psycopg import pq, sql
+
+from .conninfo import broker_conninfo, is_read_only_refusal, read_only_reason
+from .transient import TRANSIENT_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,7 @@ class ListenerStatistics:
     notifications_total: int
     dropped_total: int
     subscribers: int
+    read_only_refused_total: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,6 +75,10 @@ class _Subscription:
     channel: str
     send: trio.MemorySendChannel[Notification | _Missed]
     missed: bool = False
+
+
+class _ReadOnlyServer(psycopg.OperationalError):
+    """The LISTEN connection reached a server that cannot take writes."""
 
 
 class Listener:
@@ -83,8 +96,11 @@ class Listener:
         buffer_size: int = 256,
         reconnect_initial_s: float = 0.05,
         reconnect_max_s: float = 2.0,
+        on_read_only: Callable[[str], None] | None = None,
     ) -> None:
-        self.conninfo = conninfo
+        self.conninfo = broker_conninfo(conninfo)
+        self._on_read_only = on_read_only
+        self._read_only_refused = 0
         self.channels = tuple(dict.fromkeys(channels))
         if not self.channels:
             raise ValueError("a Listener needs at least one channel")
@@ -137,6 +153,7 @@ class Listener:
             notifications_total=self._notifications,
             dropped_total=self._dropped,
             subscribers=sum(len(s) for s in self._subscriptions.values()),
+            read_only_refused_total=self._read_only_refused,
         )
 
     async def run(
@@ -162,9 +179,12 @@ class Listener:
                 await trio.sleep(delay * random.uniform(0.5, 1.0))
                 try:
                     raw = await self._connect()
-                except psycopg.OperationalError as exc:
+                except TRANSIENT_ERRORS as exc:
+                    # Unreachable, still starting up, or only read-only servers answering
+                    # (a failover in progress): the next attempt may find the new primary.
                     delay = min(delay * 2, self._reconnect_max_s)
-                    log.warning("LISTEN reconnect failed (%s); retrying", str(exc).strip())
+                    log.warning("LISTEN reconnect failed (%s); retrying",
+                                str(exc).strip().splitlines()[0])
                     continue
                 delay = self._reconnect_initial_s
                 log.info("LISTEN connection re-established")
@@ -184,6 +204,11 @@ class Listener:
                 connect_timeout=5,
             )
             try:
+                reason = read_only_reason(raw.info)
+                if reason is not None:
+                    # An explicit target_session_attrs that skips libpq's check: a standby
+                    # would take the LISTEN and never deliver a NOTIFY.
+                    raise _ReadOnlyServer(f"the database server is read-only ({reason})")
                 for channel in channels:
                     raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             except BaseException:
@@ -191,7 +216,14 @@ class Listener:
                 raise
             return raw
 
-        raw = await trio.to_thread.run_sync(connect, abandon_on_cancel=True)
+        try:
+            raw = await trio.to_thread.run_sync(connect, abandon_on_cancel=True)
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, _ReadOnlyServer) or is_read_only_refusal(exc):
+                self._read_only_refused += 1
+                if self._on_read_only is not None:
+                    self._on_read_only("refused")
+            raise
         self._raw = raw
         self._connects += 1
         self._connected_event.set()

@@ -34,6 +34,7 @@ import psycopg
 
 from ..errors import MigrationError
 from . import queries
+from .conninfo import broker_conninfo
 
 log = logging.getLogger(__name__)
 Q = queries.load("migrations")
@@ -152,7 +153,8 @@ def apply_migrations(
     migrations = discover() if migrations is None else migrations
     functions = discover_functions() if functions is None else functions
     applied_now: list[int] = []
-    with psycopg.connect(conninfo, autocommit=True, application_name="queen-trio-migrate") as conn:
+    with psycopg.connect(broker_conninfo(conninfo), autocommit=True,
+                         application_name="queen-trio-migrate") as conn:
         conn.execute(Q.lock)
         try:
             conn.execute(Q.bootstrap)

@@ -27,6 +27,13 @@ Cancellation contract:
 * ``transaction(shield_commit=True)`` is for the one commit that must finish (a timer fire):
   once started it runs to its end, bounded by ``commit_timeout``; cancellation is delivered
   afterwards.
+
+Read-only servers (a standby not yet promoted, a demoted or fenced primary): connections ask
+for ``target_session_attrs=read-write`` (:func:`~queen_trio.db.conninfo.broker_conninfo`), so
+libpq refuses such a server at connect and tries the URL's next host. A connection whose
+server reports itself read-only later, or whose statement fails with SQLSTATE 25006, is closed
+and never reused, and the call raises :class:`DatabaseUnavailable` (a 503 to HTTP clients, no
+attempt spent by the sweeper): nothing is ever written through it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import dataclasses
 import functools
 import logging
 import math
+import select
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -49,6 +57,8 @@ from psycopg.rows import dict_row
 from psycopg.waiting import Ready, Wait
 
 from ..errors import DatabaseUnavailable
+from .conninfo import broker_conninfo, is_read_only_refusal, read_only_reason
+from .transient import READ_ONLY_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,10 @@ class PoolStatistics:
     waiting: int
     connects_total: int
     discarded_total: int
+    # Connect attempts libpq refused because every server that answered was read-only, and
+    # connections dropped because their server turned out to be read-only.
+    read_only_refused_total: int = 0
+    read_only_dropped_total: int = 0
 
 
 class TrioWaitConnection(psycopg.Connection[dict[str, Any]]):
@@ -132,9 +146,11 @@ class Connection:
     :meth:`Database.transaction`; never keep it beyond that block.
     """
 
-    def __init__(self, raw: TrioWaitConnection, limiter: trio.CapacityLimiter):
+    def __init__(self, raw: TrioWaitConnection, limiter: trio.CapacityLimiter,
+                 on_read_only: Callable[[], None] = lambda: None):
         self._raw = raw
         self._limiter = limiter
+        self._on_read_only = on_read_only
         self._state = threading.Lock()
         self._running = False
         self._abandoned = False
@@ -148,6 +164,35 @@ class Connection:
     @property
     def backend_pid(self) -> int:
         return self._raw.info.backend_pid
+
+    @property
+    def server(self) -> tuple[str, int]:
+        """The host (name, address or socket directory) and port this connection reached:
+        with a multi-host URL, the one that accepted it."""
+        return self._raw.info.host, self._raw.info.port
+
+    def server_went_away(self) -> bool:
+        """For a connection idle in the pool: whether its server has closed it meanwhile (it
+        crashed, was shut down, or ended the session). One zero-timeout poll of the socket;
+        an idle connection has nothing to read unless the server said goodbye."""
+        pgconn = self._raw.pgconn
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        for _ in range(3):  # the farewell message, then the end of the stream
+            if not poller.poll(0):
+                return False
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError:
+                return True
+            if pgconn.status == pq.ConnStatus.BAD:
+                return True
+        return False
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this connection's server cannot take writes, as it last reported, or None."""
+        return read_only_reason(self._raw.info)
 
     @property
     def in_transaction(self) -> bool:
@@ -196,6 +241,13 @@ class Connection:
             # timeout…), an error that leaves the connection unusable is "database unavailable".
             if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
                 raise DatabaseUnavailable(str(exc).strip()) from exc
+            reason = self.read_only_reason
+            if isinstance(exc, READ_ONLY_ERRORS) or reason is not None:
+                # A standby, or a primary demoted or fenced under us: never write through it.
+                self._drop_read_only()
+                raise DatabaseUnavailable(
+                    f"the database server is read-only ({reason or str(exc).strip()}); "
+                    "waiting for a writable one") from exc
             raise
 
     def _in_task(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
@@ -241,6 +293,10 @@ class Connection:
         with trio.move_on_after(_CANCEL_REQUEST_TIMEOUT_S, shield=True):
             await trio.to_thread.run_sync(self._raw.cancel_safe, abandon_on_cancel=True)
 
+    def _drop_read_only(self) -> None:
+        self._on_read_only()
+        self._close()
+
     def _close(self) -> None:
         with self._state:
             self._abandoned = True
@@ -283,10 +339,15 @@ class Database:
         commit_timeout_s: float = 10.0,
         application_name: str = "queen-trio",
         session_settings: dict[str, str] | None = None,
+        on_read_only: Callable[[str], None] | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
-        self.conninfo = conninfo
+        # Always asking for a writable server (several hosts: the first writable one).
+        self.conninfo = broker_conninfo(conninfo)
+        # Told "refused" (a connect found only read-only servers) or "dropped" (a connection's
+        # server turned out read-only); for the metrics.
+        self._on_read_only_event = on_read_only
         self.max_size = max_size
         self._connect_timeout_s = connect_timeout_s
         self._commit_timeout_s = commit_timeout_s
@@ -299,6 +360,8 @@ class Database:
         self._waiting = 0
         self._connects = 0
         self._discarded = 0
+        self._read_only_refused = 0
+        self._read_only_dropped = 0
         self._closed = False
 
     def statistics(self) -> PoolStatistics:
@@ -310,6 +373,8 @@ class Database:
             waiting=self._waiting,
             connects_total=self._connects,
             discarded_total=self._discarded,
+            read_only_refused_total=self._read_only_refused,
+            read_only_dropped_total=self._read_only_dropped,
         )
 
     @asynccontextmanager
@@ -415,6 +480,13 @@ class Database:
         try:
             while self._idle:
                 conn = self._idle.pop()
+                if conn.usable and conn.read_only_reason is not None:
+                    # Its server reported itself read-only since (a fenced primary): drop it
+                    # before anything is sent.
+                    conn._drop_read_only()
+                elif conn.usable and conn.server_went_away():
+                    # Its server is gone (a crash, a failover): a fresh connection, not a 503.
+                    conn._close()
                 if conn.usable:
                     break
                 self._discarded += 1
@@ -456,9 +528,28 @@ class Database:
         try:
             raw = await trio.to_thread.run_sync(connect, abandon_on_cancel=True)
         except psycopg.OperationalError as exc:
+            if is_read_only_refusal(exc):
+                self._read_only("refused")
             raise DatabaseUnavailable(str(exc).strip()) from exc
         self._connects += 1
-        return Connection(raw, self._threads)
+        conn = Connection(raw, self._threads, lambda: self._read_only("dropped"))
+        reason = conn.read_only_reason
+        if reason is not None:
+            # Only with an explicit target_session_attrs other than read-write (libpq's check
+            # is off then): the same verdict, from what the server reported at connect.
+            self._read_only("refused")
+            conn._close()
+            raise DatabaseUnavailable(f"the database server is read-only ({reason}); "
+                                      "waiting for a writable one")
+        return conn
+
+    def _read_only(self, event: str) -> None:
+        if event == "refused":
+            self._read_only_refused += 1
+        else:
+            self._read_only_dropped += 1
+        if self._on_read_only_event is not None:
+            self._on_read_only_event(event)
 
 
 def _commit(raw: psycopg.Connection[Any]) -> None:

@@ -1,5 +1,10 @@
 """Which database errors mean "the database is in trouble right now" rather than "this request
-or this timer is wrong". Background services retry on them; the sweeper spends no attempt."""
+or this timer is wrong". Background services retry on them; the sweeper spends no attempt.
+
+A read-only server is such trouble too: during a failover a broker may reach a standby not yet
+promoted, or a demoted primary (SQLSTATE 25006, read_only_sql_transaction). The pool drops
+such a connection and reports :class:`DatabaseUnavailable`; the error is listed here as well
+for the connections outside the pool (the LISTEN connection)."""
 
 from __future__ import annotations
 
@@ -26,8 +31,12 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     pg.SerializationFailure,
     pg.DeadlockDetected,
     pg.LockNotAvailable,
+    pg.ReadOnlySqlTransaction,  # 25006: a standby, or a primary turned read-only
     OSError,
 )
+
+#: Errors that mean the connection's server cannot take writes: the connection is dropped.
+READ_ONLY_ERRORS: tuple[type[BaseException], ...] = (pg.ReadOnlySqlTransaction,)
 
 
 def is_transient(exc: BaseException) -> bool:

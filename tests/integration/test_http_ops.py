@@ -19,14 +19,19 @@ from queen_trio.server import BrokerHandle
 from ..pgserver import with_dbname
 
 
-async def test_health_reports_database_schema_and_services(http: httpx.AsyncClient) -> None:
+async def test_health_reports_database_schema_and_services(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
     r = await http.get("/health")
     assert r.status_code == 200
+    where = conninfo_to_dict(database_url)
     assert r.json() == {
         "ok": True,
         "database": "up",
         "schemaVersion": latest_version(),
         "services": {"listener": "up", "sweeper": "up", "housekeeping": "up", "http": "up"},
+        # The server the pool is on, and that it is the primary.
+        "server": {"host": where["host"], "port": int(where["port"]), "inRecovery": False},
     }
 
 

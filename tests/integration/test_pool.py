@@ -177,20 +177,35 @@ async def test_unshielded_commit_is_abandoned_when_cancelled_first(db: Database)
     assert await _count(db) == 0
 
 
-async def test_a_terminated_backend_is_discarded_and_replaced(
+async def test_a_backend_terminated_mid_use_is_unavailable_then_replaced(
     db: Database, database_url: str
 ) -> None:
-    async with db.connection() as conn:
-        pid = conn.backend_pid
-    with _admin(database_url) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     with pytest.raises(DatabaseUnavailable):
         async with db.connection() as conn:
-            assert conn.backend_pid == pid
+            pid = conn.backend_pid
+            with _admin(database_url) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s, 2000)", (pid,))
             await conn.fetchval("SELECT 1")
     async with db.connection() as conn:
         assert conn.backend_pid != pid
         assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_a_connection_whose_server_went_away_while_idle_is_never_handed_out(
+    db: Database, database_url: str
+) -> None:
+    """After a crash or a failover, idle connections to the old server are replaced when
+    taken from the pool, not discovered dead by a request (which would answer 503)."""
+    async with db.connection() as conn:
+        pid = conn.backend_pid
+    discarded = db.statistics().discarded_total
+    with _admin(database_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s, 2000)", (pid,))  # waits for its exit
+    await trio.sleep(0.05)  # for its goodbye to cross the loopback
+    async with db.connection() as conn:
+        assert conn.backend_pid != pid
+        assert await conn.fetchval("SELECT 1") == 1
+    assert db.statistics().discarded_total == discarded + 1
 
 
 async def test_closed_pool_refuses_new_work(database_url: str) -> None:

@@ -146,3 +146,74 @@ def test_pop_fire_wait_is_bounded() -> None:
     for bad in ("-1", "51", "ten"):
         with pytest.raises(ConfigError, match="QUEEN_POP_FIRE_WAIT_MS"):
             load_settings({"QUEEN_POP_FIRE_WAIT_MS": bad})
+
+
+# -- QUEEN_DATABASE_URL: one host or several, and a server the broker can write to ------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@db:5432/q",
+        "postgres://u:secret@db/q?sslmode=require",
+        # several hosts, as a URL and as key=value conninfo (libpq tries them in order)
+        "postgresql://u@10.0.0.1:5432,10.0.0.2:5433/queen?target_session_attrs=read-write",
+        "postgresql://u@db-a,db-b/queen",  # no target_session_attrs: read-write is used
+        "host=db-a,db-b port=5432,5433 dbname=queen target_session_attrs=read-write",
+        "host=db-a,db-b port=5432 dbname=queen",  # one port for every host
+        "postgresql://u@[::1]:5432,[::1]:5433/q?target_session_attrs=primary",
+        "host=db target_session_attrs=any dbname=q",  # one host: libpq's default, honoured
+    ],
+)
+def test_database_urls_with_one_or_several_hosts_are_accepted(url: str) -> None:
+    assert load_settings({"QUEEN_DATABASE_URL": url}).database_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("not a url", "postgresql://user@host:5432/db"),
+        ("postgresql://a b/q", "valid libpq URL"),
+        ("host=a dbname=q colour=blue", "valid libpq URL"),
+        ("postgresql://u@h:99999/q", "65535"),
+        ("host=a,b,c port=1,2 dbname=q", "one port per host"),
+        ("postgresql://u@a,b/q?target_session_attrs=read-only", "cannot run on a read-only"),
+        ("host=a,b dbname=q target_session_attrs=standby", "cannot run on a read-only"),
+        ("postgresql://u@a/q?target_session_attrs=prefer-standby", "cannot run on a read-only"),
+        ("host=a,b dbname=q target_session_attrs=any", "several hosts"),
+        ("postgresql://u@a/q?target_session_attrs=writable", "libpq does not know"),
+    ],
+)
+def test_database_urls_a_broker_cannot_use_stop_start_up_with_one_line(
+    url: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"QUEEN_DATABASE_URL": url})
+    message = str(info.value)
+    assert info.value.variable == "QUEEN_DATABASE_URL"
+    assert message.startswith("QUEEN_DATABASE_URL=")
+    assert says in message
+    assert "\n" not in message
+
+
+def test_a_refused_database_url_does_not_print_its_password() -> None:
+    for url in ("postgresql://queen:hunter2@a,b/q?target_session_attrs=read-only",
+                "host=a,b password=hunter2 dbname=q target_session_attrs=standby"):
+        with pytest.raises(ConfigError) as info:
+            load_settings({"QUEEN_DATABASE_URL": url})
+        assert "hunter2" not in str(info.value)
+        assert "***" in str(info.value)
+
+
+def test_broker_connections_ask_for_a_writable_server_unless_told_otherwise() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from queen_trio.db.conninfo import broker_conninfo
+
+    for url in ("postgresql://u@a:5432,b:5433/queen", "host=a,b port=5432,5433 dbname=queen"):
+        params = conninfo_to_dict(broker_conninfo(url))
+        assert params["target_session_attrs"] == "read-write"
+        assert (params["host"], params["port"], params["dbname"]) == ("a,b", "5432,5433", "queen")
+    explicit = "postgresql://u@a/queen?target_session_attrs=primary"
+    assert broker_conninfo(explicit) == explicit
+    assert broker_conninfo(broker_conninfo("host=a")) == broker_conninfo("host=a")

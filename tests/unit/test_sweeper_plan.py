@@ -21,8 +21,9 @@ from queen_trio import sweeper as sweeper_module
 from queen_trio.config import Settings
 from queen_trio.db import MISSED
 from queen_trio.db.listener import Notification
+from queen_trio.errors import DatabaseUnavailable
 from queen_trio.metrics import BrokerMetrics
-from queen_trio.sweeper import Plan, Sweeper, floored, next_plan
+from queen_trio.sweeper import Plan, Sweeper, floored, next_plan, retry_delay
 from queen_trio.timers.store import NOTIFY_CHANNEL, NextDue, SweepResult
 
 MIN_SLEEP = 0.010
@@ -71,6 +72,15 @@ def test_the_floor_holds_cycles_min_sleep_apart() -> None:
     assert floored(later, 5.0, MIN_SLEEP) is later
 
 
+def test_after_database_trouble_the_retry_comes_quickly_then_backs_off() -> None:
+    """A failover's new primary is tried for within 50 ms, then at a doubling interval that
+    never exceeds MAX_SLEEP (a database that stays down is not hammered)."""
+    delays = [retry_delay(n, max_sleep=MAX_SLEEP) for n in range(1, 9)]
+    assert delays == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0])
+    assert retry_delay(1, max_sleep=0.02) == 0.02  # MAX_SLEEP below the first step wins
+    assert retry_delay(10_000, max_sleep=MAX_SLEEP) == MAX_SLEEP
+
+
 # --- the loop on a mock clock -----------------------------------------------------------------
 
 
@@ -91,7 +101,8 @@ class Harness:
     """A sweeper whose sweeps return ``results`` in turn, each at its ``not_before`` at the
     earliest; the loop stops at the sweep after the last."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, results: list[SweepResult], *,
+    def __init__(self, monkeypatch: pytest.MonkeyPatch,
+                 results: list[SweepResult | Exception], *,
                  batch: int = 500, announcing: bool = False) -> None:
         settings = Settings(sweeper_min_sleep_ms=int(MIN_SLEEP * 1000),
                             sweeper_max_sleep_ms=int(MAX_SLEEP * 1000), sweeper_batch=batch,
@@ -120,7 +131,10 @@ class Harness:
         if not self.results:
             self._stop.cancel()
             await trio.sleep_forever()
-        return self.results.pop(0)
+        result = self.results.pop(0)
+        if isinstance(result, Exception):
+            raise result  # the database in trouble
+        return result
 
     async def _look_up(self, due_db: float) -> NextDue:
         self.look_ups.append(trio.current_time())
@@ -258,3 +272,34 @@ async def test_a_sooner_notify_after_the_look_up_drops_it(
     assert second.sent == pytest.approx(due - 0.003 - EARLY, abs=1e-6)
     assert second.not_before == pytest.approx(EPOCH + due - 0.003, abs=1e-6)
     assert second.announced is None and h.announcements == []
+
+
+async def test_a_failed_cycle_is_retried_after_a_short_backoff_not_max_sleep(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    down = DatabaseUnavailable("connection refused")
+    h = Harness(monkeypatch, [down, down, down, _result(None), _result(None)])
+    cycles = await h.run()
+    gaps = [b.sent - a.sent for a, b in zip(cycles, cycles[1:], strict=False)]
+    # 50 ms, then 100 ms, then 200 ms after each failure (each sweep is sent EARLY before its
+    # instant); once a cycle succeeds, the plan is the usual one again (MAX_SLEEP without
+    # timers).
+    assert gaps == pytest.approx([0.05 - EARLY, 0.1, 0.2, MAX_SLEEP, MAX_SLEEP], abs=1e-6)
+    assert h.metrics.timer_failures.labels("transient")._value.get() == 3
+
+
+async def test_the_listener_coming_back_cuts_the_backoff_short(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t0 = trio.current_time()
+    down = DatabaseUnavailable("connection refused")
+    h = Harness(monkeypatch, [down, down, down, down, down, _result(None)])
+
+    async def meanwhile() -> None:
+        # Five failures: the backoff has reached 800 ms. The LISTEN connection reconnects
+        # (the database is back) and says MISSED: the sweeper looks at once.
+        await trio.sleep_until(t0 + 0.8)
+        await h.send.send(MISSED)
+
+    cycles = await h.run(meanwhile)
+    assert cycles[5].sent == pytest.approx(t0 + 0.8, abs=1e-6)
