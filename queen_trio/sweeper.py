@@ -325,6 +325,30 @@ class Sweeper:
             await self._db.run(store.release, self._unreleased[0])
             self._unreleased.pop(0)
         token = uuid.uuid4()
+        try:
+            swept = await self._sweep(token, not_before, announced, for_timer)
+        except TRANSIENT:
+            # The sweep may have committed a claim whose answer never came back (the server
+            # died after the commit, or a failover): hand the rows back at the next cycle
+            # rather than leave them to wait out the lease.
+            self._unreleased.append(token)
+            raise
+        self._cycles += len(swept) - 1
+        for result, returned_at in swept:
+            self._offset_bounds.append(result.db_now - returned_at)
+            self._clock_offset = max(self._offset_bounds)
+            if result.fired:
+                self._fired_now(result.fired, returned_at + self._clock_offset)
+            if result.fired or result.rows:
+                self._metrics.claim_batch_size.observe(len(result.fired) + len(result.rows))
+        result = swept[-1][0]
+        if result.rows:
+            await self._fire(token, result.rows)
+        return result
+
+    async def _sweep(self, token: uuid.UUID, not_before: float | None,
+                     announced: store.NextDue | None, for_timer: bool
+                     ) -> list[tuple[SweepResult, float]]:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
         async with self._db.connection() as conn:
@@ -339,18 +363,7 @@ class Sweeper:
                 # In a worker thread: a drain runs sweeps back to back there, without queueing
                 # behind HTTP tasks for the event loop, and each return is timed where it happens.
                 swept = await conn.run_in_thread(self._sweep_at, not_before, token, announced)
-        self._cycles += len(swept) - 1
-        for result, returned_at in swept:
-            self._offset_bounds.append(result.db_now - returned_at)
-            self._clock_offset = max(self._offset_bounds)
-            if result.fired:
-                self._fired_now(result.fired, returned_at + self._clock_offset)
-            if result.fired or result.rows:
-                self._metrics.claim_batch_size.observe(len(result.fired) + len(result.rows))
-        result = swept[-1][0]
-        if result.rows:
-            await self._fire(token, result.rows)
-        return result
+        return swept
 
     def _sweep_at(
         self, raw: store.Raw, not_before: float | None, token: uuid.UUID,

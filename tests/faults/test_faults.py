@@ -124,6 +124,32 @@ async def test_a_broker_killed_at_a_chosen_point_of_the_fire(
     print(f"\n{point}/{path}: at SIGKILL {at_kill}; B fired the rest, each txn once")
 
 
+async def test_a_claim_whose_answer_was_lost_is_handed_back_at_once_not_after_its_lease(
+    database_url: str, proxy: PgProxy
+) -> None:
+    """The claim committed, then the sweeper's connection broke before the answer arrived
+    (the server died, a failover): the broker hands its claimed rows back at its next cycle,
+    rather than leave them to wait out the lease (30 s here, the default)."""
+    n = 600
+    env = {"QUEEN_SWEEPER_BATCH": "100"}
+    async with running_brokers(proxy.url, 1, env=env, names=["A"]) as (a,):
+        expected = await schedule_burst(a, "lost", n, 700, "broker")
+        sweeper = (await proxy.classify(database_url)).get(SWEEPER, [])
+        assert sweeper, "A's sweeper has no open connection"
+        assert await count(database_url, NOTHING_TOUCHED) == 0, "due before the stall"
+        proxy.stall(sweeper, to_server=False, new_ones=True)  # answers stop reaching A
+        await poll_until(lambda: count(database_url, LIVE_CLAIMS), 15, every=0.005)
+        broke_at = trio.current_time()
+        proxy.resume()
+        await proxy.drop(proxy.live())  # every connection of A breaks, the claim unanswered
+        await wait_drained(database_url, 10, [a])
+        drained_in = trio.current_time() - broke_at
+        await check_exactly_once(database_url, expected)
+        assert drained_in < 5, f"the claim waited out its lease: drained in {drained_in:.1f} s"
+        assert await a.terminate() == 0, a.stderr()
+    print(f"\nclaim answer lost: all {n} fired {drained_in:.2f} s after the break (lease 30 s)")
+
+
 def _lock_partitions(url: str) -> Any:
     import psycopg
 
