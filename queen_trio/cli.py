@@ -216,7 +216,7 @@ def _migrate(settings: Settings) -> int:
     try:
         applied = apply_migrations(settings.database_url)
     except psycopg.OperationalError as exc:
-        print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
     return EXIT_OK
@@ -333,19 +333,31 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
     except psycopg.OperationalError as exc:
-        print(f"queen-trio: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
     except BaseExceptionGroup as group:
-        # A bind failure surfaces from the broker's nurseries wrapped in exception groups.
+        # A bind failure, or a database that cannot be reached at start-up, surfaces from the
+        # broker's nurseries wrapped in exception groups.
         listen, rest = group.split(ListenError)
-        if listen is None or rest is not None:
-            raise
-        print(f"queen-trio: {_first_leaf(listen)}", file=sys.stderr)
-        return EXIT_USAGE
+        if listen is not None and rest is None:
+            print(f"queen-trio: {_first_leaf(listen)}", file=sys.stderr)
+            return EXIT_USAGE
+        unreachable, rest = group.split(psycopg.OperationalError)
+        if unreachable is not None and rest is None:
+            print(_unreachable(_first_leaf(unreachable)), file=sys.stderr)
+            return EXIT_FAILURE
+        raise
     except ListenError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
+
+
+def _unreachable(exc: BaseException) -> str:
+    """One line for a database that cannot be reached (libpq lists each host it tried on
+    lines of their own)."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines())
+    return f"queen-trio: cannot reach the database: {text}"
 
 
 def _first_leaf(error: BaseException) -> BaseException:

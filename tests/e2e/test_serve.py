@@ -125,15 +125,17 @@ def test_a_bad_setting_stops_start_up_with_one_line(variable: str, value: str) -
     assert result.stdout == ""
 
 
-def test_an_unreachable_database_is_one_line_and_exit_1() -> None:
-    result = subprocess.run(
-        CLI + ["migrate"],
-        env=_env(QUEEN_DATABASE_URL="postgresql://postgres@127.0.0.1:1/queen"),
-        capture_output=True, text=True, timeout=30,
-    )
+@pytest.mark.parametrize("command", ["migrate", "serve"])
+@pytest.mark.parametrize("url", ["postgresql://postgres@127.0.0.1:1/queen",
+                                 "postgresql://postgres@127.0.0.1:1,127.0.0.1:2/queen"])
+def test_an_unreachable_database_is_one_line_and_exit_1(command: str, url: str) -> None:
+    result = subprocess.run(CLI + [command], env=_env(QUEEN_DATABASE_URL=url),
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
-    assert "cannot reach the database" in result.stderr
-    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the database" in lines[0], result.stderr
+    assert "port 1 failed" in lines[0]
+    assert ("port 2 failed" in lines[0]) == ("," in url)  # every host tried is named
 
 
 def test_version_and_help() -> None:
