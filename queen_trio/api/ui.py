@@ -50,6 +50,12 @@ async def page() -> Response:
     return _asset("index.html")
 
 
+@ui_routes.get("/ui/")
+async def page_with_slash() -> Response:
+    """``/ui/`` as typed or bookmarked: the page's one address is ``/ui``."""
+    return Response("", status=308, headers={"Location": "/ui"})
+
+
 @ui_routes.get("/ui/app.js")
 async def script() -> Response:
     return _asset("app.js")

@@ -403,10 +403,15 @@ SELECT count(*) AS pending, min(deliver_at) AS next_deliver_at
 FROM queen.timers WHERE tenant_id = %(tenant_id)s AND queue = %(name)s
 
 -- name: delete_queue
--- Returns the bytes the queue held, which leave the tenant's storage usage with it.
+-- Returns the bytes the queue held, which leave the tenant's storage usage with it. The
+-- groups' subscription instants go with it: a queue made again under the name is new to
+-- them, and a group subscribing with mode "new" starts at its next first pop.
 WITH gone AS (
     DELETE FROM queen.queues WHERE tenant_id = %(tenant_id)s AND name = %(name)s
     RETURNING queue_id
+), unsubscribed AS (
+    DELETE FROM queen.group_subscriptions s
+    WHERE s.tenant_id = %(tenant_id)s AND s.queue = %(name)s AND EXISTS (SELECT 1 FROM gone)
 )
 SELECT g.queue_id,
        coalesce((SELECT sum(f.size_bytes) FROM queen.frames f

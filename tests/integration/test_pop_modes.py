@@ -56,6 +56,21 @@ async def test_the_first_pop_on_an_empty_queue_subscribes_the_group(
     assert sorted(m["data"]["new"] for m in got) == [1, 2]
 
 
+async def test_a_queue_deleted_and_made_again_is_new_to_a_subscribed_group(
+    http: httpx.AsyncClient,
+) -> None:
+    """Deleting a queue forgets when its groups subscribed: under mode new, a group's first
+    pop of the queue made again is its subscription, not the first pop of the old one."""
+    assert await pop(http, "ev", consumerGroup="g", subscriptionMode="new") is None
+    await push(http, "ev", [{"old": 1}])
+    assert (await http.delete(f"{API}/resources/queues/ev")).status_code == 200
+    await push(http, "ev", [{"before": 1}])  # before the group's first pop of the new queue
+    assert await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new") == []
+    await push(http, "ev", [{"after": 1}])
+    got = await pop_all(http, "ev", consumerGroup="g", subscriptionMode="new")
+    assert [m["data"] for m in got] == [{"after": 1}]
+
+
 async def test_a_long_poll_with_mode_new_gets_the_push_that_wakes_it(
     http: httpx.AsyncClient,
 ) -> None:

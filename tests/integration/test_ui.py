@@ -31,6 +31,15 @@ async def test_the_page_is_html_with_a_strict_policy(http: httpx.AsyncClient) ->
     assert r.text.count("<script") == 1
 
 
+async def test_the_address_with_a_trailing_slash_leads_to_the_page(
+    http: httpx.AsyncClient,
+) -> None:
+    r = await http.get("/ui/")
+    assert r.status_code == 308 and r.headers["location"] == "/ui"
+    r = await http.get("/ui/", follow_redirects=True)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+
+
 async def test_the_script_and_stylesheet_have_their_types(http: httpx.AsyncClient) -> None:
     r = await http.get("/ui/app.js")
     assert r.status_code == 200
