@@ -609,6 +609,10 @@ def _ui_paths() -> dict[str, Any]:
                     "content": {media: {"schema": {"type": "string"}}}}}}}
     return {
         "/ui": asset("The operator's dashboard (HTML page)", "dashboard", "text/html"),
+        "/ui/": {"get": {"summary": "The dashboard's address with a trailing slash",
+                         "operationId": "dashboardSlash", "responses": {
+                             "308": {"description": "Permanent redirect to /ui",
+                                     "headers": {"Location": {"schema": {"type": "string"}}}}}}},
         "/ui/app.js": asset("The dashboard's script", "dashboardScript", "text/javascript"),
         "/ui/app.css": asset("The dashboard's stylesheet", "dashboardStylesheet", "text/css"),
     }
