@@ -47,17 +47,17 @@ NODE_SETTINGS = {
 class Node:
     def __init__(self, root: Path, name: str, port: int) -> None:
         self.name = name
-        self.port = port
+        self.port = port  # fixed: the server comes back on it after every rebuild
         self.server = EmbeddedPostgres(root / name, database="queen", port=port,
                                        server_settings=NODE_SETTINGS)
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/queen"
+        return self.server.url
 
     @property
     def admin_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.server.admin_url
 
     @property
     def pgdata(self) -> Path:
