@@ -152,8 +152,10 @@ class BrokerMetrics:
         )
         self.pop_fire_waits = Counter(
             "queen_pop_fire_waits",
-            "Parked pops that waited in PostgreSQL for a timer about to fire into their queue, "
-            "by whether the fire came in time",
+            "Parked pops served by a timer about to fire into their queue: handed the fire's "
+            "batch by the sweep (handed_over; handed_nothing: the sweep's pop found nothing "
+            "for it; handed_back: it had gone, the batch was released), or waiting for it in "
+            "PostgreSQL (delivered, gave_up, fallback)",
             ["result"], registry=self.registry,
         )
         # Failover: what a broker did with read-only servers (a standby not yet promoted, a

@@ -127,7 +127,7 @@ async def run_broker(
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
                                   tenants.message_ceiling(tid)),
-                              announce_fire=lambda timer, due_local: wakeups.expect_fire(
+                              announce_fire=lambda timer, due_local: wakeups.announce_fire(
                                   log_store.wake_key(timer.tenant_id, timer.queue),
                                   timer.partition,
                                   timer.due, due_local),

@@ -46,6 +46,9 @@ import trio
 from .config import ONE_MIB, Settings
 from .db import MISSED, Database, Listener
 from .db.transient import TRANSIENT_ERRORS, every
+from .log import store as log_store
+from .log.rules import PopRequest
+from .log.wakeups import ParkedPop
 from .metrics import BrokerMetrics
 from .timers import store
 from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
@@ -148,7 +151,7 @@ class Sweeper:
         settings: Settings,
         metrics: BrokerMetrics,
         ceiling_for: Callable[[int], int],
-        announce_fire: Callable[[store.NextDue, float], None] | None = None,
+        announce_fire: Callable[[store.NextDue, float], ParkedPop | None] | None = None,
         look_up_db: Database | None = None,
     ) -> None:
         self._db = db
@@ -156,8 +159,10 @@ class Sweeper:
         self._settings = settings
         self._metrics = metrics
         self._ceiling_for = ceiling_for
-        # Told (the timer, its local due instant) before an idle sweep fires a timer, so the
-        # pops parked on its queue can wait for the frame in PostgreSQL (queen.pop_head_after).
+        # Told (the timer, its local due instant) before an idle sweep fires a timer. It answers
+        # a pop parked on the timer's queue that it reserved for the fire (the sweep pops for
+        # it), or None, and then the pops parked there wait for the frame in PostgreSQL
+        # (queen.pop_head_after).
         self._announce_fire = announce_fire if settings.pop_fire_wait_ms > 0 else None
         # Where the look-up for an announcement runs: not on the sweeper's own connections,
         # so a look-up that is cut short never costs the sweep its connection.
@@ -211,15 +216,17 @@ class Sweeper:
             self._last_cycle_at = last_start
             self._cycles += 1
             announced = plan.upcoming
+            handover = None
             if announced is not None:
                 assert self._announce_fire is not None
-                self._announce_fire(announced, start_at)
+                handover = self._announce_fire(announced, start_at)
             not_before = plan.due_db
             if not_before is None and start_at > now:
                 not_before = self._db_instant(start_at)
             try:
                 result = await self._cycle(not_before=not_before, announced=announced,
-                                           for_timer=plan.due_db is not None)
+                                           for_timer=plan.due_db is not None,
+                                           handover=handover)
             except TRANSIENT as exc:
                 self._metrics.timer_failures.labels("transient").inc()
                 failures += 1
@@ -315,24 +322,34 @@ class Sweeper:
         return time.time() + (deadline - trio.current_time()) + self._clock_offset
 
     async def _cycle(self, *, not_before: float | None, announced: store.NextDue | None = None,
-                     for_timer: bool = False) -> SweepResult:
+                     for_timer: bool = False, handover: ParkedPop | None = None
+                     ) -> SweepResult:
         """One sweep statement, started no earlier than ``not_before`` (the database's clock), then
         the broker's fire of whatever it claimed. ``for_timer``: the cycle is planned for a
         timer's due instant (not for the MIN_SLEEP floor, nor to drain a backlog). While a
         backlog drains, the worker thread runs further sweeps back to back (see
-        :meth:`_sweep_at`); the last one is returned."""
+        :meth:`_sweep_at`); the last one is returned. ``handover``: the parked pop reserved for
+        the announced timer; the sweep pops for it, and it is handed the outcome (None if the
+        sweep failed) before anything else."""
         while self._unreleased:
             await self._db.run(store.release, self._unreleased[0])
             self._unreleased.pop(0)
         token = uuid.uuid4()
         try:
-            swept = await self._sweep(token, not_before, announced, for_timer)
-        except TRANSIENT:
-            # The sweep may have committed a claim whose answer never came back (the server
-            # died after the commit, or a failover): hand the rows back at the next cycle
-            # rather than leave them to wait out the lease.
-            self._unreleased.append(token)
+            swept = await self._sweep(token, not_before, announced, for_timer, handover)
+        except BaseException as exc:
+            if isinstance(exc, TRANSIENT):
+                # The sweep may have committed a claim whose answer never came back (the
+                # server died after the commit, or a failover): hand the rows back at the next
+                # cycle rather than leave them to wait out the lease.
+                self._unreleased.append(token)
+            if handover is not None:
+                # No answer: the pop pops for itself. (A pop the fire's commit leased to it
+                # before the answer was lost gets its batch again when the lease expires.)
+                handover.hand(None)
             raise
+        if handover is not None:
+            await self._hand_over(handover, swept[0][0].popped)
         self._cycles += len(swept) - 1
         for result, returned_at in swept:
             self._offset_bounds.append(result.db_now - returned_at)
@@ -347,7 +364,8 @@ class Sweeper:
         return result
 
     async def _sweep(self, token: uuid.UUID, not_before: float | None,
-                     announced: store.NextDue | None, for_timer: bool
+                     announced: store.NextDue | None, for_timer: bool,
+                     handover: ParkedPop | None = None,
                      ) -> list[tuple[SweepResult, float]]:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
@@ -358,7 +376,8 @@ class Sweeper:
                 # task: its return is seen (and timed) as it comes back, where a worker thread
                 # would queue for the GIL behind the pop it has just served. A backlog found
                 # here is drained by the next cycles, in a worker thread.
-                swept = await conn.run(self._sweep_at, not_before, token, announced, False)
+                swept = await conn.run(self._sweep_at, not_before, token, announced, False,
+                                       None if handover is None else handover.req)
             else:
                 # In a worker thread: a drain runs sweeps back to back there, without queueing
                 # behind HTTP tasks for the event loop, and each return is timed where it happens.
@@ -368,6 +387,7 @@ class Sweeper:
     def _sweep_at(
         self, raw: store.Raw, not_before: float | None, token: uuid.UUID,
         announced: store.NextDue | None = None, drain: bool = True,
+        pop: PopRequest | None = None,
     ) -> list[tuple[SweepResult, float]]:
         """Sweep (the first statement waits for ``not_before`` in the backend).
 
@@ -381,12 +401,29 @@ class Sweeper:
         while True:
             result = store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
-                                 fire_lock=announced)
+                                 fire_lock=announced, pop=pop)
             swept.append((result, time.time()))
-            not_before = announced = None
+            not_before = announced = pop = None
             if (not drain or len(result.fired) < s.sweeper_batch or result.rows
                     or time.monotonic() >= slice_ends):
                 return swept
+
+    async def _hand_over(self, pop: ParkedPop, outcome: log_store.PopOutcome | None) -> None:
+        """Give the reserved pop what the fire popped for it. If it has gone meanwhile (its
+        client left, or the sweep came too late for it), release the batch at once rather
+        than leave it leased to nobody."""
+        self._metrics.pop_fire_waits.labels(
+            "handed_over" if outcome is not None and outcome.batch is not None
+            else "handed_nothing").inc()
+        left = pop.hand(outcome)
+        if left is None or left.batch is None:
+            return
+        self._metrics.pop_fire_waits.labels("handed_back").inc()
+        try:
+            await self._look_up_db.run(log_store.release_batch, pop.tenant_id, left.batch)
+        except TRANSIENT as exc:
+            log.warning("a fired timer's batch for a pop that has gone stays leased until its "
+                        "lease expires: %s", exc)
 
     def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
         for at in deliver_ats:

@@ -773,6 +773,24 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.sweep_timers_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN QUERY SELECT s.*, NULL::jsonb
+                 FROM queen.sweep_timers_for(p_lock_tenant, p_lock_queue, p_token, p_broker,
+                                             p_batch, p_lease_ms, p_max_payload, p_fire,
+                                             p_not_before) AS s;
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
+           (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
+            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                                p_pop_batch, p_pop_auto_ack) AS p);
+END
+$$;
+
 CREATE FUNCTION queen.sweep_timers_for(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
     AS $$

@@ -12,6 +12,8 @@ from quart import Blueprint, Response, request
 from ..errors import ClientError, ValidationError
 from ..log import admin as log_admin
 from ..log import rules, store
+from ..log.wakeups import HANDOVER_WAIT_S, ParkedPop, QueueWakeups
+from ..metrics import BrokerMetrics
 from ..wire import iso
 from .admin import instant
 from .common import broker as _broker
@@ -175,9 +177,17 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
     sync_commit = broker.settings.pop_commit_sync
     fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
     waiting = False
+    parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
     try:
         while True:
             changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
+            if parked is not None and parked.reserved:
+                # The sweeper is firing a timer into this queue and pops for us in the fire's
+                # own transaction: wait for its answer rather than look ourselves.
+                handed = await _take_handover(broker.wakeups, parked)
+                parked = None
+                if handed is not None and handed.batch is not None:
+                    return _popped(broker.metrics, handed)
             fire = broker.wakeups.claim_fire(key) if waiting else None
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
@@ -209,22 +219,43 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
             if not waiting:
                 waiting = True
                 broker.metrics.longpoll_waiters.inc()
+            if parked is None and req.partitions == 1:
+                parked = ParkedPop(tenant, req, deadline)
+                broker.wakeups.park(key, parked)
             pause = min(remaining, _LONGPOLL_RECHECK_S, outcome.retry_in_s or math.inf)
             with trio.move_on_after(pause):
                 await changed.wait()
             if broker.wakeups.stopping:  # shutting down: answer "nothing", lease nothing
                 break
     finally:
+        if parked is not None:
+            # Gone (answered, timed out, cancelled): a fire's batch reserved for it goes back.
+            broker.wakeups.unpark(parked)
         if waiting:
             broker.metrics.longpoll_waiters.dec()
+    return _popped(broker.metrics, outcome)
 
+
+def _popped(metrics: BrokerMetrics, outcome: store.PopOutcome) -> list[store.PopBatch]:
     batches = outcome.batches
     if not batches:
-        broker.metrics.pops.labels("empty").inc()
+        metrics.pops.labels("empty").inc()
         return []
-    broker.metrics.pops.labels("messages").inc()
-    broker.metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
+    metrics.pops.labels("messages").inc()
+    metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
     return batches
+
+
+async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopOutcome | None:
+    """What the sweeper popped for this reserved pop (None: nothing came, or the sweep failed).
+    Bounded: a sweep held up past HANDOVER_WAIT_S after the due instant is not waited for (the
+    sweeper then gives the batch back), nor is one during a shutdown."""
+    assert parked.due_local is not None
+    if not wakeups.stopping:
+        with trio.move_on_at(parked.due_local + HANDOVER_WAIT_S):
+            await parked.handed.wait()
+    wakeups.unpark(parked)
+    return parked.outcome if parked.handed.is_set() else None
 
 
 def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch]) -> dict[str, Any]:

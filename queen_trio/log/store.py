@@ -303,6 +303,35 @@ def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | N
                                first["lease_id"], first["lease_expires_at"], messages))
 
 
+def head_outcome_from_json(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
+    """:func:`_head_outcome` of queen.pop_head's rows as the sweep hands them over, one jsonb
+    array (queen.sweep_timers_and_pop): the same values, from their JSON text."""
+    return _head_outcome(req, [{
+        **r,
+        "partition_id": _uuid_or_none(r["partition_id"]),
+        "lease_id": _uuid_or_none(r["lease_id"]),
+        "lease_expires_at": _time_or_none(r["lease_expires_at"]),
+        "created_at": _time_or_none(r["created_at"]),
+    } for r in rows])
+
+
+def _uuid_or_none(text: str | None) -> uuid.UUID | None:
+    return None if text is None else uuid.UUID(text)
+
+
+def _time_or_none(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def release_batch(raw: Raw, tenant_id: int, batch: PopBatch) -> None:
+    """Hand a leased batch back whole, no retry spent (its consumer has gone before it got
+    it): the messages are delivered again from the group's cursor at the next pop."""
+    if batch.lease_id is None:
+        return  # autoAck: nothing is held
+    ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry", batch.group,
+                             batch.lease_id, None) for i, m in enumerate(batch.messages)])
+
+
 def subscribe(raw: Raw, tenant_id: int, req: PopRequest) -> None:
     """Record the group's subscription instant on the queue (``subscriptionMode=new``) unless
     it has one: partitions it first pops later start there (see ``_start_after``)."""

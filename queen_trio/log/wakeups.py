@@ -6,7 +6,10 @@ queue's current event before it looks at the database, then sleeps on it: a push
 between the look and the sleep has already set that event, so no wake-up is lost. Each event is
 set once and replaced, never cleared.
 
-The sweeper also says when a timer is about to fire into a queue (:meth:`expect_fire`): the
+The sweeper also says when a timer is about to fire into a queue (:meth:`announce_fire`).
+If a pop is parked on that queue here and can take the frame (:meth:`park`), the sweeper
+reserves it and the fire's own transaction pops for it (queen.sweep_timers_and_pop): the
+sweeper hands it the popped batch (:meth:`ParkedPop.hand`) when the sweep returns. Else the
 queue's waiters are woken ahead of the fire, and the first to :meth:`claim_fire` it waits for
 the frame inside PostgreSQL (queen.pop_head_after, schema/functions/log.sql) instead of for
 the NOTIFY.
@@ -19,7 +22,8 @@ import dataclasses
 import trio
 
 from ..db import MISSED, Listener
-from .store import NOTIFY_CHANNEL
+from .rules import PopRequest
+from .store import NOTIFY_CHANNEL, PopOutcome
 
 # An announced fire nobody claimed is forgotten this long after its due instant.
 _EXPECTATION_TTL_S = 0.05
@@ -33,10 +37,50 @@ class ExpectedFire:
     expires_at: float  # trio clock
 
 
+# A reserved pop waits for its hand-over at most this long after the fire's due instant (a
+# sweep is late only when the database is); then it pops as usual and the sweeper, finding it
+# gone, hands back whatever the fire leased to it.
+HANDOVER_WAIT_S = 1.0
+# A parked pop is reserved for a fire only if it waits at least this long past the due instant.
+_HANDOVER_MARGIN_S = 0.05
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class ParkedPop:
+    """A long-poll parked on a queue that one pop statement can serve (one partition): the
+    sweeper may reserve it for a timer about to fire there and hand it the fire's batch."""
+
+    tenant_id: int
+    req: PopRequest
+    deadline: float  # trio clock: when it answers "nothing"
+    key: str = ""
+    due_local: float | None = None  # set once reserved: the fire's due instant, trio clock
+    gone: bool = False  # it stopped waiting: a batch handed to it now must go back
+    handed: trio.Event = dataclasses.field(default_factory=trio.Event)
+    outcome: PopOutcome | None = None  # with ``handed``: the sweep's pop (None: no answer)
+    wakeups: QueueWakeups | None = None  # where it is parked
+
+    @property
+    def reserved(self) -> bool:
+        return self.due_local is not None
+
+    def hand(self, outcome: PopOutcome | None) -> PopOutcome | None:
+        """The fire's pop, from the sweeper. Answers the outcome back if this pop has gone
+        (its batch must then be released), else None."""
+        if self.gone:
+            return outcome
+        self.outcome = outcome
+        self.handed.set()
+        if self.wakeups is not None:
+            self.wakeups.wake(self.key)  # it sleeps on its queue's event
+        return None
+
+
 class QueueWakeups:
     def __init__(self) -> None:
         self._events: dict[str, trio.Event] = {}
         self._expected: dict[str, ExpectedFire] = {}
+        self._parked: dict[str, list[ParkedPop]] = {}
         self.waiting = 0
         # Set when the broker begins to shut down: parked long-polls answer "nothing" at once.
         self.stopping = False
@@ -63,6 +107,33 @@ class QueueWakeups:
             self._expected[key] = ExpectedFire(due_db, partition, due_local,
                                                due_local + _EXPECTATION_TTL_S)
             self.wake(key)
+
+    def park(self, key: str, pop: ParkedPop) -> None:
+        pop.key, pop.wakeups = key, self
+        self._parked.setdefault(key, []).append(pop)
+
+    def unpark(self, pop: ParkedPop) -> None:
+        """The pop stops waiting (answered, timed out, or its client left)."""
+        pop.gone = True
+        parked = self._parked.get(pop.key)
+        if parked is not None and pop in parked:
+            parked.remove(pop)
+            if not parked:
+                del self._parked[pop.key]
+
+    def announce_fire(self, key: str, partition: str, due_db: float,
+                      due_local: float) -> ParkedPop | None:
+        """A timer due at ``due_db`` (``due_local`` on the trio clock) is about to fire into
+        this queue's ``partition``: the pop parked longest that can take it is reserved and
+        returned (the sweep pops for it), or, if none can, the queue's waiters are told
+        (:meth:`expect_fire`)."""
+        for pop in self._parked.get(key, ()):
+            if (not pop.reserved and pop.req.partition in (None, partition)
+                    and pop.deadline > due_local + _HANDOVER_MARGIN_S):
+                pop.due_local = due_local
+                return pop
+        self.expect_fire(key, partition, due_db, due_local)
+        return None
 
     def claim_fire(self, key: str) -> ExpectedFire | None:
         """The fire announced for this queue, for one waiter only; None if none is current."""

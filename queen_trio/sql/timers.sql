@@ -69,6 +69,14 @@ SELECT * FROM queen.sweep_timers_for(%(lock_tenant)s, %(lock_queue)s, %(token)s,
                                      %(batch)s, %(lease_ms)s, %(max_payload)s, %(fire)s,
                                      %(not_before)s::float8)
 
+-- name: sweep_and_pop
+-- The sweep above, holding the announced queue's fire lock, then a pop for the pop parked in
+-- this broker that the sweeper reserved, in the same transaction (queen.sweep_timers_and_pop).
+SELECT * FROM queen.sweep_timers_and_pop(%(lock_tenant)s, %(lock_queue)s, %(token)s,
+                                         %(broker)s, %(batch)s, %(lease_ms)s, %(max_payload)s,
+                                         %(fire)s, %(not_before)s::float8, %(pop_group)s,
+                                         %(pop_partition)s, %(pop_batch)s, %(pop_auto_ack)s)
+
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.
 UPDATE queen.timers SET visible_at = now(), claim_token = NULL, claimed_by = NULL

@@ -165,6 +165,8 @@ class SweepResult:
     rows: list[Claimed]  # claimed for the broker to fire, in due order
     next_due: float | None  # epoch seconds (database clock) of the earliest visible_at
     db_now: float  # epoch seconds (database clock) at the end of the statement
+    # With a pop handed the fire (``sweep(pop=...)``): what its queen.pop_head answered.
+    popped: log_store.PopOutcome | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,6 +180,7 @@ class NextDue:
 def sweep(
     raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *, max_payload: int,
     fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
+    pop: log_rules.PopRequest | None = None,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
@@ -187,20 +190,32 @@ def sweep(
     With ``not_before`` (epoch seconds, the database's clock) the statement waits in the backend
     until then, up to 100 ms, and takes what is due at that instant. With ``fire_lock`` (the
     timer announced to its queue's parked pops) it holds that queue's fire lock until it
-    commits (queen.sweep_timers_for, schema/functions/timers.sql).
+    commits (queen.sweep_timers_for, schema/functions/timers.sql). With ``pop`` as well (a
+    pop parked on that queue, reserved for this fire), the same transaction then pops for it
+    (queen.sweep_timers_and_pop): the outcome comes back as ``popped``.
     """
+    params = {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
+              "max_payload": max_payload, "fire": fire, "not_before": not_before,
+              "lock_tenant": fire_lock.tenant_id if fire_lock else None,
+              "lock_queue": fire_lock.queue if fire_lock else None}
+    if pop is not None:
+        assert fire_lock is not None and fire_lock.queue == pop.queue
+        params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
+                      pop_auto_ack=pop.auto_ack)
     rows = raw.execute(
-        Q.sweep, {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
-                  "max_payload": max_payload, "fire": fire, "not_before": not_before,
-                  "lock_tenant": fire_lock.tenant_id if fire_lock else None,
-                  "lock_queue": fire_lock.queue if fire_lock else None},
+        Q.sweep if pop is None else Q.sweep_and_pop, params,
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
     fired: list[datetime] = []
     claimed: list[Claimed] = []
     next_due = db_now = None
+    popped = None
     for r in rows:
-        if r["fired"]:
+        if r.get("popped") is not None:
+            assert pop is not None
+            popped = log_store.head_outcome_from_json(pop, r["popped"]) if r["popped"] else None
+            db_now = r["db_now"]  # read after the pop: the statement's true end
+        elif r["fired"]:
             fired.append(r["deliver_at"])
         elif r["fired"] is None:
             next_due, db_now = r["next_due"], r["db_now"]
@@ -211,7 +226,7 @@ def sweep(
                                    r["due_at"]))
     claimed.sort(key=lambda c: c.due_at)
     assert db_now is not None, "sweep_timers always answers its clock row"
-    return SweepResult(fired, claimed, next_due, db_now)
+    return SweepResult(fired, claimed, next_due, db_now, popped)
 
 
 def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> SweepResult:

@@ -547,6 +547,41 @@ BEGIN
 END
 $fn$;
 
+-- queen.sweep_timers_for, then, in the same transaction, queen.pop_head for one pop parked in
+-- this broker on the announced queue (the broker reserved it before sending this): the frame,
+-- its timer's deletion and the pop's lease commit together, and the broker hands the popped
+-- rows to that pop itself. The frame reaches its consumer when the sweep's answer reaches the
+-- broker, instead of after the lock's release wakes a waiting backend that then pops. The pop
+-- runs after the instant (queen.sweep_timers returns at it), so it takes nothing the consumer
+-- could not have taken by then. Its rows come back as one jsonb array in one last row (fired
+-- and popped both NULL on the clock row, popped set on this one, with the clock read again
+-- after the pop); the broker releases the lease (no retry spent) if its pop has gone
+-- meanwhile.
+CREATE OR REPLACE FUNCTION queen.sweep_timers_and_pop(
+    p_lock_tenant integer, p_lock_queue text,
+    p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
+    p_fire boolean, p_not_before float8,
+    p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean)
+RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
+               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
+               deliver_at timestamptz, attempts integer, due_at timestamptz,
+               next_due float8, db_now float8, popped jsonb)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN QUERY SELECT s.*, NULL::jsonb
+                 FROM queen.sweep_timers_for(p_lock_tenant, p_lock_queue, p_token, p_broker,
+                                             p_batch, p_lease_ms, p_max_payload, p_fire,
+                                             p_not_before) AS s;
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
+           (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
+            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                                p_pop_batch, p_pop_auto_ack) AS p);
+END
+$fn$;
+
 -- The broker's half of a fire, for rows it claimed: deletes those still carrying its claim
 -- token and appends their frames (payload texts decompressed by the broker), in one
 -- statement. Answers the keys it fired; the others were taken over after the lease expired.

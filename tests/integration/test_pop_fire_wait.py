@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from queen_trio.config import Settings
 from queen_trio.log import store as log_store
 from queen_trio.log.rules import PopRequest
+from queen_trio.log.wakeups import HANDOVER_WAIT_S
 from queen_trio.server import run_broker
 from queen_trio.timers import store as timer_store
 from queen_trio.timers.store import NextDue
@@ -25,6 +26,7 @@ from ..conftest import replace_settings
 from .test_timer_races import timer
 
 GROUP = "workers"
+RESULTS = ("handed_over", "handed_nothing", "handed_back", "delivered", "gave_up", "fallback")
 FIRE_LOCK = "SELECT pg_try_advisory_xact_lock_shared(1363170306, queen.fire_lock_key(%s, %s)) AS ok"
 
 
@@ -197,22 +199,67 @@ async def _parked_pops_receive(
     return frames
 
 
-async def test_parked_pops_take_timer_frames_through_the_fire_lock(
-    http: httpx.AsyncClient,
-) -> None:
-    async def one_delivered() -> bool:
-        return await _metric(http, "delivered") >= 1
+async def test_parked_pops_are_handed_timer_frames_by_the_fire(http: httpx.AsyncClient) -> None:
+    async def one_handed() -> bool:
+        return await _metric(http, "handed_over") >= 1
 
-    # Timing decides each one (a sweep sent late leaves its pop to the NOTIFY): up to ten.
-    frames = await _parked_pops_receive(http, 10, until=one_delivered)
+    # Timing decides each one (a sweeper that wakes too late to look ahead, on a loaded
+    # machine, reserves nobody and the NOTIFY serves the pop): up to ten.
+    frames = await _parked_pops_receive(http, 10, until=one_handed)
     assert [f["data"] for f in frames] == [{"i": i} for i in range(len(frames))]
-    waits = {r: await _metric(http, r) for r in ("delivered", "gave_up", "fallback")}
-    # A parked pop is told of its timer at most once (the group's very first pop is the general
-    # pop's, which the fire lock does not serve; a sweeper that wakes too late to look ahead, on
-    # a loaded machine, tells nobody and the NOTIFY serves the pop), and one took its frame at
-    # the commit.
-    assert sum(waits.values()) <= len(frames)
-    assert waits["delivered"] == 1
+    outcomes = {r: await _metric(http, r) for r in RESULTS}
+    # A parked pop is reserved for one fire at a time; the group's very first pop is the
+    # general pop's, which the fire's own pop does not serve (handed_nothing); one took its
+    # frame from the sweep; none was handed back; none waited behind the fire lock (a pop
+    # parked here is always reserved instead).
+    assert sum(outcomes.values()) <= len(frames)
+    assert outcomes["handed_over"] == 1 and outcomes["handed_back"] == 0
+    assert outcomes["delivered"] == outcomes["gave_up"] == 0
+
+
+async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
+    settings: Settings,
+) -> None:
+    """The fire leased its frame to a pop that had stopped waiting (the sweep was held up past
+    HANDOVER_WAIT_S): the sweeper releases the lease at once, no retry spent, and the next pop
+    takes the message, long before the lease (300 s) would have expired."""
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(run_broker, settings)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
+            q = "/api/v1/pop/queue/q"
+            await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 0}]})
+            first = (await http.get(q, params={"batch": "1"})).json()["messages"][0]
+            acked = await http.post("/api/v1/ack", json={
+                "transactionId": first["transactionId"], "partitionId": first["partitionId"],
+                "leaseId": first["leaseId"], "status": "completed"})
+            assert acked.status_code == 200  # the group has a cursor: pop_head serves it
+            answer: dict[str, httpx.Response] = {}
+
+            async def parked_pop() -> None:
+                answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "15000"})
+
+            with connect(settings.database_url) as holder:
+                nursery.start_soon(parked_pop)
+                await trio.sleep(0.1)
+                put = await http.put("/api/v1/timers/q/late", json={"delayMs": 300,
+                                                                    "payload": "late"})
+                assert put.status_code == 200
+                with holder.transaction():
+                    # The fire's append waits for the partition: the sweep is held up.
+                    holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
+                    await trio.sleep(0.3 + HANDOVER_WAIT_S + 0.5)
+                    assert "pop" not in answer
+                    held_until = time.monotonic()
+            with trio.fail_after(10):
+                while "pop" not in answer:
+                    await trio.sleep(0.01)
+            assert time.monotonic() - held_until < 5
+            assert answer["pop"].status_code == 200
+            (message,) = answer["pop"].json()["messages"]
+            assert message["data"] == "late" and message["retryCount"] == 0
+            assert await _metric(http, "handed_back") == 1
+            assert await _metric(http, "handed_over") == 1
+        handle.shutdown()
 
 
 async def test_with_the_wait_off_parked_pops_hear_of_fires_by_notify(settings: Settings) -> None:
@@ -222,6 +269,59 @@ async def test_with_the_wait_off_parked_pops_hear_of_fires_by_notify(settings: S
         async with httpx.AsyncClient(base_url=handle.url, timeout=10) as http:
             frames = await _parked_pops_receive(http, 2)
             assert len(frames) == 2
-            for result in ("delivered", "gave_up", "fallback"):
+            for result in RESULTS:
                 assert await _metric(http, result) == 0
         handle.shutdown()
+
+
+def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url: str) -> None:
+    """queen.sweep_timers_and_pop: the frame, the timer's deletion and the pop's lease are one
+    commit; released whole (the pop had gone), the message goes to the next pop unretried."""
+    with connect(database_url) as conn, connect(database_url) as sweeping:
+        tenant = primed(conn, "q")
+        with conn.transaction():
+            timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, {"n": 1})],
+                                      notify_within_ms=0)
+        leased = PopRequest(queue="q", partition=None, group=GROUP, batch=10, wait=True,
+                            timeout_ms=5000, auto_ack=False)
+        swept = timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000,
+                                  max_payload=1 << 20, fire_lock=NextDue(tenant, "q", "Default",
+                                                                         0.0), pop=leased)
+        assert len(swept.fired) == 1
+        assert swept.popped is not None and swept.popped.batch is not None
+        batch = swept.popped.batch
+        assert [m.payload for m in batch.messages] == [{"n": 1}]
+        assert batch.lease_id is not None and batch.partition == "Default"
+        assert batch.messages[0].meta == {"timer": {"key": "due", "deliverAt": ANY_TEXT}}
+        # Exactly what the ordinary pop answers for the same frame, once released.
+        assert log_store.pop_head(conn, tenant, leased) == log_store.PopOutcome(None)
+        log_store.release_batch(conn, tenant, batch)
+        again = log_store.pop_head(conn, tenant, leased)
+        assert again is not None and again.batch is not None
+        assert again.batch.messages == batch.messages  # same offset, payload, createdAt, meta
+        assert again.batch.lease_id != batch.lease_id
+
+
+def test_a_sweep_with_nothing_for_the_pop_answers_so(database_url: str) -> None:
+    with connect(database_url) as conn, connect(database_url) as sweeping:
+        tenant = primed(conn, "q")
+        swept = timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000,
+                                  max_payload=1 << 20,
+                                  fire_lock=NextDue(tenant, "q", "Default", 0.0),
+                                  pop=request("q"))
+        assert swept.fired == [] and swept.popped == log_store.PopOutcome(None)
+        # A group that never popped this queue: the general pop's case, nothing taken.
+        fresh = PopRequest(queue="q", partition=None, group="newcomers", batch=10, wait=True,
+                           timeout_ms=5000, auto_ack=False)
+        swept = timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000,
+                                  max_payload=1 << 20,
+                                  fire_lock=NextDue(tenant, "q", "Default", 0.0), pop=fresh)
+        assert swept.popped is None
+
+
+class _AnyText:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and other != ""
+
+
+ANY_TEXT = _AnyText()

@@ -112,7 +112,8 @@ class Harness:
         self.look_ups: list[float] = []
         self.sweeper = Sweeper(
             None, None, settings, self.metrics, lambda _: 0,  # type: ignore[arg-type]
-            announce_fire=lambda t, at: self.announcements.append((t, at, trio.current_time())),
+            announce_fire=lambda t, at: self.announcements.append(
+                (t, at, trio.current_time())),
         )
         self.results = list(results)
         self.cycles: list[Cycle] = []
@@ -124,7 +125,7 @@ class Harness:
                             types.SimpleNamespace(time=lambda: EPOCH + trio.current_time()))
 
     async def _cycle(self, *, not_before: float | None, announced: NextDue | None = None,
-                     for_timer: bool = False) -> SweepResult:
+                     for_timer: bool = False, handover: Any = None) -> SweepResult:
         self.cycles.append(Cycle(trio.current_time(), not_before, for_timer, announced))
         if not_before is not None:
             await trio.sleep_until(not_before - EPOCH)  # as queen.sweep_timers does
