@@ -48,7 +48,8 @@ _HANDOVER_MARGIN_S = 0.05
 @dataclasses.dataclass(eq=False, slots=True)
 class ParkedPop:
     """A long-poll parked on a queue that one pop statement can serve (one partition): the
-    sweeper may reserve it for a timer about to fire there and hand it the fire's batch."""
+    sweeper may reserve it for a timer about to fire there and hand it the fire's batch
+    (unless it acks on delivery, ``autoAck``: see :meth:`QueueWakeups.announce_fire`)."""
 
     tenant_id: int
     req: PopRequest
@@ -128,7 +129,10 @@ class QueueWakeups:
         returned (the sweep pops for it), or, if none can, the queue's waiters are told
         (:meth:`expect_fire`)."""
         for pop in self._parked.get(key, ()):
-            if (not pop.reserved and pop.req.partition in (None, partition)
+            # Not an autoAck pop: one that stops waiting before the fire commits (it found
+            # other messages) could not be given its batch back, and the group would lose it.
+            if (not pop.reserved and not pop.req.auto_ack
+                    and pop.req.partition in (None, partition)
                     and pop.deadline > due_local + _HANDOVER_MARGIN_S):
                 pop.due_local = due_local
                 return pop

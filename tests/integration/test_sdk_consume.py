@@ -368,3 +368,47 @@ async def test_settle_and_pop_reports_refused_acks_and_still_pops(
         assert (r.status_code, r.json()["error"]) == (400, "invalid_body")
         r = await http.post("/api/v1/pop/queue/refused")  # no body: a plain pop
         assert [m["data"] for m in r.json()["messages"]] == ["second"]
+
+
+async def test_timers_handed_to_parked_consumers_are_handled_exactly_once(
+    queen: Client, broker: BrokerHandle,
+) -> None:
+    """Two consume() loops (eight workers) on one group while timers fire into their queue one
+    by one and pushes land beside them: the sweeper hands most timer frames to a parked pop
+    in the fire's own transaction, and races it with pops woken by the pushes. Every message
+    is handled once, none twice, whichever path served it."""
+    import httpx
+
+    handled: list[Any] = []
+    timers, pushes = 120, 240
+
+    async def handler(message: Message) -> None:
+        handled.append(message.data)
+
+    async def schedule() -> None:
+        for i in range(timers):
+            await queen.timer("mixed").key(f"t{i}").delay(f"{30 + i % 7 * 11}ms").payload(
+                {"timer": i}).schedule()
+            await trio.sleep(0.012)
+
+    async def push() -> None:
+        for start in range(0, pushes, 8):
+            await queen.push_many("mixed", [{"push": i} for i in range(start, start + 8)])
+            await trio.sleep(0.02)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(functools.partial(queen.consume, "mixed", handler,
+                                                     concurrency=4, idle_timeout="1500ms",
+                                                     poll="200ms"))
+            nursery.start_soon(schedule)
+            nursery.start_soon(push)
+    expected = [{"timer": i} for i in range(timers)] + [{"push": i} for i in range(pushes)]
+    key = repr
+    assert sorted(map(key, handled)) == sorted(map(key, expected))
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        metrics = (await http.get("/metrics")).text
+    handed = [line for line in metrics.splitlines()
+              if line.startswith('queen_pop_fire_waits_total{result="handed_over"}')]
+    assert handed and float(handed[0].split()[-1]) > 0, "no frame was handed over"

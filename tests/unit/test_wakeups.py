@@ -10,9 +10,9 @@ from queen_trio.log.store import PopBatch, PopOutcome
 from queen_trio.log.wakeups import ParkedPop, QueueWakeups
 
 
-def req(partition: str | None = None) -> PopRequest:
+def req(partition: str | None = None, *, auto_ack: bool = False) -> PopRequest:
     return PopRequest(queue="q", partition=partition, group="g", batch=10, wait=True,
-                      timeout_ms=5000, auto_ack=False)
+                      timeout_ms=5000, auto_ack=auto_ack)
 
 
 def outcome() -> PopOutcome:
@@ -23,9 +23,11 @@ async def test_the_pop_parked_longest_that_fits_is_reserved_once() -> None:
     w = QueueWakeups()
     other_partition = ParkedPop(1, req("p2"), deadline=100.0)
     too_short = ParkedPop(1, req(), deadline=10.02)
+    # A batch handed to an autoAck pop that has just left with other messages could not go back.
+    acks_itself = ParkedPop(1, req(auto_ack=True), deadline=100.0)
     fits = ParkedPop(1, req("p1"), deadline=100.0)
     later = ParkedPop(1, req(), deadline=100.0)
-    for pop in (other_partition, too_short, fits, later):
+    for pop in (other_partition, too_short, acks_itself, fits, later):
         w.park("1:q", pop)
     assert w.announce_fire("1:q", "p1", due_db=5.0, due_local=10.0) is fits
     assert fits.reserved and not later.reserved
