@@ -131,6 +131,11 @@ class BrokerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # Label children by (route, method, status) and (route, method): ``labels()`` costs
+        # more than the count itself, on every request. The registry holds the same children
+        # (it never forgets one), so this adds no series and nothing a scrape could see.
+        self._http_counted: dict[tuple[str, str, int], Counter] = {}
+        self._http_timed: dict[tuple[str, str], Histogram] = {}
 
         # The log.
         self.messages_pushed = Counter(
@@ -247,6 +252,20 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+
+    def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
+        """One answered HTTP request (``seconds`` None: its start was not recorded)."""
+        counter = self._http_counted.get((route, method, status))
+        if counter is None:
+            counter = self.http_requests.labels(route, method, str(status))
+            self._http_counted[(route, method, status)] = counter
+        counter.inc()
+        if seconds is not None:
+            histogram = self._http_timed.get((route, method))
+            if histogram is None:
+                histogram = self.http_request_seconds.labels(route, method)
+                self._http_timed[(route, method)] = histogram
+            histogram.observe(seconds)
 
     def watch(
         self,

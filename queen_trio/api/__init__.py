@@ -56,25 +56,23 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(admin_routes)
     app.register_blueprint(ui_routes)
 
-    @app.before_request
-    async def _start_timer() -> None:
-        g.started = time.perf_counter()
+    # One hook each way: every hook costs Quart a dispatch (ensure_async, an await), and each
+    # `request`/`g` access a context-variable lookup, on every request.
+    metrics = broker.metrics
 
     @app.before_request
-    async def _read_body_first() -> None:
+    async def _before() -> None:
+        g.started = time.perf_counter()
+        req = request._get_current_object()  # type: ignore[attr-defined]
         # Under HTTP/1.1 keep-alive, hypercorn never answers the next request of a connection
         # whose previous answer went out before that request's body had arrived (a 401, 429,
         # 405 or 404 decided from the headers alone). So the body (at most MAX_CONTENT_LENGTH,
         # cached for the handler) is read before anything can answer early.
-        await request.get_data(cache=True)
-
-    app.before_request(admit_request)
-
-    @app.before_request
-    async def _path_is_utf8() -> None:
+        await req.get_data(cache=True)
+        await admit_request(req, broker)
         # A name in the path is text: percent-escapes that decode to bytes which are not
         # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.
-        raw = request.scope.get("raw_path") or b""
+        raw = req.scope.get("raw_path") or b""
         try:
             unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
         except UnicodeDecodeError:
@@ -82,20 +80,15 @@ def create_app(broker: BrokerContext) -> QuartTrio:
                            "the path is not UTF-8 once percent-decoded") from None
 
     @app.after_request
-    async def _no_type_without_a_body(response: Response) -> Response:
+    async def _after(response: Response) -> Response:
+        req = request._get_current_object()  # type: ignore[attr-defined]
+        rule = req.url_rule.rule if req.url_rule is not None else "unmatched"
+        started = getattr(g, "started", None)
+        metrics.count_http(rule, req.method, response.status_code,
+                           None if started is None else time.perf_counter() - started)
         # An empty answer (a 204 long-poll) would otherwise say "content-type: text/html".
         if response.status_code in (204, 304) or response.content_length == 0:
             response.headers.pop("Content-Type", None)
-        return response
-
-    @app.after_request
-    async def _count(response: Response) -> Response:
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        broker.metrics.http_requests.labels(rule, request.method, str(response.status_code)).inc()
-        started = getattr(g, "started", None)
-        if started is not None:
-            elapsed = time.perf_counter() - started
-            broker.metrics.http_request_seconds.labels(rule, request.method).observe(elapsed)
         return response
 
     return app

@@ -36,11 +36,14 @@ class ApiError(Exception):
         self.extra = extra
 
 
+# json.dumps(body, separators=(",", ":")) without building a JSONEncoder per answer.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def error_response(http_status: int, code: str, message: str, **extra: Any) -> Response:
     body = {"ok": False, "error": code, "message": message, **extra}
     # Compact, like every other answer (jsonify).
-    return Response(json.dumps(body, separators=(",", ":")), status=http_status,
-                    content_type="application/json")
+    return Response(_COMPACT.encode(body), status=http_status, content_type="application/json")
 
 
 _HTTP_CODES = {

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, jsonify
+from quart import Blueprint, Response
 
 from ..errors import ValidationError
 from ..kv import rules, store
 from ..wire import iso
 from .common import broker as _broker
+from .common import json_response
 from .errors import read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -36,14 +37,14 @@ async def put(namespace: str, key: str) -> Response:
     result = await _broker().db.run(
         store.put, current_tenant_id(), ns, k, value, ttl, message_ceiling()
     )
-    return jsonify(put_to_wire(result))
+    return json_response(put_to_wire(result))
 
 
 @kv_routes.get("/<namespace>/<name:key>")
 async def get(namespace: str, key: str) -> Response:
     ns, k = rules.namespace(namespace), rules.key(key)
     row = await _broker().db.run(store.get, current_tenant_id(), ns, k)
-    return jsonify({"namespace": ns, "key": k, "value": row["value"],
+    return json_response({"namespace": ns, "key": k, "value": row["value"],
                     "expiresAt": iso(row["expires_at"]), "updatedAt": iso(row["updated_at"])})
 
 
@@ -51,4 +52,4 @@ async def get(namespace: str, key: str) -> Response:
 async def delete(namespace: str, key: str) -> Response:
     ns, k = rules.namespace(namespace), rules.key(key)
     deleted = await _broker().db.run(store.delete, current_tenant_id(), ns, k)
-    return jsonify({"ok": True, "namespace": ns, "key": k, "deleted": deleted})
+    return json_response({"ok": True, "namespace": ns, "key": k, "deleted": deleted})

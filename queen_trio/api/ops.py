@@ -6,12 +6,13 @@ from typing import Any
 
 import psycopg
 import trio
-from quart import Blueprint, Response, jsonify
+from quart import Blueprint, Response
 
 from ..db import queries
 from ..errors import DatabaseUnavailable
 from ..metrics import CONTENT_TYPE
 from .common import broker as _broker
+from .common import json_response
 from .openapi import openapi_document
 
 ops = Blueprint("ops", __name__)
@@ -51,7 +52,7 @@ async def health() -> Response:
     if database != "up":
         body["error"] = "database_unavailable"
         body["message"] = database if database != "down" else "no answer from the database in time"
-    response = jsonify(body)
+    response = json_response(body)
     response.status_code = 200 if ok else 503
     return response
 
@@ -64,4 +65,4 @@ async def metrics() -> Response:
 
 @ops.get("/openapi.json")
 async def openapi() -> Response:
-    return jsonify(openapi_document())
+    return json_response(openapi_document())

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from quart import current_app, g, request
+from quart import Request, current_app, g, request
 
+from ..context import BrokerContext
 from ..tenants.directory import retry_after_header
 from ..tenants.tokens import bearer
 from .common import broker as _broker
@@ -31,12 +32,13 @@ def never_refused(view: F) -> F:
 
 
 
-async def admit_request() -> None:
-    if not request.path.startswith("/api/") or request.url_rule is None:
+async def admit_request(req: Request, broker: BrokerContext) -> None:
+    """``req`` and ``broker``: the request and the app's broker (the hook has them at hand)."""
+    rule = req.url_rule
+    if rule is None or not req.path.startswith("/api/"):
         return
-    broker = _broker()
     if broker.settings.auth:
-        token = bearer(request.headers.get("Authorization"))
+        token = bearer(req.headers.get("Authorization"))
         tenant_id = None if token is None else await broker.tenants.authenticate(token)
         if tenant_id is None:
             raise ApiError(401, "unauthorized", "a valid bearer token is required",
@@ -44,7 +46,7 @@ async def admit_request() -> None:
     else:
         tenant_id = broker.tenants.default_tenant_id
     g.tenant_id = tenant_id
-    if _exempt():
+    if getattr(current_app.view_functions.get(rule.endpoint), _NEVER_REFUSED, False):
         return
     wait = broker.tenants.admit(tenant_id)
     if wait is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, jsonify, request
+from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
 from ..log import rules as log_rules
@@ -17,6 +17,7 @@ from ..timers import rules, store
 from ..transactions import timer_outcome_wire
 from ..wire import iso
 from .common import broker as _broker
+from .common import json_response
 from .errors import error_response, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
@@ -40,7 +41,7 @@ async def _schedule(s: rules.Schedule) -> Response:
     # Shares a statement and a commit with the schedules arriving alongside it.
     outcome = await broker.schedules.schedule(current_tenant_id(), s)
     broker.metrics.timers_scheduled.labels(outcome.status).inc()
-    return jsonify(timer_outcome_wire(outcome))
+    return json_response(timer_outcome_wire(outcome))
 
 
 @timer_routes.put("/<queue>/<name:key>")
@@ -70,7 +71,7 @@ async def cancel(queue: str, key: str) -> Response:
         store.cancel, current_tenant_id(), log_rules.queue_name(queue), rules.timer_key(key), txn
     )
     broker.metrics.timers_cancelled.labels(outcome.status).inc()
-    return jsonify(timer_outcome_wire(outcome))
+    return json_response(timer_outcome_wire(outcome))
 
 
 @timer_routes.get("/<queue>/<name:key>")
@@ -80,7 +81,7 @@ async def peek(queue: str, key: str) -> Response:
     if row is None:
         return error_response(404, "absent", f"no pending timer {k!r} on queue {q!r}",
                               status="absent", queue=q, key=k)
-    return jsonify({
+    return json_response({
         "queue": q, "key": k, "partition": row["partition"], "txn": row["txn"],
         "deliverAt": iso(row["deliver_at"]), "state": "claimed" if row["claimed"] else "pending",
         "attempts": row["attempts"], "lastError": row["last_error"], "payload": row["payload"],
@@ -101,4 +102,4 @@ async def list_timers(queue: str) -> Response:
         for r in rows
     ]
     next_cursor = rules.encode_cursor(rows[-1]["timer_key"]) if len(rows) == limit else None
-    return jsonify({"timers": timers, "next": next_cursor})
+    return json_response({"timers": timers, "next": next_cursor})

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import Counter
-from quart import Blueprint, Response, current_app, jsonify
+from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
 from ..errors import Conflict
 from ..log import rules as log_rules
+from .common import json_response
 from .errors import read_json_object
 from .kv import put_to_wire
 from .log import ack_to_wire, appended_to_wire
@@ -69,7 +70,7 @@ async def transaction() -> Response:
                 broker.metrics.messages_pushed.labels(appended.status).inc()
         elif op.type == "ack" and not result.already_acked:
             broker.metrics.acks.labels(result.status).inc()
-    return jsonify({
+    return json_response({
         "success": True,
         "transactionId": log_rules.new_transaction_id(),
         "results": [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)],

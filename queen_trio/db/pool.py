@@ -406,8 +406,12 @@ class Database:
         task (its socket waits are trio's)."""
         if kwargs:
             fn = functools.partial(fn, **kwargs)
-        async with self.connection() as conn:
+        # What ``async with self.connection()`` does, without an async generator per call.
+        conn = await self._acquire()
+        try:
             return await conn._call(_run_transaction, fn, args)
+        finally:
+            await self._release(conn)
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Like :meth:`run`, in a worker thread: for work with real CPU between statements."""
@@ -425,8 +429,11 @@ class Database:
         """
         if kwargs:
             fn = functools.partial(fn, **kwargs)
-        async with self.connection() as conn:
-            return await conn.run(fn, *args)
+        conn = await self._acquire()  # as in run()
+        try:
+            return await conn._call(fn, *args)
+        finally:
+            await self._release(conn)
 
     async def aclose(self) -> None:
         self._closed = True
