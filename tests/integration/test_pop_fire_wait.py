@@ -298,6 +298,51 @@ async def test_with_the_wait_off_parked_pops_hear_of_fires_by_notify(settings: S
         handle.shutdown()
 
 
+async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
+    settings: Settings,
+) -> None:
+    """The consumer hangs up while the fire meant for its parked pop is under way: the fire
+    still leases the frame to that pop, the sweeper finds it gone and releases the lease, and
+    the next consumer gets the message at once, unretried."""
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(run_broker, settings)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
+            q = "/api/v1/pop/queue/q"
+            await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 0}]})
+            first = (await http.get(q, params={"batch": "1"})).json()["messages"][0]
+            await http.post("/api/v1/ack", json={
+                "transactionId": first["transactionId"], "partitionId": first["partitionId"],
+                "leaseId": first["leaseId"], "status": "completed"})
+            leaving = trio.CancelScope()
+            with connect(settings.database_url) as holder:
+
+                async def parked_pop() -> None:
+                    async with httpx.AsyncClient(base_url=handle.url, timeout=20) as own:
+                        with leaving:
+                            await own.get(q, params={"wait": "true", "timeout": "15000"})
+
+                nursery.start_soon(parked_pop)
+                await trio.sleep(0.1)
+                put = await http.put("/api/v1/timers/q/orphan", json={"delayMs": 300,
+                                                                      "payload": "orphan"})
+                assert put.status_code == 200
+                with holder.transaction():
+                    holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
+                    await trio.sleep(0.5)  # reserved, and the fire is held up
+                    leaving.cancel()  # the consumer hangs up (its connection closes)
+                    await trio.sleep(0.2)
+            with trio.fail_after(5):
+                while await _metric(http, "handed_back") < 1:
+                    await trio.sleep(0.02)
+            took = time.monotonic()
+            again = await http.get(q, params={"wait": "true", "timeout": "5000"})
+            assert time.monotonic() - took < 1.0
+            (message,) = again.json()["messages"]
+            assert message["data"] == "orphan" and message["retryCount"] == 0
+            assert await _metric(http, "handed_over") == 1
+        handle.shutdown()
+
+
 def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url: str) -> None:
     """queen.sweep_timers_and_pop: the frame, the timer's deletion and the pop's lease are one
     commit; released whole (the pop had gone), the message goes to the next pop unretried."""
