@@ -248,11 +248,12 @@ def _popped(metrics: BrokerMetrics, outcome: store.PopOutcome) -> list[store.Pop
 
 async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopOutcome | None:
     """What the sweeper popped for this reserved pop (None: nothing came, or the sweep failed).
-    Bounded: a sweep held up past HANDOVER_WAIT_S after the due instant is not waited for (the
-    sweeper then gives the batch back), nor is one during a shutdown."""
+    Bounded: a sweep held up past HANDOVER_WAIT_S after the due instant, or past the pop's own
+    timeout, is not waited for (the sweeper then gives the batch back), nor is one during a
+    shutdown."""
     assert parked.due_local is not None
     if not wakeups.stopping:
-        with trio.move_on_at(parked.due_local + HANDOVER_WAIT_S):
+        with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
             await parked.handed.wait()
     wakeups.unpark(parked)
     return parked.outcome if parked.handed.is_set() else None
