@@ -16,8 +16,8 @@ def broker() -> BrokerContext:
     return current_app.config["BROKER"]
 
 
-# What jsonify() writes with the provider create_app configures (DefaultJSONProvider,
-# sort_keys off, compact out of debug mode), from one encoder made once: json.dumps with
+# What jsonify() writes with the provider create_app sets up (Flask's DefaultJSONProvider,
+# sort_keys off, compact unless in debug mode), from one encoder made once: json.dumps with
 # any non-default argument builds a new JSONEncoder for every answer.
 _COMPACT = json.JSONEncoder(
     default=DefaultJSONProvider.default, ensure_ascii=DefaultJSONProvider.ensure_ascii,
@@ -27,13 +27,9 @@ _COMPACT = json.JSONEncoder(
 
 def json_response(body: Any, status: int = 200) -> Response:
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    provider = app.json
-    if (type(provider) is not DefaultJSONProvider or provider.sort_keys
-            or provider.default is not DefaultJSONProvider.default
-            or provider.ensure_ascii is not DefaultJSONProvider.ensure_ascii
-            or provider.compact is False or (provider.compact is None and app.debug)):
-        response = jsonify(body)  # configured otherwise: as jsonify has it
+    if app.debug:  # jsonify indents its answers then
+        response = jsonify(body)
         response.status_code = status
         return response
     return app.response_class(_COMPACT.encode(body) + "\n", status=status,
-                              mimetype=provider.mimetype)
+                              mimetype=app.json.mimetype)

@@ -168,6 +168,20 @@ async def _metric(http: httpx.AsyncClient, result: str) -> float:
     return 0.0
 
 
+async def _ack(http: httpx.AsyncClient, message: dict[str, Any]) -> httpx.Response:
+    return await http.post("/api/v1/ack", json={
+        "transactionId": message["transactionId"], "partitionId": message["partitionId"],
+        "leaseId": message["leaseId"], "status": "completed"})
+
+
+async def _give_the_group_a_cursor(http: httpx.AsyncClient, pop_path: str) -> None:
+    """Push, pop and ack one message: from then on pop_head (and so the fire's own pop) serves
+    the group."""
+    await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 0}]})
+    first = (await http.get(pop_path, params={"batch": "1"})).json()["messages"][0]
+    assert (await _ack(http, first)).status_code == 200
+
+
 async def _parked_pops_receive(
     http: httpx.AsyncClient, timers: int, until: Any = None, *, auto_ack: bool = True,
 ) -> list[dict[str, Any]]:
@@ -194,11 +208,7 @@ async def _parked_pops_receive(
         assert message["timer"]["key"] == f"t{i}"
         assert message["createdAt"] >= put.json()["deliverAt"]
         if not auto_ack:
-            acked = await http.post("/api/v1/ack", json={
-                "transactionId": message["transactionId"],
-                "partitionId": message["partitionId"], "leaseId": message["leaseId"],
-                "status": "completed"})
-            assert acked.status_code == 200
+            assert (await _ack(http, message)).status_code == 200
         frames.append(message)
         if until is not None and await until():
             break
@@ -251,12 +261,7 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
         handle = await nursery.start(run_broker, settings)
         async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
             q = "/api/v1/pop/queue/q"
-            await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 0}]})
-            first = (await http.get(q, params={"batch": "1"})).json()["messages"][0]
-            acked = await http.post("/api/v1/ack", json={
-                "transactionId": first["transactionId"], "partitionId": first["partitionId"],
-                "leaseId": first["leaseId"], "status": "completed"})
-            assert acked.status_code == 200  # the group has a cursor: pop_head serves it
+            await _give_the_group_a_cursor(http, q)
             answer: dict[str, httpx.Response] = {}
 
             async def parked_pop() -> None:
@@ -308,11 +313,7 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
         handle = await nursery.start(run_broker, settings)
         async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
             q = "/api/v1/pop/queue/q"
-            await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 0}]})
-            first = (await http.get(q, params={"batch": "1"})).json()["messages"][0]
-            await http.post("/api/v1/ack", json={
-                "transactionId": first["transactionId"], "partitionId": first["partitionId"],
-                "leaseId": first["leaseId"], "status": "completed"})
+            await _give_the_group_a_cursor(http, q)
             leaving = trio.CancelScope()
             with connect(settings.database_url) as holder:
 

@@ -6,6 +6,7 @@ import functools
 import math
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.lowlevel
@@ -377,8 +378,6 @@ async def test_timers_handed_to_parked_consumers_are_handled_exactly_once(
     by one and pushes land beside them: the sweeper hands most timer frames to a parked pop
     in the fire's own transaction, and races it with pops woken by the pushes. Every message
     is handled once, none twice, whichever path served it."""
-    import httpx
-
     handled: list[Any] = []
     timers, pushes = 120, 240
 
