@@ -45,6 +45,10 @@ FIRE_LAG_BUCKETS = (
     60.0, 120.0, 300.0, 600.0,
 )
 
+# The services counted in queen_background_errors_total{service} (each shown from the start).
+BACKGROUND_SERVICES = ("sweeper", "housekeeping", "kv_purger", "analyzer", "tenants",
+                       "pending_gauge", "listener")
+
 
 class _StatisticsCollector(Collector):
     def __init__(
@@ -244,6 +248,16 @@ class BrokerMetrics:
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000),
             registry=self.registry,
         )
+        # Background services outlive what they cannot process (queen_trio/db/transient.py).
+        self.background_errors = Counter(
+            "queen_background_errors",
+            "Errors a background service met that were not transient database trouble (a row "
+            "or tenant it could not process, or a bug): logged at ERROR with a traceback, "
+            "and the service went on",
+            ["service"], registry=self.registry,
+        )
+        for service in BACKGROUND_SERVICES:
+            self.background_errors.labels(service)
         for status in ("scheduled", "rescheduled", "too_late"):
             self.timers_scheduled.labels(status)
         for status in ("cancelled", "absent", "too_late"):
@@ -252,6 +266,9 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+
+    def count_background_error(self, service: str) -> None:
+        self.background_errors.labels(service).inc()
 
     def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
         """One answered HTTP request (``seconds`` None: its start was not recorded)."""

@@ -11,12 +11,16 @@
    ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
 
 A service that crashes takes the whole nursery down with it: the broker exits with an error
-rather than serving HTTP with a dead service behind it.
+rather than serving HTTP with a dead service behind it. So no service lets one bad row or tenant
+crash it: what is not transient database trouble is logged at ERROR with its traceback, counted
+in ``queen_background_errors_total{service}``, and the service goes on after a back-off
+(queen_trio/db/transient.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import sys
@@ -105,10 +109,13 @@ async def run_broker(
                                     on_read_only=read_only) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
-        listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only)
+        count_error = metrics.count_background_error  # queen_background_errors_total
+        listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only,
+                            count_error=count_error)
         wakeups = QueueWakeups()
         tenants = TenantDirectory(db, default_tenant,
-                                  max_message_bytes=settings.max_message_bytes)
+                                  max_message_bytes=settings.max_message_bytes,
+                                  count_error=count_error)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
@@ -120,9 +127,10 @@ async def run_broker(
             context.services["listener"] = lambda: listener.connected
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
-            await nursery.start(kv_store.run_purger, db)  # expired KV keys
+            await nursery.start(  # expired KV keys
+                functools.partial(kv_store.run_purger, db, count_error=count_error))
             # Plans made while a table was small are dropped once it has grown.
-            await nursery.start(run_analyzer, db)
+            await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
             await nursery.start(schedules.run)  # single-timer schedules, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(

@@ -755,9 +755,18 @@ BEGIN
         -- if it raises, nothing of it has been returned.)
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, p_fire, v_now);
-    EXCEPTION WHEN data_exception THEN
-        -- A payload PostgreSQL could not turn into a frame: the block's locks, deletes and
-        -- frames are gone; claim every due row for the broker, which fires or fails each.
+    EXCEPTION WHEN OTHERS THEN
+        -- Trouble of the database itself (connection, serialization failure or deadlock,
+        -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
+        -- tried again, spending no attempt (queen_trio/db/transient.py).
+        IF left(SQLSTATE, 2) IN ('08', '40', '53', '57', '58')
+           OR SQLSTATE IN ('25006', '55P03') THEN
+            RAISE;
+        END IF;
+        -- Anything else is a row that cannot become a frame: a payload jsonb refuses (NaN,
+        -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
+        -- deletes and frames are gone; claim every due row for the broker, which fires them
+        -- one by one if the batch fails again, and only the rows at fault spend an attempt.
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, false, v_now);
     END;

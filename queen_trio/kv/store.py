@@ -12,7 +12,7 @@ import trio
 
 from ..db import Database, queries
 from ..db.rows import one
-from ..db.transient import every
+from ..db.transient import CountError, every
 from ..errors import NotFound, PayloadTooLarge, ValidationError
 from ..log.store import add_usage
 
@@ -82,6 +82,7 @@ def purge_expired(raw: Raw, limit: int = PURGE_BATCH) -> int:
 
 async def run_purger(
     db: Database, *, interval_s: float = PURGE_INTERVAL_S,
+    count_error: CountError | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Housekeeping: delete expired keys in batches (they are already invisible to reads)."""
@@ -90,4 +91,5 @@ async def run_purger(
             await trio.lowlevel.checkpoint()
 
     task_status.started()
-    await every(interval_s, purge, what="KV purge")
+    await every(interval_s, purge, what="KV purge", service="kv_purger",
+                count_error=count_error)

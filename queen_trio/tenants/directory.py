@@ -17,7 +17,7 @@ import time
 import trio
 
 from ..db import Database, Listener
-from ..db.transient import TRANSIENT_ERRORS
+from ..db.transient import TRANSIENT_ERRORS, CountError, backoff_s, survived
 from . import store
 from .store import PLANS_CHANNEL, Plan
 
@@ -34,8 +34,10 @@ class _Bucket:
 
 class TenantDirectory:
     def __init__(self, db: Database, default_tenant_id: int, *,
-                 max_message_bytes: int = 1024 * 1024) -> None:
+                 max_message_bytes: int = 1024 * 1024,
+                 count_error: CountError | None = None) -> None:
         self._max_message_bytes = max_message_bytes
+        self._count_error = count_error
         self._db = db
         self.default_tenant_id = default_tenant_id
         self._plans: dict[int, Plan] = {}
@@ -51,14 +53,23 @@ class TenantDirectory:
         await self.refresh()
         with listener.subscribe(PLANS_CHANNEL) as changes:
             task_status.started()
+            failures = 0  # refreshes in a row that failed with something not transient
             while True:
                 with trio.move_on_after(_REFRESH_S):
                     await changes.receive()  # a plan changed (or MISSED): reload now
                 try:
                     await self.refresh()
+                    failures = 0
                 except TRANSIENT_ERRORS as exc:
                     # Keep serving with the plans we have; the next second tries again.
                     log.warning("tenant plans not refreshed: %s", str(exc).strip())
+                except Exception as exc:
+                    # The same, after a back-off: a tenant row we cannot load never stops the
+                    # broker.
+                    failures += 1
+                    survived(log, "tenants", "the refresh of tenant plans and usage", exc,
+                             self._count_error)
+                    await trio.sleep(backoff_s(failures, _REFRESH_S) - _REFRESH_S)
 
     async def refresh(self) -> None:
         plans = await self._db.run(store.fold_usage_and_load_plans)

@@ -23,6 +23,8 @@ MAX_BACKOFF_MS = 60_000
 MAX_LIST_LIMIT = 1000
 # Below this, zstd's frame header alone outweighs what it could save.
 MIN_COMPRESSED_BYTES = 64
+# How much of a payload jsonb refused its dead letter shows (rules.undecodable).
+PREVIEW_BYTES = 256
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 
@@ -131,6 +133,24 @@ def unpack_text(blob: bytes, compressed: bool) -> str:
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"stored payload cannot be decoded: {exc}") from exc
     return text
+
+
+def undecodable(blob: bytes, compressed: bool) -> dict[str, Any]:
+    """What a dead letter holds in place of a stored payload jsonb cannot hold (it cannot be
+    decoded, or PostgreSQL refuses it: NaN, a \\u0000 escape…): its stored size and, if it
+    can be decompressed, the start of its text, with anything jsonb would refuse escaped."""
+    described: dict[str, Any] = {"undecodablePayloadBytes": len(blob)}
+    data = blob[:PREVIEW_BYTES]
+    if compressed:
+        try:
+            with _decompressor().stream_reader(blob) as reader:  # only the start is read
+                data = reader.read(PREVIEW_BYTES)
+        except zstandard.ZstdError:
+            described["compressed"] = "cannot be decompressed"
+            return described
+    preview = data.decode("utf-8", "backslashreplace")
+    described["payloadPreview"] = preview.replace("\x00", "\\x00")
+    return described
 
 
 def backoff_ms(attempts: int, first_ms: int) -> int:
