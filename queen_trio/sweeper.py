@@ -523,4 +523,3 @@ async def run_pending_gauge(
 
 def _identity(c: Claimed) -> str:
     return f"{c.queue}/{c.key} (tenant {c.tenant_id})"
-

@@ -13,6 +13,7 @@ one partition's segment) is permanent for that row or partition only.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -172,10 +173,14 @@ async def test_poison_rows_are_dead_lettered_and_every_other_timer_fires_once(
     poison = {await plant(database_url, "mixed" if not zstd else "mixedz", name, payload, zstd,
                           delay_s=0.4)
               for name, (payload, zstd) in POISON.items()}
+    planted_at = trio.current_time()
     # And more ordinary ones due after the poison has begun to fail.
     ordinary |= await schedule_burst(broker, "later", 20, 1500, "postgres")
 
     await drained(database_url, broker, within=30)
+    print(f"\n{len(POISON)} poison rows, {len(ordinary)} other timers: none left "
+          f"{trio.current_time() - planted_at:.2f} s after planting; {watch.checks} health "
+          f"checks, {len(watch.failures)} failed")
 
     watch.assert_up()
     fired = await log_by_txn(database_url)
@@ -203,10 +208,13 @@ async def test_a_broker_started_on_a_poison_row_survives_it(database_url: str) -
               await plant(database_url, "boot", "unclaimed", b'"\\u0000"', False, delay_s=-5)}
     async with running_brokers(database_url, 1,
                                env={**ENV, "QUEEN_SWEEPER_MAX_ATTEMPTS": "1"}) as (broker,):
+        assert broker.started_at is not None
         watch = HealthWatch(broker)
         async with trio.open_nursery() as nursery:
             await nursery.start(watch.run)
             await drained(database_url, broker, within=20)
+            print(f"\nstarted on 2 poison rows: both dead-lettered "
+                  f"{time.monotonic() - broker.started_at:.2f} s after the process started")
             await still_serving(broker, "boot")
             watch.assert_up()
             nursery.cancel_scope.cancel()

@@ -98,3 +98,21 @@ def test_schedule_accepts_negative_and_zero_delays() -> None:
         s = rules.schedule({"delayMs": delay, "payload": None}, "q", "a/b c", horizon_s=10,
                            ceiling=1000)
         assert (s.delay_ms, s.key, s.partition, s.txn) == (delay, "a/b c", "Default", None)
+
+
+@pytest.mark.parametrize(("blob", "compressed", "expected"), [
+    # Payloads jsonb refuses: the start of the text, a NUL byte spelled out.
+    (b"NaN", False, {"undecodablePayloadBytes": 3, "payloadPreview": "NaN"}),
+    (b'"\xff\x00"', False, {"undecodablePayloadBytes": 4, "payloadPreview": '"\\xff\\x00"'}),
+    (rules.pack({"note": "x" * 500})[0], True,
+     {"undecodablePayloadBytes": len(rules.pack({"note": "x" * 500})[0]),
+      "payloadPreview": '{"note":"' + "x" * (rules.PREVIEW_BYTES - 9)}),
+    (b"\x28\xb5\x2f\xfd not zstd", True,
+     {"undecodablePayloadBytes": 13, "compressed": "cannot be decompressed"}),
+])
+def test_what_a_dead_letter_holds_for_a_payload_jsonb_cannot_hold(
+    blob: bytes, compressed: bool, expected: dict
+) -> None:
+    described = rules.undecodable(blob, compressed)
+    assert described == expected
+    assert "\\u0000" not in json.dumps(described)  # jsonb takes it
