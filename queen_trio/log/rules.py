@@ -13,7 +13,7 @@ import os
 import re
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
@@ -353,6 +353,35 @@ def query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int)
     if not re.fullmatch(r"[0-9]{1,19}", raw) or not lo <= int(raw) <= hi:
         raise ValidationError("invalid_parameter", f"{key} must be an integer from {lo} to {hi}")
     return int(raw)
+
+
+_TIMESTAMP_EXAMPLE = "an ISO-8601 timestamp such as 2026-01-31T12:00:00Z"
+
+
+def timestamp(value: Any, field: str) -> datetime:
+    """An ISO-8601 timestamp (a trailing Z allowed; without a zone: UTC), as an instant in UTC.
+
+    Refused (400 ``invalid_timestamp``) unless that instant lies in years 1-9999 in UTC,
+    which is all Python's datetime holds: ``0001-01-01T00:00:00+01:00`` would be year 0
+    there, and the database driver raised OverflowError converting it (a 500).
+    """
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise ValidationError("invalid_timestamp", f"{field} must be {_TIMESTAMP_EXAMPLE}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError("invalid_timestamp",
+                              f"{field} must be {_TIMESTAMP_EXAMPLE}") from None
+    try:
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError(
+            "invalid_timestamp",
+            f"{field} is {value!r}, which is outside years 1-9999 once shifted to UTC",
+        ) from None
 
 
 _SUBSCRIPTION_MODES = {"all": None, "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}

@@ -143,9 +143,11 @@ def encode_cursor(key: str) -> str:
 
 
 def decode_cursor(cursor: str) -> str:
+    """The timer key a cursor holds; any other text (NUL bytes, say, which the database
+    cannot compare with) is not a cursor this broker issued."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
+        return timer_key(base64.b64decode(padded, altchars=b"-_", validate=True).decode())
+    except (ValueError, UnicodeDecodeError, ValidationError):
         raise ValidationError("invalid_cursor",
                               "after is not a cursor this broker issued") from None
