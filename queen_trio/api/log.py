@@ -73,7 +73,7 @@ async def push() -> Response:
     items = rules.push_items(body, message_ceiling())
     frames = [
         store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
-                       dedupe=i.client_transaction_id)
+                       dedupe=i.client_transaction_id, payload_json=i.payload_json)
         for i in items
     ]
     broker = _broker()

@@ -90,7 +90,7 @@ def schedule(
         raise ValidationError("invalid_delay", f"{prefix}delayMs is too far in the past")
     if "payload" not in body:
         raise ValidationError("missing_field", f"{prefix}payload is required")
-    log_rules.check_payload_size(body["payload"], ceiling, where or "timer")
+    log_rules.payload_json(body["payload"], ceiling, where or "timer")
     txn = body.get("txn")
     return Schedule(
         queue=log_rules.queue_name(queue, f"{prefix}queue"),
