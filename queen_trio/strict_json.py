@@ -42,6 +42,12 @@ _BOM = b"\xef\xbb\xbf"
 _ONE_DIGIT = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * _DOUBLE_MAX_DIGITS
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or the second without the
+# first: a lone surrogate. (It starts with a literal, so the regex engine skips from one "\u"
+# to the next; an escaped backslash before "ud800" is a false alarm, which the walk settles.)
+_LONE_SURROGATE_ESCAPE = re.compile(
+    r"\\u[dD](?:[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD])[c-fC-F][0-9a-fA-F]{2})")
 _PLAIN_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 
 
@@ -158,8 +164,9 @@ def loads(data: bytes | str, *, what: str = "the JSON text") -> Any:
         except RecursionError:
             raise JsonRefused(MALFORMED, f"{what} is nested too deeply") from None
         check(value)
-    elif "\\u0000" in text or "\\ud" in text or "\\uD" in text:
-        check(value)  # (most of the time a surrogate pair, which is fine: the walk tells)
+    elif "\\u0000" in text or (("\\ud" in text or "\\uD" in text)
+                               and _LONE_SURROGATE_ESCAPE.search(text)):
+        check(value)  # (or an escaped backslash followed by "u0000": the walk tells)
     return value
 
 
@@ -169,6 +176,41 @@ def loads(data: bytes | str, *, what: str = "the JSON text") -> Any:
 def check(value: Any) -> None:
     """Raise :class:`JsonRefused` naming the first value (in document order) that JSON or
     PostgreSQL cannot carry: see the module's description. Tuples count as arrays."""
+    if not _clean(value):
+        _locate(value)
+
+
+def _clean(value: Any) -> bool:
+    """True if nothing in ``value`` is refused; False if something may be (a subclass of a
+    JSON type, say): a quick walk that keeps no paths."""
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() and _UNSTORABLE.search(item) or "\x00" in item:
+                return False
+        elif kind is dict:
+            for name in item:
+                if type(name) is not str or not name.isascii() or "\x00" in name:
+                    push(name)  # looked at as a value: a string, or anything else
+            extend(item.values())
+        elif kind is list or kind is tuple:
+            extend(item)
+        elif kind is int:
+            if not -_DOUBLE_MAX <= item <= _DOUBLE_MAX:
+                return False
+        elif kind is float:
+            if item - item:
+                return False
+        elif not (item is None or kind is bool):
+            return False  # _Refusal, or a subclass: the slow walk decides
+    return True
+
+
+def _locate(value: Any) -> None:
+    """:func:`check`'s walk with the path of every value."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
