@@ -280,6 +280,8 @@ def requests(draw: Callable[[Any], Any], method: str, path: str) -> tuple[str, b
 
 # -- the tests ----------------------------------------------------------------------------------
 
+SENT: dict[int, int] = {}  # answers by status class, for the summary
+
 
 @pytest.fixture(scope="module")
 def http(live_broker: BrokerProcess) -> Any:
@@ -298,6 +300,7 @@ def test_edge_values_never_get_a_server_error(
         assume("/./" not in target and "/../" not in target)
         headers = {} if body is None else {"Content-Type": "application/json"}
         r = http.request(method, target, content=body, headers=headers)
+        SENT[r.status_code // 100] = SENT.get(r.status_code // 100, 0) + 1
         assert r.status_code < 500, (method, target, (body or b"")[:300], r.status_code,
                                      r.text[:300])
         if r.status_code >= 400:
@@ -310,6 +313,8 @@ def test_edge_values_never_get_a_server_error(
 
 def test_the_broker_is_healthy_after_the_fuzz(http: httpx.Client,
                                               live_broker: BrokerProcess) -> None:
+    print(f"\nedge fuzz: {sum(SENT.values())} requests over {len(OPERATIONS)} operations, "
+          + ", ".join(f"{n} {k}xx" for k, n in sorted(SENT.items())))
     assert live_broker.alive, live_broker.stderr()
     assert http.get("/health").status_code == 200
     assert "Traceback" not in live_broker.stderr(200_000), live_broker.stderr()
