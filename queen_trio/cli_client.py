@@ -25,6 +25,8 @@ from enum import Enum
 from itertools import islice
 from typing import Any
 
+from . import strict_json
+
 EXIT_OK = 0
 EXIT_USAGE = 2        # bad arguments: nothing was sent
 EXIT_NOT_DONE = 3     # a verdict, not a failure: absent, too_late, nothing to pop, no such key
@@ -246,8 +248,10 @@ def _duration(text: str) -> int | str:
 def _json_arg(text: str, what: str) -> Any:
     raw = sys.stdin.read() if text == "-" else text
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return strict_json.loads(raw)
+    except strict_json.JsonRefused as exc:
+        if exc.code == strict_json.INVALID_VALUE:  # NaN, 1e999, "\u0000"…: the broker's 400
+            raise ValueError(f"{what}: {exc.message}") from None
         raise ValueError(f"{what} must be JSON (quote text: '\"hello\"'): {raw[:60]!r}") from None
 
 

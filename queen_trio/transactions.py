@@ -125,7 +125,8 @@ def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
         if kind == "push":
             items = log_rules.push_items({"items": op.get("items")}, ceiling)
             frames = [log_store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
-                                         dedupe=i.client_transaction_id) for i in items]
+                                         dedupe=i.client_transaction_id,
+                                         payload_json=i.payload_json) for i in items]
             return Operation(index, kind, frames)
         if kind == "ack":
             return Operation(index, kind, log_rules.ack(op, 0))

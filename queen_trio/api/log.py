@@ -15,7 +15,6 @@ from ..log import rules, store
 from ..log.wakeups import HANDOVER_WAIT_S, ParkedPop, QueueWakeups
 from ..metrics import BrokerMetrics
 from ..wire import iso
-from .admin import instant
 from .common import broker as _broker
 from .common import json_response as _json
 from .errors import read_json_object
@@ -74,7 +73,7 @@ async def push() -> Response:
     items = rules.push_items(body, message_ceiling())
     frames = [
         store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
-                       dedupe=i.client_transaction_id)
+                       dedupe=i.client_transaction_id, payload_json=i.payload_json)
         for i in items
     ]
     broker = _broker()
@@ -408,8 +407,8 @@ async def list_dead_letters() -> Response:
         group=group,
         partition=_optional(args, "partition", rules.partition_name),
         after=after, offset=offset, limit=limit,
-        since=_optional(args, "from", lambda v: instant(v, "from")),
-        until=_optional(args, "to", lambda v: instant(v, "to")),
+        since=_optional(args, "from", lambda v: rules.timestamp(v, "from")),
+        until=_optional(args, "to", lambda v: rules.timestamp(v, "to")),
     )
     messages = [
         {

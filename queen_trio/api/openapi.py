@@ -797,6 +797,10 @@ def _document() -> dict[str, Any]:
                         "ok": {"const": False},
                         "error": {"type": "string", "description": "stable snake_case code"},
                         "message": {"type": "string"},
+                        "field": {"type": "string", "description": (
+                            "with invalid_json_value: the path of the value the body may not "
+                            "carry (NaN, ±Infinity, a number beyond a double, \\u0000, an "
+                            "unpaired surrogate), e.g. items[3].payload.price")},
                     },
                 },
                 "Health": {

@@ -92,7 +92,7 @@ def schedule(
         raise ValidationError("invalid_delay", f"{prefix}delayMs is too far in the past")
     if "payload" not in body:
         raise ValidationError("missing_field", f"{prefix}payload is required")
-    log_rules.check_payload_size(body["payload"], ceiling, where or "timer")
+    log_rules.payload_json(body["payload"], ceiling, where or "timer")
     txn = body.get("txn")
     return Schedule(
         queue=log_rules.queue_name(queue, f"{prefix}queue"),
@@ -163,9 +163,11 @@ def encode_cursor(key: str) -> str:
 
 
 def decode_cursor(cursor: str) -> str:
+    """The timer key a cursor holds; any other text (NUL bytes, say, which the database
+    cannot compare with) is not a cursor this broker issued."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
+        return timer_key(base64.b64decode(padded, altchars=b"-_", validate=True).decode())
+    except (ValueError, UnicodeDecodeError, ValidationError):
         raise ValidationError("invalid_cursor",
                               "after is not a cursor this broker issued") from None
