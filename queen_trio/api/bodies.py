@@ -158,16 +158,22 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
         body = request.body
         assert isinstance(body, RequestBody)
         body.budget = self.app.extensions[_BUDGET]
-        if not _has_body(self.scope):
-            # Nothing to hold back; reading the (empty) body at once lets a client's disconnect
-            # reach a parked long-poll.
-            body.set_complete()
+        # An HTTP/1 request without Content-Length or Transfer-Encoding has no body; HTTP/2
+        # (h2c) need not declare one: there, the method tells.
+        http1 = self.scope["http_version"] in ("1.0", "1.1")
+        declared = (_declares_body(self.scope) if http1
+                    else self.scope["method"] not in ("GET", "HEAD", "DELETE", "OPTIONS"))
+        if not declared:
+            # Nothing to hold back: reading the empty body at once lets the client's
+            # disconnect reach a parked long-poll.
             body.wanted.set()
 
         async def answer(message: ASGISendEvent) -> None:
-            if message["type"] == "http.response.start" and body.answer_started():
-                message = {**message, "headers": [*message.get("headers", ()),
-                                                  (b"connection", b"close")]}
+            if message["type"] == "http.response.start":
+                body_unread = body.answer_started()
+                if body_unread and declared and http1:  # HTTP/2 has no Connection header
+                    message = {**message, "headers": [*message.get("headers", ()),
+                                                      (b"connection", b"close")]}
             await send(message)
 
         try:
@@ -185,7 +191,7 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
         await super().handle_messages(nursery, request, receive)
 
 
-def _has_body(scope: Any) -> bool:
+def _declares_body(scope: Any) -> bool:
     for name, value in scope["headers"]:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
             return True
