@@ -11,7 +11,7 @@ token held 8 MiB each until refused, and 60 with one as much, whatever else was 
   and what was kept is dropped at once;
 - every byte kept counts against one :class:`BodyBudget` per broker
   (``QUEEN_HTTP_BODY_BUFFER_BYTES``) until the request ends; past it the request is answered
-  503 ``overloaded`` (the SDK retries it) rather than the broker growing;
+  503 ``overloaded``, having done nothing, rather than the broker growing;
 - once the answer starts, what still arrives is dropped, and an answer sent before the body was
   all received says ``Connection: close`` (queen_trio/api/connections.py then closes the
   connection gently): the rest of that body is never read as the next request.

@@ -127,10 +127,12 @@ def test_a_client_that_closes_frees_its_descriptor_at_once(
             s.sendall(HEALTH)
             read_answer(s)
             time.sleep(0.005)  # the broker is idle on this connection when the client closes
-    deadline = time.monotonic() + 10
-    while broker_fds(live_broker) > before + 5 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    closed_at = time.monotonic()
+    while broker_fds(live_broker) > before + 5 and time.monotonic() < closed_at + 10:
+        time.sleep(0.05)
     assert broker_fds(live_broker) <= before + 5, (before, broker_fds(live_broker))
+    print(f"\n100 client-closed connections: broker descriptors back to {broker_fds(live_broker)}"
+          f" ({before} before) {time.monotonic() - closed_at:.2f}s after the last close")
 
 
 FD_LIMIT = 256
