@@ -12,9 +12,8 @@ token held 8 MiB each until refused, and 60 with one as much, whatever else was 
 - every byte kept counts against one :class:`BodyBudget` per broker
   (``QUEEN_HTTP_BODY_BUFFER_BYTES``) until the request ends; past it the request is answered
   503 ``overloaded``, having done nothing, rather than the broker growing;
-- once the answer starts, what still arrives is dropped, and an answer sent before the body was
-  all received says ``Connection: close`` (queen_trio/api/connections.py then closes the
-  connection gently): the rest of that body is never read as the next request.
+- once the answer starts, what still arrives is dropped (an answer sent before the body had all
+  arrived closes the connection: queen_trio/api/connections.py).
 
 The hooks are quart-trio's ``asgi_http_class`` and Quart's ``Request.body_class`` (pinned in
 pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py).
@@ -65,7 +64,6 @@ class RequestBody:
         self.limit = max_content_length
         self.budget: BodyBudget | None = None
         self.wanted = trio.Event()  # a handler asked for the body, or the answer has started
-        self.received = False  # every piece of the body arrived
         self._pieces: list[bytes] = []
         self._held = 0
         self._done = trio.Event()  # received, refused or cleared
@@ -92,7 +90,6 @@ class RequestBody:
             self._held += len(data)
 
     def set_complete(self) -> None:
-        self.received = True
         self._done.set()
 
     def set_result(self, data: bytes) -> None:  # Quart's test request context
@@ -127,12 +124,10 @@ class RequestBody:
 
     # -- the connection's side -------------------------------------------------------------------
 
-    def answer_started(self) -> bool:
-        """Drop whatever still arrives; True if the body had not all arrived (so the
-        connection must close after this answer)."""
+    def answer_started(self) -> None:
+        """Drop whatever still arrives: the request has been answered."""
         self._dropping = True
         self.wanted.set()
-        return not self.received
 
     def _refuse(self, error: Exception) -> None:
         self._error = error
@@ -160,9 +155,10 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
         body.budget = self.app.extensions[_BUDGET]
         # An HTTP/1 request without Content-Length or Transfer-Encoding has no body; HTTP/2
         # (h2c) need not declare one: there, the method tells.
-        http1 = self.scope["http_version"] in ("1.0", "1.1")
-        declared = (_declares_body(self.scope) if http1
-                    else self.scope["method"] not in ("GET", "HEAD", "DELETE", "OPTIONS"))
+        if self.scope["http_version"] in ("1.0", "1.1"):
+            declared = _declares_body(self.scope)
+        else:
+            declared = self.scope["method"] not in ("GET", "HEAD", "DELETE", "OPTIONS")
         if not declared:
             # Nothing to hold back: reading the empty body at once lets the client's
             # disconnect reach a parked long-poll.
@@ -170,10 +166,7 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
 
         async def answer(message: ASGISendEvent) -> None:
             if message["type"] == "http.response.start":
-                body_unread = body.answer_started()
-                if body_unread and declared and http1:  # HTTP/2 has no Connection header
-                    message = {**message, "headers": [*message.get("headers", ()),
-                                                      (b"connection", b"close")]}
+                body.answer_started()
             await send(message)
 
         try:

@@ -7,28 +7,36 @@ as hypercorn reports ``http.disconnect``, which hypercorn does in that same call
 them. So once a connection had carried one request it was never timed out nor closed, whatever
 the client asked (issue 28; docs/upstream/hypercorn-keep-alive.md).
 
-:func:`install` changes hypercorn's ``TCPServer`` (pinned in pyproject.toml; the contract is
-checked by tests/unit/test_hypercorn_hooks.py):
+:func:`install` changes hypercorn's trio ``TCPServer`` and ``H11Protocol`` (pinned in
+pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py):
 
 - the connection's own steps (the idle timer, the close) are shielded from the cancellation of
   the task that asked for them;
+- an answer that goes out before the request's body has all arrived (a 401 or 413 decided
+  early) says ``Connection: close``: hypercorn closes such a connection after the answer, and
+  the client must not send its next request on it;
 - a close is a lingering one: FIN right after the answer, then what the client still sends is
   read and dropped until it closes or :data:`LINGER_S` pass. A client refused before its upload
-  ended (401, 413) is still writing; closing at once would reset the connection under an answer
-  it has not read yet;
+  ended is still writing; closing at once would reset the connection under an answer it has
+  not read yet;
 - when the client closes, the idle timer stops, so the descriptor is released at once, not
   after ``QUEEN_HTTP_IDLE_TIMEOUT_S`` (hypercorn's own behaviour, hidden by the first bug).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from functools import partial
 from typing import Any
 
+import h11
 import trio
 from hypercorn.events import Closed, Event, Updated
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
 # Long enough for a refused client to finish writing what it has in flight and read the answer;
@@ -37,7 +45,15 @@ LINGER_S = 2.0
 
 _ORIGINAL_SEND = TCPServer.protocol_send
 _ORIGINAL_READ = TCPServer._read_data
+_ORIGINAL_STREAM_SEND = H11Protocol.stream_send
 _LINGERING = "_queen_lingering"
+
+
+async def _stream_send(self: Any, event: StreamEvent) -> None:
+    if (isinstance(event, Response) and event.status_code >= 200
+            and self.connection.their_state is h11.SEND_BODY):
+        event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
+    await _ORIGINAL_STREAM_SEND(self, event)
 
 
 async def _protocol_send(self: Any, event: Event) -> None:
@@ -99,8 +115,9 @@ class _AtMostEvery(logging.Filter):
 
 
 def install() -> None:
-    """Patch hypercorn's trio TCPServer (idempotent)."""
+    """Patch hypercorn's trio TCPServer and its HTTP/1.1 protocol (idempotent)."""
     if TCPServer.protocol_send is not _protocol_send:
         TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
         TCPServer._read_data = _read_data  # type: ignore[method-assign]
+        H11Protocol.stream_send = _stream_send  # type: ignore[method-assign]
         logging.getLogger("trio.serve_listeners").addFilter(_AtMostEvery(10.0))

@@ -172,3 +172,26 @@ def test_a_body_past_the_budget_is_a_503_that_writes_nothing(small_budget: Broke
         assert r.status_code == 201, r.text[:300]
         popped = http.get("/api/v1/pop/queue/budget", params={"batch": 10})
         assert popped.status_code == 200 and len(popped.json()["messages"]) == 3
+
+
+def test_an_early_answer_to_a_body_that_had_arrived_keeps_the_connection(
+    token_and_broker: tuple[str, BrokerProcess],
+) -> None:
+    """A 401 to a small push whose body came with its head: the body had arrived, so the
+    connection carries the client's next request (only an answer sent before the body arrived
+    closes it)."""
+    _, broker = token_and_broker
+    body = b'{"items": [{"queue": "q", "payload": 1}]}'
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as s:
+        s.sendall(b"POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while not got.rstrip().endswith(b"}"):
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 401"), got[:300]
+        assert b"connection: close" not in got.lower(), got[:300]
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while not got.rstrip().endswith(b"}"):
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200"), got[:300]

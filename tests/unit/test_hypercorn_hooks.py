@@ -3,7 +3,8 @@ build on.
 
 connections.py wraps hypercorn's trio ``TCPServer.protocol_send(event)`` and ``_read_data()``
 and uses its ``idle_task``, ``_task_group``, ``stream``, ``protocol``, ``context`` and
-``_initiate_server_close()``; bodies.py replaces Quart's ``Request.body_class`` and quart-trio's
+``_initiate_server_close()``, and wraps ``H11Protocol.stream_send(event)`` (reading the h11
+``connection``); bodies.py replaces Quart's ``Request.body_class`` and quart-trio's
 ``asgi_http_class``. None of that is public API, hence the pins ``hypercorn[trio]>=0.18,<0.19``,
 ``quart-trio>=0.12,<0.13`` and ``quart>=0.22,<0.23`` in pyproject.toml. These tests fail, naming
 the module, as soon as an installed version differs; the last one runs hypercorn itself (no
@@ -12,6 +13,7 @@ database) with an app that behaves like quart-trio, which is docs/upstream's rep
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import socket
 import time
@@ -22,6 +24,8 @@ import pytest
 import quart.asgi
 import trio
 from hypercorn.config import Config
+from hypercorn.protocol.events import Response
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import TrioSingleTask
@@ -51,6 +55,10 @@ def test_the_tcp_server_methods_connections_py_wraps() -> None:
     assert names(TCPServer._initiate_server_close) == ["self"], _CONNECTIONS
     assert names(TrioSingleTask.restart) == ["self", "task_group", "action"], _CONNECTIONS
     assert names(TrioSingleTask.stop) == ["self"], _CONNECTIONS
+    assert names(connections._ORIGINAL_STREAM_SEND) == ["self", "event"], _CONNECTIONS
+    assert "self.connection: h11.Connection" in inspect.getsource(H11Protocol), _CONNECTIONS
+    assert [f.name for f in dataclasses.fields(Response)] == [
+        "stream_id", "headers", "status_code"], _CONNECTIONS
     source = inspect.getsource(TCPServer)
     for used in ("self.idle_task = ", "self._task_group = ", "self.stream = ",
                  "self.protocol = ", "self.context = ", "self.protocol_send,"):
