@@ -66,7 +66,7 @@ class RequestBody:
         self.wanted = trio.Event()  # a handler asked for the body, or the answer has started
         self._pieces: list[bytes] = []
         self._held = 0
-        self._done = trio.Event()  # received, refused or cleared
+        self._done = trio.Event()  # all received, or refused
         self._error: Exception | None = None
         self._dropping = False
         self._iterated = False
