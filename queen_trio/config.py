@@ -34,6 +34,9 @@ class Settings:
     # a request body not received within the other is answered 408.
     http_idle_timeout_s: int = 75
     http_body_timeout_s: int = 60
+    # Bytes of request bodies held at once by one broker process (None: 8 × the body limit);
+    # past it a request is answered 503 rather than the broker growing.
+    http_body_buffer_bytes: int | None = None
     # Broker processes behind one listening socket (``queen-trio serve``); each is a whole
     # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
     workers: int = 1
@@ -76,6 +79,11 @@ class Settings:
         """The largest request body read: room for a message at the ceiling, written with
         JSON escapes, beside others in one push (never below 8 MiB)."""
         return max(8 * ONE_MIB, 4 * self.max_message_bytes)
+
+    def http_body_budget(self) -> int:
+        """Bytes of request bodies held at once; never below one body at the limit."""
+        return max(self.http_body_buffer_bytes or 8 * self.http_body_limit(),
+                   self.http_body_limit())
 
     def timer_payload_ceiling(self, plan_max_message_bytes: int) -> int:
         """The largest serialized timer payload a tenant with this plan may schedule."""
@@ -159,6 +167,13 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         else None
     )
 
+    buffer_raw = env.get("QUEEN_HTTP_BODY_BUFFER_BYTES", "").strip()
+    body_buffer = (
+        _int(env, "QUEEN_HTTP_BODY_BUFFER_BYTES", 0, lo=ONE_MIB, hi=64 * 1024 * ONE_MIB)
+        if buffer_raw
+        else None
+    )
+
     return Settings(
         database_url=url,
         data_dir=data_dir,
@@ -170,6 +185,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
         http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
         http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
+        http_body_buffer_bytes=body_buffer,
         workers=workers,
         pop_commit_sync=pop_commit == "sync",
         pop_fire_wait_ms=_int(env, "QUEEN_POP_FIRE_WAIT_MS", 10, lo=0, hi=50),

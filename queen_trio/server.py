@@ -32,7 +32,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
-from .api import create_app
+from .api import connections, create_app
 from .api import protocol as http_protocol
 from .config import Settings
 from .context import BrokerContext
@@ -174,6 +174,7 @@ async def _serve_http(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     http_protocol.install()  # a request h11 refuses gets a JSON error, not an empty 400
+    connections.install()  # idle, Connection: close and HTTP/1.0 end every connection
     config = HypercornConfig()
     # A worker of ``serve`` with QUEEN_WORKERS > 1 accepts on the socket its parent bound.
     if settings.listen_fd is not None:
@@ -183,7 +184,7 @@ async def _serve_http(
     config.graceful_timeout = settings.graceful_timeout_ms / 1000
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    # Also the deadline for a connection's request head (slow-loris clients are cut off).
+    # Also the deadline for each request head of a connection (slow-loris clients are cut off).
     config.keep_alive_timeout = settings.http_idle_timeout_s
     status = _NotingStarted(task_status)
     try:

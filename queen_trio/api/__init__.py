@@ -11,6 +11,7 @@ from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
 from ..context import BrokerContext
+from . import bodies
 from .admin import admin_routes
 from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
@@ -41,6 +42,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     # Above the message ceiling (QUEEN_MAX_MESSAGE_BYTES), which no plan can raise.
     app.config["MAX_CONTENT_LENGTH"] = broker.settings.http_body_limit()
     app.config["BODY_TIMEOUT"] = broker.settings.http_body_timeout_s  # then 408
+    bodies.install(app, broker.settings.http_body_budget())
     assert isinstance(app.json, DefaultJSONProvider)  # json_provider_class is left as it is
     app.json.sort_keys = False
     # Werkzeug would answer a path with "//" in it (a key starting with an unencoded '/') with
@@ -64,11 +66,8 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     async def _before() -> None:
         g.started = time.perf_counter()
         req = request._get_current_object()  # type: ignore[attr-defined]
-        # Under HTTP/1.1 keep-alive, hypercorn never answers the next request of a connection
-        # whose previous answer went out before that request's body had arrived (a 401, 429,
-        # 405 or 404 decided from the headers alone). So the body (at most MAX_CONTENT_LENGTH,
-        # cached for the handler) is read before anything can answer early.
-        await req.get_data(cache=True)
+        # Before the body is read (bodies.py: read only when a handler asks): a refused
+        # client's upload is never buffered.
         await admit_request(req, broker)
         # A name in the path is text: percent-escapes that decode to bytes which are not
         # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.

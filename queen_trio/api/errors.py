@@ -102,10 +102,6 @@ def install_error_handlers(app: Quart) -> None:
         response = error_response(status, code, message)
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
-        if status in (408, 413):
-            # The rest of the body was never read: the connection cannot carry another
-            # request (hypercorn would leave the client's next one unanswered).
-            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(DatabaseUnavailable)

@@ -75,6 +75,8 @@ def test_settings_are_immutable() -> None:
         ("QUEEN_LOG_LEVEL", "LOUD"),
         ("QUEEN_HTTP_IDLE_TIMEOUT_S", "0"),
         ("QUEEN_HTTP_BODY_TIMEOUT_S", "soon"),
+        ("QUEEN_HTTP_BODY_BUFFER_BYTES", "1000"),
+        ("QUEEN_HTTP_BODY_BUFFER_BYTES", "64MiB"),
         ("QUEEN_MAX_MESSAGE_BYTES", "0"),
         ("QUEEN_MAX_MESSAGE_BYTES", "1023"),
         ("QUEEN_MAX_MESSAGE_BYTES", "4MiB"),
@@ -99,6 +101,16 @@ def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
     assert s.http_body_limit() > s.max_message_bytes
     # Timers keep min(1 MiB, plan ceiling), whatever the message ceiling is.
     assert s.timer_payload_ceiling(4 * ONE_MIB) == ONE_MIB
+
+
+def test_the_body_budget_is_settable_and_never_below_one_body_at_the_limit() -> None:
+    assert load_settings({}).http_body_budget() == 64 * ONE_MIB  # 8 bodies at the limit
+    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(32 * ONE_MIB)}
+                         ).http_body_budget() == 32 * ONE_MIB
+    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(2 * ONE_MIB)}
+                         ).http_body_budget() == 8 * ONE_MIB  # the body limit
+    bigger = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(4 * ONE_MIB)})
+    assert bigger.http_body_budget() == 8 * bigger.http_body_limit()
 
 
 def test_min_sleep_above_max_sleep_is_refused() -> None:
