@@ -83,7 +83,7 @@ async def run_broker(
 ) -> None:
     if settings.database_url is None:
         raise ValueError("run_broker needs settings.database_url (the CLI starts the embedded one)")
-    url = settings.database_url
+    url = settings.database_conninfo()  # a writable server, and a connect timeout per host
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await trio.to_thread.run_sync(apply_migrations, url)
 
