@@ -108,7 +108,8 @@ async def run_broker(
         listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only)
         wakeups = QueueWakeups()
         tenants = TenantDirectory(db, default_tenant,
-                                  max_message_bytes=settings.max_message_bytes)
+                                  max_message_bytes=settings.max_message_bytes,
+                                  auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,

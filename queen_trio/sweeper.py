@@ -425,11 +425,12 @@ class Sweeper:
             log.warning("a fired timer's batch for a pop that has gone stays leased until its "
                         "lease expires: %s", exc)
 
-    def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
-        for at in deliver_ats:
-            self._metrics.fire_lag.observe(max(0.0, committed_at_db - at.timestamp()))
-        self._fired += len(deliver_ats)
-        self._metrics.timers_fired.inc(len(deliver_ats))
+    def _fired_now(self, fired: list[tuple[int, datetime]], committed_at_db: float) -> None:
+        """``fired``: (tenant, deliver_at) of each timer just fired."""
+        for tenant_id, at in fired:
+            self._metrics.observe_fire_lag(tenant_id, max(0.0, committed_at_db - at.timestamp()))
+        self._fired += len(fired)
+        self._metrics.timers_fired.inc(len(fired))
 
     async def _fire(self, token: uuid.UUID, rows: list[Claimed]) -> None:
         ceilings = {tid: self._ceiling_for(tid) for tid in {c.tenant_id for c in rows}}
@@ -446,7 +447,8 @@ class Sweeper:
             except TRANSIENT:
                 await self._release(token)
                 raise
-        self._fired_now([c.deliver_at for c in fired.fired], time.time() + self._clock_offset)
+        self._fired_now([(c.tenant_id, c.deliver_at) for c in fired.fired],
+                        time.time() + self._clock_offset)
         if fired.failed or fired.dead_lettered:
             self._metrics.timer_failures.labels("permanent").inc(
                 len(fired.failed) + len(fired.dead_lettered)
