@@ -258,8 +258,9 @@ def raw_request(port: int, data: bytes, *, then: bytes | None = None, pause: flo
 def test_raw_non_utf8_bytes_in_the_path_are_refused(live_broker: BrokerProcess) -> None:
     body = b'{"delayMs": 60000, "payload": 1}'
     got = b"".join(raw_request(live_broker.port, b"PUT /api/v1/timers/names/\xff\xfe HTTP/1.1\r\n"
-                               b"Host: localhost\r\nConnection: close\r\nContent-Type: application/json"
-                               b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+                               b"Host: localhost\r\nConnection: close\r\n"
+                               b"Content-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body))
     status = got.split(b"\r\n", 1)[0]
     assert status.startswith(b"HTTP/1.1 4"), got[:300]
     assert_raw_json_error(got)
@@ -339,8 +340,8 @@ def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
             s.send(b"GET /health HTTP/1.1\r\nHo")
             data = b"st: x\r\n" + b"X-Slow: " + string.ascii_letters.encode() * 4
         else:
-            s.send(b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n"
-                   b"Content-Type: application/json\r\n\r\n{")
+            s.send(b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: localhost\r\n"
+                   b"Content-Length: 100000\r\nContent-Type: application/json\r\n\r\n{")
             data = b'"value": "' + b"x" * 1000
         t = threading.Thread(target=trickle, args=(s, data), daemon=True)
         t.start()
