@@ -159,7 +159,7 @@ def consume(port: int, url: str, timers: int, seed: int) -> list[dict[str, float
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def get(path: str) -> tuple[int, bytes]:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         buf = b""
         while b"\r\n\r\n" not in buf:
             buf += sock.recv(65536)

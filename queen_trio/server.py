@@ -87,7 +87,7 @@ async def run_broker(
 ) -> None:
     if settings.database_url is None:
         raise ValueError("run_broker needs settings.database_url (the CLI starts the embedded one)")
-    url = settings.database_url
+    url = settings.database_conninfo()  # a writable server, and a connect timeout per host
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await trio.to_thread.run_sync(apply_migrations, url)
 
@@ -115,7 +115,8 @@ async def run_broker(
         wakeups = QueueWakeups()
         tenants = TenantDirectory(db, default_tenant,
                                   max_message_bytes=settings.max_message_bytes,
-                                  count_error=count_error)
+                                  count_error=count_error,
+                                  auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,

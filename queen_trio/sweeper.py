@@ -436,11 +436,12 @@ class Sweeper:
         except Exception as exc:
             self._survived(exc, "the release of a fired timer's batch for a pop that has gone")
 
-    def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
-        for at in deliver_ats:
-            self._metrics.fire_lag.observe(max(0.0, committed_at_db - at.timestamp()))
-        self._fired += len(deliver_ats)
-        self._metrics.timers_fired.inc(len(deliver_ats))
+    def _fired_now(self, fired: list[tuple[int, datetime]], committed_at_db: float) -> None:
+        """``fired``: (tenant, deliver_at) of each timer just fired."""
+        for tenant_id, at in fired:
+            self._metrics.observe_fire_lag(tenant_id, max(0.0, committed_at_db - at.timestamp()))
+        self._fired += len(fired)
+        self._metrics.timers_fired.inc(len(fired))
 
     async def _fire(self, token: uuid.UUID, rows: list[Claimed]) -> None:
         settings = self._settings
@@ -462,7 +463,8 @@ class Sweeper:
             return
         for c, exc in fired.unexpected:
             self._survived(exc, f"the fire of timer {_identity(c)}")
-        self._fired_now([c.deliver_at for c in fired.fired], time.time() + self._clock_offset)
+        self._fired_now([(c.tenant_id, c.deliver_at) for c in fired.fired],
+                        time.time() + self._clock_offset)
         if fired.failed or fired.dead_lettered:
             self._metrics.timer_failures.labels("permanent").inc(
                 len(fired.failed) + len(fired.dead_lettered)

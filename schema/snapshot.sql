@@ -658,6 +658,7 @@ DECLARE
     v_ctids tid[];
     v_direct integer;
     v_fired timestamptz[] := '{}';
+    v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
 BEGIN
     SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
@@ -693,7 +694,7 @@ BEGIN
                       convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                       t.deliver_at
         )
-        SELECT array_agg(g.deliver_at ORDER BY g.ord),
+        SELECT array_agg(g.deliver_at ORDER BY g.ord), array_agg(g.tenant_id ORDER BY g.ord),
                queen.append_timer_frames(
                    array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
                    array_agg(g.timer_key ORDER BY g.ord),
@@ -701,7 +702,7 @@ BEGIN
                    array_agg(g.text ORDER BY g.ord),
                    array_agg(g.payload_bytes ORDER BY g.ord),
                    array_agg(g.deliver_at ORDER BY g.ord))
-        INTO v_fired, v_appended
+        INTO v_fired, v_fired_tenants, v_appended
         FROM gone g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
@@ -710,10 +711,10 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT true, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+    SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
            NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
            NULL::float8, NULL::float8
-    FROM unnest(v_fired) AS f(at);
+    FROM unnest(v_fired, v_fired_tenants) AS f(at, tenant);
 
     IF v_direct < cardinality(v_ctids) THEN
         RETURN QUERY

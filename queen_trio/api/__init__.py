@@ -17,6 +17,8 @@ from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
 from .log import log_routes
 from .ops import ops
+from .origin import HostPolicy, check_request
+from .stats import stats_routes
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
@@ -56,11 +58,13 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)
+    app.register_blueprint(stats_routes)
     app.register_blueprint(ui_routes)
 
     # One hook each way: every hook costs Quart a dispatch (ensure_async, an await), and each
     # `request`/`g` access a context-variable lookup, on every request.
     metrics = broker.metrics
+    hosts = HostPolicy.from_settings(broker.settings)
 
     @app.before_request
     async def _before() -> None:
@@ -68,6 +72,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
         req = request._get_current_object()  # type: ignore[attr-defined]
         # Before the body is read (bodies.py: read only when a handler asks): a refused
         # client's upload is never buffered.
+        check_request(req, hosts)  # another origin's page, or a rebound host name: 403
         await admit_request(req, broker)
         # A name in the path is text: percent-escapes that decode to bytes which are not
         # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.

@@ -77,9 +77,9 @@ async def push() -> Response:
         for i in items
     ]
     broker = _broker()
-    appended = await broker.db.run(store.append, current_tenant_id(), frames)
-    for a in appended:
-        broker.metrics.messages_pushed.labels(a.status).inc()
+    tenant = current_tenant_id()
+    appended = await broker.db.run(store.append, tenant, frames)
+    broker.metrics.count_pushed(tenant, (a.status for a in appended))
     return _json([appended_to_wire(i, a) for i, a in enumerate(appended)], status=201)
 
 
@@ -237,11 +237,7 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
 
 def _popped(metrics: BrokerMetrics, outcome: store.PopOutcome) -> list[store.PopBatch]:
     batches = outcome.batches
-    if not batches:
-        metrics.pops.labels("empty").inc()
-        return []
-    metrics.pops.labels("messages").inc()
-    metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
+    metrics.count_pop(current_tenant_id(), sum(len(b.messages) for b in batches))
     return batches
 
 
@@ -346,9 +342,8 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
                                             sync_commit=sync_commit)
     if results is None:
         results = await broker.db.run(store.ack, tenant, acks)
+    broker.metrics.count_acks(tenant, (r.status for r in results if not r.already_acked))
     for r in results:
-        if not r.already_acked:
-            broker.metrics.acks.labels(r.status).inc()
         if r.dead_lettered:
             broker.metrics.dead_lettered.inc()
     return results

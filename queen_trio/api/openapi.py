@@ -21,7 +21,9 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 
 def _errors(*statuses: int) -> dict[str, Any]:
     texts = {400: "Invalid input", 401: "Missing or invalid bearer token", 404: "Not found",
-             409: "Conflict", 413: "Payload too large", 429: "Request-rate quota exhausted"}
+             409: "Conflict", 413: "Payload too large",
+             429: "Request-rate quota exhausted, or too many failed authentications from this "
+                  "address"}
     return {str(s): _json(_ERROR, texts[s]) for s in statuses}
 
 
@@ -421,6 +423,26 @@ def _admin_paths() -> dict[str, Any]:
     deleted = _json(_OBJECT, "{success, consumerGroup, queueName?, deletedPartitions, "
                              "metadataDeleted}")
     return {
+        "/api/v1/stats": {"get": {
+            "summary": "The tenant's own counts on this broker: what the dashboard draws",
+            "description": "Since this broker process started: pushed (push items, by any "
+                           "status), popped (messages handed out), acked (acknowledgements "
+                           "applied), and timerFireLag (the tenant's timers: fire commit minus "
+                           "deliverAt, as cumulative counts per bucket bound in seconds, "
+                           "Prometheus style, '+Inf' last). Rates are differences between two "
+                           "answers with the same broker id (each worker, and each start, has "
+                           "its own). /metrics has every tenant's figures together.",
+            "operationId": "stats",
+            "responses": {"200": _json({"type": "object", "required": [
+                "broker", "pushed", "popped", "acked", "timerFireLag"], "properties": {
+                    "broker": {"type": "string"}, "pushed": {"type": "integer"},
+                    "popped": {"type": "integer"}, "acked": {"type": "integer"},
+                    "timerFireLag": {"type": "object", "properties": {
+                        "count": {"type": "integer"},
+                        "buckets": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}}}}}},
+                "The tenant's counters")},
+        }},
         "/api/v1/consumer-groups": {"get": {
             "summary": "Consumer groups, one entry per (group, queue)",
             "description": "Each entry: name, topics, queueName, members (partitions with a "
@@ -578,18 +600,32 @@ _STORAGE_GATED = {"scheduleTimerPost", "scheduleTimer", "kvPut", "transaction", 
 _NEVER_REFUSED = {"cancelTimer"}
 
 
+_OPERATOR_ONLY = {"metrics", "metricsPrometheus"}
+_REFUSED_403 = _json(_ERROR, "host_not_allowed: a Host this broker does not answer to (auth "
+                             "off: localhost, IP addresses, QUEEN_ALLOWED_HOSTS); cross_origin "
+                             "(/api/ only): sent by another origin's web page")
+
+
 def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
     """Every /api/ operation takes the bearer token (required with QUEEN_AUTH=on, so the
     security requirement lists "none" too) and may answer 401 and, but for a timer's cancel,
-    429; the writes that add stored bytes may answer 507. The ops routes (/health, /metrics,
-    /openapi.json) take no token at all."""
+    429; the writes that add stored bytes may answer 507. /metrics takes a token of the
+    operator tenant when auth is on (403 for another tenant's). The other ops routes
+    (/health, /openapi.json) and the dashboard's files take no token at all. Anything may
+    answer 403 for its Host or origin (api/origin.py)."""
     for path, operations in paths.items():
         for operation in operations.values():
+            responses = operation["responses"]
+            responses.setdefault("403", _REFUSED_403)
+            if operation["operationId"] in _OPERATOR_ONLY:
+                operation["security"] = [{"bearer": []}, {}]
+                responses.setdefault("401", _errors(401)["401"])
+                responses.setdefault("429", _errors(429)["429"])
+                continue
             if not path.startswith("/api/"):
                 operation["security"] = []
                 continue
             operation["security"] = [{"bearer": []}, {}]
-            responses = operation["responses"]
             responses.setdefault("401", _errors(401)["401"])
             if operation["operationId"] not in _NEVER_REFUSED:
                 responses.setdefault("429", _errors(429)["429"])
@@ -651,7 +687,8 @@ def _document() -> dict[str, Any]:
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (same as /metrics/prometheus)",
+                    "summary": "Prometheus metrics (same as /metrics/prometheus); with "
+                               "QUEEN_AUTH=on, a token of QUEEN_OPERATOR_TENANT",
                     "operationId": "metrics",
                     "responses": {
                         "200": {

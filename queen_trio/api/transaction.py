@@ -64,12 +64,12 @@ async def transaction() -> Response:
     operations = bundle.operations
     for t, o in zip(bundle.timers, outcomes, strict=True):
         _timer_counter(broker, t.action).labels(o.status).inc()
+    tenant = current_tenant_id()
     for op, result in zip(operations, results, strict=True):
         if op.type == "push":
-            for appended in result:
-                broker.metrics.messages_pushed.labels(appended.status).inc()
+            broker.metrics.count_pushed(tenant, (appended.status for appended in result))
         elif op.type == "ack" and not result.already_acked:
-            broker.metrics.acks.labels(result.status).inc()
+            broker.metrics.count_acks(tenant, (result.status,))
     return json_response({
         "success": True,
         "transactionId": log_rules.new_transaction_id(),

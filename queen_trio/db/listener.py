@@ -209,7 +209,6 @@ class Listener:
                 self.conninfo,
                 autocommit=True,
                 application_name="queen-trio-listener",
-                connect_timeout=5,
             )
             try:
                 reason = read_only_reason(raw.info)

@@ -162,7 +162,8 @@ class Claimed:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SweepResult:
-    fired: list[datetime]  # deliver_at of each timer PostgreSQL fired (and committed)
+    # (tenant, deliver_at) of each timer PostgreSQL fired (and committed)
+    fired: list[tuple[int, datetime]]
     rows: list[Claimed]  # claimed for the broker to fire, in due order
     next_due: float | None  # epoch seconds (database clock) of the earliest visible_at
     db_now: float  # epoch seconds (database clock) at the end of the statement
@@ -207,7 +208,7 @@ def sweep(
         Q.sweep if pop is None else Q.sweep_and_pop, params,
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
-    fired: list[datetime] = []
+    fired: list[tuple[int, datetime]] = []
     claimed: list[Claimed] = []
     next_due = db_now = None
     popped = None
@@ -217,7 +218,7 @@ def sweep(
             popped = log_store.head_outcome_from_json(pop, r["popped"]) if r["popped"] else None
             db_now = r["db_now"]  # read after the pop: the statement's true end
         elif r["fired"]:
-            fired.append(r["deliver_at"])
+            fired.append((r["tenant_id"], r["deliver_at"]))
         elif r["fired"] is None:
             next_due, db_now = r["next_due"], r["db_now"]
         else:

@@ -258,8 +258,9 @@ def raw_request(port: int, data: bytes, *, then: bytes | None = None, pause: flo
 def test_raw_non_utf8_bytes_in_the_path_are_refused(live_broker: BrokerProcess) -> None:
     body = b'{"delayMs": 60000, "payload": 1}'
     got = b"".join(raw_request(live_broker.port, b"PUT /api/v1/timers/names/\xff\xfe HTTP/1.1\r\n"
-                               b"Host: x\r\nConnection: close\r\nContent-Type: application/json"
-                               b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+                               b"Host: localhost\r\nConnection: close\r\n"
+                               b"Content-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body))
     status = got.split(b"\r\n", 1)[0]
     assert status.startswith(b"HTTP/1.1 4"), got[:300]
     assert_raw_json_error(got)
@@ -283,7 +284,7 @@ def test_a_raw_non_ascii_byte_in_the_query_string_gets_a_json_error(
     """Issue 21 item 6: h11 refuses the request line and hypercorn used to answer an empty
     400; the answer is now the broker's JSON error."""
     got = b"".join(raw_request(live_broker.port, b"DELETE " + target + b" HTTP/1.1\r\n"
-                               b"Host: x\r\nConnection: close\r\n\r\n"))
+                               b"Host: localhost\r\nConnection: close\r\n\r\n"))
     assert got.startswith(b"HTTP/1.1 400"), got[:300]
     assert assert_raw_json_error(got)["error"] == "bad_request"
 
@@ -308,10 +309,10 @@ def test_an_early_answer_closes_the_connection_and_never_hangs(
     Regressions: before 0b05bb2 hypercorn never answered the next request (found by
     schemathesis); until issue 28 the broker read every body before admission to avoid that."""
     body = b'{"seconds": 5, "a": 1}'
-    head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     got = b"".join(raw_request(live_broker.port, head, then=body + b"GET /health HTTP/1.1\r\n"
-                               b"Host: x\r\n\r\n", pause=0.02, answers=2))
+                               b"Host: localhost\r\n\r\n", pause=0.02, answers=2))
     assert b"<timeout>" not in got, got[-300:]
     answer_head = got.split(b"\r\n\r\n", 1)[0].lower()
     assert got.startswith(b"HTTP/1.1 4") and b"connection: close" in answer_head, got[:600]
@@ -345,8 +346,8 @@ def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
             s.send(b"GET /health HTTP/1.1\r\nHo")
             data = b"st: x\r\n" + b"X-Slow: " + string.ascii_letters.encode() * 4
         else:
-            s.send(b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
-                   b"Content-Type: application/json\r\n\r\n{")
+            s.send(b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: localhost\r\n"
+                   b"Content-Length: 100000\r\nContent-Type: application/json\r\n\r\n{")
             data = b'"value": "' + b"x" * 1000
         t = threading.Thread(target=trickle, args=(s, data), daemon=True)
         t.start()
@@ -417,7 +418,7 @@ def test_a_request_head_that_never_ends_is_cut_off(impatient_broker: BrokerProce
 def test_a_request_body_that_never_ends_is_answered_408(impatient_broker: BrokerProcess) -> None:
     elapsed, got = _trickle_until_closed(
         impatient_broker.port,
-        b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+        b"PUT /api/v1/kv/slow/k HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n"
         b"Content-Type: application/json\r\n\r\n{", b'"value": "' + b"x" * 1000, limit_s=10)
     assert 1.5 <= elapsed < 5, (elapsed, got[:200])
     assert got.startswith(b"HTTP/1.1 408"), got[:300]
