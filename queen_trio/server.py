@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import resource
 import sys
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -106,7 +107,9 @@ async def run_broker(
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
         listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only)
-        wakeups = QueueWakeups()
+        wakeups = QueueWakeups(max_parked=_parked_bound(settings),
+                               max_per_tenant=settings.longpoll_max_parked_per_tenant,
+                               recheck_concurrency=max(2, settings.db_pool_size // 4))
         tenants = TenantDirectory(db, default_tenant,
                                   max_message_bytes=settings.max_message_bytes)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
@@ -155,6 +158,18 @@ async def run_broker(
             await http_done.wait()  # the API has drained: now stop the background services
             nursery.cancel_scope.cancel()
     log.info("queen-trio stopped")
+
+
+def _parked_bound(settings: Settings) -> int:
+    """QUEEN_LONGPOLL_MAX_PARKED, but at most half the process's open-file limit: each
+    waiting pop holds a connection, and the other half is left to other clients and the
+    database."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or settings.longpoll_max_parked <= soft // 2:
+        return settings.longpoll_max_parked
+    log.warning("QUEEN_LONGPOLL_MAX_PARKED=%d lowered to %d: the open-file limit is %d "
+                "(raise LimitNOFILE / ulimit -n)", settings.longpoll_max_parked, soft // 2, soft)
+    return soft // 2
 
 
 async def _serve_http(
