@@ -167,8 +167,9 @@ def _parked_bound(settings: Settings) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or settings.longpoll_max_parked <= soft // 2:
         return settings.longpoll_max_parked
-    log.warning("QUEEN_LONGPOLL_MAX_PARKED=%d lowered to %d: the open-file limit is %d "
-                "(raise LimitNOFILE / ulimit -n)", settings.longpoll_max_parked, soft // 2, soft)
+    log.info("at most %d pops wait at once (QUEEN_LONGPOLL_MAX_PARKED=%d): the open-file "
+             "limit is %d (LimitNOFILE, ulimit -n)", soft // 2, settings.longpoll_max_parked,
+             soft)
     return soft // 2
 
 

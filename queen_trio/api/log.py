@@ -262,6 +262,8 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
                 await waiter.woken.wait()
             if wakeups.stopping:  # shutting down: answer "nothing", lease nothing
                 return store.PopOutcome(None)
+            if not waiter.woken.is_set():
+                return outcome  # its time is up, and nothing changed for it since it looked
     finally:
         if parked is not None:
             # Gone (answered, timed out, cancelled): a fire's batch reserved for it goes back.

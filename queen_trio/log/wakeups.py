@@ -178,7 +178,7 @@ class WakeupStatistics:
 
 
 class QueueWakeups:
-    def __init__(self, *, max_parked: int = 20_000, max_per_tenant: int = 10_000,
+    def __init__(self, *, max_parked: int = 10_000, max_per_tenant: int = 5_000,
                  recheck_concurrency: int = 4) -> None:
         self.max_parked = max_parked
         self.max_per_tenant = max_per_tenant
