@@ -150,7 +150,16 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
         except ClientError as exc:
             extra["ackError"] = {"status": exc.status, "error": exc.code,
                                  "message": exc.message, **exc.extra}
-    batches = await _pop_batches(req)
+    try:
+        batches = await _pop_batches(req)
+    except WaitRefused as refused:
+        if not acks:
+            raise
+        # The acks have committed: say so (a client must not send them again), and why
+        # nothing waited; its next pop, with nothing to settle, is refused outright.
+        extra["waitRefused"] = {"status": refused.status, "error": refused.code,
+                                "message": refused.message, **refused.extra}
+        batches = []
     if not batches:
         return _json({"success": True, "queue": req.queue, "partition": None,
                       "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
@@ -272,6 +281,10 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
             metrics.longpoll_waiters.dec()
 
 
+class WaitRefused(ApiError):
+    """A pop found nothing and may not wait: a bound on waiting pops is reached."""
+
+
 def _park(waiter: Waiter) -> None:
     broker = _broker()
     try:
@@ -279,12 +292,12 @@ def _park(waiter: Waiter) -> None:
     except ParkLimit as limit:
         broker.metrics.longpoll_refused.labels(limit.scope).inc()
         if limit.scope == "tenant":
-            raise ApiError(
+            raise WaitRefused(
                 429, "too_many_waiting_pops",
                 f"this tenant already has {limit.limit} pops waiting for messages "
                 "(QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT); retry later, or pop without wait",
                 headers={"Retry-After": "1"}, limit=limit.limit) from None
-        raise ApiError(
+        raise WaitRefused(
             503, "broker_waiting_pops_full",
             f"this broker already has {limit.limit} pops waiting for messages "
             "(QUEEN_LONGPOLL_MAX_PARKED); retry later, or on another broker",

@@ -168,6 +168,17 @@ async def test_a_pop_past_a_bound_on_waiting_pops_is_refused_and_others_are_serv
                 await push(http, "elsewhere", ["ready"])
                 got = await pop(http, "elsewhere", wait=True, timeout=20000)
                 assert got is not None and got["messages"][0]["data"] == "ready"
+                # Settled on a pop that may not wait: the acks stand, and the answer says so.
+                done = got["messages"][0]
+                r = await http.post(f"{API}/pop/queue/crowded", params=params, json={
+                    "acknowledgments": [{"transactionId": done["transactionId"],
+                                         "partitionId": done["partitionId"],
+                                         "leaseId": done["leaseId"]}]})
+                assert r.status_code == 200, r.text
+                assert (r.json()["messages"], r.json()["acks"]["completed"]) == ([], 1)
+                assert r.json()["waitRefused"] == {"status": status, "error": error,
+                                                   "message": r.json()["waitRefused"]["message"],
+                                                   "limit": 2}
                 # One waiting pop is answered: its place is free for another, and no more.
                 await push(http, "crowded", ["one"])
                 with trio.fail_after(10):
@@ -178,6 +189,6 @@ async def test_a_pop_past_a_bound_on_waiting_pops_is_refused_and_others_are_serv
                 await refused()
                 polls.cancel_scope.cancel()
             text = await metrics(http)
-            assert re.search(rf'^queen_longpoll_refused_total\{{scope="{scope}"\}} 2\.0$', text,
+            assert re.search(rf'^queen_longpoll_refused_total\{{scope="{scope}"\}} 3\.0$', text,
                              re.M), text
         handle.shutdown()
