@@ -18,9 +18,11 @@ POLLS = 3000
 
 
 async def test_3000_parked_polls_cost_nothing_while_nothing_changes(database_url: str) -> None:
-    result = await parked_polls.run(database_url, polls=POLLS, queues=30, timeout_ms=45_000,
-                                    quiet_s=5.0, pushes=300, margin_s=3.0,
-                                    park_within_s=120.0)
+    # Parking 3,000 takes 20 s on a quiet machine, a minute when others load it: the polls
+    # wait long enough for all of them to be parked at once.
+    result = await parked_polls.run(database_url, polls=POLLS, queues=30, timeout_ms=90_000,
+                                    quiet_s=5.0, pushes=300, margin_s=5.0,
+                                    park_within_s=80.0)
     print(f"\nparked polls: {json.dumps(result)}")
     assert result["parked"] == POLLS, result
     # While they wait: no look at the database from any of them. PostgreSQL counts only
@@ -34,7 +36,7 @@ async def test_3000_parked_polls_cost_nothing_while_nothing_changes(database_url
     assert result["push_with_crowd_parked_ms"]["n"] == 300, result
     assert result["push_with_crowd_parked_ms"]["p99"] < 250, result
     assert set(result["health"]) == {"200"}, result
-    # Every poll answered, by its deadline plus 3 s; each push into the crowd woke one.
+    # Every poll answered, by its deadline plus 5 s; each push into the crowd woke one.
     assert result["unanswered_polls"] == 0 and result["late_polls"] == 0, result
     assert set(result["poll_answers"]) <= {"200", "204"}, result
     messages = result["messages"]
