@@ -186,6 +186,12 @@ class BrokerMetrics:
             "timer about to fire; handover: the fire's hand-over gave nothing)",
             ["reason"], registry=self.registry,
         )
+        self.longpoll_looks_spared = Counter(
+            "queen_longpoll_looks_spared",
+            "Waiting pops that joined a lane known to be empty (its last look found nothing "
+            "and no news came since) without looking: a client polling again costs no query",
+            registry=self.registry,
+        )
         self.longpoll_refused = Counter(
             "queen_longpoll_refused",
             "Pops refused instead of waiting: the tenant's (429) or the broker's (503) bound "

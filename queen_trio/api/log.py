@@ -228,6 +228,10 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
     deadline = trio.current_time() + req.timeout_ms / 1000
     fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
     parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
+    # A lane whose last look found nothing, with no news since: join it without a look (a
+    # client polling again after its timeout costs no query).
+    known_empty = waiter.lane_known_empty
+    outcome = store.PopOutcome(None)
     try:
         while True:
             reason = waiter.begin_look()  # a wake from now on means: look again
@@ -245,7 +249,9 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
                 fire = None
             if waiter.parked:
                 metrics.longpoll_looks.labels(reason).inc()
-            if waiter.parked and reason in BACKGROUND_REASONS:
+            if known_empty:
+                metrics.longpoll_looks_spared.inc()
+            elif waiter.parked and reason in BACKGROUND_REASONS:
                 async with wakeups.rechecks:  # every lane at once: a few at a time
                     outcome = await _look(tenant, req, fire)
             else:
@@ -261,12 +267,15 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
             if parked is None and req.partitions == 1:
                 parked = ParkedPop(tenant, req, deadline, waiter=waiter)
                 wakeups.offer(key, parked)
-            # When something becomes poppable that nobody will NOTIFY (a lease or a retry
-            # hold ending, a delayed frame maturing): the lane's timer goes off then.
-            look_in = await broker.db.run_statement(store.next_look_in_s, tenant, req)
-            if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
-                look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
-            wakeups.look_again_in(waiter, look_in)
+            if known_empty:
+                known_empty = False  # the lane's timer is set already
+            else:
+                # When something becomes poppable that nobody will NOTIFY (a lease or a retry
+                # hold ending, a delayed frame maturing): the lane's timer goes off then.
+                look_in = await broker.db.run_statement(store.next_look_in_s, tenant, req)
+                if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
+                    look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
+                wakeups.look_again_in(waiter, look_in)
             with trio.move_on_at(deadline):
                 await waiter.woken.wait()
             if wakeups.stopping:  # shutting down: answer "nothing", lease nothing

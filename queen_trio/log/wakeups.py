@@ -107,6 +107,10 @@ class Lane:
     waiters: dict[Waiter, None] = dataclasses.field(default_factory=dict)  # ordered set
     look_at: float | None = None  # trio clock: the lane's timer, if set
     look_reason: Reason = "due"
+    # Counts what reached the lane (wakes, timers); ``empty_at`` is the count at which a
+    # look found nothing and nothing has reached it since: a pop joining then need not look.
+    news: int = 0
+    empty_at: int = -1
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -121,12 +125,21 @@ class Waiter:
     served: bool = False  # it got messages: there may be more for the next of its lane
     offer: ParkedPop | None = None  # its offer to the sweeper, while it has one
     race_wait_s: float = 0.0
+    looked_at_news: int = 0  # the lane's news when this pop's last look began
 
     def begin_look(self) -> Reason:
         """About to look: later wakes set a fresh event. Answers why it was woken."""
         if self.woken.is_set():
             self.woken = trio.Event()
+        self.looked_at_news = self.lane.news
         return self.reason
+
+    @property
+    def lane_known_empty(self) -> bool:
+        """A look of its lane found nothing, and nothing has reached the lane since: a look
+        now would find nothing either (every change that makes a message poppable is
+        notified or timed)."""
+        return self.lane.empty_at == self.lane.news and self.lane.look_at is not None
 
     def wake(self, reason: Reason) -> None:
         if not self.woken.is_set():
@@ -239,6 +252,8 @@ class QueueWakeups:
             self._set_timer(waiter.lane, now + waiter.race_backoff(), "due")
             return
         waiter.race_wait_s = 0.0
+        if waiter.looked_at_news == waiter.lane.news:
+            waiter.lane.empty_at = waiter.lane.news
         safety = now + SAFETY_RECHECK_S * random.uniform(0.5, 1.0)
         if seconds is not None and now + seconds < safety:
             self._set_timer(waiter.lane, now + seconds, "due")
@@ -273,6 +288,7 @@ class QueueWakeups:
         """Wake the oldest pop of the lane that is not already woken, preferring one that is
         not waiting for a fire's hand-over (it looks only once that is over); none if all
         are woken."""
+        lane.news += 1
         reserved = None
         for waiter in lane.waiters:
             if not waiter.woken.is_set():

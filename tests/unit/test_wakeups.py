@@ -113,6 +113,31 @@ async def test_a_lane_looks_once_when_a_lease_ends_and_the_safety_net_is_jittere
         nursery.cancel_scope.cancel()
 
 
+async def test_a_pop_joining_a_lane_known_to_be_empty_need_not_look() -> None:
+    w = QueueWakeups()
+    with w.waiting("1:q", 1, req()) as first:
+        first.begin_look()
+        w.look_again_in(first, 3.0)  # it found nothing; a lease ends in 3 s
+        with w.waiting("1:q", 1, req()) as second:
+            assert second.lane_known_empty  # nothing came since: it would find nothing too
+        w.notify("1:q")
+        with w.waiting("1:q", 1, req()) as third:
+            assert not third.lane_known_empty  # news: it looks
+            third.begin_look()
+            first.begin_look()
+            w.notify("1:q")  # news during their looks: what they found is stale
+            w.look_again_in(third, None)
+            w.look_again_in(first, None)
+            with w.waiting("1:q", 1, req()) as fourth:
+                assert not fourth.lane_known_empty
+                fourth.begin_look()
+                w.look_again_in(fourth, 0.0)  # something seemed poppable: not known empty
+                with w.waiting("1:q", 1, req()) as fifth:
+                    assert not fifth.lane_known_empty
+    with w.waiting("1:q", 1, req()) as alone:
+        assert not alone.lane_known_empty  # the lane went with its pops, and what it knew
+
+
 async def test_missed_notifications_wake_one_pop_of_every_lane() -> None:
     w = QueueWakeups()
     with w.waiting("1:q", 1, req()) as a, w.waiting("1:q", 1, req()) as b, \
