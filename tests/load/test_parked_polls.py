@@ -30,11 +30,11 @@ async def test_3000_parked_polls_cost_nothing_while_nothing_changes(database_url
     # broker's own services then (sweeper, housekeeping, usage: a few per second); the polls
     # re-querying once a second made it 1,400-2,900 (as many as the pool could carry).
     idle = result["idle"]
+    assert idle["db_transactions_per_s"] < 60, idle
     looks = idle["longpoll_looks_per_s"]
     assert isinstance(looks, dict), idle
     assert sum(v for k, v in looks.items() if k != "safety") == 0, idle
     assert looks["safety"] * idle["seconds"] <= 30, idle
-    assert idle["db_transactions_per_s"] < 60, idle
     # A single push meanwhile: p99 under 250 ms here (the target, 50 ms, is the bench's).
     assert result["push_with_crowd_parked_ms"]["n"] == 300, result
     assert result["push_with_crowd_parked_ms"]["p99"] < 250, result
