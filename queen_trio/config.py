@@ -59,6 +59,10 @@ class Settings:
     # PostgreSQL, once the sweeper has said it is about to fire (0: never; queen.pop_head_after
     # in schema/functions/log.sql).
     pop_fire_wait_ms: int = 10
+    # Pops waiting for messages at once (each holds a connection open): past these a pop that
+    # would wait is refused, 503 for the broker and 429 for one tenant, with Retry-After.
+    longpoll_max_parked: int = 10_000
+    longpoll_max_parked_per_tenant: int = 5_000
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -232,6 +236,10 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         workers=workers,
         pop_commit_sync=pop_commit == "sync",
         pop_fire_wait_ms=_int(env, "QUEEN_POP_FIRE_WAIT_MS", 10, lo=0, hi=50),
+        longpoll_max_parked=_int(env, "QUEEN_LONGPOLL_MAX_PARKED", 10_000, lo=0,
+                                 hi=1_000_000),
+        longpoll_max_parked_per_tenant=_int(env, "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT",
+                                            5_000, lo=0, hi=1_000_000),
         listen_fd=listen_fd,
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,

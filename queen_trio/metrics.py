@@ -224,6 +224,29 @@ class BrokerMetrics:
             "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,
         )
+        self.longpoll_looks = Counter(
+            "queen_longpoll_looks",
+            "Looks at the database by waiting pops, by what woke them (notify: a NOTIFY of "
+            "their queue; next: a neighbour got messages; due: a lease, retry hold or delay "
+            "ended; missed: notifications were lost; safety: the periodic re-check; fire: a "
+            "timer about to fire; handover: the fire's hand-over gave nothing)",
+            ["reason"], registry=self.registry,
+        )
+        self.longpoll_looks_spared = Counter(
+            "queen_longpoll_looks_spared",
+            "Waiting pops that joined a lane known to be empty (its last look found nothing "
+            "and no news came since) without looking: a client polling again costs no query",
+            registry=self.registry,
+        )
+        self.longpoll_refused = Counter(
+            "queen_longpoll_refused",
+            "Pops refused instead of waiting: the tenant's (429) or the broker's (503) bound "
+            "on waiting pops was reached", ["scope"], registry=self.registry,
+        )
+        for scope in ("tenant", "broker"):
+            self.longpoll_refused.labels(scope)
+        for reason in ("notify", "next", "due", "missed", "safety", "fire", "handover"):
+            self.longpoll_looks.labels(reason)
 
         # Log storage: sealing and retention (the housekeeping service).
         self.segments_sealed = Counter(

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import resource
 import sys
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -112,7 +113,9 @@ async def run_broker(
         count_error = metrics.count_background_error  # queen_background_errors_total
         listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only,
                             count_error=count_error)
-        wakeups = QueueWakeups()
+        wakeups = QueueWakeups(max_parked=_parked_bound(settings),
+                               max_per_tenant=settings.longpoll_max_parked_per_tenant,
+                               recheck_concurrency=max(2, settings.db_pool_size // 4))
         tenants = TenantDirectory(db, default_tenant,
                                   max_message_bytes=settings.max_message_bytes,
                                   count_error=count_error,
@@ -164,6 +167,19 @@ async def run_broker(
             await http_done.wait()  # the API has drained: now stop the background services
             nursery.cancel_scope.cancel()
     log.info("queen-trio stopped")
+
+
+def _parked_bound(settings: Settings) -> int:
+    """QUEEN_LONGPOLL_MAX_PARKED, but at most half the process's open-file limit: each
+    waiting pop holds a connection, and the other half is left to other clients and the
+    database."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or settings.longpoll_max_parked <= soft // 2:
+        return settings.longpoll_max_parked
+    log.info("at most %d pops wait at once (QUEEN_LONGPOLL_MAX_PARKED=%d): the open-file "
+             "limit is %d (LimitNOFILE, ulimit -n)", soft // 2, settings.longpoll_max_parked,
+             soft)
+    return soft // 2
 
 
 async def _serve_http(

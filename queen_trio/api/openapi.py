@@ -59,10 +59,20 @@ _POP_PARAMS = [
            "a new consumer group starts at the first message created at or after it; wins "
            "over subscriptionMode"),
 ]
+# A pop that would wait past a bound on waiting pops (README: QUEEN_LONGPOLL_MAX_PARKED*).
+_WAIT_REFUSED = {
+    "429": _json(_ERROR, "rate_limited: the tenant's request-rate quota is exhausted; "
+                         "too_many_waiting_pops: with wait, the tenant already has "
+                         "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT pops waiting (limit; "
+                         "Retry-After)"),
+    "503": _json(_ERROR, "broker_waiting_pops_full: with wait, this broker already has "
+                         "QUEEN_LONGPOLL_MAX_PARKED pops waiting (limit; Retry-After); "
+                         "database_unavailable"),
+}
 _POP_RESPONSES = {
     "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
     "204": {"description": "No message available"},
-    **_errors(400),
+    **_errors(400), **_WAIT_REFUSED,
 }
 
 _SETTLE_AND_POP = (
@@ -70,8 +80,9 @@ _SETTLE_AND_POP = (
     "committed as a pop commits (QUEEN_POP_COMMIT); then the pop runs with the query's "
     "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: they "
     "come back as ackError {status, error, message}. A top-level partitionId and leaseId "
-    "stand in for the ones an entry leaves out. Always 200: messages is empty when nothing "
-    "was ready; acks counts what the acknowledgements did.")
+    "stand in for the ones an entry leaves out. Always 200 once acknowledgements were "
+    "sent: messages is empty when nothing was ready; acks counts what the acknowledgements "
+    "did; waitRefused says why it did not wait, past a bound on waiting pops.")
 _SETTLE_AND_POP_RESPONSES = {
     "200": _json({"allOf": [{"$ref": "#/components/schemas/PopResponse"}, {
         "type": "object", "properties": {
@@ -81,9 +92,16 @@ _SETTLE_AND_POP_RESPONSES = {
                          "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
             "ackError": {"type": "object", "properties": {
                 "status": {"type": "integer"}, "error": {"type": "string"},
-                "message": {"type": "string"}}}}}]},
+                "message": {"type": "string"}}},
+            "waitRefused": {"type": "object", "description": "the acknowledgements committed "
+                            "but the pop found nothing and could not wait (a bound on "
+                            "waiting pops: the 429 or 503 it would have answered)",
+                            "properties": {
+                                "status": {"type": "integer"}, "error": {"type": "string"},
+                                "message": {"type": "string"},
+                                "limit": {"type": "integer"}}}}}]},
         "Acknowledgement results, then messages under a lease (possibly none)"),
-    **_errors(400),
+    **_errors(400), **_WAIT_REFUSED,
 }
 
 

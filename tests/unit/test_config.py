@@ -166,6 +166,19 @@ def test_pop_fire_wait_is_bounded() -> None:
             load_settings({"QUEEN_POP_FIRE_WAIT_MS": bad})
 
 
+def test_waiting_pops_are_bounded_per_broker_and_per_tenant() -> None:
+    settings = load_settings({})
+    assert (settings.longpoll_max_parked, settings.longpoll_max_parked_per_tenant) == (
+        10_000, 5_000)
+    settings = load_settings({"QUEEN_LONGPOLL_MAX_PARKED": "30000",
+                              "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT": "0"})
+    assert (settings.longpoll_max_parked, settings.longpoll_max_parked_per_tenant) == (30_000, 0)
+    for name in ("QUEEN_LONGPOLL_MAX_PARKED", "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT"):
+        for bad in ("-1", "many", "1000001"):
+            with pytest.raises(ConfigError, match=name):
+                load_settings({name: bad})
+
+
 # -- QUEEN_DATABASE_URL: one host or several, and a server the broker can write to ------------
 
 
