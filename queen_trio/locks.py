@@ -96,7 +96,7 @@ def parse_op(index: int, raw: Any) -> LockOp:
     if not isinstance(raw, dict):
         raise bad("locks_bad_request", f"{where}an operation must be an object")
     kind = raw.get("op")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise bad("locks_unknown_op", f"{where}op must be acquire, renew, release or get, "
                                       f"got {kind!r}")
     if any(f in raw for f in ("tenant", "tenantId", "_tenant")):

@@ -203,7 +203,7 @@ def parse_op(index: int, raw: Any, *, ceiling: int, in_transaction: bool = False
     if not isinstance(raw, dict):
         raise bad("kv_bad_request", f"{where}an op must be an object")
     kind = raw.get("op")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise bad("kv_unknown_op", f"{where}op must be one of {', '.join(sorted(KINDS))}, "
                                    f"got {kind!r}")
     if any(f in raw for f in _TENANT_FIELDS):
@@ -221,30 +221,31 @@ def parse_op(index: int, raw: Any, *, ceiling: int, in_transaction: bool = False
         raise bad("kv_bad_request", f"{where}required must be a boolean")
     # Reads and deletes reach rows written under the old namespace rule too.
     ns = namespace(raw.get("ns"), where, legacy_ok=kind in READS or kind == "delete")
-    common = {"index": index, "kind": kind, "namespace": ns, "required": required}
+    base = Op(index, kind, ns, required=required)
     if kind == "getMany":
         keys = raw.get("keys")
         if not isinstance(keys, list):
             raise bad("kv_bad_request", f"{where}getMany needs keys: an array of keys")
-        return Op(**common, keys=tuple(key(k, where, "keys[]") for k in keys))
+        return dataclasses.replace(base, keys=tuple(key(k, where, "keys[]") for k in keys))
     if kind == "getPrefix":
-        return _prefix_op(common, raw, where)
+        return _prefix_op(base, raw, where)
     k = key(raw.get("key"), where)
     if kind == "get":
-        return Op(**common, key=k)
+        return dataclasses.replace(base, key=k)
     if kind in ("delete", "check"):
         if kind == "check" and "expect" not in raw:
             raise bad("kv_bad_expect", f"{where}check needs expect: the version the key must "
                                        f"be at, or 0 for a key that must not exist")
-        return Op(**common, key=k,
-                  expect=None if "expect" not in raw else expect(raw["expect"], where))
+        return dataclasses.replace(
+            base, key=k, expect=None if "expect" not in raw else expect(raw["expect"], where))
     ttl = expiry(raw, where)
     if kind == "incr":
         if "delta" not in raw:
             raise bad("kv_bad_request", f"{where}incr needs a numeric delta")
-        return Op(**common, key=k, ttl_s=ttl, delta=_number(raw["delta"], where, "delta"),
-                  min=None if raw.get("min") is None else _number(raw["min"], where, "min"),
-                  max=None if raw.get("max") is None else _number(raw["max"], where, "max"))
+        return dataclasses.replace(
+            base, key=k, ttl_s=ttl, delta=_number(raw["delta"], where, "delta"),
+            min=None if raw.get("min") is None else _number(raw["min"], where, "min"),
+            max=None if raw.get("max") is None else _number(raw["max"], where, "max"))
     if "value" not in raw:
         raise bad("kv_bad_request",
                   f'{where}{kind} needs a value ("value": null is legal, no value is not)')
@@ -254,11 +255,12 @@ def parse_op(index: int, raw: Any, *, ceiling: int, in_transaction: bool = False
             raise bad("kv_bad_expect", f"{where}putIfAbsent is put with expect 0; another "
                                        f"expect contradicts it")
         exp = 0
-    return Op(**common, key=k, value=raw["value"],
-              value_text=value_text(raw["value"], where, ceiling), ttl_s=ttl, expect=exp)
+    return dataclasses.replace(base, key=k, value=raw["value"],
+                               value_text=value_text(raw["value"], where, ceiling), ttl_s=ttl,
+                               expect=exp)
 
 
-def _prefix_op(common: dict[str, Any], raw: dict[str, Any], where: str) -> Op:
+def _prefix_op(base: Op, raw: dict[str, Any], where: str) -> Op:
     prefix = raw.get("prefix")
     if not isinstance(prefix, str) or not prefix:
         raise bad("kv_prefix_required", f"{where}getPrefix needs a non-empty prefix: a "
@@ -275,8 +277,8 @@ def _prefix_op(common: dict[str, Any], raw: dict[str, Any], where: str) -> Op:
     keys_only = raw.get("keysOnly", False)
     if not isinstance(keys_only, bool):
         raise bad("kv_bad_request", f"{where}keysOnly must be a boolean")
-    return Op(**common, prefix=prefix, after=after or None, keys_only=keys_only,
-              limit=max(1, min(n, PREFIX_LIMIT_MAX)))
+    return dataclasses.replace(base, prefix=prefix, after=after or None, keys_only=keys_only,
+                               limit=max(1, min(n, PREFIX_LIMIT_MAX)))
 
 
 def check_call(ops: list[Op], max_ops: int, where: str = "") -> None:

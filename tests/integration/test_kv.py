@@ -191,6 +191,7 @@ _OK_PUT = {"op": "put", "ns": "ok", "key": "k", "value": 1, "forever": True}
     ({"operations": [{"op": "getPrefix", "ns": "ok", "prefix": "a\x00"}]}, 400, "kv_bad_request"),
     ({"operations": [{"op": "getMany", "ns": "ok", "keys": "k"}]}, 400, "kv_bad_request"),
     ({"operations": [{"op": "merge", "ns": "ok", "key": "k"}]}, 400, "kv_unknown_op"),
+    ({"operations": [{"op": {}, "ns": "ok", "key": "k"}]}, 400, "kv_unknown_op"),
     ({"operations": ["put"]}, 400, "kv_bad_request"),
     ({"operations": [_OK_PUT, {**_OK_PUT, "value": 2}]}, 400, "kv_duplicate_key_in_call"),
     ({"operations": [{**_OK_PUT, "key": f"k{i}"} for i in range(257)]}, 400, "kv_too_many_ops"),
