@@ -18,8 +18,11 @@ A renew rewrites the row, so it answers a new token and the old one stops workin
 
 ``owner`` makes an operation safe to send again: an acquire by the owner that holds a permit
 answers that permit (``already: true``); a renew whose token is stale because the owner's own
-earlier renew landed is carried through. Operations of one call are independent: each runs in
-its own database transaction, and a lock is named once per call.
+earlier renew landed is carried through. Operations of one call are independent, and a lock
+is named once per call. Each KV call an operation makes is a transaction of its own, as if a
+client had sent it: a lost putIfAbsent keeps its row locked until its transaction ends, and a
+semaphore acquire that tried a second slot inside the first one's transaction could wait on a
+contender that waits on it.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ import dataclasses
 import random
 import re
 import unicodedata
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
 from .kv.store import Raw
+
+# Apply one KV op (as :func:`kv_call` takes it) in a transaction of its own: its result.
+Kv = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 NAMESPACE = "queen-locks"
 MAX_OPS = 64
@@ -44,6 +51,7 @@ MAX_KEYS = 4096  # slot rows one call may name (a semaphore's acquire reads `lim
 MAX_TTL_SECONDS = kv_rules.MAX_TTL_SECONDS
 SLOT_SEP = "#"
 ACQUIRE_ATTEMPTS = 4  # slots a semaphore acquire tries before it answers `contended`
+RENEW_ATTEMPTS = 2  # reads and writes of a renew whose row changed in between
 KINDS = ("acquire", "renew", "release", "get")
 _FIELDS = {
     "acquire": frozenset({"op", "name", "ttlSeconds", "owner", "limit"}),
@@ -186,8 +194,9 @@ def guard(name: str, slot: int, token: int) -> dict[str, Any]:
             "required": True}
 
 
-def _kv(raw: Raw, tenant_id: int, op: dict[str, Any]) -> dict[str, Any]:
-    """One KV op of this module's own making, applied as any client's would be."""
+def kv_call(raw: Raw, tenant_id: int, op: dict[str, Any]) -> dict[str, Any]:
+    """One KV op of this module's own making, applied as any client's would be (run it with
+    ``Database.run``: one transaction)."""
     parsed = kv_rules.parse_op(0, {"ns": NAMESPACE, **op}, ceiling=kv_rules.MAX_VALUE_BYTES)
     return kv_store.apply(raw, tenant_id, [parsed])[0]
 
@@ -239,19 +248,19 @@ def _lost(op: LockOp, holders: list[dict[str, Any]]) -> dict[str, Any]:
             "slot": op.slot, "holders": holders}
 
 
-def _slot_rows(raw: Raw, tenant_id: int, name: str, limit: int) -> dict[int, dict[str, Any]]:
-    got = _kv(raw, tenant_id, {"op": "getMany", "keys": [slot_key(name, s) for s in range(limit)]})
+async def _slot_rows(kv: Kv, name: str, limit: int) -> dict[int, dict[str, Any]]:
+    got = await kv({"op": "getMany", "keys": [slot_key(name, s) for s in range(limit)]})
     return _holders(name, got["rows"], limit)
 
 
-def _acquire(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
+async def _acquire(kv: Kv, op: LockOp) -> dict[str, Any]:
     value = {"owner": op.owner}
     held: dict[int, dict[str, Any]] = {}
     for _ in range(ACQUIRE_ATTEMPTS if op.limit > 1 else 1):
         if op.limit == 1:
             slot = 0
         else:  # read the slots to choose one; the putIfAbsent alone decides who wins it
-            held = _slot_rows(raw, tenant_id, op.name, op.limit)
+            held = await _slot_rows(kv, op.name, op.limit)
             mine = [(s, r) for s, r in held.items()
                     if op.owner is not None and _owner_of(r["value"]) == op.owner]
             if mine:
@@ -260,8 +269,8 @@ def _acquire(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
             if not free:
                 return _refused(op, "held", _brief(held))
             slot = random.choice(free)  # contenders reading the same slots spread out
-        verdict = _kv(raw, tenant_id, {"op": "putIfAbsent", "key": slot_key(op.name, slot),
-                                       "value": value, "ttlSeconds": op.ttl_s})
+        verdict = await kv({"op": "putIfAbsent", "key": slot_key(op.name, slot),
+                            "value": value, "ttlSeconds": op.ttl_s})
         if verdict["applied"]:
             return _granted(op, slot, verdict["version"])
         if op.owner is not None and _owner_of(verdict["value"]) == op.owner:
@@ -271,32 +280,35 @@ def _acquire(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
     return _refused(op, "contended", _brief(held))
 
 
-def _renew(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
+async def _renew(kv: Kv, op: LockOp) -> dict[str, Any]:
     key = slot_key(op.name, op.slot)
-    # A put with expect below locks the row; read it first to keep its value and `since`.
-    row = _kv(raw, tenant_id, {"op": "get", "key": key})
-    if not row["found"]:
-        return _lost(op, [])
-    owner = _owner_of(row["value"])
-    mine = op.owner is not None and owner == op.owner
-    if row["version"] != op.token and not mine:
-        return _lost(op, [{"slot": op.slot, "owner": owner}])
-    value = row["value"]
-    if isinstance(value, dict):
-        value = {**value, "since": _since(row)}
-    verdict = _kv(raw, tenant_id, {"op": "put", "key": key, "value": value,
-                                   "ttlSeconds": op.ttl_s, "expect": row["version"]})
-    if not verdict["applied"]:  # changed between the read and the write: expired, or taken
-        return _lost(op, [] if verdict["version"] == 0
-                     else [{"slot": op.slot, "owner": _owner_of(verdict["value"])}])
-    return {"index": op.index, "op": "renew", "name": op.name, "renewed": True,
-            "slot": op.slot, "token": verdict["version"],
-            "guard": guard(op.name, op.slot, verdict["version"])}
+    holders: list[dict[str, Any]] = []
+    # Read to keep the value and its `since`; the put's expect then decides. A row that
+    # changed in between (it expired, was taken, or this owner's other renew landed) is read
+    # and judged once more.
+    for _ in range(RENEW_ATTEMPTS):
+        row = await kv({"op": "get", "key": key})
+        if not row["found"]:
+            return _lost(op, [])
+        owner = _owner_of(row["value"])
+        if row["version"] != op.token and (op.owner is None or owner != op.owner):
+            return _lost(op, [{"slot": op.slot, "owner": owner}])
+        value = row["value"]
+        if isinstance(value, dict):
+            value = {**value, "since": _since(row)}
+        verdict = await kv({"op": "put", "key": key, "value": value, "ttlSeconds": op.ttl_s,
+                            "expect": row["version"]})
+        if verdict["applied"]:
+            return {"index": op.index, "op": "renew", "name": op.name, "renewed": True,
+                    "slot": op.slot, "token": verdict["version"],
+                    "guard": guard(op.name, op.slot, verdict["version"])}
+        holders = ([] if verdict["version"] == 0
+                   else [{"slot": op.slot, "owner": _owner_of(verdict["value"])}])
+    return _lost(op, holders)
 
 
-def _release(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
-    verdict = _kv(raw, tenant_id, {"op": "delete", "key": slot_key(op.name, op.slot),
-                                   "expect": op.token})
+async def _release(kv: Kv, op: LockOp) -> dict[str, Any]:
+    verdict = await kv({"op": "delete", "key": slot_key(op.name, op.slot), "expect": op.token})
     if verdict["applied"]:
         return {"index": op.index, "op": "release", "name": op.name, "released": True,
                 "slot": op.slot}
@@ -304,13 +316,12 @@ def _release(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
                  else [{"slot": op.slot, "owner": _owner_of(verdict["value"])}])
 
 
-def _get(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
+async def _get(kv: Kv, op: LockOp) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     after = None
     while True:  # a semaphore past one page of permits: the pages that remain
-        page = _kv(raw, tenant_id, {"op": "getPrefix", "prefix": op.name + SLOT_SEP,
-                                    "limit": kv_rules.PREFIX_LIMIT_MAX,
-                                    **({"after": after} if after else {})})
+        page = await kv({"op": "getPrefix", "prefix": op.name + SLOT_SEP,
+                         "limit": kv_rules.PREFIX_LIMIT_MAX, **({"after": after} if after else {})})
         rows += page["rows"]
         after = page["nextAfter"]
         if not after:
@@ -325,6 +336,6 @@ def _get(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
 _APPLY = {"acquire": _acquire, "renew": _renew, "release": _release, "get": _get}
 
 
-def apply_one(raw: Raw, tenant_id: int, op: LockOp) -> dict[str, Any]:
-    """One operation, in the caller's transaction."""
-    return _APPLY[op.kind](raw, tenant_id, op)
+async def apply(kv: Kv, op: LockOp) -> dict[str, Any]:
+    """One operation, its KV calls made through ``kv``."""
+    return await _APPLY[op.kind](kv, op)

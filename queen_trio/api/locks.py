@@ -5,6 +5,9 @@ by somebody else is a 200 with ``acquired: false``, a stale token a 200 with ``r
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import Any
+
 from quart import Blueprint, Response
 
 from .. import locks
@@ -25,7 +28,11 @@ async def batch() -> Response:
     if any(op.kind == "acquire" for op in ops):  # the one operation that adds a row
         enforce_storage_gate()
     db, tenant_id = _broker().db, current_tenant_id()
-    # Independent operations, one transaction each: a call that fails half way may have
-    # applied some, and sent again with the same owners it converges.
-    results = [await db.run(locks.apply_one, tenant_id, op) for op in ops]
+
+    def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        return db.run(locks.kv_call, tenant_id, op)
+
+    # Independent operations, each KV call its own transaction: a call that fails half way
+    # may have applied some, and sent again with the same owners it converges.
+    results = [await locks.apply(kv, op) for op in ops]
     return json_response({"results": results})

@@ -94,11 +94,6 @@ class Op:
         return self.kind in WRITES
 
     @property
-    def locks_one_key(self) -> bool:
-        """Writes and checks lock their row; they are applied in key order."""
-        return self.kind in WRITES or self.kind == "check"
-
-    @property
     def key_count(self) -> int:
         if self.kind == "getMany":
             return len(self.keys)

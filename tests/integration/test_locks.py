@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import trio
 
 LOCKS = "/api/v1/locks"
 
@@ -91,3 +92,26 @@ async def test_bad_lock_calls_are_refused_whole(
     assert (error["ok"], error["error"], error["reason"]) == (False, "locks_bad_request", reason)
     assert error["detail"]
     assert permits(database_url) == []
+
+
+async def test_a_crowd_on_a_semaphore_gets_answers_never_errors(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
+    """Acquirers that lose a slot read again and try another, each try a transaction of its
+    own (so two of them never wait on each other's lost slot): every one gets an answer, and
+    the semaphore never grants more than its limit."""
+    answers: list[httpx.Response] = []
+
+    async def acquire(i: int) -> None:
+        answers.append(await http.post(LOCKS, json=[{
+            "op": "acquire", "name": "crowd", "ttlSeconds": 60, "limit": 6, "owner": f"w{i}"}]))
+
+    for _ in range(4):
+        async with trio.open_nursery() as nursery:
+            for i in range(24):
+                nursery.start_soon(acquire, i)
+    assert {r.status_code for r in answers} == {200}, [r.text for r in answers
+                                                       if r.status_code != 200][:3]
+    granted = {r.json()["results"][0]["owner"] for r in answers
+               if r.json()["results"][0]["acquired"]}
+    assert len(granted) == 6 and len(permits(database_url)) == 6
