@@ -30,10 +30,11 @@ def kv_rows(database_url: str, namespace: str) -> list[tuple[Any, ...]]:
 
 
 async def drain(c: Any, q: str) -> list[Any]:
-    msgs = await c.queue(q).batch(100).wait(False).pop()
-    if msgs:
+    seen: list[Any] = []
+    while msgs := await c.queue(q).batch(100).wait(False).pop():
+        seen += [m["data"] for m in msgs]
         await c.ack(msgs, True)
-    return [m["data"] for m in msgs]
+    return seen
 
 
 # -- every KV operation -----------------------------------------------------------------------
