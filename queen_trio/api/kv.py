@@ -40,8 +40,12 @@ async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any
     """Apply a validated call: its results, or the precondition answer."""
     if any(op.kind in _ADDS_STORAGE for op in ops):
         enforce_storage_gate()
+    db = _broker().db
+    if len(ops) == 1 and ops[0].kind in rules.READS:
+        # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
+        return await db.run_statement(store.apply, current_tenant_id(), ops)
     try:
-        return await _broker().db.run(store.apply, current_tenant_id(), ops)
+        return await db.run(store.apply, current_tenant_id(), ops)
     except PreconditionLost as lost:
         return precondition_answer(lost, lost.result["index"])
 
