@@ -107,7 +107,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     put = command(kv_actions, "put", "write a key")
     _ns_key(put)
     put.add_argument("value", help="JSON (- for stdin)")
-    put.add_argument("--ttl", help="time to live, whole seconds: 3600, 1h, 7d")
+    put.add_argument("--ttl", help="time to live, whole seconds: 3600, 1h, 7d (default: until "
+                                   "deleted)")
     _ns_key(command(kv_actions, "delete", "delete a key"))
 
 
@@ -213,8 +214,9 @@ def _kv_get(queen: Any, args: argparse.Namespace, out: _Output) -> int:
 
 def _kv_put(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     ttl = None if args.ttl is None else _duration(args.ttl)
+    # Without --ttl the key lives until deleted: the wire asks for `forever` to be said.
     return out.record(queen.kv.put(args.namespace, args.key, _json_arg(args.value, "VALUE"),
-                                   ttl_seconds=ttl))
+                                   ttl_seconds=ttl, forever=ttl is None))
 
 
 def _kv_delete(queen: Any, args: argparse.Namespace, out: _Output) -> int:

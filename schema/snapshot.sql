@@ -895,13 +895,21 @@ CREATE TABLE queen.group_subscriptions (
 
 CREATE TABLE queen.kv (
     tenant_id integer NOT NULL,
-    namespace text NOT NULL,
-    key text NOT NULL,
+    namespace text NOT NULL COLLATE pg_catalog."C",
+    key text NOT NULL COLLATE pg_catalog."C",
     value jsonb NOT NULL,
     size_bytes integer NOT NULL,
     expires_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    version bigint NOT NULL
 );
+
+CREATE SEQUENCE queen.kv_version_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 CREATE TABLE queen.partitions (
     partition_id uuid DEFAULT gen_random_uuid() NOT NULL,

@@ -15,6 +15,7 @@ from . import bodies
 from .admin import admin_routes
 from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
+from .locks import lock_routes
 from .log import log_routes
 from .ops import ops
 from .origin import HostPolicy, check_request
@@ -55,6 +56,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
     app.register_blueprint(kv_routes)
+    app.register_blueprint(lock_routes)
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)

@@ -1,4 +1,9 @@
-"""POST /api/v1/transaction: push, ack and KV writes committed together or not at all."""
+"""POST /api/v1/transaction: pushes, acks, KV ops and timers committed together or not at all.
+
+The answer's ``results`` is one flat array, as Queen's: every pushed item and every ack in the
+order sent, then the ``kv`` results; ``failedIndex`` counts in that space. A ``required`` KV op
+that does not hold answers 200 ``success: false, reason: "kv_precondition"``, nothing committed.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +15,30 @@ from quart import Blueprint, Response, current_app
 from .. import transactions
 from ..context import BrokerContext
 from ..errors import Conflict
+from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
 from .common import json_response
 from .errors import read_json_object
-from .kv import put_to_wire
+from .kv import precondition_answer
 from .log import ack_to_wire, appended_to_wire
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
 
-def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
-    if op.type == "push":
-        return {"index": op.index, "type": "push", "success": True,
-                "items": [appended_to_wire(i, a) for i, a in enumerate(result)]}
-    if op.type == "ack":
-        return {**ack_to_wire(result), "index": op.index, "type": "ack"}
-    if op.type == "kv.put":
-        return {**put_to_wire(result), "index": op.index, "type": "kv.put", "success": True}
-    return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
+def _flat_results(bundle: transactions.Bundle, results: list[Any],
+                  kv_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    flat: list[dict[str, Any]] = []
+    for op, result in zip(bundle.operations, results, strict=True):
+        if op.type == "push":
+            flat += [{**appended_to_wire(len(flat) + i, a), "type": "push", "operation": op.index}
+                     for i, a in enumerate(result)]
+        else:
+            flat.append({**ack_to_wire(result), "index": len(flat), "type": "ack",
+                         "operation": op.index})
+    base = len(flat)
+    flat += [{**r, "index": base + r["index"], "type": "kv"} for r in kv_results]
+    return flat
 
 
 def _timer_counter(broker: BrokerContext, action: str) -> Counter:
@@ -51,10 +61,14 @@ async def transaction() -> Response:
     bundle = transactions.parse(body, limits)
     if bundle.adds_storage():
         enforce_storage_gate()
+    transaction_id = log_rules.new_transaction_id()
     try:
-        results, outcomes = await broker.db.run(
+        results, kv_results, outcomes = await broker.db.run(
             transactions.execute, current_tenant_id(), bundle, limits
         )
+    except PreconditionLost as lost:
+        return json_response({"transactionId": transaction_id,
+                              **precondition_answer(lost, bundle.kv_base + lost.result["index"])})
     except Conflict as exc:
         if exc.code == "timer_too_late":
             for t, answer in zip(bundle.timers, exc.extra["timers"], strict=True):
@@ -72,9 +86,7 @@ async def transaction() -> Response:
             broker.metrics.count_acks(tenant, (result.status,))
     return json_response({
         "success": True,
-        "transactionId": log_rules.new_transaction_id(),
-        "results": [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)],
+        "transactionId": transaction_id,
+        "results": _flat_results(bundle, results, kv_results),
         "timers": [transactions.timer_outcome_wire(o) for o in outcomes],
     })
-
-

@@ -350,6 +350,12 @@ SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => 
 WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s AND lease_expires_at > now()
 RETURNING lease_expires_at
 
+-- name: live_leases
+-- The leases of a transaction's requiredLeases that are still live.
+SELECT lease_id FROM queen.cursors
+WHERE tenant_id = %(tenant_id)s AND lease_id = ANY(%(lease_ids)s::uuid[])
+  AND lease_expires_at > now()
+
 -- name: lease_exists
 SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s
 

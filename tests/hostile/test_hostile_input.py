@@ -101,6 +101,23 @@ operations = st.fixed_dictionaries({"type": st.sampled_from(
         "namespace": names, "key": names, "value": json_values,
         "ttlSeconds": st.integers(-5, 10**12) | json_values,
         "transactionId": names, "partitionId": names, "status": names})
+kv_ops = st.fixed_dictionaries({"op": st.sampled_from(
+    ["get", "getMany", "getPrefix", "put", "putIfAbsent", "delete", "incr", "check"]) | names},
+    optional={"ns": st.sampled_from(["ns", "ns-2"]) | names, "key": names,
+              "keys": st.lists(names, max_size=3) | json_values, "prefix": names,
+              "value": json_values, "ttlSeconds": st.integers(-5, 10**12) | json_values,
+              "forever": st.booleans() | json_values, "expect": st.integers(-2, 10**20)
+              | json_values, "required": st.booleans() | json_values,
+              "delta": st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+              | json_values, "min": json_values, "max": json_values,
+              "limit": st.integers(-5, 10**6) | json_values, "after": names})
+lock_ops = st.fixed_dictionaries({"op": st.sampled_from(
+    ["acquire", "renew", "release", "get"]) | names},
+    optional={"name": st.sampled_from(["job", "gpu"]) | names,
+              "ttlSeconds": st.integers(-5, 10**12) | json_values,
+              "owner": names | json_values, "limit": st.integers(-1, 2000) | json_values,
+              "token": st.integers(-1, 10**20) | json_values,
+              "slot": st.integers(-1, 2000) | json_values})
 timer_entries = st.fixed_dictionaries({"action": st.sampled_from(["schedule", "cancel"]) | names},
                                       optional={"queue": names, "key": names,
                                                 "delayMs": st.integers(-1000, 10**12),
@@ -110,17 +127,48 @@ timer_entries = st.fixed_dictionaries({"action": st.sampled_from(["schedule", "c
 @FUZZ
 @given(body=st.fixed_dictionaries({}, optional={
     "operations": st.lists(operations, max_size=4) | json_values,
-    "timers": st.lists(timer_entries, max_size=4) | json_values}) | json_values)
+    "kv": st.lists(kv_ops, max_size=4) | json_values,
+    "timers": st.lists(timer_entries, max_size=4) | json_values,
+    "requiredLeases": st.lists(names, max_size=2) | json_values}) | json_values)
 def test_generated_transactions_answer_json_never_a_server_error(
     http: httpx.Client, body: Any
 ) -> None:
     r = http.post(f"{API}/transaction", content=json.dumps(body))
     if r.status_code == 200:
         answer = r.json()
-        assert answer["success"] is True
-        assert len(answer["timers"]) == len(body.get("timers") or [])
+        if answer["success"] is False:  # a required KV op that did not apply: an answer
+            assert answer["reason"] == "kv_precondition" and answer["results"] == []
+        else:
+            assert len(answer["timers"]) == len(body.get("timers") or [])
+            assert len(answer["results"]) >= len(body.get("kv") or [])
     else:
         assert_error(r, 400, 404, 409, 413)
+
+
+@FUZZ
+@given(ops=st.lists(kv_ops, max_size=5) | json_values)
+def test_generated_kv_calls_answer_json_never_a_server_error(http: httpx.Client,
+                                                             ops: Any) -> None:
+    r = http.post(f"{API}/kv", content=json.dumps({"operations": ops}))
+    if r.status_code == 200:
+        answer = r.json()
+        if "results" in answer:
+            assert [x["index"] for x in answer["results"]] == list(range(len(ops)))
+        else:
+            assert answer["reason"] == "kv_precondition"
+    else:
+        assert_error(r, 400, 413)
+
+
+@FUZZ
+@given(ops=st.lists(lock_ops, max_size=4) | json_values)
+def test_generated_lock_calls_answer_json_never_a_server_error(http: httpx.Client,
+                                                               ops: Any) -> None:
+    r = http.post(f"{API}/locks", content=json.dumps(ops))
+    if r.status_code == 200:
+        assert len(r.json()["results"]) == len(ops)
+    else:
+        assert_error(r, 400)
 
 
 # -- huge and deeply nested JSON ----------------------------------------------------------------
@@ -137,8 +185,8 @@ def test_huge_bodies_are_refused_cleanly_and_the_connection_stays_usable(
     # 200,000 small keys: parsed, stored, given back.
     wide = {f"k{i}": i for i in range(200_000)}
     started = time.perf_counter()
-    r = http.put(f"{API}/kv/huge/wide", json={"value": wide})
-    assert r.status_code in (200, 413), r.text[:300]
+    r = http.put(f"{API}/kv/huge/wide", json={"value": wide, "forever": True})
+    assert_error(r, 413)  # a KV value is at most 64 KiB
     assert time.perf_counter() - started < 10
     assert http.get("/health").status_code == 200  # same client, same pool: still served
 
@@ -149,7 +197,7 @@ def test_deeply_nested_json_is_accepted_whole_or_refused_with_a_400(
 ) -> None:
     nested = "[" * depth + "]" * depth
     for path, body in ((f"{API}/timers/deep/d{depth}", '{"delayMs": 0, "payload": X}'),
-                       (f"{API}/kv/deep/d{depth}", '{"value": X}'),
+                       (f"{API}/kv/deep/d{depth}", '{"value": X, "forever": true}'),
                        (f"{API}/push", '{"items": [{"queue": "deep", "payload": X}]}'),
                        (f"{API}/transaction", "X")):
         body = body.replace("X", nested)
@@ -197,7 +245,8 @@ def test_a_doubled_slash_is_a_json_404_never_a_redirect(http: httpx.Client, path
 def test_a_key_with_a_leading_slash_is_that_key(http: httpx.Client, path: str) -> None:
     """A key sent with an unencoded leading '/' (issue 21 item 7) names "/key": never a
     redirect, never the router's 404."""
-    body = {"value": 1} if "/kv/" in path else {"delayMs": 60_000, "payload": 1}
+    body = {"value": 1, "forever": True} if "/kv/" in path else {"delayMs": 60_000,
+                                                                  "payload": 1}
     for method in ("PUT", "GET", "DELETE"):
         r = http.request(method, path, json=body if method == "PUT" else None)
         assert r.status_code == 200, (method, path, r.status_code, r.text[:200])
@@ -356,7 +405,7 @@ def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
         latencies = []
         for i in range(40):
             started = time.perf_counter()
-            r = http.put(f"{API}/kv/fast/k{i}", json={"value": i})
+            r = http.put(f"{API}/kv/fast/k{i}", json={"value": i, "forever": True})
             latencies.append(time.perf_counter() - started)
             assert r.status_code == 200, r.text
             time.sleep(0.05)
@@ -423,4 +472,4 @@ def test_a_request_body_that_never_ends_is_answered_408(impatient_broker: Broker
     assert 1.5 <= elapsed < 5, (elapsed, got[:200])
     assert got.startswith(b"HTTP/1.1 408"), got[:300]
     r = httpx.get(f"{impatient_broker.url}/api/v1/kv/slow/k", timeout=5)
-    assert r.status_code == 404  # nothing half-written
+    assert r.json()["found"] is False  # nothing half-written

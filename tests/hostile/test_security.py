@@ -151,8 +151,9 @@ def test_a_tenant_cannot_see_cancel_replace_or_count_another_tenants_timers(
         assert b.get(f"{API}/pop/queue/{QUEUE}", params={"batch": 10}).status_code == 204
 
         # KV under a distinctive namespace, for the metrics check below.
-        assert a.put(f"{API}/kv/{NAMESPACE}/k", json={"value": 1}).status_code == 200
-        assert b.get(f"{API}/kv/{NAMESPACE}/k").status_code == 404
+        assert a.put(f"{API}/kv/{NAMESPACE}/k",
+                     json={"value": 1, "forever": True}).status_code == 200
+        assert b.get(f"{API}/kv/{NAMESPACE}/k").json()["found"] is False
 
 
 def test_metrics_name_no_tenant_queue_key_or_token(
@@ -162,7 +163,7 @@ def test_metrics_name_no_tenant_queue_key_or_token(
     with client(broker, tokens["A"]) as a:
         a.put(f"{API}/timers/{QUEUE}/{KEY}-m", json={"delayMs": 0, "payload": 1})
         a.get(f"{API}/timers/{QUEUE}/{KEY}-m")
-        a.put(f"{API}/kv/{NAMESPACE}/m", json={"value": 1})
+        a.put(f"{API}/kv/{NAMESPACE}/m", json={"value": 1, "forever": True})
     with client(broker, tokens["ops"]) as operator, client(broker, None) as anon:
         text = operator.get("/metrics").text + operator.get("/metrics/prometheus").text
         health = anon.get("/health").text

@@ -121,12 +121,15 @@ async def http_b(
 REQUESTS = [
     ("GET", f"{API}/resources/queues", None),
     ("POST", f"{API}/push", {"items": [{"queue": "orders", "payload": {"n": 1}}]}),
-    ("PUT", f"{API}/kv/saga/k1", {"value": 1}),
+    ("PUT", f"{API}/kv/saga/k1", {"value": 1, "forever": True}),
+    ("POST", f"{API}/kv", [{"op": "put", "ns": "saga", "key": "k", "value": 1, "forever": True}]),
+    ("POST", f"{API}/locks", [{"op": "acquire", "name": "job", "ttlSeconds": 30}]),
     ("GET", f"{API}/kv/saga/k1", None),
     ("GET", f"{API}/pop/queue/orders", None),
     ("GET", f"{API}/dlq", None),
     ("POST", f"{API}/transaction",
-     {"operations": [{"type": "kv.put", "namespace": "saga", "key": "k", "value": 1}]}),
+     {"operations": [], "kv": [{"op": "put", "ns": "saga", "key": "k", "value": 1,
+                                "forever": True}]}),
     ("DELETE", f"{API}/resources/queues/orders", None),
 ]
 
@@ -237,9 +240,9 @@ async def run_scenario(http: httpx.AsyncClient, who: str, count: int) -> dict[st
     assert dead["data"] == {"who": who, "n": 0}
 
     for key in ("k1", f"only-{who}"):
-        r = await http.put(f"{API}/kv/saga/{key}", json={"value": {"who": who}})
+        r = await http.put(f"{API}/kv/saga/{key}", json={"value": {"who": who}, "forever": True})
         assert r.status_code == 200, r.text
-        assert r.json()["created"] is True
+        assert r.json()["applied"] is True
     return {"pushed": pushed, "leased": leased, "dead": dead}
 
 
@@ -311,32 +314,39 @@ async def test_two_tenants_never_see_each_other(
     assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
     assert (await http_a.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "A"}
     r = await http_b.get(f"{API}/kv/saga/only-A")
-    assert (r.status_code, r.json()["error"]) == (404, "key_not_found")
+    assert (r.status_code, r.json()["found"]) == (200, False)
     r = await http_b.delete(f"{API}/kv/saga/only-A")
-    assert r.status_code == 200 and r.json()["deleted"] is False
+    assert r.status_code == 200 and r.json()["applied"] is False
+    # Nor does a lock named alike: each tenant has its own queen-locks rows.
+    lock = [{"op": "acquire", "name": "job", "ttlSeconds": 30}]
+    r = await http_a.post(f"{API}/locks", json=lock)
+    assert r.json()["results"][0]["acquired"] is True
+    r = await http_b.post(f"{API}/locks", json=lock)
+    assert r.json()["results"][0]["acquired"] is True
 
     # Transactions by B that touch A's message fail without effect.
     r = await http_b.post(f"{API}/transaction", json={"operations": [
         {"type": "push", "items": [{"queue": "orders", "payload": {"who": "B", "n": 99}}]},
-        {"type": "kv.put", "namespace": "saga", "key": "k1", "value": "overwritten"},
-        {"type": "kv.delete", "namespace": "saga", "key": "only-B"},
         {"type": "ack", **ack_body(a_leased)},
+    ], "kv": [
+        {"op": "put", "ns": "saga", "key": "k1", "value": "overwritten", "forever": True},
+        {"op": "delete", "ns": "saga", "key": "only-B"},
     ]})
     assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
-    assert r.json()["operation"] == 3
+    assert r.json()["operation"] == 1
     r = await http_b.post(f"{API}/transaction", json={"operations": [
         {"type": "ack", "transactionId": a["dead"]["transactionId"],
          "partitionId": a["dead"]["partitionId"], "status": "completed"},
     ]})
     assert r.status_code == 404
     assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
-    assert (await http_b.get(f"{API}/kv/saga/only-B")).status_code == 200
+    assert (await http_b.get(f"{API}/kv/saga/only-B")).json()["found"] is True
     r = await http_b.get(f"{API}/resources/queues")
     assert [(q["name"], q["messages"]["total"]) for q in r.json()["queues"]] == [("orders", 2)]
     # A KV delete of A's key inside B's transaction deletes nothing of A's.
-    r = await http_b.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.delete", "namespace": "saga", "key": "only-A"}]})
-    assert r.status_code == 200 and r.json()["results"][0]["deleted"] is False
+    r = await http_b.post(f"{API}/transaction", json={"kv": [
+        {"op": "delete", "ns": "saga", "key": "only-A"}]})
+    assert r.status_code == 200 and r.json()["results"][0]["applied"] is False
 
     # B deletes its queue "orders": A's stays intact.
     r = await http_b.delete(f"{API}/resources/queues/orders")
@@ -523,7 +533,8 @@ async def test_ops_routes_take_no_token_and_the_document_says_who_does(
                 assert op["security"] == [], path
     gated = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
              if "507" in op["responses"]}
-    assert gated == {"scheduleTimerPost", "scheduleTimer", "kvPut", "transaction", "push"}
+    assert gated == {"scheduleTimerPost", "scheduleTimer", "kvBatch", "kvPut", "locks",
+                     "transaction", "push"}
 
 
 # -- /metrics is the operator's; each tenant has its own figures ------------------------------

@@ -332,8 +332,9 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
         "operations": [
             ack,
             {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}}]},
-            {"type": "kv.put", "namespace": "saga", "key": "b1", "value": {"step": "held"}},
         ],
+        "kv": [{"op": "put", "ns": "saga", "key": "b1", "value": {"step": "held"},
+                "forever": True}],
         "timers": [{"action": "schedule", "queue": "bookings.expire", "key": "b1",
                     "delayMs": 900_000, "payload": {"bookingId": "b1"}}],
     }
@@ -343,12 +344,12 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
     r = await http.post(f"{API}/transaction", json=failing)
     assert r.status_code == 404
     assert (await http.get(f"{TIMERS}/bookings.expire/b1")).status_code == 404
-    assert (await http.get(f"{API}/kv/saga/b1")).status_code == 404
+    assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is False
     r = await http.post(f"{API}/transaction", json=bundle)
     assert r.status_code == 200, r.text
     assert r.json()["timers"][0]["status"] == "scheduled"
     assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["payload"] == {"bookingId": "b1"}
-    assert (await http.get(f"{API}/kv/saga/b1")).status_code == 200
+    assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is True
 
 
 async def test_too_late_aborts_a_bundle_but_absent_does_not(

@@ -13,7 +13,8 @@ def test_the_exported_names() -> None:
     assert set(sdk.__all__) == {
         "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
         "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
-        "KvDelete", "KvEntry", "KvPut", "Message", "NotFound", "Page", "PayloadTooLarge",
+        "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message", "NotFound",
+        "Page", "PayloadTooLarge",
         "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
         "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
         "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
