@@ -199,8 +199,9 @@ def test_a_client_refused_mid_upload_reads_its_answer_and_no_reset(
     still arrives (connections.py LINGER_S) instead of resetting the connection under an answer
     the client has not read."""
     with socket.create_connection(("127.0.0.1", impatient.port), timeout=5) as s:
-        s.sendall(b"PATCH /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 50000000\r\n\r\n" + b"x" * 65536)
+        s.sendall(b"PATCH /api/v1/push HTTP/1.1\r\nHost: localhost\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n"
+                  + b"x" * 65536)
         got = b""
         while b"\r\n\r\n" not in got:
             got += s.recv(65536)
