@@ -31,14 +31,14 @@ NO_CORS = {"Content-Type": "text/plain;charset=UTF-8", "Origin": EVIL,
 # (method, path, body): every write such a page could attempt, as a text/plain body.
 WRITES: list[tuple[str, str, Any]] = [
     ("POST", f"{API}/push", {"items": [{"queue": "q", "payload": {"evil": 1}}]}),
-    ("POST", f"{API}/transaction", {"operations": [
-        {"type": "kv.put", "namespace": "ns", "key": "k", "value": 1}]}),
+    ("POST", f"{API}/transaction", {"operations": [], "kv": [
+        {"op": "put", "ns": "ns", "key": "k", "value": 1, "forever": True}]}),
     ("POST", f"{API}/timers", {"queue": "q", "key": "evil", "delayMs": 0, "payload": 1}),
     ("POST", f"{API}/transaction", {"operations": [], "timers": [
         {"action": "cancel", "queue": "q", "key": "keep"}]}),
     ("POST", f"{API}/configure", {"queue": "q", "options": {"retryLimit": 0}}),
     ("GET", f"{API}/pop/queue/kept?autoAck=true", None),  # consumes: a write too
-    ("PUT", f"{API}/kv/ns/k", {"value": 1}),
+    ("PUT", f"{API}/kv/ns/k", {"value": 1, "forever": True}),
     ("DELETE", f"{API}/timers/q/keep", None),
 ]
 

@@ -517,7 +517,7 @@ async def test_the_storage_gate_trips_and_clears_on_real_bytes(
     await configure(http, "gate", retentionSeconds=60)
     for _ in range(5):
         await push(http, "gate", [event] * 20)
-    r = await http.put(f"{API}/kv/ns/k", json={"value": {"v": 1}})
+    r = await http.put(f"{API}/kv/ns/k", json={"value": {"v": 1}, "forever": True})
     assert r.status_code == 200, r.text
     raw = await usage()
     assert raw == recount(database_url) > 40_000
