@@ -387,7 +387,9 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
     assert flood_answers.get(401, 0) <= 20 + 10 * (attacked_s + 1), flood_answers
     assert len(idle_closed_after) == IDLE_CONNECTIONS
     assert max(idle_closed_after) < IDLE_S + 10, idle_closed_after
-    assert late < 5, late
+    # From before the connection opened: 1.6-2.8 s at load 2-3 (connections queue behind
+    # the rest of the attack); the bound is wide for a loaded machine.
+    assert late < 8, late
     # Nothing acknowledged lost, nothing doubled, nothing written by an attacker.
     assert len(pushed) >= 100 and len(scheduled) >= 50, (len(pushed), len(scheduled))
     assert set(pushed) <= set(received), len(set(pushed) - set(received))
