@@ -219,7 +219,7 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
                      fill('{"items": [{"queue": "bad", "payload": $v}]}', v=value)),
                     ("PUT", f"{API}/timers/bad/{uuid.uuid4().hex[:8]}",
                      fill('{"delayMs": 0, "payload": $v}', v=value)),
-                    ("PUT", f"{API}/kv/bad/k", fill('{"value": $v}', v=value)),
+                    ("PUT", f"{API}/kv/bad/k", fill('{"value": $v, "forever": true}', v=value)),
                 ):
                     r = await http.request(method, path, content=text)
                     answers.note(f"strict-json {method}", r.status_code, {400},
