@@ -83,14 +83,14 @@ class Answers:
         self.unclear: list[str] = []
 
     def note(self, kind: str, status: int | str, expected: set[int], *, body: bytes = b"",
-             headers: dict[str, str] | None = None, json_body: bool = True) -> None:
+             headers: dict[str, str] | None = None) -> None:
         self.seen.setdefault(kind, Counter())[str(status)] += 1
         if not isinstance(status, int) or status not in expected:
             self.unclear.append(f"{kind}: {status} {body[:200]!r}")
             return
         if status in (429, 503) and headers is not None and "retry-after" not in headers:
             self.unclear.append(f"{kind}: {status} without Retry-After")
-        if json_body and status >= 400:
+        if status >= 400:
             try:
                 error = json.loads(body)["error"]
                 assert isinstance(error, str) and error
@@ -98,11 +98,14 @@ class Answers:
                 self.unclear.append(f"{kind}: {status} without a JSON error: {body[:200]!r}")
 
 
-async def raw_request(port: int, request: bytes) -> tuple[int, dict[str, str], bytes,
-                                                          trio.SocketStream]:
-    """Send one raw request on a new connection; its status, headers, body and the stream."""
+async def raw_request(port: int, request: bytes, sent: list[float] | None = None
+                      ) -> tuple[int, dict[str, str], bytes, trio.SocketStream]:
+    """Send one raw request on a new connection (``sent`` gets when it was out); its status,
+    headers, body and the stream."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(request)
+    if sent is not None:
+        sent.append(trio.current_time())
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = await stream.receive_some(65536)
@@ -273,33 +276,35 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
 
     async def uploader(with_token: bool) -> None:
         await trio.sleep(3)
-        status, seconds, _ = await upload(port, token if with_token else None)
-        # (upload reads the status line only: the JSON body is checked by its own test.)
+        whole: list[bytes] = []
+        status, seconds, _ = await upload(port, token if with_token else None, whole)
+        head, _, body = whole[0].partition(b"\r\n\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (
+            line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:])}
         answers.note(f"upload {'token' if with_token else 'no token'}", status,
-                     {413, 503} if with_token else {401, 429}, json_body=False)
+                     {413, 503} if with_token else {401, 429}, body=body, headers=headers)
         if seconds > 15:
             answers.unclear.append(f"upload answered after {seconds:.1f}s")
 
     async def park_one(i: int) -> None:
         queue = f"nobody-{i % 10}"
+        sent: list[float] = []
         try:
             status, headers, body, stream = await raw_request(
                 port, f"GET {API}/pop/queue/{queue}?wait=true&timeout={PARK_MS}&batch=1 "
-                      f"HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+                      f"HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode(),
+                sent)
         except (OSError, trio.BrokenResourceError) as exc:
             answers.note("parked poll", type(exc).__name__, {204})
             return
+        poll_late.append(trio.current_time() - sent[0] - PARK_MS / 1000)
         await stream.aclose()
         answers.note("parked poll", status, {204}, body=body, headers=headers)
 
     async def parkers() -> None:
         async with trio.open_nursery() as nursery:
             for i in range(PARKED):
-                async def timed(i: int = i) -> None:
-                    asked = trio.current_time()
-                    await park_one(i)
-                    poll_late.append(trio.current_time() - asked - PARK_MS / 1000)
-                nursery.start_soon(timed)
+                nursery.start_soon(park_one, i)
                 if i % 50 == 49:
                     await trio.sleep(0.2)
 
@@ -387,9 +392,8 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
     assert flood_answers.get(401, 0) <= 20 + 10 * (attacked_s + 1), flood_answers
     assert len(idle_closed_after) == IDLE_CONNECTIONS
     assert max(idle_closed_after) < IDLE_S + 10, idle_closed_after
-    # From before the connection opened: 1.6-2.8 s at load 2-3 (connections queue behind
-    # the rest of the attack); the bound is wide for a loaded machine.
-    assert late < 8, late
+    # Counted from when the request was out (the broker may read it later, at load).
+    assert late < 5, late
     # Nothing acknowledged lost, nothing doubled, nothing written by an attacker.
     assert len(pushed) >= 100 and len(scheduled) >= 50, (len(pushed), len(scheduled))
     assert set(pushed) <= set(received), len(set(pushed) - set(received))
