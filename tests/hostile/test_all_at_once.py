@@ -82,15 +82,16 @@ class Answers:
         self.seen: dict[str, Counter[str]] = {}
         self.unclear: list[str] = []
 
-    def note(self, kind: str, status: int | str, expected: set[int], *, body: bytes = b"",
-             headers: dict[str, str] | None = None) -> None:
+    def note(self, kind: str, status: int | str, expected: set[int], *,
+             body: bytes | None = None, headers: dict[str, str] | None = None) -> None:
+        """``body`` None: only the status is known (a raw client read no further)."""
         self.seen.setdefault(kind, Counter())[str(status)] += 1
         if not isinstance(status, int) or status not in expected:
-            self.unclear.append(f"{kind}: {status} {body[:200]!r}")
+            self.unclear.append(f"{kind}: {status} {(body or b'')[:200]!r}")
             return
         if status in (429, 503) and headers is not None and "retry-after" not in headers:
             self.unclear.append(f"{kind}: {status} without Retry-After")
-        if status >= 400:
+        if body is not None and status >= 400:
             try:
                 error = json.loads(body)["error"]
                 assert isinstance(error, str) and error
@@ -278,7 +279,13 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
         await trio.sleep(3)
         whole: list[bytes] = []
         status, seconds, _ = await upload(port, token if with_token else None, whole)
-        head, _, body = whole[0].partition(b"\r\n\r\n")
+        head, _, text = whole[0].partition(b"\r\n\r\n")
+        body: bytes | None = text
+        if not text.rstrip().endswith(b"}"):
+            # The status was read, the rest lost to the reset that ends the broker's linger
+            # (connections.py LINGER_S): this process, busy sending, read late. Counted.
+            answers.seen.setdefault("upload cut after its status", Counter())[str(status)] += 1
+            body = None
         headers = {k.strip().lower(): v.strip() for k, _, v in (
             line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:])}
         answers.note(f"upload {'token' if with_token else 'no token'}", status,
