@@ -55,6 +55,7 @@ class TenantDirectory:
         # is re-checked without spending its client's failure budget.
         self._tokens: dict[str, tuple[int, float]] = {}
         self._failures = FailedAuthLimiter(auth_failures_per_s)
+        self._lookups: dict[str, trio.Event] = {}  # tokens being looked up now
         self._buckets: dict[int, _Bucket] = {}
         self.loaded = trio.Event()
 
@@ -110,13 +111,28 @@ class TenantDirectory:
             return cached[0]
         if tokens.parse(token) is None:  # malformed: no row could match
             return None
+        pending = self._lookups.get(token)
+        if pending is not None:
+            # The same token is being looked up already (a client's first burst of requests):
+            # share that answer rather than spend a lookup, and a failure-bucket slot, each.
+            await pending.wait()
+            cached = self._tokens.get(token)
+            if cached is not None:
+                return cached[0]
+            # It failed (known bad now: no lookup), or met trouble: ask on our own account.
+            return await self.authenticate(token, client)
         if cached is None:
             if self._failures.known_bad(token):
                 return None
             wait = self._failures.take(client)
             if wait is not None:
                 raise AuthThrottled(wait)
-        tenant_id = await self._db.run(store.tenant_for_token, token)
+        done = self._lookups[token] = trio.Event()
+        try:
+            tenant_id = await self._db.run(store.tenant_for_token, token)
+        finally:
+            del self._lookups[token]
+            done.set()
         if tenant_id is None:
             self._tokens.pop(token, None)  # revoked: from now on, like any bad token
             self._failures.failed(token)

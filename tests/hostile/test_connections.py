@@ -23,7 +23,7 @@ from ..pgserver import Databases
 from .conftest import start_broker
 
 IDLE_S = 2  # QUEEN_HTTP_IDLE_TIMEOUT_S of these brokers (75 by default)
-HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+HEALTH = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_a_connection_left_idle_after_its_requests_is_closed(
 
 
 @pytest.mark.parametrize("request_", [
-    b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     b"GET /health HTTP/1.0\r\n\r\n",  # HTTP/1.0 without keep-alive
 ], ids=["connection-close", "http-1.0"])
 def test_a_connection_is_closed_after_the_answer_when_the_client_asks(
@@ -94,7 +94,7 @@ def test_every_request_head_of_a_connection_has_a_deadline(impatient: BrokerProc
         read_answer(s)
         s.settimeout(0.1)
         started, got, closed = time.monotonic(), b"", False
-        for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+        for byte in b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200:
             with contextlib.suppress(TimeoutError):
                 chunk = s.recv(65536)
                 if not chunk:
@@ -199,8 +199,9 @@ def test_a_client_refused_mid_upload_reads_its_answer_and_no_reset(
     still arrives (connections.py LINGER_S) instead of resetting the connection under an answer
     the client has not read."""
     with socket.create_connection(("127.0.0.1", impatient.port), timeout=5) as s:
-        s.sendall(b"PATCH /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 50000000\r\n\r\n" + b"x" * 65536)
+        s.sendall(b"PATCH /api/v1/push HTTP/1.1\r\nHost: localhost\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n"
+                  + b"x" * 65536)
         got = b""
         while b"\r\n\r\n" not in got:
             got += s.recv(65536)

@@ -68,7 +68,7 @@ async def upload(port: int, token: str | None, whole: list[bytes] | None = None
     (status, seconds until the answer, bytes sent by then). With ``whole``, the answer is read
     to the end of its JSON body and appended to it."""
     auth = b"" if token is None else b"Authorization: Bearer %s\r\n" % token.encode()
-    head = (b"POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n" + auth + b"\r\n")
     sent = 0
     started = trio.current_time()
@@ -166,7 +166,7 @@ def test_a_body_past_the_budget_is_a_503_that_writes_nothing(small_budget: Broke
     push = json.dumps({"items": items}).encode()
     with httpx.Client(base_url=small_budget.url, timeout=10) as http, \
             socket.create_connection(("127.0.0.1", small_budget.port), timeout=5) as slow:
-        slow.sendall(b"POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        slow.sendall(b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                      b"application/json\r\nContent-Length: %d\r\n\r\n" % (8 * MIB - 1000))
         slow.sendall(b"x" * (6 * MIB))
         time.sleep(0.5)  # read by the broker: its handler asked for the body at once
@@ -195,14 +195,14 @@ def test_an_early_answer_to_a_body_that_had_arrived_keeps_the_connection(
     _, broker = token_and_broker
     body = b'{"items": [{"queue": "q", "payload": 1}]}'
     with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as s:
-        s.sendall(b"POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        s.sendall(b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
                   b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         got = b""
         while not got.rstrip().endswith(b"}"):
             got += s.recv(65536)
         assert got.startswith(b"HTTP/1.1 401"), got[:300]
         assert b"connection: close" not in got.lower(), got[:300]
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         got = b""
         while not got.rstrip().endswith(b"}"):
             got += s.recv(65536)

@@ -75,7 +75,7 @@ def test_a_value_json_cannot_carry_is_a_400_naming_its_field_on_every_writing_ro
 
     kv = fill('{"value": [1, $v]}', v=value)
     refused(http.put(f"{API}/kv/sj/{tag}", content=kv), where_in(value, "value[1]"), says)
-    assert http.get(f"{API}/kv/sj/{tag}").status_code == 404
+    assert kv_absent(http, f"sj/{tag}")
 
     timer = fill('{"delayMs": 0, "payload": $v}', v=value)
     refused(http.put(f"{API}/timers/{queue}/{tag}", content=timer), where_in(value, "payload"),
@@ -88,7 +88,7 @@ def test_a_value_json_cannot_carry_is_a_400_naming_its_field_on_every_writing_ro
                   '"delayMs": 0, "payload": 1}]}', t=tag, q=queue, v=value)
     refused(http.post(f"{API}/transaction", content=bundle),
             where_in(value, "operations[1].items[0].payload"), says)
-    assert http.get(f"{API}/kv/sj/b-{tag}").status_code == 404
+    assert kv_absent(http, f"sj/b-{tag}")
     assert http.get(f"{API}/timers/{queue}/b-{tag}").status_code == 404
 
     assert http.get("/health").status_code == 200
@@ -156,7 +156,8 @@ def test_values_at_the_edge_of_what_is_refused_are_stored_and_given_back(
     """The largest double, an integer of 308 digits, -0.0, an escaped surrogate pair and a
     literal backslash-u0000 (an escaped backslash) are all JSON anyone can read back."""
     text = fill('{"value": {"max": 1.7976931348623157e308, "int": $n, "neg0": -0.0, '
-                '"emoji": "\\ud83d\\ude00", "literal": "\\\\u0000", "tiny": 5e-324}}',
+                '"emoji": "\\ud83d\\ude00", "literal": "\\\\u0000", "tiny": 5e-324}, '
+                '"forever": true}',
                 n="9" * 308)
     r = http.put(f"{API}/kv/sj/edges", content=text)
     assert r.status_code == 200, r.text[:300]
@@ -165,6 +166,12 @@ def test_values_at_the_edge_of_what_is_refused_are_stored_and_given_back(
     assert float(got.pop("max")) == 1.7976931348623157e308
     assert got == {"int": int("9" * 308), "neg0": 0.0, "emoji": "😀", "literal": "\\u0000",
                    "tiny": 5e-324}
+
+
+def kv_absent(http: httpx.Client, path: str) -> bool:
+    """Nothing was written under ``ns/key`` (a KV read miss is 200 ``found: false``)."""
+    r = http.get(f"{API}/kv/{path}")
+    return r.status_code == 200 and r.json()["found"] is False
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -178,10 +185,10 @@ def test_a_body_that_is_not_utf8_is_malformed_json(http: httpx.Client, body: byt
     key = uuid.uuid4().hex
     r = http.put(f"{API}/kv/sj/{key}", content=body)
     assert r.status_code == 400 and r.json()["error"] == "malformed_json", (why, r.text[:300])
-    assert http.get(f"{API}/kv/sj/{key}").status_code == 404
+    assert kv_absent(http, f"sj/{key}")
 
 
 def test_a_utf8_byte_order_mark_is_ignored(http: httpx.Client) -> None:
-    r = http.put(f"{API}/kv/sj/bom", content=b'\xef\xbb\xbf{"value": "ok"}')
+    r = http.put(f"{API}/kv/sj/bom", content=b'\xef\xbb\xbf{"value": "ok", "forever": true}')
     assert r.status_code == 200, r.text[:300]
     assert http.get(f"{API}/kv/sj/bom").json()["value"] == "ok"

@@ -27,7 +27,7 @@ async def test_the_async_client_refuses_before_sending(queen: Client, kind: str)
     value = UNSENDABLE[kind]
     attempts: list[Any] = [
         (lambda: queen.push("sj", {"price": value}), "items[0].payload.price"),
-        (lambda: queen.kv.put("sj", "k", [1, value]), "value[1]"),
+        (lambda: queen.kv.put("sj", "k", [1, value], forever=True), "operations[0].value[1]"),
         (lambda: queen.timer("sj").key("k").delay("1m").payload({"a": value}).schedule(),
          "payload.a"),
         (lambda: queen.transaction().push("sj", value).commit(), "operations[0].items[0].payload"),
@@ -56,11 +56,12 @@ async def test_the_sync_client_refuses_before_sending(broker: BrokerHandle) -> N
 
 async def test_an_integer_beyond_a_double_is_the_brokers_bad_request(queen: Client) -> None:
     with pytest.raises(BadRequest) as caught:
-        await queen.kv.put("sj", "big", {"n": 10**400})
+        await queen.kv.put("sj", "big", {"n": 10**400}, forever=True)
     assert caught.value.code == "invalid_json_value"
-    assert caught.value.body["field"] == "value.n" and "401 digits" in caught.value.message
-    entry = await queen.kv.put("sj", "big", {"n": 2**63 - 1, "m": 10**300})
-    assert entry.created
+    assert caught.value.body["field"] == "operations[0].value.n"
+    assert "401 digits" in caught.value.message
+    entry = await queen.kv.put("sj", "big", {"n": 2**63 - 1, "m": 10**300}, forever=True)
+    assert entry.applied
     got = await queen.kv.get("sj", "big")
     assert got is not None and got.value == {"n": 2**63 - 1, "m": 10**300}
 
