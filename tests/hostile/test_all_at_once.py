@@ -239,7 +239,7 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
     async def idle_one() -> None:
         try:
             status, _, body, stream = await raw_request(
-                port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         except (OSError, trio.BrokenResourceError) as exc:
             answers.note("idle", type(exc).__name__, {200})
             return
@@ -259,7 +259,7 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
                     await trio.sleep(0.5)
 
     async def closing_clients() -> None:
-        requests = [b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        requests = [b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
                     b"GET /health HTTP/1.0\r\n\r\n"]
         while trio.current_time() < stop:
             for request in requests:
@@ -299,8 +299,8 @@ async def test_every_attack_at_once_leaves_the_broker_up_and_the_ledger_whole(
         try:
             status, headers, body, stream = await raw_request(
                 port, f"GET {API}/pop/queue/{queue}?wait=true&timeout={PARK_MS}&batch=1 "
-                      f"HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode(),
-                sent)
+                      f"HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+                      "\r\n".encode(), sent)
         except (OSError, trio.BrokenResourceError) as exc:
             answers.note("parked poll", type(exc).__name__, {204})
             return
