@@ -35,7 +35,8 @@ ATTACK = """<!doctype html><title>cute cats</title><script>
 const broker = %(broker)r;
 const writes = [
   ["/api/v1/push", {items: [{queue: "q", payload: {evil: 1}}]}],
-  ["/api/v1/transaction", {operations: [], kv: [{op: "put", ns: "ns", key: "k", value: 1, forever: true}]}],
+  ["/api/v1/transaction",
+   {operations: [], kv: [{op: "put", ns: "ns", key: "k", value: 1, forever: true}]}],
   ["/api/v1/timers", {queue: "q", key: "evil", delayMs: 0, payload: 1}],
   ["/api/v1/transaction", {operations: [], timers: [{action: "cancel", queue: "q", key: "keep"}]}],
   ["/api/v1/configure", {queue: "q", options: {retryLimit: 0}}],
