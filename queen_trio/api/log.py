@@ -14,7 +14,7 @@ from ..log import admin as log_admin
 from ..log import rules, store
 from ..log.wakeups import HANDOVER_WAIT_S, ParkedPop, QueueWakeups
 from ..metrics import BrokerMetrics
-from ..wire import iso
+from ..wire import iso, message_id
 from .admin import instant
 from .common import broker as _broker
 from .common import json_response as _json
@@ -90,7 +90,7 @@ async def push() -> Response:
 def message_to_wire(batch: store.PopBatch, m: store.Message) -> dict[str, Any]:
     pid = str(batch.partition_id)
     wire = {
-        "id": f"{pid}:{m.offset}",
+        "id": message_id(pid, m.offset, m.meta),
         "transactionId": m.transaction_id,
         "partitionId": pid,
         "partition": batch.partition,

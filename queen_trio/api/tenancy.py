@@ -3,9 +3,9 @@
 Every ``/api/`` request passes :func:`admit_request` before its handler: with QUEEN_AUTH=on the
 bearer token selects the tenant (401 otherwise, with no hint why); then the tenant's request-rate
 quota applies (429 with Retry-After). Handlers that add stored bytes call
-:func:`enforce_storage_gate` (507 past ``maxStoredBytes``). A view decorated with
-:func:`never_refused` skips quota and gate: cancelling a timer must always be possible, or a
-tenant over its limits could not stop messages it no longer wants.
+:func:`enforce_storage_gate` (507 past ``maxStoredBytes``; 403 on the timer routes). A view
+decorated with :func:`never_refused` skips quota and gate: cancelling a timer must always be
+possible, or a tenant over its limits could not stop messages it no longer wants.
 """
 
 from __future__ import annotations
@@ -63,10 +63,13 @@ def current_tenant_id() -> int:
     return g.tenant_id
 
 
-def enforce_storage_gate() -> None:
-    """Refuse a write that would add storage while the tenant is over its gate."""
+def enforce_storage_gate(status: int = 507) -> None:
+    """Refuse a write that would add storage while the tenant is over its gate.
+
+    ``status``: 507 on the log's routes; the timer routes answer 403, as Queen does (a limit no
+    retry gets past until something changes)."""
     if not _exempt() and _broker().tenants.over_storage_gate(g.tenant_id):
-        raise ApiError(507, "storage_full",
+        raise ApiError(status, "storage_full",
                        "the tenant's stored bytes are at its plan's maxStoredBytes; reads, acks "
                        "and deletes still work")
 

@@ -1,21 +1,20 @@
-"""POST /api/v1/transaction: push, ack and KV writes committed together or not at all."""
+"""POST /api/v1/transaction: push, ack, KV writes and timers committed together or not at all."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import Counter
 from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
-from ..errors import Conflict
 from ..log import rules as log_rules
 from .common import json_response
 from .errors import read_json_object
 from .kv import put_to_wire
 from .log import ack_to_wire, appended_to_wire
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
+from .timers import count_outcomes, outcome_wire
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
@@ -29,11 +28,6 @@ def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
     if op.type == "kv.put":
         return {**put_to_wire(result), "index": op.index, "type": "kv.put", "success": True}
     return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
-
-
-def _timer_counter(broker: BrokerContext, action: str) -> Counter:
-    metrics = broker.metrics
-    return metrics.timers_scheduled if action == "schedule" else metrics.timers_cancelled
 
 
 @transaction_routes.post("/transaction")
@@ -51,30 +45,25 @@ async def transaction() -> Response:
     bundle = transactions.parse(body, limits)
     if bundle.adds_storage():
         enforce_storage_gate()
-    try:
-        results, outcomes = await broker.db.run(
-            transactions.execute, current_tenant_id(), bundle, limits
-        )
-    except Conflict as exc:
-        if exc.code == "timer_too_late":
-            for t, answer in zip(bundle.timers, exc.extra["timers"], strict=True):
-                if answer["status"] == "too_late":
-                    _timer_counter(broker, t.action).labels("too_late").inc()
-        raise
+    results, outcomes = await broker.db.run(
+        transactions.execute, current_tenant_id(), bundle, limits
+    )
     operations = bundle.operations
-    for t, o in zip(bundle.timers, outcomes, strict=True):
-        _timer_counter(broker, t.action).labels(o.status).inc()
+    count_outcomes(outcomes, bundle.timers)
     for op, result in zip(operations, results, strict=True):
         if op.type == "push":
             for appended in result:
                 broker.metrics.messages_pushed.labels(appended.status).inc()
         elif op.type == "ack" and not result.already_acked:
             broker.metrics.acks.labels(result.status).inc()
+    wire = [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)]
+    # The timers' results follow the operations' in the one results array (Queen's layout).
+    wire += [{**outcome_wire(o), "index": len(wire) + i, "type": "timer"}
+             for i, o in enumerate(outcomes)]
     return json_response({
         "success": True,
         "transactionId": log_rules.new_transaction_id(),
-        "results": [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)],
-        "timers": [transactions.timer_outcome_wire(o) for o in outcomes],
+        "results": wire,
     })
 
 

@@ -38,12 +38,13 @@ async def test_concurrent_puts_share_statements_and_each_gets_its_own_answer(
         answers = await put_all(many, [("batched", f"k{i}", {"i": i}) for i in range(240)])
     assert [a.status_code for a in answers] == [200] * 240
     bodies = [a.json() for a in answers]
-    assert [(b["status"], b["key"]) for b in bodies] == [("scheduled", f"k{i}") for i in range(240)]
+    assert [(b["status"], b["timerKey"]) for b in bodies] == [
+        ("scheduled", f"k{i}") for i in range(240)]
     assert len({b["txn"] for b in bodies}) == 240
     rows = sql(database_url, "SELECT timer_key, txn, convert_from(payload, 'UTF8') AS p "
                              "FROM queen.timers WHERE queue = 'batched'")
     assert {r["timer_key"]: (r["txn"], r["p"]) for r in rows} == {
-        b["key"]: (b["txn"], f'{{"i":{int(b["key"][1:])}}}') for b in bodies}
+        b["timerKey"]: (b["txn"], f'{{"i":{int(b["timerKey"][1:])}}}') for b in bodies}
     batcher = broker.context.schedules
     # They were sent together: far fewer statements than timers.
     assert batcher.scheduled >= 240 and batcher.batches < 200, (batcher.batches, batcher.scheduled)
