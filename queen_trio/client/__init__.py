@@ -19,6 +19,7 @@ from .errors import (
     BadRequest,
     BrokerUnreachable,
     Conflict,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     QueenClientError,
@@ -53,7 +54,8 @@ from .transport import NO_RETRIES, RetryPolicy
 
 __all__ = [
     "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest", "Batch",
-    "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter", "KvDelete",
+    "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter", "Forbidden",
+    "KvDelete",
     "KvEntry", "KvPut", "Message", "NotFound", "Page", "PayloadTooLarge", "PushResult",
     "PushStatus", "QueenClientError", "QueueConfig", "RateLimited", "Replayed", "RetryPolicy",
     "ServerError", "StorageFull", "SyncClient", "TimerInfo", "TimerMark", "TimerResult",

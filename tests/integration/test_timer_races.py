@@ -38,7 +38,7 @@ from queen_trio.timers import store
 from queen_trio.timers.rules import Schedule
 
 from ..brokers import BrokerProcess, running_brokers
-from .test_timers import timer_op
+from ..timer_ops import timer_op
 
 API = "/api/v1"
 LOCK_GUARD = "3s"  # a statement that blocks on a row lock fails after this instead of hanging
@@ -765,9 +765,9 @@ def test_concurrent_schedules_and_peeks_through_one_broker_keep_every_payload(
 ) -> None:
     """Six clients schedule large timers (~500 kB payloads) through one broker at the same
     time, then peek at them while the sweeper fires them. Every request must be answered 200
-    (found: false for a peek at a timer already fired), the broker must stay up, no timer may spend an
-    attempt (MAX_ATTEMPTS=1 would dead-letter it) and every frame must carry its payload
-    intact.
+    (found: false for a peek at a timer already fired), the broker must stay up, no timer may
+    spend an attempt (MAX_ATTEMPTS=1 would dead-letter it) and every frame must carry its
+    payload intact.
 
     Regression: before d7613fd the shared zstd codec made this fail about four runs in five
     (broker SIGSEGV, 500 'cannot compress: Context should be init first', healthy timers

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
 import time
 from datetime import datetime
 from typing import Any
@@ -18,6 +16,7 @@ from psycopg.rows import dict_row
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 
+from ..timer_ops import timer_op
 from .test_log import API, pop
 
 TIMERS = f"{API}/timers"
@@ -34,16 +33,6 @@ def sql(database_url: str, query: str, params: Any = None) -> list[dict]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
-
-
-def timer_op(queue: str, key: str, delay_ms: int, payload: Any = None, *, op: str = "schedule",
-             **extra: Any) -> dict[str, Any]:
-    """One operation of Queen's timer wire, as queen-mq builds it (a cancel takes no payload)."""
-    if op == "cancel":
-        return {"op": op, "queue": queue, "timerKey": key, **extra}
-    return {"op": op, "queue": queue, "timerKey": key, "delayMs": delay_ms,
-            "payload": base64.b64encode(json.dumps(payload).encode()).decode(),
-            "txn": extra.pop("txn", f"txn-{queue}-{key}"), **extra}
 
 
 async def schedule(http: httpx.AsyncClient, queue: str, key: str, delay_ms: int,

@@ -13,10 +13,10 @@ def test_the_exported_names() -> None:
     assert set(sdk.__all__) == {
         "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
         "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
-        "KvDelete", "KvEntry", "KvPut", "Message", "NotFound", "Page", "PayloadTooLarge",
-        "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
-        "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
-        "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
+        "Forbidden", "KvDelete", "KvEntry", "KvPut", "Message", "NotFound", "Page",
+        "PayloadTooLarge", "PushResult", "PushStatus", "QueenClientError", "QueueConfig",
+        "RateLimited", "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient",
+        "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
         "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
     }
     for name in sdk.__all__:
@@ -29,8 +29,8 @@ def test_the_package_offers_both_clients() -> None:
 
 
 def test_every_api_error_is_a_client_error() -> None:
-    for name in ("BadRequest", "Unauthorized", "NotFound", "Conflict", "PayloadTooLarge",
-                 "RateLimited", "StorageFull", "ServerError"):
+    for name in ("BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict",
+                 "PayloadTooLarge", "RateLimited", "StorageFull", "ServerError"):
         assert issubclass(getattr(sdk, name), sdk.ApiError)
     assert issubclass(sdk.ApiError, sdk.QueenClientError)
     assert issubclass(sdk.BrokerUnreachable, sdk.QueenClientError)
