@@ -84,6 +84,9 @@ class Schedule:
     # The id of the message the timer becomes: promised when it is scheduled, carried by the
     # frame its fire appends.
     message_id: uuid.UUID = dataclasses.field(default_factory=log_rules.uuid7)
+    # The payload's compact JSON, UTF-8, when validation already made it (saves a second
+    # serialization in pack).
+    json_bytes: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ def schedule(
     delay = _delay(body, prefix, horizon_s)
     if "payload" not in body:
         raise ValidationError("missing_field", f"{prefix}payload is required")
-    log_rules.check_payload_size(body["payload"], ceiling, where or "timer")
+    raw = _compact(body["payload"], ceiling, where or "timer")
     txn = body.get("txn")
     return Schedule(
         queue=log_rules.queue_name(queue, f"{prefix}queue"),
@@ -122,6 +125,7 @@ def schedule(
         payload=body["payload"],
         partition=log_rules.partition_name(body.get("partition"), f"{prefix}partition"),
         txn=None if txn is None else log_rules.transaction_id(txn, f"{prefix}txn"),
+        json_bytes=raw,
     )
 
 
@@ -190,21 +194,21 @@ def operation(entry: Any, where: str, *, horizon_s: int, ceiling: int) -> Schedu
     """One operation of Queen's wire."""
     if not isinstance(entry, dict):
         raise ValidationError("invalid_operation", f"{where} must be an object")
-    owned = sorted(f for f in entry if f in SERVER_OWNED or f.startswith("_"))
-    if owned:
-        raise ValidationError(
-            "server_owned_field",
-            f"{where}: {', '.join(owned)} is server-owned and cannot be supplied: the message "
-            "id is minted by the broker, the tenant and the producer come from the "
-            "authenticated request, and only the relative delayMs travels on the wire",
-        )
     kind = entry.get("op")
+    unknown = entry.keys() - (_CANCEL_FIELDS if kind == "cancel" else _OP_FIELDS)
+    if unknown:
+        owned = sorted(f for f in unknown if f in SERVER_OWNED or f.startswith("_"))
+        if owned:
+            raise ValidationError(
+                "server_owned_field",
+                f"{where}: {', '.join(owned)} is server-owned and cannot be supplied: the "
+                "message id is minted by the broker, the tenant and the producer come from the "
+                "authenticated request, and only the relative delayMs travels on the wire",
+            )
     if kind not in ("schedule", "reschedule", "cancel"):
         raise ValidationError(
             "invalid_operation", f"{where}.op must be 'schedule', 'reschedule' or 'cancel'"
         )
-    allowed = _CANCEL_FIELDS if kind == "cancel" else _OP_FIELDS
-    unknown = set(entry) - allowed
     if unknown:
         raise ValidationError(
             "unknown_field", f"{where}: unknown field(s) for {kind}: {', '.join(sorted(unknown))}"
@@ -226,17 +230,18 @@ def operation(entry: Any, where: str, *, horizon_s: int, ceiling: int) -> Schedu
     zstd = entry.get("payloadZstd", False)
     if not isinstance(zstd, bool):
         raise ValidationError("invalid_payload", f"{where}.payloadZstd must be a boolean")
-    payload = payload_value(entry.get("payload"), zstd, ceiling, where)
+    payload, raw = payload_value(entry.get("payload"), zstd, ceiling, where)
     return Schedule(
         queue=queue, key=key, delay_ms=delay, payload=payload,
         partition=log_rules.partition_name(entry.get("partition"), f"{where}.partition"),
-        txn=log_rules.transaction_id(txn, f"{where}.txn"),
+        txn=log_rules.transaction_id(txn, f"{where}.txn"), json_bytes=raw,
     )
 
 
-def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> Any:
-    """The JSON value a Queen op's payload carries: base64 of the JSON text the client encoded,
-    zstd-compressed first when ``payloadZstd``; at most ``ceiling`` bytes of JSON."""
+def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> tuple[Any, bytes]:
+    """The JSON value a Queen op's payload carries (base64 of the JSON text the client encoded,
+    zstd-compressed first when ``payloadZstd``) and its compact JSON: at most ``ceiling``
+    bytes."""
     if not isinstance(encoded, str):
         raise ValidationError(
             "missing_field", f"{where}.payload is required: base64 of the JSON payload"
@@ -261,8 +266,32 @@ def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> Any:
                                f"{exc}"
         ) from None
     # The ceiling is measured on the compact JSON, as for every message.
-    log_rules.check_payload_size(value, ceiling, where)
-    return value
+    return value, _compact(value, ceiling, where)
+
+
+# Compact JSON, as the ceilings measure it and as a timer's payload is stored.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _compact(value: Any, ceiling: int, where: str) -> bytes:
+    """``value``'s compact JSON in UTF-8, refused past ``ceiling`` bytes or if JSON cannot carry
+    it (NaN, an unpaired surrogate)."""
+    try:
+        raw = _COMPACT.encode(value).encode()
+    except UnicodeEncodeError:
+        raise ValidationError(
+            "invalid_payload", f"{where}: payload contains an unpaired UTF-16 surrogate"
+        ) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValidationError("invalid_payload", f"{where}: payload is not JSON: {exc}") \
+            from None
+    if len(raw) > ceiling:
+        raise PayloadTooLarge(
+            "payload_too_large",
+            f"{where}: payload is {len(raw)} bytes, above the {ceiling}-byte timer payload "
+            "ceiling",
+        )
+    return raw
 
 
 def _decompress_bounded(raw: bytes, ceiling: int, where: str) -> bytes:
@@ -291,7 +320,7 @@ def decode_json_payload(raw: bytes) -> Any:
     """
     try:
         text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = _STRICT.decode(text)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
@@ -318,6 +347,9 @@ def _finite_float(text: str) -> float:
     if math.isinf(value):
         raise ValueError(f"the number {text[:40]} is out of range")
     return value
+
+
+_STRICT = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -361,15 +393,16 @@ def count_prefix(value: str | None) -> str:
     return value
 
 
-def pack(payload: Any) -> tuple[bytes, int, bool]:
+def pack(payload: Any, raw: bytes | None = None) -> tuple[bytes, int, bool]:
     """(stored bytes, JSON size, compressed?).
 
-    The payload's compact JSON text, zstd-compressed only when that saves at least an eighth:
-    small JSON (most timers) does not shrink, and a payload kept as text is fired by
-    PostgreSQL itself without a round trip through the broker (see queen.sweep_timers in
-    schema/functions/timers.sql).
+    The payload's compact JSON text (``raw``, when already made), zstd-compressed only when
+    that saves at least an eighth: small JSON (most timers) does not shrink, and a payload kept
+    as text is fired by PostgreSQL itself without a round trip through the broker (see
+    queen.sweep_timers in schema/functions/timers.sql).
     """
-    raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    if raw is None:
+        raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     if len(raw) >= MIN_COMPRESSED_BYTES:
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - len(raw) // 8:

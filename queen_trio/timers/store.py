@@ -52,7 +52,7 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
 
     One statement: it may run in autocommit as its own transaction."""
-    blob, size, compressed = rules.pack(s.payload)
+    blob, size, compressed = rules.pack(s.payload, s.json_bytes)
     row = one(raw.execute(Q.schedule_one, {
         "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
         "txn": s.txn or log_rules.new_transaction_id(), "message_id": s.message_id,
@@ -73,7 +73,7 @@ def schedule_many(
     """
     if not schedules:
         return []
-    packed = [rules.pack(s.payload) for s in schedules]
+    packed = [rules.pack(s.payload, s.json_bytes) for s in schedules]
     txns = [s.txn or log_rules.new_transaction_id() for s in schedules]
     rows = raw.execute(Q.schedule, {
         "tenant_id": tenant_id, "queues": [s.queue for s in schedules],
