@@ -483,8 +483,8 @@ def burst_drain(delivery: Delivery, polls: list[tuple[float, float]], n: int) ->
 # -- 4. schedule throughput -------------------------------------------------------------------
 
 
-SCHEDULE_PARTS = ("put", *(f"bundle-c{c}" for c in BUNDLE_CLIENTS),
-                  *(f"batch-c{c}" for c in BUNDLE_CLIENTS))
+# Bundles and batches alternate, so that each pair ran under much the same machine load.
+SCHEDULE_PARTS = ("put", *(f"{kind}-c{c}" for c in BUNDLE_CLIENTS for kind in ("bundle", "batch")))
 
 
 async def scenario_schedule(ctx: Ctx, part: str) -> dict[str, Any]:
