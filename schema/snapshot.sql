@@ -497,7 +497,7 @@ $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
-CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, message_id uuid, deliver_at timestamp with time zone)
+CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, deliver_at timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     AS $$
@@ -507,7 +507,6 @@ DECLARE
     v_ords integer[];
     v_status text[];
     v_txns text[];
-    v_ids uuid[];
     v_at timestamptz[];
     v_delta bigint;
     v_soonest timestamptz;
@@ -515,7 +514,7 @@ DECLARE
 BEGIN
     IF p_attempt > 2 THEN
         -- Created and gone again under us twice in a row: a fire is racing us.
-        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::uuid, NULL::timestamptz
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
                      FROM generate_series(1, n) AS g;
         RETURN;
     END IF;
@@ -524,7 +523,7 @@ BEGIN
         -- The same timer more than once: one at a time, in order, as separate calls would.
         FOR i IN 1..n LOOP
             RETURN QUERY
-            SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+            SELECT i, s.status, s.txn, s.deliver_at
             FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                        p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
                                        p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
@@ -589,23 +588,22 @@ BEGIN
         ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
         RETURNING queue, timer_key, deliver_at
     ), answers AS (
-        SELECT r.ord, 'rescheduled' AS status, i.txn, i.message_id, r.deliver_at, r.delta
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
         FROM rescheduled r JOIN input i ON i.ord = r.ord
         UNION ALL
-        SELECT i.ord, 'scheduled', i.txn, i.message_id, x.deliver_at, i.bytes
+        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
         FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
         UNION ALL
-        SELECT l.ord, 'too_late', l.txn, NULL::uuid, NULL, 0 FROM locked l WHERE l.claimed
+        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
         UNION ALL
-        SELECT b.ord, 'too_late', b.txn, NULL::uuid, NULL, 0 FROM busy b
+        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
     )
     SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
-           array_agg(a.txn ORDER BY a.ord), array_agg(a.message_id ORDER BY a.ord),
-           array_agg(a.deliver_at ORDER BY a.ord),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
            coalesce(sum(a.delta), 0),
            min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
                                      AND p_delays_ms[a.ord] < p_notify_within_ms)
-    INTO v_ords, v_status, v_txns, v_ids, v_at, v_delta, v_soonest
+    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
@@ -627,14 +625,13 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT a.o, a.s, a.t, a.id, a.at
-    FROM unnest(v_ords, v_status, v_txns, v_ids, v_at) AS a(o, s, t, id, at);
+    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
 
     -- A timer created by a concurrent transaction after this statement's snapshot was neither
     -- updated nor inserted here: decide it again with a fresh look.
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
-        SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+        SELECT i, s.status, s.txn, s.deliver_at
         FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                    p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
                                    p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],

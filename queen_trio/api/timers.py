@@ -20,6 +20,7 @@ gate.
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from typing import Any
 
 from quart import Blueprint, Response, request
@@ -79,10 +80,11 @@ def outcome_wire(o: store.Outcome) -> dict[str, Any]:
 def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]
                    ) -> None:
     metrics = _broker().metrics
-    for op, o in zip(ops, outcomes, strict=True):
-        counter = metrics.timers_scheduled if isinstance(op, rules.Schedule) \
-            else metrics.timers_cancelled
-        counter.labels(o.status).inc()
+    counts = Counter((isinstance(op, rules.Schedule), o.status)
+                     for op, o in zip(ops, outcomes, strict=True))
+    for (scheduled, status), n in counts.items():
+        counter = metrics.timers_scheduled if scheduled else metrics.timers_cancelled
+        counter.labels(status).inc(n)
 
 
 @timer_routes.post("")
@@ -104,13 +106,10 @@ async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome
         return []
     schedules = [op for op in ops if isinstance(op, rules.Schedule)]
     cancels = [op for op in ops if isinstance(op, rules.Cancel)]
-    if len(schedules) == 1 and not cancels:
+    if not cancels:
         # Shares a statement and a commit with the schedules arriving alongside it.
-        return [await broker.schedules.schedule(tenant_id, schedules[0])]
+        return await broker.schedules.schedule_many(tenant_id, schedules)
     within = broker.settings.sweeper_max_sleep_ms
-    if not cancels:  # one statement: its own transaction
-        return await broker.db.run_statement(
-            store.schedule_many, tenant_id, schedules, notify_within_ms=within)
     if not schedules:
         return await broker.db.run_statement(store.cancel_many, tenant_id, cancels)
     return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within)

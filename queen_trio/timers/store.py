@@ -105,7 +105,7 @@ def _outcome(s: Schedule, row: dict[str, Any]) -> Outcome:
     if row["status"] == "too_late":
         return Outcome("too_late", s.queue, s.key, row["txn"])
     return Outcome(row["status"], s.queue, s.key, row["txn"], s.partition, row["deliver_at"],
-                   row["message_id"])
+                   s.message_id)
 
 
 def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:

@@ -41,8 +41,8 @@ $fn$;
 -- transaction deciding their fate: an upsert decided under the rows' locks, never waiting on a
 -- row a sweeper holds (that one answers too_late), as is a row under a live claim. The timer
 -- names' locks (queen.lock_timer_names) are taken first. Answers one row per input, by position
--- (ord, 1-based), with the message id the timer's frame will carry (p_message_ids, minted by the
--- broker; a reschedule takes the new one: it is a new timer under an old name). Also creates the queues of new timers, records the change of stored bytes
+-- (ord, 1-based). p_message_ids are the ids the timers' frames will carry (minted by the broker,
+-- which promises them; a reschedule takes the new one: it is a new timer under an old name). Also creates the queues of new timers, records the change of stored bytes
 -- and, for a timer due within p_notify_within_ms, wakes the sweepers with a NOTIFY (sent only
 -- if the caller commits).
 --
@@ -59,7 +59,7 @@ CREATE OR REPLACE FUNCTION queen.schedule_timers(
     p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[],
     p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[],
     p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
-RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
+RETURNS TABLE (ord integer, status text, txn text, deliver_at timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fn$
@@ -69,7 +69,6 @@ DECLARE
     v_ords integer[];
     v_status text[];
     v_txns text[];
-    v_ids uuid[];
     v_at timestamptz[];
     v_delta bigint;
     v_soonest timestamptz;
@@ -77,7 +76,7 @@ DECLARE
 BEGIN
     IF p_attempt > 2 THEN
         -- Created and gone again under us twice in a row: a fire is racing us.
-        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::uuid, NULL::timestamptz
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
                      FROM generate_series(1, n) AS g;
         RETURN;
     END IF;
@@ -86,7 +85,7 @@ BEGIN
         -- The same timer more than once: one at a time, in order, as separate calls would.
         FOR i IN 1..n LOOP
             RETURN QUERY
-            SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+            SELECT i, s.status, s.txn, s.deliver_at
             FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                        p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
                                        p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
@@ -151,23 +150,22 @@ BEGIN
         ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
         RETURNING queue, timer_key, deliver_at
     ), answers AS (
-        SELECT r.ord, 'rescheduled' AS status, i.txn, i.message_id, r.deliver_at, r.delta
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
         FROM rescheduled r JOIN input i ON i.ord = r.ord
         UNION ALL
-        SELECT i.ord, 'scheduled', i.txn, i.message_id, x.deliver_at, i.bytes
+        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
         FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
         UNION ALL
-        SELECT l.ord, 'too_late', l.txn, NULL::uuid, NULL, 0 FROM locked l WHERE l.claimed
+        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
         UNION ALL
-        SELECT b.ord, 'too_late', b.txn, NULL::uuid, NULL, 0 FROM busy b
+        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
     )
     SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
-           array_agg(a.txn ORDER BY a.ord), array_agg(a.message_id ORDER BY a.ord),
-           array_agg(a.deliver_at ORDER BY a.ord),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
            coalesce(sum(a.delta), 0),
            min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
                                      AND p_delays_ms[a.ord] < p_notify_within_ms)
-    INTO v_ords, v_status, v_txns, v_ids, v_at, v_delta, v_soonest
+    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
@@ -189,14 +187,13 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT a.o, a.s, a.t, a.id, a.at
-    FROM unnest(v_ords, v_status, v_txns, v_ids, v_at) AS a(o, s, t, id, at);
+    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
 
     -- A timer created by a concurrent transaction after this statement's snapshot was neither
     -- updated nor inserted here: decide it again with a fresh look.
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
-        SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+        SELECT i, s.status, s.txn, s.deliver_at
         FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                    p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
                                    p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
