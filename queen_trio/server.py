@@ -123,7 +123,7 @@ async def run_broker(
             await nursery.start(kv_store.run_purger, db)  # expired KV keys
             # Plans made while a table was small are dropped once it has grown.
             await nursery.start(run_analyzer, db)
-            await nursery.start(schedules.run)  # single-timer schedules, batched
+            await nursery.start(schedules.run)  # schedules of the timer routes, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
                                   tenants.message_ceiling(tid)),
