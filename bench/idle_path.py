@@ -97,13 +97,13 @@ def serve() -> None:
         return result
 
     timer_store.sweep = timed_sweep
-    wake = wakeups.QueueWakeups.wake
+    wake = wakeups.QueueWakeups.notify
 
-    def timed_wake(self: Any, key: str) -> None:
+    def timed_wake(self: Any, key: str, *args: Any, **kwargs: Any) -> None:
         mark("wake")
-        wake(self, key)
+        wake(self, key, *args, **kwargs)
 
-    wakeups.QueueWakeups.wake = timed_wake  # type: ignore[method-assign]
+    wakeups.QueueWakeups.notify = timed_wake  # type: ignore[method-assign]
     to_json = api_log._json
 
     def timed_json(body: Any, status: int = 200) -> Any:
@@ -159,7 +159,7 @@ def consume(port: int, url: str, timers: int, seed: int) -> list[dict[str, float
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def get(path: str) -> tuple[int, bytes]:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         buf = b""
         while b"\r\n\r\n" not in buf:
             buf += sock.recv(65536)

@@ -24,14 +24,14 @@ REMINDERS, ACCOUNTS, EMAILS = "reminders", "accounts", "emails"
 
 
 def start_trial(queen: SyncClient, account: str, remind_after: str) -> TimerResult:
-    queen.kv.put(ACCOUNTS, account, {"plan": "trial"})
+    queen.kv.put(ACCOUNTS, account, {"plan": "trial"}, forever=True)
     return (queen.timer(REMINDERS).key(f"trial-ending:{account}").delay(remind_after)
             .payload({"accountId": account}).schedule())
 
 
 def convert(queen: SyncClient, account: str) -> TimerResult:
     # The plan is written first: whatever the cancel answers, the sender will see it.
-    queen.kv.put(ACCOUNTS, account, {"plan": "paid"})
+    queen.kv.put(ACCOUNTS, account, {"plan": "paid"}, forever=True)
     return queen.timer(REMINDERS).key(f"trial-ending:{account}").cancel()
 
 

@@ -214,7 +214,7 @@ def _migrate(settings: Settings) -> int:
 
     assert settings.database_url is not None
     try:
-        applied = apply_migrations(settings.database_url)
+        applied = apply_migrations(settings.database_conninfo())
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -228,15 +228,15 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
     import psycopg
     from psycopg.rows import dict_row
 
-    from .db.conninfo import broker_conninfo
     from .db.migrations import apply_migrations
     from .errors import ClientError
     from .tenants import store
 
     assert settings.database_url is not None
     try:
-        apply_migrations(settings.database_url)
-        with psycopg.connect(broker_conninfo(settings.database_url), row_factory=dict_row) as raw:
+        url = settings.database_conninfo()
+        apply_migrations(url)
+        with psycopg.connect(url, row_factory=dict_row) as raw:
             action = args.tenants_command
             if action == "create":
                 store.create_tenant(raw, args.name)
@@ -272,8 +272,7 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
         print("queen-trio: a plan value is out of range (see --help)", file=sys.stderr)
         return EXIT_USAGE
     except psycopg.OperationalError as exc:
-        print(f"queen-trio: cannot reach the database: {' '.join(str(exc).split())}",
-              file=sys.stderr)
+        print(_unreachable(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
     except QueenError as exc:  # a failed migration
         print(f"queen-trio: {exc}", file=sys.stderr)
@@ -356,7 +355,11 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
 def _unreachable(exc: BaseException) -> str:
     """One line for a database that cannot be reached (libpq lists each host it tried on
     lines of their own)."""
+    import psycopg
+
     text = " ".join(line.strip() for line in str(exc).strip().splitlines())
+    if isinstance(exc, psycopg.errors.ConnectionTimeout):
+        text += " (a host took longer than QUEEN_DB_CONNECT_TIMEOUT_S to answer)"
     return f"queen-trio: cannot reach the database: {text}"
 
 

@@ -25,6 +25,8 @@ from enum import Enum
 from itertools import islice
 from typing import Any
 
+from . import strict_json
+
 EXIT_OK = 0
 EXIT_USAGE = 2        # bad arguments: nothing was sent
 EXIT_NOT_DONE = 3     # a verdict, not a failure: absent, too_late, nothing to pop, no such key
@@ -105,7 +107,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     put = command(kv_actions, "put", "write a key")
     _ns_key(put)
     put.add_argument("value", help="JSON (- for stdin)")
-    put.add_argument("--ttl", help="time to live, whole seconds: 3600, 1h, 7d")
+    put.add_argument("--ttl", help="time to live, whole seconds: 3600, 1h, 7d (default: until "
+                                   "deleted)")
     _ns_key(command(kv_actions, "delete", "delete a key"))
 
 
@@ -211,8 +214,9 @@ def _kv_get(queen: Any, args: argparse.Namespace, out: _Output) -> int:
 
 def _kv_put(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     ttl = None if args.ttl is None else _duration(args.ttl)
+    # Without --ttl the key lives until deleted: the wire asks for `forever` to be said.
     return out.record(queen.kv.put(args.namespace, args.key, _json_arg(args.value, "VALUE"),
-                                   ttl_seconds=ttl))
+                                   ttl_seconds=ttl, forever=ttl is None))
 
 
 def _kv_delete(queen: Any, args: argparse.Namespace, out: _Output) -> int:
@@ -246,8 +250,10 @@ def _duration(text: str) -> int | str:
 def _json_arg(text: str, what: str) -> Any:
     raw = sys.stdin.read() if text == "-" else text
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return strict_json.loads(raw)
+    except strict_json.JsonRefused as exc:
+        if exc.code == strict_json.INVALID_VALUE:  # NaN, 1e999, "\u0000"…: the broker's 400
+            raise ValueError(f"{what}: {exc.message}") from None
         raise ValueError(f"{what} must be JSON (quote text: '\"hello\"'): {raw[:60]!r}") from None
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ClientError, ConfigError
 
 ONE_MIB = 1024 * 1024
 # QUEEN_MAX_MESSAGE_BYTES at most: a message is one JSON value in one row (PostgreSQL's jsonb
@@ -27,13 +27,26 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 6632
     auth: bool = False
+    # Host names (besides localhost names, IP addresses and QUEEN_HOST) the broker answers to
+    # when auth is off, or whenever this is set; "*": any (see queen_trio/api/origin.py).
+    allowed_hosts: tuple[str, ...] = ()
+    # The tenant whose tokens may read /metrics when auth is on (None: nobody may).
+    operator_tenant: str | None = None
+    # Failed token lookups a client address may cause per second (bursts of twice that);
+    # past it: 429 with no database lookup.
+    auth_failures_per_s: int = 10
     log_level: str = "INFO"
     db_pool_size: int = 10
+    # Every database connection attempt, per host (libpq's connect_timeout; at least 2).
+    db_connect_timeout_s: int = 5
     graceful_timeout_ms: int = 3000
     # Slow clients: a connection that has not sent a whole request head within this is closed;
     # a request body not received within the other is answered 408.
     http_idle_timeout_s: int = 75
     http_body_timeout_s: int = 60
+    # Bytes of request bodies held at once by one broker process (None: 8 × the body limit);
+    # past it a request is answered 503 rather than the broker growing.
+    http_body_buffer_bytes: int | None = None
     # Broker processes behind one listening socket (``queen-trio serve``); each is a whole
     # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
     workers: int = 1
@@ -46,6 +59,10 @@ class Settings:
     # PostgreSQL, once the sweeper has said it is about to fire (0: never; queen.pop_head_after
     # in schema/functions/log.sql).
     pop_fire_wait_ms: int = 10
+    # Pops waiting for messages at once (each holds a connection open): past these a pop that
+    # would wait is refused, 503 for the broker and 429 for one tenant, with Retry-After.
+    longpoll_max_parked: int = 10_000
+    longpoll_max_parked_per_tenant: int = 5_000
     sweeper_min_sleep_ms: int = 10
     sweeper_max_sleep_ms: int = 1000
     sweeper_lease_ms: int = 30000
@@ -72,10 +89,23 @@ class Settings:
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
 
+    def database_conninfo(self) -> str:
+        """``database_url`` as every broker connection uses it: a writable server, and
+        ``db_connect_timeout_s`` per host (unless the URL says otherwise)."""
+        assert self.database_url is not None
+        from .db.conninfo import broker_conninfo  # psycopg is heavy: only when connecting
+
+        return broker_conninfo(self.database_url, connect_timeout_s=self.db_connect_timeout_s)
+
     def http_body_limit(self) -> int:
         """The largest request body read: room for a message at the ceiling, written with
         JSON escapes, beside others in one push (never below 8 MiB)."""
         return max(8 * ONE_MIB, 4 * self.max_message_bytes)
+
+    def http_body_budget(self) -> int:
+        """Bytes of request bodies held at once; never below one body at the limit."""
+        return max(self.http_body_buffer_bytes or 8 * self.http_body_limit(),
+                   self.http_body_limit())
 
     def timer_payload_ceiling(self, plan_max_message_bytes: int) -> int:
         """The largest serialized timer payload a tenant with this plan may schedule."""
@@ -85,6 +115,17 @@ class Settings:
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:\-\[\]]+$")
+_HOST_NAME_RE = re.compile(r"^(\*|[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+
+
+def _allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = env.get("QUEEN_ALLOWED_HOSTS", "")
+    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    for name in names:
+        if not _HOST_NAME_RE.fullmatch(name):
+            raise ConfigError("QUEEN_ALLOWED_HOSTS", raw,
+                              "host names (no port) separated by commas, or *")
+    return names
 
 
 def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | None = None) -> int:
@@ -121,6 +162,15 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     auth_raw = env.get("QUEEN_AUTH", "").strip().lower() or "off"
     if auth_raw not in ("on", "off"):
         raise ConfigError("QUEEN_AUTH", env["QUEEN_AUTH"], "'on' or 'off'")
+
+    operator = env.get("QUEEN_OPERATOR_TENANT", "").strip() or None
+    if operator is not None:
+        from .tenants.store import check_name  # psycopg is heavy: only when it is set
+
+        try:
+            check_name(operator)
+        except ClientError:
+            raise ConfigError("QUEEN_OPERATOR_TENANT", operator, "a tenant name") from None
 
     level = env.get("QUEEN_LOG_LEVEL", "").strip().upper() or "INFO"
     if level not in _LOG_LEVELS:
@@ -159,20 +209,37 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         else None
     )
 
+    buffer_raw = env.get("QUEEN_HTTP_BODY_BUFFER_BYTES", "").strip()
+    body_buffer = (
+        _int(env, "QUEEN_HTTP_BODY_BUFFER_BYTES", 0, lo=ONE_MIB, hi=64 * 1024 * ONE_MIB)
+        if buffer_raw
+        else None
+    )
+
     return Settings(
         database_url=url,
         data_dir=data_dir,
         host=host,
         port=_int(env, "QUEEN_PORT", 6632, lo=0, hi=65535),
         auth=auth_raw == "on",
+        allowed_hosts=_allowed_hosts(env),
+        operator_tenant=operator,
+        auth_failures_per_s=_int(env, "QUEEN_AUTH_FAILURES_PER_S", 10, lo=1, hi=1_000_000),
         log_level=level,
         db_pool_size=_int(env, "QUEEN_DB_POOL_SIZE", 10, lo=1, hi=1000),
+        # libpq's floor is 2 seconds (a smaller value would silently mean 2).
+        db_connect_timeout_s=_int(env, "QUEEN_DB_CONNECT_TIMEOUT_S", 5, lo=2, hi=600),
         graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
         http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
         http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
+        http_body_buffer_bytes=body_buffer,
         workers=workers,
         pop_commit_sync=pop_commit == "sync",
         pop_fire_wait_ms=_int(env, "QUEEN_POP_FIRE_WAIT_MS", 10, lo=0, hi=50),
+        longpoll_max_parked=_int(env, "QUEEN_LONGPOLL_MAX_PARKED", 10_000, lo=0,
+                                 hi=1_000_000),
+        longpoll_max_parked_per_tenant=_int(env, "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT",
+                                            5_000, lo=0, hi=1_000_000),
         listen_fd=listen_fd,
         sweeper_min_sleep_ms=min_sleep,
         sweeper_max_sleep_ms=max_sleep,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 
+from .db.conninfo import DEFAULT_CONNECT_TIMEOUT_S
 from .errors import EmbeddedPostgresError
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,8 @@ class EmbeddedPostgres:
         raise EmbeddedPostgresError(f"embedded PostgreSQL did not accept connections: {last_error}")
 
     def _ensure_database(self) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+        with psycopg.connect(self.admin_url, autocommit=True,
+                             connect_timeout=DEFAULT_CONNECT_TIMEOUT_S) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)
             ).fetchone()

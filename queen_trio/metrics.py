@@ -1,13 +1,21 @@
-"""Prometheus metrics of one broker.
+"""Prometheus metrics of one broker, and each tenant's own figures.
 
 Each broker owns its own ``CollectorRegistry`` (several brokers can live in one test process
 without clashing). Pool and listener figures are read from their ``statistics()`` at scrape
 time rather than mirrored into gauges on every change.
+
+``/metrics`` counts every tenant's traffic together, so with QUEEN_AUTH=on only the operator
+reads it. What a tenant may see of its own (pushes, pops, acks, its timers' fire lag: what the
+dashboard draws) is counted beside, per tenant (:class:`TenantTally`), and answered by
+``GET /api/v1/stats``. The counting methods below do both at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -44,6 +52,31 @@ FIRE_LAG_BUCKETS = (
     0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0,
 )
+
+# The services counted in queen_background_errors_total{service} (each shown from the start).
+BACKGROUND_SERVICES = ("sweeper", "housekeeping", "kv_purger", "analyzer", "tenants",
+                       "pending_gauge", "listener")
+
+
+@dataclasses.dataclass(slots=True)
+class TenantTally:
+    """One tenant's counts on this broker since it started."""
+
+    pushed: int = 0
+    popped: int = 0
+    acked: int = 0
+    fires: int = 0
+    # Fires per FIRE_LAG_BUCKETS bucket (the last one: above them all), not cumulative.
+    fire_lag: list[int] = dataclasses.field(
+        default_factory=lambda: [0] * (len(FIRE_LAG_BUCKETS) + 1))
+
+    def fire_lag_cumulative(self) -> dict[str, int]:
+        """As Prometheus writes a histogram: fires at or below each bound, "+Inf" last."""
+        out, total = {}, 0
+        for bound, n in zip((*map(repr, FIRE_LAG_BUCKETS), "+Inf"), self.fire_lag, strict=True):
+            total += n
+            out[bound] = total
+        return out
 
 
 class _StatisticsCollector(Collector):
@@ -115,6 +148,10 @@ class _SegmentCacheCollector(Collector):
 
 class BrokerMetrics:
     def __init__(self) -> None:
+        # Which broker (process, start) the tallies belong to: a dashboard polling through
+        # several workers, or across a restart, must not subtract one broker's from another's.
+        self.instance = uuid.uuid4().hex[:12]
+        self._tenants: dict[int, TenantTally] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -136,6 +173,15 @@ class BrokerMetrics:
         # (it never forgets one), so this adds no series and nothing a scrape could see.
         self._http_counted: dict[tuple[str, str, int], Counter] = {}
         self._http_timed: dict[tuple[str, str], Histogram] = {}
+
+        self.auth_refused = Counter(
+            "queen_auth_refused",
+            "Requests refused for their credentials: unauthorized (401), or throttled (429: "
+            "too many failed authentications from one address, refused before any lookup)",
+            ["reason"], registry=self.registry,
+        )
+        for reason in ("unauthorized", "throttled"):
+            self.auth_refused.labels(reason)
 
         # The log.
         self.messages_pushed = Counter(
@@ -178,6 +224,29 @@ class BrokerMetrics:
             "queen_longpoll_waiters", "Pops currently waiting for messages",
             registry=self.registry,
         )
+        self.longpoll_looks = Counter(
+            "queen_longpoll_looks",
+            "Looks at the database by waiting pops, by what woke them (notify: a NOTIFY of "
+            "their queue; next: a neighbour got messages; due: a lease, retry hold or delay "
+            "ended; missed: notifications were lost; safety: the periodic re-check; fire: a "
+            "timer about to fire; handover: the fire's hand-over gave nothing)",
+            ["reason"], registry=self.registry,
+        )
+        self.longpoll_looks_spared = Counter(
+            "queen_longpoll_looks_spared",
+            "Waiting pops that joined a lane known to be empty (its last look found nothing "
+            "and no news came since) without looking: a client polling again costs no query",
+            registry=self.registry,
+        )
+        self.longpoll_refused = Counter(
+            "queen_longpoll_refused",
+            "Pops refused instead of waiting: the tenant's (429) or the broker's (503) bound "
+            "on waiting pops was reached", ["scope"], registry=self.registry,
+        )
+        for scope in ("tenant", "broker"):
+            self.longpoll_refused.labels(scope)
+        for reason in ("notify", "next", "due", "missed", "safety", "fire", "handover"):
+            self.longpoll_looks.labels(reason)
 
         # Log storage: sealing and retention (the housekeeping service).
         self.segments_sealed = Counter(
@@ -244,6 +313,16 @@ class BrokerMetrics:
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000),
             registry=self.registry,
         )
+        # Background services outlive what they cannot process (queen_trio/db/transient.py).
+        self.background_errors = Counter(
+            "queen_background_errors",
+            "Errors a background service met that were not transient database trouble (a row "
+            "or tenant it could not process, or a bug): logged at ERROR with a traceback, "
+            "and the service went on",
+            ["service"], registry=self.registry,
+        )
+        for service in BACKGROUND_SERVICES:
+            self.background_errors.labels(service)
         for status in ("scheduled", "rescheduled", "too_late"):
             self.timers_scheduled.labels(status)
         for status in ("cancelled", "absent", "too_late"):
@@ -252,6 +331,44 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+
+    def count_background_error(self, service: str) -> None:
+        self.background_errors.labels(service).inc()
+
+    def tally(self, tenant_id: int) -> TenantTally:
+        tally = self._tenants.get(tenant_id)
+        if tally is None:
+            tally = self._tenants[tenant_id] = TenantTally()
+        return tally
+
+    def count_pushed(self, tenant_id: int, statuses: Iterable[str]) -> None:
+        """Push items appended (or found duplicate), by status."""
+        n = 0
+        for status in statuses:
+            self.messages_pushed.labels(status).inc()
+            n += 1
+        self.tally(tenant_id).pushed += n
+
+    def count_pop(self, tenant_id: int, messages: int) -> None:
+        """One pop request that handed out ``messages`` (0: an empty answer)."""
+        self.pops.labels("messages" if messages else "empty").inc()
+        if messages:
+            self.messages_popped.inc(messages)
+            self.tally(tenant_id).popped += messages
+
+    def count_acks(self, tenant_id: int, statuses: Iterable[str]) -> None:
+        """Acknowledgements applied (not those already applied before), by status."""
+        n = 0
+        for status in statuses:
+            self.acks.labels(status).inc()
+            n += 1
+        self.tally(tenant_id).acked += n
+
+    def observe_fire_lag(self, tenant_id: int, seconds: float) -> None:
+        self.fire_lag.observe(seconds)
+        tally = self.tally(tenant_id)
+        tally.fires += 1
+        tally.fire_lag[bisect.bisect_left(FIRE_LAG_BUCKETS, seconds)] += 1
 
     def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
         """One answered HTTP request (``seconds`` None: its start was not recorded)."""

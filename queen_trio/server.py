@@ -11,14 +11,19 @@
    ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
 
 A service that crashes takes the whole nursery down with it: the broker exits with an error
-rather than serving HTTP with a dead service behind it.
+rather than serving HTTP with a dead service behind it. So no service lets one bad row or tenant
+crash it: what is not transient database trouble is logged at ERROR with its traceback, counted
+in ``queen_background_errors_total{service}``, and the service goes on after a back-off
+(queen_trio/db/transient.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
+import resource
 import sys
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -28,7 +33,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
-from .api import create_app
+from .api import connections, create_app
 from .api import protocol as http_protocol
 from .config import Settings
 from .context import BrokerContext
@@ -83,7 +88,7 @@ async def run_broker(
 ) -> None:
     if settings.database_url is None:
         raise ValueError("run_broker needs settings.database_url (the CLI starts the embedded one)")
-    url = settings.database_url
+    url = settings.database_conninfo()  # a writable server, and a connect timeout per host
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await trio.to_thread.run_sync(apply_migrations, url)
 
@@ -105,10 +110,16 @@ async def run_broker(
                                     on_read_only=read_only) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
-        listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only)
-        wakeups = QueueWakeups()
+        count_error = metrics.count_background_error  # queen_background_errors_total
+        listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only,
+                            count_error=count_error)
+        wakeups = QueueWakeups(max_parked=_parked_bound(settings),
+                               max_per_tenant=settings.longpoll_max_parked_per_tenant,
+                               recheck_concurrency=max(2, settings.db_pool_size // 4))
         tenants = TenantDirectory(db, default_tenant,
-                                  max_message_bytes=settings.max_message_bytes)
+                                  max_message_bytes=settings.max_message_bytes,
+                                  count_error=count_error,
+                                  auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
@@ -120,9 +131,10 @@ async def run_broker(
             context.services["listener"] = lambda: listener.connected
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
-            await nursery.start(kv_store.run_purger, db)  # expired KV keys
+            await nursery.start(  # expired KV keys
+                functools.partial(kv_store.run_purger, db, count_error=count_error))
             # Plans made while a table was small are dropped once it has grown.
-            await nursery.start(run_analyzer, db)
+            await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
             await nursery.start(schedules.run)  # schedules of the timer routes, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
@@ -157,6 +169,19 @@ async def run_broker(
     log.info("queen-trio stopped")
 
 
+def _parked_bound(settings: Settings) -> int:
+    """QUEEN_LONGPOLL_MAX_PARKED, but at most half the process's open-file limit: each
+    waiting pop holds a connection, and the other half is left to other clients and the
+    database."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or settings.longpoll_max_parked <= soft // 2:
+        return settings.longpoll_max_parked
+    log.info("at most %d pops wait at once (QUEEN_LONGPOLL_MAX_PARKED=%d): the open-file "
+             "limit is %d (LimitNOFILE, ulimit -n)", soft // 2, settings.longpoll_max_parked,
+             soft)
+    return soft // 2
+
+
 async def _serve_http(
     app: QuartTrio,
     settings: Settings,
@@ -166,6 +191,7 @@ async def _serve_http(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     http_protocol.install()  # a request h11 refuses gets a JSON error, not an empty 400
+    connections.install()  # idle, Connection: close and HTTP/1.0 end every connection
     config = HypercornConfig()
     # A worker of ``serve`` with QUEEN_WORKERS > 1 accepts on the socket its parent bound.
     if settings.listen_fd is not None:
@@ -175,7 +201,7 @@ async def _serve_http(
     config.graceful_timeout = settings.graceful_timeout_ms / 1000
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    # Also the deadline for a connection's request head (slow-loris clients are cut off).
+    # Also the deadline for each request head of a connection (slow-loris clients are cut off).
     config.keep_alive_timeout = settings.http_idle_timeout_s
     status = _NotingStarted(task_status)
     try:

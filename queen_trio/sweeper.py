@@ -39,13 +39,13 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import trio
 
 from .config import ONE_MIB, Settings
 from .db import MISSED, Database, Listener
-from .db.transient import TRANSIENT_ERRORS, every
+from .db.transient import TRANSIENT_ERRORS, describe, every, survived
 from .log import store as log_store
 from .log.rules import PopRequest
 from .log.wakeups import ParkedPop
@@ -227,12 +227,18 @@ class Sweeper:
                 result = await self._cycle(not_before=not_before, announced=announced,
                                            for_timer=plan.due_db is not None,
                                            handover=handover)
-            except TRANSIENT as exc:
-                self._metrics.timer_failures.labels("transient").inc()
+            except Exception as exc:
                 failures += 1
                 delay = retry_delay(failures, max_sleep=self._max_sleep)
-                log.warning("sweeper cycle failed (transient, no attempt spent; next try in "
-                            "%.0f ms): %s", delay * 1000, str(exc).strip().splitlines()[0])
+                if isinstance(exc, TRANSIENT):
+                    self._metrics.timer_failures.labels("transient").inc()
+                    log.warning("sweeper cycle failed (transient, no attempt spent; next try "
+                                "in %.0f ms): %s", delay * 1000,
+                                str(exc).strip().splitlines()[0])
+                else:
+                    # Not tied to a row (a row's own failure spends its attempt in the fire):
+                    # logged and counted, and the sweeper goes on after the same back-off.
+                    self._survived(exc, "a sweeper cycle")
                 plan = await self._sleep_or_wake(
                     notifications, Plan(trio.current_time() + delay, None, "max_sleep"))
                 continue
@@ -308,6 +314,9 @@ class Sweeper:
             upcoming = await self._look_up_db.run_statement(store.next_due)
         except TRANSIENT:
             return None  # only a hint: the cycle itself will meet the trouble
+        except Exception as exc:
+            self._survived(exc, "the look-up of the next timer")
+            return None
         # Only the timer this cycle is for.
         if upcoming is None or abs(upcoming.due - due_db) >= 0.001:
             return None
@@ -424,42 +433,68 @@ class Sweeper:
         except TRANSIENT as exc:
             log.warning("a fired timer's batch for a pop that has gone stays leased until its "
                         "lease expires: %s", exc)
+        except Exception as exc:
+            self._survived(exc, "the release of a fired timer's batch for a pop that has gone")
 
-    def _fired_now(self, deliver_ats: list[datetime], committed_at_db: float) -> None:
-        for at in deliver_ats:
-            self._metrics.fire_lag.observe(max(0.0, committed_at_db - at.timestamp()))
-        self._fired += len(deliver_ats)
-        self._metrics.timers_fired.inc(len(deliver_ats))
+    def _fired_now(self, fired: list[tuple[int, datetime]], committed_at_db: float) -> None:
+        """``fired``: (tenant, deliver_at) of each timer just fired."""
+        for tenant_id, at in fired:
+            self._metrics.observe_fire_lag(tenant_id, max(0.0, committed_at_db - at.timestamp()))
+        self._fired += len(fired)
+        self._metrics.timers_fired.inc(len(fired))
 
     async def _fire(self, token: uuid.UUID, rows: list[Claimed]) -> None:
-        ceilings = {tid: self._ceiling_for(tid) for tid in {c.tenant_id for c in rows}}
         settings = self._settings
+        budget = {"ceilings": {tid: self._ceiling_for(tid) for tid in {c.tenant_id for c in rows}},
+                  "max_attempts": settings.sweeper_max_attempts,
+                  "backoff_ms": settings.sweeper_backoff_ms}
+        fired = None
         # The one commit that must finish: a shutdown waits for it (bounded), so a fire is
         # either committed or rolled back, never abandoned half-way.
         with trio.move_on_after(_FIRE_TIMEOUT_S, shield=True):
             try:
-                fired = await self._db.run_in_thread(  # decompresses payloads
-                    store.fire, token, rows, ceilings=ceilings,
-                    max_attempts=settings.sweeper_max_attempts,
-                    backoff_ms=settings.sweeper_backoff_ms,
-                )
+                fired = await self._fire_batch(token, rows, budget)
             except TRANSIENT:
                 await self._release(token)
                 raise
-        self._fired_now([c.deliver_at for c in fired.fired], time.time() + self._clock_offset)
+        if fired is None:
+            log.warning("a fire of %d claimed timers did not finish within %.0f s; they are "
+                        "fired again once their lease ends", len(rows), _FIRE_TIMEOUT_S)
+            return
+        for c, exc in fired.unexpected:
+            self._survived(exc, f"the fire of timer {_identity(c)}")
+        self._fired_now([(c.tenant_id, c.deliver_at) for c in fired.fired],
+                        time.time() + self._clock_offset)
         if fired.failed or fired.dead_lettered:
             self._metrics.timer_failures.labels("permanent").inc(
                 len(fired.failed) + len(fired.dead_lettered)
             )
         for c, error in fired.failed:
-            log.warning("timer %s/%s failed (attempt %d): %s", c.queue, c.key, c.attempts + 1,
-                        error)
+            log.warning("timer %s failed (attempt %d): %s", _identity(c), c.attempts + 1, error)
         for c, error in fired.dead_lettered:
-            log.warning("timer %s/%s dead-lettered after %d attempts: %s", c.queue, c.key,
+            log.warning("timer %s dead-lettered after %d attempts: %s", _identity(c),
                         c.attempts + 1, error)
         self._metrics.timers_dead_lettered.inc(len(fired.dead_lettered))
         if fired.lost:
             log.info("%d claimed timers were taken over before we fired them", fired.lost)
+
+    async def _fire_batch(self, token: uuid.UUID, rows: list[Claimed],
+                          budget: dict[str, Any]) -> store.FireResult:
+        try:
+            return await self._db.run_in_thread(  # decompresses payloads
+                store.fire, token, rows, **budget)
+        except TRANSIENT:
+            raise
+        except Exception as exc:
+            # Rolled back whole: a row PostgreSQL refused (a payload jsonb cannot hold), or
+            # something nobody foresaw. Row by row now, so only the rows at fault spend an
+            # attempt.
+            log.warning("a fire of %d claimed timers failed as a whole (%s); firing them one "
+                        "by one", len(rows), describe(exc))
+            return await self._db.run_in_thread(store.fire_each, token, rows, **budget)
+
+    def _survived(self, exc: BaseException, what: str) -> None:
+        survived(log, "sweeper", what, exc, self._metrics.count_background_error)
 
     async def _release(self, token: uuid.UUID) -> None:
         """After transient trouble, hand our claimed rows back now rather than at lease end."""
@@ -484,4 +519,9 @@ async def run_pending_gauge(
         metrics.timers_pending.set(await db.run(store.pending_count))
 
     task_status.started()
-    await every(interval_s, count, what="pending-timers count", at_once=True)
+    await every(interval_s, count, what="pending-timers count", service="pending_gauge",
+                count_error=metrics.count_background_error, at_once=True)
+
+
+def _identity(c: Claimed) -> str:
+    return f"{c.queue}/{c.key} (tenant {c.tenant_id})"

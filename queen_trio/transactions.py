@@ -1,20 +1,29 @@
-"""Atomic bundles: ``POST /api/v1/transaction``.
+"""Atomic bundles: ``POST /api/v1/transaction``, Queen's wire.
 
-A bundle's operations (push, ack, kv.put, kv.delete) are validated up front, then applied in
-order inside one PostgreSQL transaction: everything commits or nothing does. A failure names the
-operation that caused it. Timers ride the bundle in their own top-level ``timers`` array, in
-Queen's operation shape (:func:`queen_trio.timers.rules.operation`); a timer that is being fired
-is ``too_late`` in its result, a verdict that does not abort the bundle.
+The body has four top-level fields and no other (an unknown one is a 400, never dropped):
+``operations`` (push, ack), ``kv`` (KV ops, as on ``POST /api/v1/kv`` but getPrefix), ``timers``
+(Queen's timer operations, :func:`queen_trio.timers.rules.operation`) and ``requiredLeases``.
+Everything is validated up front, then applied inside one PostgreSQL transaction: everything
+commits or nothing does. A failure names the entry that caused it.
+
+The KV ops go first (their row locks come before any partition's, as on every path that
+takes both), so a gate (a ``required`` putIfAbsent, a lock's guard) that does not hold stops
+the bundle before anything else is written: :class:`~queen_trio.kv.rules.PreconditionLost`
+rolls it all back. ``requiredLeases`` must all be live when the bundle commits; an ack that
+names no lease borrows the bundle's one required lease. A timer that is being fired is
+``too_late`` in its result, a verdict that does not abort the bundle.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any
 
 import psycopg
 
-from .errors import ClientError, ValidationError
+from .db import queries
+from .errors import ClientError, Conflict, ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
 from .log import rules as log_rules
@@ -23,8 +32,10 @@ from .timers import rules as timer_rules
 from .timers import store as timer_store
 
 Raw = psycopg.Connection[dict[str, Any]]
-OPERATION_TYPES = ("push", "ack", "kv.put", "kv.delete")
+OPERATION_TYPES = ("push", "ack")
+TOP_LEVEL = ("operations", "kv", "timers", "requiredLeases")
 MAX_OPERATIONS = 1000
+Q = queries.load("log")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,11 +49,19 @@ class Operation:
 class Bundle:
     operations: list[Operation]
     timers: list[timer_rules.Schedule | timer_rules.Cancel]
+    kv: list[kv_rules.Op] = dataclasses.field(default_factory=list)
+    required_leases: tuple[uuid.UUID, ...] = ()
 
     def adds_storage(self) -> bool:
-        return any(op.type in ("push", "kv.put") for op in self.operations) or any(
-            isinstance(t, timer_rules.Schedule) for t in self.timers
-        )
+        return (any(op.type == "push" for op in self.operations)
+                or any(op.kind in ("put", "putIfAbsent", "incr") for op in self.kv)
+                or any(isinstance(t, timer_rules.Schedule) for t in self.timers))
+
+    @property
+    def kv_base(self) -> int:
+        """Where the kv results start in the flat ``results``: after every pushed item and
+        every ack, which come first as the client sent them."""
+        return sum(len(op.args) if op.type == "push" else 1 for op in self.operations)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,20 +78,39 @@ def _at(index: int, exc: ClientError) -> ClientError:
                      **{**exc.extra, "operation": index})
 
 
+def _array(body: dict[str, Any], field: str) -> list[Any]:
+    value = body.get(field)
+    if value is None:  # what a serializer writes for an unused optional field
+        return []
+    if not isinstance(value, list):
+        raise ValidationError("invalid_operations", f"{field} must be an array")
+    return value
+
+
 def parse(body: dict[str, Any], limits: Limits) -> Bundle:
-    operations = body.get("operations", [])
-    timers = body.get("timers", [])
-    if not isinstance(operations, list) or not isinstance(timers, list):
-        raise ValidationError("invalid_operations", "operations and timers must be arrays")
-    if not operations and not timers:
+    unknown = sorted(set(body) - set(TOP_LEVEL))
+    if unknown:
         raise ValidationError(
-            "invalid_operations", "a transaction needs at least one operation or timer"
-        )
+            "unknown_field", f"unknown top-level field(s): {', '.join(unknown)}; a transaction "
+                             f"takes {', '.join(TOP_LEVEL)}", fields=unknown)
+    operations, kv, timers = (_array(body, f) for f in ("operations", "kv", "timers"))
+    leases = tuple(log_rules.lease_id(lease, f"requiredLeases[{i}]")
+                   for i, lease in enumerate(_array(body, "requiredLeases")))
+    if not operations and not kv and not timers:
+        raise ValidationError(
+            "invalid_operations",
+            "a transaction needs at least one entry in operations, kv or timers")
     if len(operations) + len(timers) > MAX_OPERATIONS:
         raise ValidationError("invalid_operations", f"at most {MAX_OPERATIONS} entries")
+    # An ack that names no lease is fenced by the bundle's lease when there is exactly one.
+    default_lease = leases[0] if len(set(leases)) == 1 else None
     return Bundle(
-        [_parse_one(i, op, limits.message_ceiling) for i, op in enumerate(operations)],
+        [_parse_one(i, op, limits.message_ceiling, default_lease)
+         for i, op in enumerate(operations)],
         _parse_timers(timers, limits),
+        kv_rules.parse_call(kv, ceiling=limits.message_ceiling, in_transaction=True,
+                            where="kv: "),
+        leases,
     )
 
 
@@ -93,7 +131,7 @@ def _parse_timers(entries: list[Any], limits: Limits
     return timers
 
 
-def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
+def _parse_one(index: int, op: Any, ceiling: int, default_lease: uuid.UUID | None) -> Operation:
     try:
         if not isinstance(op, dict):
             raise ValidationError("invalid_operation", "must be an object")
@@ -104,22 +142,21 @@ def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
                 "timers do not go in operations: put them in the top-level 'timers' array, "
                 "beside 'operations'",
             )
+        if isinstance(kind, str) and kind.startswith("kv"):
+            raise ValidationError(
+                "kv_in_operations",
+                "KV operations do not go in operations: put them in the top-level 'kv' array, "
+                "beside 'operations' (as on POST /api/v1/kv: put, putIfAbsent, delete, incr, "
+                "check, get, getMany)",
+            )
         if kind == "push":
             items = log_rules.push_items({"items": op.get("items")}, ceiling)
             frames = [log_store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
-                                         dedupe=i.client_transaction_id) for i in items]
+                                         dedupe=i.client_transaction_id,
+                                         payload_json=i.payload_json) for i in items]
             return Operation(index, kind, frames)
         if kind == "ack":
-            return Operation(index, kind, log_rules.ack(op, 0))
-        if kind == "kv.put":
-            if "value" not in op:
-                raise ValidationError("missing_field", "value is required")
-            return Operation(index, kind, (
-                kv_rules.namespace(op.get("namespace")), kv_rules.key(op.get("key")),
-                op["value"], kv_rules.ttl_seconds(op.get("ttlSeconds"))))
-        if kind == "kv.delete":
-            return Operation(index, kind, (kv_rules.namespace(op.get("namespace")),
-                                           kv_rules.key(op.get("key"))))
+            return Operation(index, kind, log_rules.ack(op, 0, default_lease=default_lease))
         raise ValidationError(
             "invalid_operation", f"type must be one of {', '.join(OPERATION_TYPES)}"
         )
@@ -129,29 +166,41 @@ def _parse_one(index: int, op: Any, ceiling: int) -> Operation:
 
 def execute(
     raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits
-) -> tuple[list[Any], list[timer_store.Outcome]]:
-    """Apply every operation and timer in the caller's transaction; any error aborts all.
+) -> tuple[list[Any], list[dict[str, Any]], list[timer_store.Outcome]]:
+    """Apply the kv ops, every operation and timer in the caller's transaction; any error
+    aborts all. Answers (per operation: Appended list or AckResult; the kv results; the timers'
+    outcomes).
 
-    A timer's verdict (too_late for one being fired, absent for a cancel that found nothing)
-    is its answer, and the bundle commits.
+    A required kv op that does not hold raises PreconditionLost. A required lease that is not
+    live aborts the bundle with 409. A timer's verdict (too_late for one being fired, absent
+    for a cancel that found nothing) is its answer, and the bundle commits.
     """
-    ceiling = limits.message_ceiling
-    results: list[Any] = []  # per operation type: Appended, AckResult, Put or bool
+    # First, before any partition is locked: the kv rows, in key order (kv/rules.py).
+    kv_results = kv_store.apply(raw, tenant_id, bundle.kv)
+    # Before the acks, which release a lease they complete.
+    _check_leases(raw, tenant_id, bundle.required_leases)
+    results: list[Any] = []  # per operation type: Appended list or AckResult
     for op in bundle.operations:
         try:
             if op.type == "push":
                 results.append(log_store.append(raw, tenant_id, op.args))
-            elif op.type == "ack":
+            else:
                 (result,) = log_store.ack(raw, tenant_id, [op.args])
                 results.append(result)
-            elif op.type == "kv.put":
-                namespace, key, value, ttl = op.args
-                results.append(kv_store.put(raw, tenant_id, namespace, key, value, ttl, ceiling))
-            else:
-                namespace, key = op.args
-                results.append(kv_store.delete(raw, tenant_id, namespace, key))
         except ClientError as exc:
             raise _at(op.index, exc) from None
     outcomes = timer_store.apply(raw, tenant_id, bundle.timers,
                                  notify_within_ms=limits.notify_within_ms)
-    return results, outcomes
+    return results, kv_results, outcomes
+
+
+def _check_leases(raw: Raw, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> None:
+    if not leases:
+        return
+    live = {r["lease_id"] for r in raw.execute(
+        Q.live_leases, {"tenant_id": tenant_id, "lease_ids": list(set(leases))})}
+    lost = [lease for lease in leases if lease not in live]
+    if lost:
+        raise Conflict(
+            "lease_lost", f"requiredLeases: lease {lost[0]} has expired or was released; the "
+                          f"whole transaction was rolled back", lease=str(lost[0]))

@@ -715,6 +715,7 @@ DECLARE
     v_ctids tid[];
     v_direct integer;
     v_fired timestamptz[] := '{}';
+    v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
 BEGIN
     SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
@@ -750,7 +751,7 @@ BEGIN
                       t.message_id, convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                       t.deliver_at
         )
-        SELECT array_agg(g.deliver_at ORDER BY g.ord),
+        SELECT array_agg(g.deliver_at ORDER BY g.ord), array_agg(g.tenant_id ORDER BY g.ord),
                queen.append_timer_frames(
                    array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
                    array_agg(g.timer_key ORDER BY g.ord),
@@ -758,7 +759,7 @@ BEGIN
                    array_agg(g.message_id ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
                    array_agg(g.payload_bytes ORDER BY g.ord),
                    array_agg(g.deliver_at ORDER BY g.ord))
-        INTO v_fired, v_appended
+        INTO v_fired, v_fired_tenants, v_appended
         FROM gone g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
@@ -767,10 +768,10 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT true, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+    SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
            NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
            NULL::float8, NULL::float8
-    FROM unnest(v_fired) AS f(at);
+    FROM unnest(v_fired, v_fired_tenants) AS f(at, tenant);
 
     IF v_direct < cardinality(v_ctids) THEN
         RETURN QUERY
@@ -812,9 +813,18 @@ BEGIN
         -- if it raises, nothing of it has been returned.)
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, p_fire, v_now);
-    EXCEPTION WHEN data_exception THEN
-        -- A payload PostgreSQL could not turn into a frame: the block's locks, deletes and
-        -- frames are gone; claim every due row for the broker, which fires or fails each.
+    EXCEPTION WHEN OTHERS THEN
+        -- Trouble of the database itself (connection, serialization failure or deadlock,
+        -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
+        -- tried again, spending no attempt (queen_trio/db/transient.py).
+        IF left(SQLSTATE, 2) IN ('08', '40', '53', '57', '58')
+           OR SQLSTATE IN ('25006', '55P03') THEN
+            RAISE;
+        END IF;
+        -- Anything else is a row that cannot become a frame: a payload jsonb refuses (NaN,
+        -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
+        -- deletes and frames are gone; claim every due row for the broker, which fires them
+        -- one by one if the batch fails again, and only the rows at fault spend an attempt.
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, false, v_now);
     END;
@@ -942,13 +952,21 @@ CREATE TABLE queen.group_subscriptions (
 
 CREATE TABLE queen.kv (
     tenant_id integer NOT NULL,
-    namespace text NOT NULL,
-    key text NOT NULL,
+    namespace text NOT NULL COLLATE pg_catalog."C",
+    key text NOT NULL COLLATE pg_catalog."C",
     value jsonb NOT NULL,
     size_bytes integer NOT NULL,
     expires_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    version bigint NOT NULL
 );
+
+CREATE SEQUENCE queen.kv_version_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 CREATE TABLE queen.partitions (
     partition_id uuid DEFAULT gen_random_uuid() NOT NULL,

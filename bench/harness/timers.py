@@ -131,7 +131,7 @@ class LeanConsumer:
 
     def get(self, path: str) -> tuple[int, bytes, float]:
         """Status, body and the wall-clock time the whole answer had arrived."""
-        self._sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        self._sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         while b"\r\n\r\n" not in self._buffer:
             self._buffer += self._receive()
         head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)

@@ -11,11 +11,15 @@ from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
 from ..context import BrokerContext
+from . import bodies
 from .admin import admin_routes
 from .errors import ApiError, install_error_handlers
 from .kv import kv_routes
+from .locks import lock_routes
 from .log import log_routes
 from .ops import ops
+from .origin import HostPolicy, check_request
+from .stats import stats_routes
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
@@ -41,6 +45,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     # Above the message ceiling (QUEEN_MAX_MESSAGE_BYTES), which no plan can raise.
     app.config["MAX_CONTENT_LENGTH"] = broker.settings.http_body_limit()
     app.config["BODY_TIMEOUT"] = broker.settings.http_body_timeout_s  # then 408
+    bodies.install(app, broker.settings.http_body_budget())
     assert isinstance(app.json, DefaultJSONProvider)  # json_provider_class is left as it is
     app.json.sort_keys = False
     # Werkzeug would answer a path with "//" in it (a key starting with an unencoded '/') with
@@ -51,24 +56,25 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
     app.register_blueprint(kv_routes)
+    app.register_blueprint(lock_routes)
     app.register_blueprint(transaction_routes)
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)
+    app.register_blueprint(stats_routes)
     app.register_blueprint(ui_routes)
 
     # One hook each way: every hook costs Quart a dispatch (ensure_async, an await), and each
     # `request`/`g` access a context-variable lookup, on every request.
     metrics = broker.metrics
+    hosts = HostPolicy.from_settings(broker.settings)
 
     @app.before_request
     async def _before() -> None:
         g.started = time.perf_counter()
         req = request._get_current_object()  # type: ignore[attr-defined]
-        # Under HTTP/1.1 keep-alive, hypercorn never answers the next request of a connection
-        # whose previous answer went out before that request's body had arrived (a 401, 429,
-        # 405 or 404 decided from the headers alone). So the body (at most MAX_CONTENT_LENGTH,
-        # cached for the handler) is read before anything can answer early.
-        await req.get_data(cache=True)
+        # Before the body is read (bodies.py: read only when a handler asks): a refused
+        # client's upload is never buffered.
+        check_request(req, hosts)  # another origin's page, or a rebound host name: 403
         await admit_request(req, broker)
         # A name in the path is text: percent-escapes that decode to bytes which are not
         # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.

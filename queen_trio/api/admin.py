@@ -40,27 +40,9 @@ def _group(value: str) -> str:
     return rules.consumer_group(value, for_pop=False)
 
 
-def instant(value: Any, field: str) -> datetime:
-    """An ISO-8601 timestamp (a trailing Z allowed; without a zone: UTC)."""
-    if not isinstance(value, str) or not value or len(value) > 64:
-        raise ValidationError("invalid_timestamp",
-                              f"{field} must be an ISO-8601 timestamp such as "
-                              "2026-01-31T12:00:00Z")
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValidationError("invalid_timestamp",
-                              f"{field} must be an ISO-8601 timestamp such as "
-                              "2026-01-31T12:00:00Z") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
-
-
 def _optional_instant(args: dict[str, str], key: str) -> datetime | None:
     value = args.get(key)
-    return None if value in (None, "") else instant(value, key)
+    return None if value in (None, "") else rules.timestamp(value, key)
 
 
 def _page(args: dict[str, str], default_limit: int) -> tuple[int, int]:
@@ -172,8 +154,8 @@ async def seek_consumer_group(group: str, queue: str) -> Response:
     to_end = body.get("toEnd", False)
     if not isinstance(to_end, bool):
         raise ValidationError("invalid_seek", "toEnd must be true or false")
-    at = None if body.get("timestamp") in (None, "") else instant(body["timestamp"],
-                                                                   "timestamp")
+    at = (None if body.get("timestamp") in (None, "")
+          else rules.timestamp(body["timestamp"], "timestamp"))
     offset = body.get("offset")
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)
                                or not 0 <= offset <= 2**62):

@@ -16,6 +16,7 @@ import psycopg
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from .. import strict_json
 from ..errors import ClientError, DatabaseUnavailable, http_status
 
 log = logging.getLogger(__name__)
@@ -59,17 +60,18 @@ _HTTP_CODES = {
 
 
 async def read_json_body() -> Any:
-    """The request body parsed as JSON, or a 400 ``malformed_json`` error."""
+    """The request body parsed by the broker's one JSON decoder (:mod:`queen_trio.strict_json`),
+    or a 400: ``malformed_json`` (not UTF-8, not JSON), or ``invalid_json_value`` with the
+    ``field`` path of a value JSON or PostgreSQL cannot carry (NaN, 1e999, "\\u0000"…)."""
     raw = await request.get_data(as_text=False)
     if not raw:
         raise ApiError(400, "malformed_json", "the request body is empty; a JSON body is required")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "malformed_json",
-                       f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
+        return strict_json.loads(raw, what="the request body")
+    except strict_json.JsonRefused as exc:
+        if exc.code == strict_json.INVALID_VALUE:
+            raise ApiError(400, exc.code, exc.message, field=exc.path) from None
+        raise ApiError(400, exc.code, exc.message) from None
 
 
 async def read_json_object() -> dict[str, Any]:
@@ -100,10 +102,6 @@ def install_error_handlers(app: Quart) -> None:
         response = error_response(status, code, message)
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
-        if status in (408, 413):
-            # The rest of the body was never read: the connection cannot carry another
-            # request (hypercorn would leave the client's next one unanswered).
-            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(DatabaseUnavailable)

@@ -1,55 +1,116 @@
-"""KV routes: PUT|GET|DELETE /api/v1/kv/{namespace}/{key} (the key may contain '/')."""
+"""KV routes on Queen's wire: ``POST /api/v1/kv`` (a batch of ops, one transaction, the whole
+surface) and the sugar ``GET|PUT|DELETE /api/v1/kv/{ns}/{key}`` (the key may contain '/').
+
+The status says how the call went, never what an op found: a missing key, a lost race, a
+delete that hit nothing are all 200 with an explicit field. A lost ``required`` precondition
+rolls the call back and is 200 too (:func:`precondition_answer`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
-from ..errors import ValidationError
 from ..kv import rules, store
-from ..wire import iso
+from ..kv.rules import PreconditionLost, bad
 from .common import broker as _broker
 from .common import json_response
-from .errors import read_json_object
+from .errors import read_json_body
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
 
+# Ops that can add a row or bytes: refused past the tenant's storage gate.
+_ADDS_STORAGE = frozenset({"put", "putIfAbsent", "incr"})
 
 
-def put_to_wire(p: store.Put) -> dict[str, Any]:
-    return {"ok": True, "namespace": p.namespace, "key": p.key, "created": p.created,
-            "expiresAt": iso(p.expires_at)}
+def precondition_answer(lost: PreconditionLost, failed_index: int) -> dict[str, Any]:
+    """The 200 answer of a call whose ``required`` op did not apply: nothing was committed,
+    and the loser learns what it lost to (``kvReason``, ``version``, ``value``)."""
+    return {"ok": False, "success": False, "reason": "kv_precondition",
+            "error": "kv_precondition_failed",
+            "message": f"a required kv op did not apply ({lost.result['reason']}); "
+                       f"nothing was committed",
+            "results": [], "failedIndex": failed_index, "kvReason": lost.result["reason"],
+            "version": lost.result.get("version", 0), "value": lost.result.get("value")}
 
 
-def parse_put(body: dict[str, Any], where: str = "") -> tuple[Any, int | None]:
-    if "value" not in body:
-        raise ValidationError("missing_field", f"{where}value is required")
-    return body["value"], rules.ttl_seconds(body.get("ttlSeconds"), f"{where}ttlSeconds")
+async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any]:
+    """Apply a validated call: its results, or the precondition answer."""
+    if any(op.kind in _ADDS_STORAGE for op in ops):
+        enforce_storage_gate()
+    db = _broker().db
+    if len(ops) == 1 and ops[0].kind in rules.READS:
+        # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
+        return await db.run_statement(store.apply, current_tenant_id(), ops)
+    try:
+        return await db.run(store.apply, current_tenant_id(), ops)
+    except PreconditionLost as lost:
+        return precondition_answer(lost, lost.result["index"])
 
 
-@kv_routes.put("/<namespace>/<name:key>")
-async def put(namespace: str, key: str) -> Response:
-    enforce_storage_gate()
-    ns, k = rules.namespace(namespace), rules.key(key)
-    value, ttl = parse_put(await read_json_object())
-    result = await _broker().db.run(
-        store.put, current_tenant_id(), ns, k, value, ttl, message_ceiling()
-    )
-    return json_response(put_to_wire(result))
+@kv_routes.post("")
+async def batch() -> Response:
+    body = await read_json_body()
+    if isinstance(body, dict) and set(body) == {"operations"}:
+        body = body["operations"]
+    if not isinstance(body, list):
+        raise bad("kv_bad_body", 'the body is an array of operations, or {"operations": [...]}')
+    answer = await apply_ops(rules.parse_call(body, ceiling=message_ceiling()))
+    return json_response(answer if isinstance(answer, dict) else {"results": answer})
+
+
+def _no_query() -> None:
+    # A prefix (or any name) in a URL lands in every access log on the way: reads by prefix
+    # live in the POST body only, and these routes take no parameters at all.
+    if request.args:
+        raise bad("kv_no_query_string", "the KV path routes take no query parameters; "
+                                        "prefix reads are POST /api/v1/kv")
+
+
+async def _path_body(allowed: frozenset[str]) -> dict[str, Any]:
+    if not await request.get_data(as_text=False):
+        return {}
+    body = await read_json_body()
+    if not isinstance(body, dict):
+        raise bad("kv_bad_body", "the body must be a JSON object")
+    for field in ("op", "ns", "namespace", "key"):
+        if field in body:
+            raise bad("kv_field_in_path",
+                      f"{field!r} comes from the URL on this route and must not be in the body")
+    unknown = set(body) - allowed
+    if unknown:
+        raise bad("kv_unknown_field", f"this route does not take {', '.join(sorted(unknown))}")
+    return body
+
+
+async def _one(op: dict[str, Any]) -> Response:
+    parsed = rules.parse_op(0, op, ceiling=message_ceiling(), where="")
+    answer = await apply_ops([parsed])
+    result = answer if isinstance(answer, dict) else answer[0]
+    response = json_response(result)
+    if result.get("found"):
+        # Saves bandwidth, not the round trip: a conditional write is `expect` in a body.
+        response.headers["ETag"] = f'"{result["version"]}"'
+    return response
 
 
 @kv_routes.get("/<namespace>/<name:key>")
 async def get(namespace: str, key: str) -> Response:
-    ns, k = rules.namespace(namespace), rules.key(key)
-    row = await _broker().db.run(store.get, current_tenant_id(), ns, k)
-    return json_response({"namespace": ns, "key": k, "value": row["value"],
-                    "expiresAt": iso(row["expires_at"]), "updatedAt": iso(row["updated_at"])})
+    _no_query()
+    return await _one({"op": "get", "ns": namespace, "key": key})
+
+
+@kv_routes.put("/<namespace>/<name:key>")
+async def put(namespace: str, key: str) -> Response:
+    _no_query()
+    body = await _path_body(frozenset({"value", "ttlSeconds", "forever", "expect", "required"}))
+    return await _one({**body, "op": "put", "ns": namespace, "key": key})
 
 
 @kv_routes.delete("/<namespace>/<name:key>")
 async def delete(namespace: str, key: str) -> Response:
-    ns, k = rules.namespace(namespace), rules.key(key)
-    deleted = await _broker().db.run(store.delete, current_tenant_id(), ns, k)
-    return json_response({"ok": True, "namespace": ns, "key": k, "deleted": deleted})
+    _no_query()
+    body = await _path_body(frozenset({"expect", "required"}))
+    return await _one({**body, "op": "delete", "ns": namespace, "key": key})

@@ -12,22 +12,23 @@ from quart import Blueprint, Response, request
 from ..errors import ClientError, ValidationError
 from ..log import admin as log_admin
 from ..log import rules, store
-from ..log.wakeups import HANDOVER_WAIT_S, ParkedPop, QueueWakeups
+from ..log.wakeups import (
+    BACKGROUND_REASONS,
+    HANDOVER_WAIT_S,
+    ExpectedFire,
+    ParkedPop,
+    ParkLimit,
+    QueueWakeups,
+    Waiter,
+)
 from ..metrics import BrokerMetrics
 from ..wire import iso, message_id
-from .admin import instant
 from .common import broker as _broker
 from .common import json_response as _json
-from .errors import read_json_object
+from .errors import ApiError, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
-
-# Notifications are hints: a waiting pop also looks again this often, which covers a lease that
-# expired without anyone pushing or acking.
-_LONGPOLL_RECHECK_S = 1.0
-
-
 
 
 # -- configure & push -------------------------------------------------------------------------
@@ -74,13 +75,13 @@ async def push() -> Response:
     items = rules.push_items(body, message_ceiling())
     frames = [
         store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
-                       dedupe=i.client_transaction_id)
+                       dedupe=i.client_transaction_id, payload_json=i.payload_json)
         for i in items
     ]
     broker = _broker()
-    appended = await broker.db.run(store.append, current_tenant_id(), frames)
-    for a in appended:
-        broker.metrics.messages_pushed.labels(a.status).inc()
+    tenant = current_tenant_id()
+    appended = await broker.db.run(store.append, tenant, frames)
+    broker.metrics.count_pushed(tenant, (a.status for a in appended))
     return _json([appended_to_wire(i, a) for i, a in enumerate(appended)], status=201)
 
 
@@ -148,7 +149,16 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
         except ClientError as exc:
             extra["ackError"] = {"status": exc.status, "error": exc.code,
                                  "message": exc.message, **exc.extra}
-    batches = await _pop_batches(req)
+    try:
+        batches = await _pop_batches(req)
+    except WaitRefused as refused:
+        if not acks:
+            raise
+        # The acks have committed: say so (a client must not send them again), and why
+        # nothing waited; its next pop, with nothing to settle, is refused outright.
+        extra["waitRefused"] = {"status": refused.status, "error": refused.code,
+                                "message": refused.message, **refused.extra}
+        batches = []
     if not batches:
         return _json({"success": True, "queue": req.queue, "partition": None,
                       "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
@@ -172,77 +182,139 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
         # The group's subscription instant, before it looks: what is pushed from now on is
         # new to it, whichever partition it lands in (store.subscribe).
         await broker.db.run(store.subscribe, tenant, req)
+    if not req.wait or req.timeout_ms == 0:
+        return _popped(broker.metrics, await _look(tenant, req))
     key = store.wake_key(tenant, req.queue)
-    deadline = trio.current_time() + req.timeout_ms / 1000
+    with broker.wakeups.waiting(key, tenant, req) as waiter:
+        return _popped(broker.metrics, await _wait_for_messages(tenant, req, key, waiter))
+
+
+async def _look(tenant: int, req: rules.PopRequest,
+                fire: ExpectedFire | None = None) -> store.PopOutcome:
+    """One pop: most are served by one statement, the rest by the general pop (which alone
+    takes several partitions). ``fire``: a timer is about to fire into the queue; wait for its
+    frame in PostgreSQL."""
+    broker = _broker()
     sync_commit = broker.settings.pop_commit_sync
+    if req.partitions > 1:
+        outcome = None
+    elif fire is not None:
+        fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
+        outcome = await broker.db.run_statement(
+            store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
+            sync_commit=sync_commit)
+        broker.metrics.pop_fire_waits.labels(
+            "fallback" if outcome is None
+            else "delivered" if outcome.batch is not None else "gave_up").inc()
+    else:
+        outcome = await broker.db.run_statement(store.pop_head, tenant, req,
+                                                sync_commit=sync_commit)
+    if outcome is None:
+        outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache,
+                                      sync_commit=sync_commit)
+    if outcome.skipped:
+        broker.metrics.messages_skipped.inc(outcome.skipped)
+    return outcome
+
+
+async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
+                             waiter: Waiter) -> store.PopOutcome:
+    """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
+    (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
+    instead of waiting (429 for its tenant, 503 for the broker)."""
+    broker = _broker()
+    wakeups, metrics = broker.wakeups, broker.metrics
+    deadline = trio.current_time() + req.timeout_ms / 1000
     fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
-    waiting = False
     parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
+    # A lane whose last look found nothing, with no news since: join it without a look (a
+    # client polling again after its timeout costs no query).
+    known_empty = waiter.lane_known_empty
+    outcome = store.PopOutcome(None)
     try:
         while True:
-            changed = broker.wakeups.watch(key)  # before looking: no lost wake-up
+            reason = waiter.begin_look()  # a wake from now on means: look again
             if parked is not None and parked.reserved:
                 # The sweeper is firing a timer into this queue and pops for us in the fire's
                 # own transaction: wait for its answer rather than look ourselves.
-                handed = await _take_handover(broker.wakeups, parked)
+                handed = await _take_handover(wakeups, parked)
                 parked = None
                 if handed is not None and handed.batch is not None:
-                    return _popped(broker.metrics, handed)
-            fire = broker.wakeups.claim_fire(key) if waiting else None
+                    waiter.served = True
+                    return handed
+            fire = wakeups.claim_fire(key) if waiter.parked else None
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
                 fire = None
-            # Most pops are served by one statement; the rest by the general pop (which alone
-            # takes several partitions).
-            if req.partitions > 1:
-                outcome = None
-            elif fire is not None:
-                # A timer is about to fire into this queue: wait for its frame in PostgreSQL.
-                outcome = await broker.db.run_statement(
-                    store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
-                    sync_commit=sync_commit)
-                broker.metrics.pop_fire_waits.labels(
-                    "fallback" if outcome is None
-                    else "delivered" if outcome.batch is not None else "gave_up").inc()
+            if waiter.parked:
+                metrics.longpoll_looks.labels(reason).inc()
+            if known_empty:
+                metrics.longpoll_looks_spared.inc()
+            elif waiter.parked and reason in BACKGROUND_REASONS:
+                async with wakeups.rechecks:  # every lane at once: a few at a time
+                    outcome = await _look(tenant, req, fire)
             else:
-                outcome = await broker.db.run_statement(store.pop_head, tenant, req,
-                                                        sync_commit=sync_commit)
-            if outcome is None:
-                outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache,
-                                              sync_commit=sync_commit)
-            if outcome.skipped:
-                broker.metrics.messages_skipped.inc(outcome.skipped)
-            remaining = deadline - trio.current_time()
-            if (outcome.batch is not None or not req.wait or remaining <= 0
-                    or broker.wakeups.stopping):
-                break
-            if not waiting:
-                waiting = True
-                broker.metrics.longpoll_waiters.inc()
+                outcome = await _look(tenant, req, fire)
+            if outcome.batch is not None:
+                waiter.served = True  # there may be more: the next of the lane looks
+                return outcome
+            if deadline <= trio.current_time() or wakeups.stopping:
+                return outcome
+            if not waiter.parked:
+                _park(waiter)
+                metrics.longpoll_waiters.inc()
             if parked is None and req.partitions == 1:
-                parked = ParkedPop(tenant, req, deadline)
-                broker.wakeups.park(key, parked)
-            pause = min(remaining, _LONGPOLL_RECHECK_S, outcome.retry_in_s or math.inf)
-            with trio.move_on_after(pause):
-                await changed.wait()
-            if broker.wakeups.stopping:  # shutting down: answer "nothing", lease nothing
-                break
+                parked = ParkedPop(tenant, req, deadline, waiter=waiter)
+                wakeups.offer(key, parked)
+            if known_empty:
+                known_empty = False  # the lane's timer is set already
+            else:
+                # When something becomes poppable that nobody will NOTIFY (a lease or a retry
+                # hold ending, a delayed frame maturing): the lane's timer goes off then.
+                look_in = await broker.db.run_statement(store.next_look_in_s, tenant, req)
+                if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
+                    look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
+                wakeups.look_again_in(waiter, look_in)
+            with trio.move_on_at(deadline):
+                await waiter.woken.wait()
+            if wakeups.stopping:  # shutting down: answer "nothing", lease nothing
+                return store.PopOutcome(None)
+            if not waiter.woken.is_set():
+                return outcome  # its time is up, and nothing changed for it since it looked
     finally:
         if parked is not None:
             # Gone (answered, timed out, cancelled): a fire's batch reserved for it goes back.
-            broker.wakeups.unpark(parked)
-        if waiting:
-            broker.metrics.longpoll_waiters.dec()
-    return _popped(broker.metrics, outcome)
+            wakeups.withdraw(parked)
+        if waiter.parked:
+            metrics.longpoll_waiters.dec()
+
+
+class WaitRefused(ApiError):
+    """A pop found nothing and may not wait: a bound on waiting pops is reached."""
+
+
+def _park(waiter: Waiter) -> None:
+    broker = _broker()
+    try:
+        broker.wakeups.park(waiter)
+    except ParkLimit as limit:
+        broker.metrics.longpoll_refused.labels(limit.scope).inc()
+        if limit.scope == "tenant":
+            raise WaitRefused(
+                429, "too_many_waiting_pops",
+                f"this tenant already has {limit.limit} pops waiting for messages "
+                "(QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT); retry later, or pop without wait",
+                headers={"Retry-After": "1"}, limit=limit.limit) from None
+        raise WaitRefused(
+            503, "broker_waiting_pops_full",
+            f"this broker already has {limit.limit} pops waiting for messages "
+            "(QUEEN_LONGPOLL_MAX_PARKED); retry later, or on another broker",
+            headers={"Retry-After": "1"}, limit=limit.limit) from None
 
 
 def _popped(metrics: BrokerMetrics, outcome: store.PopOutcome) -> list[store.PopBatch]:
     batches = outcome.batches
-    if not batches:
-        metrics.pops.labels("empty").inc()
-        return []
-    metrics.pops.labels("messages").inc()
-    metrics.messages_popped.inc(sum(len(b.messages) for b in batches))
+    metrics.count_pop(current_tenant_id(), sum(len(b.messages) for b in batches))
     return batches
 
 
@@ -255,7 +327,7 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
     if not wakeups.stopping:
         with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
             await parked.handed.wait()
-    wakeups.unpark(parked)
+    wakeups.withdraw(parked)
     return parked.outcome if parked.handed.is_set() else None
 
 
@@ -347,9 +419,8 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
                                             sync_commit=sync_commit)
     if results is None:
         results = await broker.db.run(store.ack, tenant, acks)
+    broker.metrics.count_acks(tenant, (r.status for r in results if not r.already_acked))
     for r in results:
-        if not r.already_acked:
-            broker.metrics.acks.labels(r.status).inc()
         if r.dead_lettered:
             broker.metrics.dead_lettered.inc()
     return results
@@ -408,8 +479,8 @@ async def list_dead_letters() -> Response:
         group=group,
         partition=_optional(args, "partition", rules.partition_name),
         after=after, offset=offset, limit=limit,
-        since=_optional(args, "from", lambda v: instant(v, "from")),
-        until=_optional(args, "to", lambda v: instant(v, "to")),
+        since=_optional(args, "from", lambda v: rules.timestamp(v, "from")),
+        until=_optional(args, "to", lambda v: rules.timestamp(v, "to")),
     )
     messages = [
         {

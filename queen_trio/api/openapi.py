@@ -21,7 +21,9 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 
 def _errors(*statuses: int) -> dict[str, Any]:
     texts = {400: "Invalid input", 401: "Missing or invalid bearer token", 404: "Not found",
-             409: "Conflict", 413: "Payload too large", 429: "Request-rate quota exhausted"}
+             409: "Conflict", 413: "Payload too large",
+             429: "Request-rate quota exhausted, or too many failed authentications from this "
+                  "address"}
     return {str(s): _json(_ERROR, texts[s]) for s in statuses}
 
 
@@ -57,10 +59,20 @@ _POP_PARAMS = [
            "a new consumer group starts at the first message created at or after it; wins "
            "over subscriptionMode"),
 ]
+# A pop that would wait past a bound on waiting pops (README: QUEEN_LONGPOLL_MAX_PARKED*).
+_WAIT_REFUSED = {
+    "429": _json(_ERROR, "rate_limited: the tenant's request-rate quota is exhausted; "
+                         "too_many_waiting_pops: with wait, the tenant already has "
+                         "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT pops waiting (limit; "
+                         "Retry-After)"),
+    "503": _json(_ERROR, "broker_waiting_pops_full: with wait, this broker already has "
+                         "QUEEN_LONGPOLL_MAX_PARKED pops waiting (limit; Retry-After); "
+                         "database_unavailable"),
+}
 _POP_RESPONSES = {
     "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
     "204": {"description": "No message available"},
-    **_errors(400),
+    **_errors(400), **_WAIT_REFUSED,
 }
 
 _SETTLE_AND_POP = (
@@ -68,8 +80,9 @@ _SETTLE_AND_POP = (
     "committed as a pop commits (QUEEN_POP_COMMIT); then the pop runs with the query's "
     "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: they "
     "come back as ackError {status, error, message}. A top-level partitionId and leaseId "
-    "stand in for the ones an entry leaves out. Always 200: messages is empty when nothing "
-    "was ready; acks counts what the acknowledgements did.")
+    "stand in for the ones an entry leaves out. Always 200 once acknowledgements were "
+    "sent: messages is empty when nothing was ready; acks counts what the acknowledgements "
+    "did; waitRefused says why it did not wait, past a bound on waiting pops.")
 _SETTLE_AND_POP_RESPONSES = {
     "200": _json({"allOf": [{"$ref": "#/components/schemas/PopResponse"}, {
         "type": "object", "properties": {
@@ -79,9 +92,16 @@ _SETTLE_AND_POP_RESPONSES = {
                          "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
             "ackError": {"type": "object", "properties": {
                 "status": {"type": "integer"}, "error": {"type": "string"},
-                "message": {"type": "string"}}}}}]},
+                "message": {"type": "string"}}},
+            "waitRefused": {"type": "object", "description": "the acknowledgements committed "
+                            "but the pop found nothing and could not wait (a bound on "
+                            "waiting pops: the 429 or 503 it would have answered)",
+                            "properties": {
+                                "status": {"type": "integer"}, "error": {"type": "string"},
+                                "message": {"type": "string"},
+                                "limit": {"type": "integer"}}}}}]},
         "Acknowledgement results, then messages under a lease (possibly none)"),
-    **_errors(400),
+    **_errors(400), **_WAIT_REFUSED,
 }
 
 
@@ -99,8 +119,9 @@ def _timer_paths() -> dict[str, Any]:
         "additionalProperties": False}
     result = {"$ref": "#/components/schemas/TimerResult"}
     answer = _json(result, "scheduled | rescheduled | cancelled | absent | too_late")
-    refused = {**_errors(400, 413), "403": _json(_ERROR, "Beyond the horizon "
-                                                 "(timer_horizon_exceeded) or the storage gate")}
+    refused = {**_errors(400, 413), "403": _json(_ERROR, "timer_horizon_exceeded: beyond the "
+                                                 "horizon; storage_full: the storage gate; "
+                                                 "host_not_allowed, cross_origin as anywhere")}
     row = {"$ref": "#/components/schemas/TimerRow"}
     return {
         "/api/v1/timers": {"post": {
@@ -178,47 +199,154 @@ def _timer_paths() -> dict[str, Any]:
     }
 
 
+_KV_OP = {"type": "object", "required": ["op", "ns"], "description": (
+    "One KV op. op: get {key} | getMany {keys} | getPrefix {prefix (non-empty), after?, "
+    "limit? (default 100, clamped to 1..1000), keysOnly?} | put {key, value, expect?} | "
+    "putIfAbsent {key, value} | delete {key, expect?} | incr {key, delta, min?, max?} | "
+    "check {key, expect}. Every put, putIfAbsent and incr carries exactly one of "
+    "ttlSeconds (whole seconds) and forever: true (else 400 kv_expiry_not_specified); an "
+    "incr's expiry applies when it creates the key. expect 0: the key must not exist; N: it "
+    "must be at version N (nothing is ever created by it). required: true turns the op "
+    "into the call's gate: if it does not apply, nothing commits and the answer is 200 "
+    "kv_precondition. ns: ^[a-z0-9][a-z0-9._-]{0,63}$; key: 1-512 UTF-8 bytes without "
+    "control characters; value: any JSON, at most 64 KiB of compact JSON text (413). An op "
+    "takes no other field."),
+    "properties": {
+        "op": {"enum": ["get", "getMany", "getPrefix", "put", "putIfAbsent", "delete", "incr",
+                        "check"]},
+        "ns": {"type": "string"}, "key": {"type": "string"},
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "prefix": {"type": "string"}, "after": {"type": "string"},
+        "limit": {"type": "integer"}, "keysOnly": {"type": "boolean"}, "value": {},
+        "ttlSeconds": {"type": "integer", "minimum": 1}, "forever": {"type": "boolean"},
+        "expect": {"type": "integer", "minimum": 0}, "required": {"type": "boolean"},
+        "delta": {"type": "number"}, "min": {"type": "number"}, "max": {"type": "number"}}}
+_KV_RESULT = {"type": "object", "required": ["index", "op"], "description": (
+    "Writes and check: {applied, key, value, version}, and when not applied reason (exists | "
+    "absent | version | limit | type) with the value and version a reader sees now (0: no "
+    "live key); a write that stored a value adds expiresAt. get: {found, key, value, "
+    "version, expiresAt, updatedAt} ({found: false, key} on a miss). getMany: {rows, "
+    "missing, truncated}. getPrefix: {rows, truncated, nextAfter} in byte order of the "
+    "keys.")}
+_PRECONDITION = {"type": "object", "description": (
+    "A required op did not apply: nothing committed. {ok: false, success: false, reason: "
+    "kv_precondition, failedIndex, kvReason, version, value, results: []}"), "properties": {
+        "reason": {"const": "kv_precondition"}, "failedIndex": {"type": "integer"},
+        "kvReason": {"type": "string"}, "version": {"type": "integer"}, "value": {}}}
+_LOCK_OP = {"type": "object", "required": ["op", "name"], "description": (
+    "acquire {name, ttlSeconds, owner?, limit? (1..1024 slots: a semaphore)} | renew {name, "
+    "token, ttlSeconds, slot?, owner?} | release {name, token, slot?} | get {name}. name: "
+    "1-256 bytes, no control characters, no '#'. A lock has no forever."),
+    "properties": {"op": {"enum": ["acquire", "renew", "release", "get"]},
+                   "name": {"type": "string"}, "ttlSeconds": {"type": "integer", "minimum": 1},
+                   "owner": {"type": "string"}, "limit": {"type": "integer"},
+                   "token": {"type": "integer", "minimum": 1}, "slot": {"type": "integer"}}}
+
+
 def _kv_and_transaction_paths() -> dict[str, Any]:
     kv_params = [_path_param("namespace", "namespace"),
                  _path_param("key", "key (may contain '/'; percent-encode the rest)")]
+    kv_body = {"oneOf": [{"type": "array", "items": _KV_OP}, {
+        "type": "object", "required": ["operations"], "additionalProperties": False,
+        "properties": {"operations": {"type": "array", "maxItems": 256, "items": _KV_OP}}}]}
+    element = _json({"anyOf": [_KV_RESULT, _PRECONDITION]}, "The op's result, or the "
+                     "precondition answer for a required op that did not apply")
     return {
+        "/api/v1/kv": {"post": {
+            "summary": "Apply up to 256 KV ops (1,024 keys) in one transaction",
+            "description": "Applied in key order, answered in input order ({results: [...]}, "
+                           "each with index and op). The status says how the call went: a "
+                           "miss, a lost race or a delete of nothing are 200 with an explicit "
+                           "field. A key may be written once per call.",
+            "operationId": "kvBatch",
+            "requestBody": _body(kv_body),
+            "responses": {"200": _json({"anyOf": [
+                {"type": "object", "properties": {"results": {"type": "array",
+                                                              "items": _KV_RESULT}}},
+                _PRECONDITION]}, "One result per op, or the precondition answer"),
+                **_errors(400, 413)},
+        }},
         "/api/v1/kv/{namespace}/{key}": {
             "put": {
-                "summary": "Write a JSON value, optionally expiring after ttlSeconds",
+                "summary": "Write a JSON value (exactly one of ttlSeconds and forever)",
                 "operationId": "kvPut",
                 "parameters": kv_params,
-                "requestBody": _body({"type": "object", "required": ["value"], "properties": {
-                    "value": {}, "ttlSeconds": {"type": "integer", "minimum": 1}}}),
-                "responses": {"200": _json({"type": "object"}, "Written"),
-                              **_errors(400, 413), "507": _json(_ERROR, "Storage gate")},
+                "requestBody": _body({"type": "object", "required": ["value"],
+                                      "additionalProperties": False, "properties": {
+                                          "value": {},
+                                          "ttlSeconds": {"type": "integer", "minimum": 1},
+                                          "forever": {"type": "boolean"},
+                                          "expect": {"type": "integer", "minimum": 0},
+                                          "required": {"type": "boolean"}}}),
+                "responses": {"200": element, **_errors(400, 413)},
             },
             "get": {
-                "summary": "Read a live value",
+                "summary": "Read a key; a miss is 200 {found: false}",
                 "operationId": "kvGet",
                 "parameters": kv_params,
-                "responses": {"200": _json({"type": "object"}, "The value"), **_errors(400, 404)},
+                "responses": {"200": {**element, "headers": {"ETag": {
+                    "description": 'the version, quoted ("42"), when found',
+                    "schema": {"type": "string"}}}}, **_errors(400)},
             },
             "delete": {
-                "summary": "Delete a key (deleting nothing is not an error)",
+                "summary": "Delete a key (not applied, reason absent, when it was not there)",
                 "operationId": "kvDelete",
                 "parameters": kv_params,
-                "responses": {"200": _json({"type": "object"}, "Deleted or absent"),
-                              **_errors(400)},
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False, "properties": {
+                        "expect": {"type": "integer", "minimum": 0},
+                        "required": {"type": "boolean"}}}}}},
+                "responses": {"200": element, **_errors(400)},
             },
         },
+        "/api/v1/locks": {"post": {
+            "summary": "Acquire, renew, release or read locks and semaphores (up to 64 ops)",
+            "description": "A permit is the KV row queen-locks/<name>#<slot>; its token is the "
+                           "row's version (a later holder always has a higher one) and guard "
+                           "the KV check to put first in a transaction's kv array so that it "
+                           "commits only while the permit is held. The ops are independent. "
+                           "Answers: acquire {acquired, slot, token, owner, guard, already?} or "
+                           "{acquired: false, reason: held | contended, holders}; renew "
+                           "{renewed, slot, token, guard} or {renewed: false, reason: lost, "
+                           "holders}; release {released}; get {held, holders: [{slot, owner, "
+                           "token, since, expiresAt, renewedAt}]}.",
+            "operationId": "locks",
+            "requestBody": _body({"oneOf": [
+                {"type": "array", "maxItems": 64, "items": _LOCK_OP},
+                {"type": "object", "required": ["operations"], "additionalProperties": False,
+                 "properties": {"operations": {"type": "array", "maxItems": 64,
+                                               "items": _LOCK_OP}}}]}),
+            "responses": {"200": _json({"type": "object", "properties": {
+                "results": {"type": "array", "items": {"type": "object"}}}},
+                "One result per op, in order"), **_errors(400)},
+        }},
         "/api/v1/transaction": {"post": {
-            "summary": "Apply push, ack, kv.put and kv.delete operations atomically",
+            "summary": "Apply pushes, acks, KV ops and timers atomically",
+            "description": "Top-level operations (push, ack), kv (as on POST /api/v1/kv, "
+                           "without getPrefix, at most 64), timers and requiredLeases (leases "
+                           "that must be live; an ack naming no lease borrows the one "
+                           "required lease); any other field is a 400. The kv ops run first. "
+                           "results is one flat array: every pushed item and every ack in "
+                           "order (type push | ack), then the kv results (type kv); "
+                           "failedIndex counts in it.",
             "operationId": "transaction",
-            "requestBody": _body({"type": "object", "required": ["operations"], "properties": {
-                "operations": {"type": "array", "minItems": 1, "items": {
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "properties": {
+                "operations": {"type": "array", "items": {
                     "type": "object", "required": ["type"], "properties": {
-                        "type": {"enum": ["push", "ack", "kv.put", "kv.delete"]}}}},
-                "timers": {"type": "array", "maxItems": 256,
-                           "items": {"$ref": "#/components/schemas/TimerOp"}}}}),
+                        "type": {"enum": ["push", "ack"]}}}},
+                "kv": {"type": "array", "maxItems": 64, "items": _KV_OP},
+                "timers": {"type": "array", "items": {"$ref": "#/components/schemas/TimerOp"}},
+                "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
             "responses": {
-                "200": _json({"type": "object"}, "Committed: one result per operation, then one "
-                             "per timer (type timer; too_late and absent are verdicts)"),
-                **_errors(400, 404, 409, 413), "507": _json(_ERROR, "Storage gate"),
+                "200": _json({"anyOf": [{"type": "object", "properties": {
+                    "success": {"const": True}, "transactionId": {"type": "string"},
+                    "results": {"type": "array", "items": {"type": "object"},
+                                "description": "every pushed item and ack, then the kv "
+                                               "results, then the timers' (type timer: "
+                                               "too_late and absent are verdicts)"}}},
+                    _PRECONDITION]}, "Committed, or a required KV op did not apply"),
+                **_errors(400, 404, 409, 413),
             },
         }},
     }
@@ -457,6 +585,26 @@ def _admin_paths() -> dict[str, Any]:
     deleted = _json(_OBJECT, "{success, consumerGroup, queueName?, deletedPartitions, "
                              "metadataDeleted}")
     return {
+        "/api/v1/stats": {"get": {
+            "summary": "The tenant's own counts on this broker: what the dashboard draws",
+            "description": "Since this broker process started: pushed (push items, by any "
+                           "status), popped (messages handed out), acked (acknowledgements "
+                           "applied), and timerFireLag (the tenant's timers: fire commit minus "
+                           "deliverAt, as cumulative counts per bucket bound in seconds, "
+                           "Prometheus style, '+Inf' last). Rates are differences between two "
+                           "answers with the same broker id (each worker, and each start, has "
+                           "its own). /metrics has every tenant's figures together.",
+            "operationId": "stats",
+            "responses": {"200": _json({"type": "object", "required": [
+                "broker", "pushed", "popped", "acked", "timerFireLag"], "properties": {
+                    "broker": {"type": "string"}, "pushed": {"type": "integer"},
+                    "popped": {"type": "integer"}, "acked": {"type": "integer"},
+                    "timerFireLag": {"type": "object", "properties": {
+                        "count": {"type": "integer"},
+                        "buckets": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}}}}}},
+                "The tenant's counters")},
+        }},
         "/api/v1/consumer-groups": {"get": {
             "summary": "Consumer groups, one entry per (group, queue)",
             "description": "Each entry: name, topics, queueName, members (partitions with a "
@@ -609,23 +757,37 @@ def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
 
 # Writes that add stored bytes: refused with 507 past the plan's maxStoredBytes
 # (api/tenancy.py enforce_storage_gate); the timer routes answer 403 (in their own paths).
-_STORAGE_GATED = {"kvPut", "transaction", "push"}
+_STORAGE_GATED = {"kvBatch", "kvPut", "locks", "transaction", "push"}
 # Never refused by the quota or the gate (api/tenancy.py never_refused).
 _NEVER_REFUSED = {"cancelTimer"}
+
+
+_OPERATOR_ONLY = {"metrics", "metricsPrometheus"}
+_REFUSED_403 = _json(_ERROR, "host_not_allowed: a Host this broker does not answer to (auth "
+                             "off: localhost, IP addresses, QUEEN_ALLOWED_HOSTS); cross_origin "
+                             "(/api/ only): sent by another origin's web page")
 
 
 def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
     """Every /api/ operation takes the bearer token (required with QUEEN_AUTH=on, so the
     security requirement lists "none" too) and may answer 401 and, but for a timer's cancel,
-    429; the writes that add stored bytes may answer 507. The ops routes (/health, /metrics,
-    /openapi.json) take no token at all."""
+    429; the writes that add stored bytes may answer 507. /metrics takes a token of the
+    operator tenant when auth is on (403 for another tenant's). The other ops routes
+    (/health, /openapi.json) and the dashboard's files take no token at all. Anything may
+    answer 403 for its Host or origin (api/origin.py)."""
     for path, operations in paths.items():
         for operation in operations.values():
+            responses = operation["responses"]
+            responses.setdefault("403", _REFUSED_403)
+            if operation["operationId"] in _OPERATOR_ONLY:
+                operation["security"] = [{"bearer": []}, {}]
+                responses.setdefault("401", _errors(401)["401"])
+                responses.setdefault("429", _errors(429)["429"])
+                continue
             if not path.startswith("/api/"):
                 operation["security"] = []
                 continue
             operation["security"] = [{"bearer": []}, {}]
-            responses = operation["responses"]
             responses.setdefault("401", _errors(401)["401"])
             if operation["operationId"] not in _NEVER_REFUSED:
                 responses.setdefault("429", _errors(429)["429"])
@@ -687,7 +849,8 @@ def _document() -> dict[str, Any]:
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (same as /metrics/prometheus)",
+                    "summary": "Prometheus metrics (same as /metrics/prometheus); with "
+                               "QUEEN_AUTH=on, a token of QUEEN_OPERATOR_TENANT",
                     "operationId": "metrics",
                     "responses": {
                         "200": {
@@ -863,6 +1026,10 @@ def _document() -> dict[str, Any]:
                         "reason": {"type": "string", "description": "the precise code under a "
                                    "generic one (timers_bad_request)"},
                         "detail": {"type": "string"},
+                        "field": {"type": "string", "description": (
+                            "with invalid_json_value: the path of the value the body may not "
+                            "carry (NaN, ±Infinity, a number beyond a double, \\u0000, an "
+                            "unpaired surrogate), e.g. items[3].payload.price")},
                     },
                 },
                 "Health": {

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 import trio
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from ..db import queries
 from ..errors import DatabaseUnavailable
@@ -14,6 +14,7 @@ from ..metrics import CONTENT_TYPE
 from .common import broker as _broker
 from .common import json_response
 from .openapi import openapi_document
+from .tenancy import require_operator
 
 ops = Blueprint("ops", __name__)
 Q = queries.load("ops")
@@ -60,7 +61,9 @@ async def health() -> Response:
 @ops.get("/metrics")
 @ops.get("/metrics/prometheus")
 async def metrics() -> Response:
-    return Response(_broker().metrics.render(), content_type=CONTENT_TYPE)
+    broker = _broker()
+    await require_operator(request._get_current_object(), broker)  # type: ignore[attr-defined]
+    return Response(broker.metrics.render(), content_type=CONTENT_TYPE)
 
 
 @ops.get("/openapi.json")

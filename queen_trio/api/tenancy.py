@@ -1,11 +1,14 @@
 """Which tenant a request belongs to, and whether its plan lets the request in.
 
 Every ``/api/`` request passes :func:`admit_request` before its handler: with QUEEN_AUTH=on the
-bearer token selects the tenant (401 otherwise, with no hint why); then the tenant's request-rate
-quota applies (429 with Retry-After). Handlers that add stored bytes call
-:func:`enforce_storage_gate` (507 past ``maxStoredBytes``; 403 on the timer routes). A view
-decorated with :func:`never_refused` skips quota and gate: cancelling a timer must always be
-possible, or a tenant over its limits could not stop messages it no longer wants.
+bearer token selects the tenant (401 otherwise, with no hint why; 429 with Retry-After, before
+any database lookup, for an address whose tokens failed too often); then the tenant's
+request-rate quota applies (429 with Retry-After). ``/metrics`` shows every tenant's figures:
+with auth on it takes a token of the operator tenant (:func:`require_operator`). Handlers that
+add stored bytes call :func:`enforce_storage_gate` (507 past ``maxStoredBytes``; 403 on the
+timer routes). A view decorated with :func:`never_refused` skips quota and gate: cancelling a
+timer must always be possible, or a tenant over its limits could not stop messages it no longer
+wants.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import trio
 from quart import Request, current_app, g, request
 
 from ..context import BrokerContext
-from ..tenants.directory import retry_after_header
+from ..tenants.directory import AuthThrottled, retry_after_header
 from ..tenants.tokens import bearer
 from .common import broker as _broker
 from .errors import ApiError
@@ -38,11 +42,7 @@ async def admit_request(req: Request, broker: BrokerContext) -> None:
     if rule is None or not req.path.startswith("/api/"):
         return
     if broker.settings.auth:
-        token = bearer(req.headers.get("Authorization"))
-        tenant_id = None if token is None else await broker.tenants.authenticate(token)
-        if tenant_id is None:
-            raise ApiError(401, "unauthorized", "a valid bearer token is required",
-                           headers={"WWW-Authenticate": 'Bearer realm="queen-trio"'})
+        tenant_id = await _bearer_tenant(req, broker)
     else:
         tenant_id = broker.tenants.default_tenant_id
     g.tenant_id = tenant_id
@@ -52,6 +52,43 @@ async def admit_request(req: Request, broker: BrokerContext) -> None:
     if wait is not None:
         raise ApiError(429, "rate_limited", "the tenant's request-rate quota is exhausted",
                        headers={"Retry-After": retry_after_header(wait)})
+
+
+async def _bearer_tenant(req: Request, broker: BrokerContext) -> int:
+    token = bearer(req.headers.get("Authorization"))
+    try:
+        tenant_id = (None if token is None
+                     else await broker.tenants.authenticate(token, req.remote_addr or ""))
+    except AuthThrottled as exc:
+        broker.metrics.auth_refused.labels("throttled").inc()
+        retry_after = retry_after_header(exc.wait_s)
+        # Answered once that delay has passed: a connection that floods wrong tokens then
+        # costs one cheap answer a second, not a core spent answering it back to back.
+        await trio.sleep(int(retry_after))
+        raise ApiError(429, "rate_limited",
+                       "too many failed authentications from this address; retry later",
+                       headers={"Retry-After": retry_after}) from None
+    if tenant_id is None:
+        broker.metrics.auth_refused.labels("unauthorized").inc()
+        raise ApiError(401, "unauthorized", "a valid bearer token is required",
+                       headers={"WWW-Authenticate": 'Bearer realm="queen-trio"'})
+    return tenant_id
+
+
+async def require_operator(req: Request, broker: BrokerContext) -> None:
+    """With QUEEN_AUTH=on: a token of the operator tenant (QUEEN_OPERATOR_TENANT), else 401
+    (no valid token) or 403 (another tenant's)."""
+    if not broker.settings.auth:
+        return
+    tenant_id = await _bearer_tenant(req, broker)
+    operator = broker.settings.operator_tenant
+    if operator is None or broker.tenants.tenant_named(operator) != tenant_id:
+        which = f"QUEEN_OPERATOR_TENANT={operator}" if operator else \
+            "QUEEN_OPERATOR_TENANT, which is not set"
+        raise ApiError(403, "forbidden",
+                       f"{req.path} shows every tenant's figures: it takes a token of the "
+                       f"operator tenant ({which}); a tenant's own figures are at "
+                       "/api/v1/stats")
 
 
 def _exempt() -> bool:

@@ -1,4 +1,11 @@
-"""POST /api/v1/transaction: push, ack, KV writes and timers committed together or not at all."""
+"""POST /api/v1/transaction: pushes, acks, KV ops and timers committed together or not at all.
+
+The answer's ``results`` is one flat array, as Queen's: every pushed item and every ack in the
+order sent, then the ``kv`` results, then the ``timers`` results; ``failedIndex`` counts in that
+space. A ``required`` KV op that does not hold answers 200 ``success: false, reason:
+"kv_precondition"``, nothing committed. A timer's ``too_late`` or ``absent`` is its result, not
+a failure.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,11 @@ from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
+from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
 from .common import json_response
 from .errors import read_json_object
-from .kv import put_to_wire
+from .kv import precondition_answer
 from .log import ack_to_wire, appended_to_wire
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 from .timers import count_outcomes, outcome_wire
@@ -19,15 +27,22 @@ from .timers import count_outcomes, outcome_wire
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
 
-def _result_to_wire(op: transactions.Operation, result: Any) -> dict[str, Any]:
-    if op.type == "push":
-        return {"index": op.index, "type": "push", "success": True,
-                "items": [appended_to_wire(i, a) for i, a in enumerate(result)]}
-    if op.type == "ack":
-        return {**ack_to_wire(result), "index": op.index, "type": "ack"}
-    if op.type == "kv.put":
-        return {**put_to_wire(result), "index": op.index, "type": "kv.put", "success": True}
-    return {"index": op.index, "type": "kv.delete", "success": True, "deleted": result}
+def _flat_results(bundle: transactions.Bundle, results: list[Any],
+                  kv_results: list[dict[str, Any]], outcomes: list[Any]) -> list[dict[str, Any]]:
+    flat: list[dict[str, Any]] = []
+    for op, result in zip(bundle.operations, results, strict=True):
+        if op.type == "push":
+            flat += [{**appended_to_wire(len(flat) + i, a), "type": "push", "operation": op.index}
+                     for i, a in enumerate(result)]
+        else:
+            flat.append({**ack_to_wire(result), "index": len(flat), "type": "ack",
+                         "operation": op.index})
+    base = len(flat)
+    flat += [{**r, "index": base + r["index"], "type": "kv"} for r in kv_results]
+    base = len(flat)
+    flat += [{**outcome_wire(o), "index": base + i, "type": "timer"}
+             for i, o in enumerate(outcomes)]
+    return flat
 
 
 @transaction_routes.post("/transaction")
@@ -45,25 +60,24 @@ async def transaction() -> Response:
     bundle = transactions.parse(body, limits)
     if bundle.adds_storage():
         enforce_storage_gate()
-    results, outcomes = await broker.db.run(
-        transactions.execute, current_tenant_id(), bundle, limits
-    )
+    transaction_id = log_rules.new_transaction_id()
+    try:
+        results, kv_results, outcomes = await broker.db.run(
+            transactions.execute, current_tenant_id(), bundle, limits
+        )
+    except PreconditionLost as lost:
+        return json_response({"transactionId": transaction_id,
+                              **precondition_answer(lost, bundle.kv_base + lost.result["index"])})
     operations = bundle.operations
     count_outcomes(outcomes, bundle.timers)
+    tenant = current_tenant_id()
     for op, result in zip(operations, results, strict=True):
         if op.type == "push":
-            for appended in result:
-                broker.metrics.messages_pushed.labels(appended.status).inc()
+            broker.metrics.count_pushed(tenant, (appended.status for appended in result))
         elif op.type == "ack" and not result.already_acked:
-            broker.metrics.acks.labels(result.status).inc()
-    wire = [_result_to_wire(op, r) for op, r in zip(operations, results, strict=True)]
-    # The timers' results follow the operations' in the one results array (Queen's layout).
-    wire += [{**outcome_wire(o), "index": len(wire) + i, "type": "timer"}
-             for i, o in enumerate(outcomes)]
+            broker.metrics.count_acks(tenant, (result.status,))
     return json_response({
         "success": True,
-        "transactionId": log_rules.new_transaction_id(),
-        "results": wire,
+        "transactionId": transaction_id,
+        "results": _flat_results(bundle, results, kv_results, outcomes),
     })
-
-

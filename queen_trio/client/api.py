@@ -194,7 +194,9 @@ class BaseClient(Generic[R]):
 
     @property
     def kv(self) -> Kv[R]:
-        """``queen.kv.get(ns, key)`` / ``.put(ns, key, value, ttl_seconds=…)`` / ``.delete``."""
+        """``queen.kv.get(ns, key)``, ``.put(ns, key, value, ttl_seconds=…)``,
+        ``.put_if_absent``, ``.delete``, ``.incr``, ``.check``, ``.get_many``,
+        ``.get_prefix``."""
         return Kv(self)
 
     @property
@@ -217,22 +219,56 @@ class TimerQueue:
 
 
 class Kv(Generic[R]):
+    """KV state on Queen's wire (every call is ``POST /api/v1/kv``). A write declares its
+    expiry: ``ttl_seconds=`` (whole seconds: an int, a timedelta or "1h") or ``forever=True``;
+    it never keeps the old one. Writes answer a :class:`KvWrite` (truthy when it applied)."""
+
     def __init__(self, client: BaseClient[R]) -> None:
         self._client = client
 
+    def _one(self, op: dict[str, Any]) -> Any:
+        return self._client._call(calls.kv(op))
+
     def get(self, namespace: str, key: str) -> Any:
         """The :class:`KvEntry`, or None if the key does not exist (or expired)."""
-        return self._client._call(calls.kv_get(namespace, key))
+        return self._one(calls.kv_op("get", namespace, key))
 
-    def put(self, namespace: str, key: str, value: Any, *,
-            ttl_seconds: Duration | None = None) -> Any:
-        """Write a JSON value (an upsert, retried). ``ttl_seconds``: whole seconds (int), or a
-        timedelta / duration string that comes to whole seconds."""
-        return self._client._call(calls.kv_put(namespace, key, value, ttl_seconds))
+    def get_many(self, namespace: str, keys: Iterable[str]) -> Any:
+        """:class:`KvRows`: the live keys among ``keys`` and the ``missing`` ones."""
+        return self._one(calls.kv_get_many(namespace, list(keys)))
 
-    def delete(self, namespace: str, key: str) -> Any:
-        """Delete a key (idempotent; ``deleted`` says whether a live one was there)."""
-        return self._client._call(calls.kv_delete(namespace, key))
+    def get_prefix(self, namespace: str, prefix: str, *, after: str | None = None,
+                   limit: int | None = None, keys_only: bool = False) -> Any:
+        """One :class:`KvPage` of the keys starting with ``prefix`` (non-empty), in byte
+        order: up to ``limit`` (default 100, at most 1000), after the key ``after``."""
+        return self._one(calls.kv_get_prefix(namespace, prefix, after, limit, keys_only))
+
+    def put(self, namespace: str, key: str, value: Any, *, ttl_seconds: Duration | None = None,
+            forever: bool = False, expect: int | None = None) -> Any:
+        """Write a JSON value. With ``expect`` it is conditional: 0, the key must not exist;
+        N, it must be at version N (a key that is not there is never created)."""
+        return self._one(calls.kv_put(namespace, key, value, ttl_seconds, forever, expect))
+
+    def put_if_absent(self, namespace: str, key: str, value: Any, *,
+                      ttl_seconds: Duration | None = None, forever: bool = False) -> Any:
+        """Write only if no live key is there: of concurrent callers exactly one applies, and
+        the others learn its value and version."""
+        return self._one(calls.kv_put_if_absent(namespace, key, value, ttl_seconds, forever))
+
+    def delete(self, namespace: str, key: str, *, expect: int | None = None) -> Any:
+        """Delete a key; not applied (``reason`` absent) when there was no live one."""
+        return self._one(calls.kv_delete(namespace, key, expect))
+
+    def incr(self, namespace: str, key: str, delta: int | float = 1, *,
+             min: int | float | None = None, max: int | float | None = None,  # noqa: A002
+             ttl_seconds: Duration | None = None, forever: bool = False) -> Any:
+        """Add ``delta`` atomically. Past ``min`` or ``max`` it is refused (``reason``
+        limit), never saturated. The expiry applies when the counter is created."""
+        return self._one(calls.kv_incr(namespace, key, delta, min, max, ttl_seconds, forever))
+
+    def check(self, namespace: str, key: str, *, expect: int) -> Any:
+        """Is the key at version ``expect`` (0: not there)? Writes nothing."""
+        return self._one(calls.kv_check(namespace, key, expect))
 
 
 class DeadLetters:

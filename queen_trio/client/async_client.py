@@ -46,7 +46,7 @@ class Client(BaseClient[Awaitable[Any]]):
 
     async def _send(self, step: Send) -> Answer | httpx.Response:
         return await self._http.request(step.method, step.url, params=step.params,
-                                        json=step.body, timeout=step.timeout)
+                                        content=step.content, timeout=step.timeout)
 
     async def _sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)

@@ -13,7 +13,7 @@ to the bundle and returns the transaction builder, so the chain goes on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import calls
@@ -106,6 +106,7 @@ class TransactionBuilder(Generic[R]):
     _operations: tuple[dict[str, Any], ...] = ()
     _timers: tuple[dict[str, Any], ...] = ()
     _acked: tuple[Message, ...] = ()
+    _kv: tuple[dict[str, Any], ...] = ()
 
     def ack(self, message: Message, status: AckStatus | str = AckStatus.COMPLETED, *,
             error: str | None = None) -> TransactionBuilder[R]:
@@ -121,8 +122,17 @@ class TransactionBuilder(Generic[R]):
 
     @property
     def kv(self) -> _TransactionKv[R]:
-        """``.kv.put(namespace, key, value, ttl_seconds=…)`` and ``.kv.delete(namespace, key)``."""
+        """KV ops applied first, in the bundle: ``.kv.put``, ``.put_if_absent``, ``.delete``,
+        ``.incr``, ``.check``, ``.get``, ``.get_many``. ``required=True`` makes an op the
+        bundle's gate: if it does not apply, nothing commits."""
         return _TransactionKv(self)
+
+    def once(self, namespace: str, key: str, *, ttl_seconds: Duration | None = None,
+             forever: bool = False, value: Any = True) -> TransactionBuilder[R]:
+        """Commit only if nobody claimed ``key`` before (a required put_if_absent): a redelivered
+        message's bundle then commits nothing and ``commit()`` answers ``committed`` False."""
+        return self.kv.put_if_absent(namespace, key, value, ttl_seconds=ttl_seconds,
+                                     forever=forever, required=True)
 
     def timer(self, queue: str) -> TimerBuilder[TransactionBuilder[R]]:
         return TimerBuilder(self, calls._name(queue, "queue"))
@@ -130,7 +140,8 @@ class TransactionBuilder(Generic[R]):
     def commit(self) -> R:
         """Send the bundle. Retried after a lost answer only when that is safe: every pushed
         item carries its own ``txn`` and every ack is ``completed``."""
-        return self._commit(calls.transaction(self._operations, self._timers, self._acked))
+        return self._commit(calls.transaction(self._operations, self._kv, self._timers,
+                                              self._acked))
 
     def _op(self, entry: dict[str, Any]) -> TransactionBuilder[R]:
         return dataclasses.replace(self, _operations=(*self._operations, entry))
@@ -147,14 +158,42 @@ class TransactionBuilder(Generic[R]):
 class _TransactionKv(Generic[R]):
     _tx: TransactionBuilder[R]
 
-    def put(self, namespace: str, key: str, value: Any, *,
-            ttl_seconds: Duration | None = None) -> TransactionBuilder[R]:
-        body = calls.kv_put(namespace, key, value, ttl_seconds).body
-        return self._tx._op({"type": "kv.put", "namespace": namespace, "key": key, **body})
+    def _add(self, op: dict[str, Any]) -> TransactionBuilder[R]:
+        return dataclasses.replace(self._tx, _kv=(*self._tx._kv, op))
 
-    def delete(self, namespace: str, key: str) -> TransactionBuilder[R]:
-        calls.kv_delete(namespace, key)  # validates the names
-        return self._tx._op({"type": "kv.delete", "namespace": namespace, "key": key})
+    def put(self, namespace: str, key: str, value: Any, *, ttl_seconds: Duration | None = None,
+            forever: bool = False, expect: int | None = None,
+            required: bool = False) -> TransactionBuilder[R]:
+        return self._add(calls.kv_put(namespace, key, value, ttl_seconds, forever, expect,
+                                      required))
+
+    def put_if_absent(self, namespace: str, key: str, value: Any, *,
+                      ttl_seconds: Duration | None = None, forever: bool = False,
+                      required: bool = False) -> TransactionBuilder[R]:
+        return self._add(calls.kv_put_if_absent(namespace, key, value, ttl_seconds, forever,
+                                                required))
+
+    def delete(self, namespace: str, key: str, *, expect: int | None = None,
+               required: bool = False) -> TransactionBuilder[R]:
+        return self._add(calls.kv_delete(namespace, key, expect, required))
+
+    def incr(self, namespace: str, key: str, delta: int | float = 1, *,
+             min: int | float | None = None, max: int | float | None = None,  # noqa: A002
+             ttl_seconds: Duration | None = None, forever: bool = False,
+             required: bool = False) -> TransactionBuilder[R]:
+        return self._add(calls.kv_incr(namespace, key, delta, min, max, ttl_seconds, forever,
+                                       required))
+
+    def check(self, namespace: str, key: str, *, expect: int,
+              required: bool = False) -> TransactionBuilder[R]:
+        """A precondition on a key the bundle does not write (a lock's guard, say)."""
+        return self._add(calls.kv_check(namespace, key, expect, required))
+
+    def get(self, namespace: str, key: str) -> TransactionBuilder[R]:
+        return self._add(calls.kv_op("get", namespace, key))
+
+    def get_many(self, namespace: str, keys: Iterable[str]) -> TransactionBuilder[R]:
+        return self._add(calls.kv_get_many(namespace, list(keys)))
 
 
 class Listing(Generic[T]):

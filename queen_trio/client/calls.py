@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from .. import strict_json
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 
@@ -80,11 +80,10 @@ class TimerSpec:
         """One operation of Queen's timer wire. The client mints the txn when none is given:
         the message's transactionId is known before the answer, and a retry of the same call
         sends the same one."""
-        text = json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        raw = strict_json.dumps(self.payload)  # refuses what the broker would, before sending
         wire: dict[str, Any] = {
             "op": "schedule", "queue": self.queue, "timerKey": self.key,
-            "payload": base64.b64encode(text.encode()).decode(), "delayMs": self.delay_ms,
+            "payload": base64.b64encode(raw).decode(), "delayMs": self.delay_ms,
             "txn": self.txn or str(uuid.uuid4()),
         }
         if self.partition is not None:
@@ -288,47 +287,132 @@ def replay_dead_letter(dead_letter_id: int) -> Call[m.Replayed]:
 
 
 # -- KV ---------------------------------------------------------------------------------------
+# Every KV call goes through POST /api/v1/kv, Queen's complete surface (the path routes are
+# sugar for curl). An op is shaped once, here, for the standalone calls and the transaction's
+# ``kv`` array alike.
 
 
-def _kv_path(namespace: str, key: str) -> str:
-    return f"{API}/kv/{segment(_name(namespace, 'namespace'))}/{segment(_name(key, 'key'))}"
+def kv_expiry(ttl: Duration | None, forever: bool) -> dict[str, Any]:
+    """Exactly one of a TTL and forever: a KV write never keeps the old expiry by default."""
+    if forever and ttl is None:
+        return {"forever": True}
+    if ttl is None or forever:
+        raise ValueError("a KV write needs exactly one of ttl_seconds=… (whole seconds, or a "
+                         "timedelta / duration string) and forever=True")
+    return {"ttlSeconds": ttl_seconds(ttl)}
 
 
-def kv_get(namespace: str, key: str) -> Call[m.KvEntry | None]:
-    return Call("GET", _kv_path(namespace, key), m.KvEntry.from_wire, True,
-                none_on=frozenset({"key_not_found"}))
+def _expect(expect: int | None) -> dict[str, Any]:
+    if expect is None:
+        return {}
+    if isinstance(expect, bool) or not isinstance(expect, int) or expect < 0:
+        raise ValueError(f"expect must be a version (an int >= 0; 0: must not exist), "
+                         f"got {expect!r}")
+    return {"expect": expect}
 
 
-def kv_put(namespace: str, key: str, value: Any, ttl: Duration | None) -> Call[m.KvPut]:
-    body: dict[str, Any] = {"value": value}
-    if ttl is not None:
-        body["ttlSeconds"] = ttl_seconds(ttl)
-    return Call("PUT", _kv_path(namespace, key), m.KvPut.from_wire, True, body=body)
+def _number(value: Any, what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    return value
 
 
-def kv_delete(namespace: str, key: str) -> Call[m.KvDelete]:
-    return Call("DELETE", _kv_path(namespace, key),
-                lambda w: m.KvDelete(w["namespace"], w["key"], w["deleted"]), True)
+def kv_op(op: str, namespace: str, key: str | None = None, **fields: Any) -> dict[str, Any]:
+    """One KV op as the wire has it; ``required=True`` is sent, False left out."""
+    wire: dict[str, Any] = {"op": op, "ns": _name(namespace, "namespace")}
+    if key is not None:
+        wire["key"] = _name(key, "key")
+    if fields.pop("required", False):
+        wire["required"] = True
+    return {**wire, **fields}
+
+
+def kv_put(namespace: str, key: str, value: Any, ttl: Duration | None, forever: bool = False,
+           expect: int | None = None, required: bool = False) -> dict[str, Any]:
+    return kv_op("put", namespace, key, value=value, **kv_expiry(ttl, forever),
+                 **_expect(expect), required=required)
+
+
+def kv_put_if_absent(namespace: str, key: str, value: Any, ttl: Duration | None,
+                     forever: bool = False, required: bool = False) -> dict[str, Any]:
+    return kv_op("putIfAbsent", namespace, key, value=value, **kv_expiry(ttl, forever),
+                 required=required)
+
+
+def kv_delete(namespace: str, key: str, expect: int | None = None,
+              required: bool = False) -> dict[str, Any]:
+    return kv_op("delete", namespace, key, **_expect(expect), required=required)
+
+
+def kv_incr(namespace: str, key: str, delta: int | float, minimum: int | float | None,
+            maximum: int | float | None, ttl: Duration | None, forever: bool = False,
+            required: bool = False) -> dict[str, Any]:
+    bounds = {name: _number(v, name) for name, v in (("min", minimum), ("max", maximum))
+              if v is not None}
+    return kv_op("incr", namespace, key, delta=_number(delta, "delta"), **bounds,
+                 **kv_expiry(ttl, forever), required=required)
+
+
+def kv_check(namespace: str, key: str, expect: int, required: bool = False) -> dict[str, Any]:
+    return kv_op("check", namespace, key, **_expect(expect), required=required)
+
+
+def kv_get_many(namespace: str, keys: Sequence[str]) -> dict[str, Any]:
+    return kv_op("getMany", namespace, keys=[_name(k, "key") for k in keys])
+
+
+def kv_get_prefix(namespace: str, prefix: str, after: str | None, limit: int | None,
+                  keys_only: bool) -> dict[str, Any]:
+    fields: dict[str, Any] = {"prefix": _name(prefix, "prefix")}
+    if after:
+        fields["after"] = after
+    if limit is not None:
+        fields["limit"] = limit
+    if keys_only:
+        fields["keysOnly"] = True
+    return kv_op("getPrefix", namespace, **fields)
+
+
+# A lost answer may be repeated when the repeat cannot change the outcome: reads, checks, an
+# unconditional put (an upsert) or delete. A conditional write's repeat would report a loss
+# it won, and an incr's would count twice.
+def _repeatable(op: dict[str, Any]) -> bool:
+    return op["op"] in ("get", "getMany", "getPrefix", "check") or (
+        op["op"] in ("put", "delete") and "expect" not in op)
+
+
+def kv(op: dict[str, Any]) -> Call[Any]:
+    """One op through POST /api/v1/kv; the result is typed by its op (models.kv_result)."""
+    return Call("POST", f"{API}/kv", lambda w: m.kv_result(op["ns"], w["results"][0]),
+                _repeatable(op), body={"operations": [op]})
 
 
 # -- bundles ----------------------------------------------------------------------------------
 
 
-def transaction(operations: Sequence[dict[str, Any]], timers: Sequence[dict[str, Any]],
+def transaction(operations: Sequence[dict[str, Any]], kv_ops: Sequence[dict[str, Any]],
+                timers: Sequence[dict[str, Any]],
                 acked: Sequence[m.Message]) -> Call[m.TransactionResult]:
-    if not operations and not timers:
-        raise ValueError("a transaction needs at least one operation or timer")
+    if not operations and not kv_ops and not timers:
+        raise ValueError("a transaction needs at least one operation, KV op or timer")
     # Retrying a bundle whose answer was lost repeats every part of it: safe when each push
-    # carries its own transactionId (the broker then reports duplicates) and every ack
-    # completes (a repeated "failed" would spend a retry); kv writes and timers are upserts.
+    # carries its own transactionId (the broker then reports duplicates), every ack completes
+    # (a repeated "failed" would spend a retry) and every KV op is repeatable; timers are
+    # upserts.
     safe = all(
         all("transactionId" in i for i in op["items"]) if op["type"] == "push"
-        else op.get("status") == "completed" if op["type"] == "ack" else True
+        else op.get("status") == "completed"
         for op in operations
-    )
-    ops = list(operations)
-    return Call("POST", f"{API}/transaction", lambda w: m.TransactionResult.from_wire(w, ops),
-                safe, body={"operations": ops, "timers": list(timers)}, settles=tuple(acked))
+    ) and all(_repeatable(o) for o in kv_ops)
+    ops, kv_list = list(operations), list(kv_ops)
+    body: dict[str, Any] = {"operations": ops}
+    if kv_list:
+        body["kv"] = kv_list
+    if timers:
+        body["timers"] = list(timers)
+    return Call("POST", f"{API}/transaction",
+                lambda w: m.TransactionResult.from_wire(w, kv_list), safe, body=body,
+                settles=tuple(acked))
 
 
 def health() -> Call[dict[str, Any]]:

@@ -21,7 +21,10 @@ Answers that are verdicts rather than failures are values, never exceptions: a c
 finds nothing is ``TimerStatus.ABSENT``, one that came too late is ``TimerStatus.TOO_LATE``,
 peeking at a timer that is not pending or reading a missing KV key returns ``None``.
 Invalid arguments (a bad duration, a schedule without a key) raise :class:`ValueError` before
-any request is sent.
+any request is sent; so does a payload or value that JSON or the broker cannot carry (NaN, an
+infinity, U+0000, an unpaired surrogate): :class:`queen_trio.strict_json.JsonRefused`, whose
+``path`` names the value (``items[0].payload.price``). An integer beyond the range of a double
+is refused by the broker instead (:class:`BadRequest`, code ``invalid_json_value``).
 """
 
 from __future__ import annotations

@@ -252,35 +252,101 @@ class QueueConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KvEntry:
+    """A live key as a read sees it. ``version`` changes with every write (``expect`` names
+    it); ``expires_at`` None: forever."""
+
     namespace: str
     key: str
     value: Any
+    version: int
     expires_at: datetime | None
     updated_at: datetime | None
 
     @classmethod
-    def from_wire(cls, w: dict[str, Any]) -> KvEntry:
-        return cls(w["namespace"], w["key"], w["value"], parse_time(w.get("expiresAt")),
-                   parse_time(w.get("updatedAt")))
+    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvEntry:
+        return cls(namespace, w["key"], w.get("value"), w["version"],
+                   parse_time(w.get("expiresAt")), parse_time(w.get("updatedAt")))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class KvPut:
+class KvWrite:
+    """The verdict of a put, put_if_absent, delete, incr or check; truthy when it applied.
+
+    When it did not, ``reason`` says why (``exists``, ``absent``, ``version``, ``limit``,
+    ``type``) and ``value``/``version`` are what a reader sees now (version 0: no live key),
+    so the loser needs no second call. ``expires_at`` is set for a write that stored a value.
+    """
+
+    op: str
     namespace: str
     key: str
-    created: bool  # False: an existing live key was overwritten
-    expires_at: datetime | None
+    applied: bool
+    value: Any
+    version: int
+    reason: str | None = None
+    expires_at: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return self.applied
 
     @classmethod
-    def from_wire(cls, w: dict[str, Any]) -> KvPut:
-        return cls(w["namespace"], w["key"], w["created"], parse_time(w.get("expiresAt")))
+    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvWrite:
+        return cls(w["op"], namespace, w["key"], w["applied"], w.get("value"), w["version"],
+                   w.get("reason"), parse_time(w.get("expiresAt")))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class KvDelete:
-    namespace: str
-    key: str
-    deleted: bool  # False: there was no live key (deleting nothing is not an error)
+class KvRows:
+    """``get_many``: the live keys asked for, by key, and the keys that are not there.
+    ``truncated``: the call's read budget (4 MiB of values) cut rows that are in neither."""
+
+    rows: tuple[KvEntry, ...]
+    missing: tuple[str, ...]
+    truncated: bool = False
+
+    @classmethod
+    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvRows:
+        return cls(tuple(KvEntry.from_wire(namespace, r) for r in w["rows"]),
+                   tuple(w["missing"]), w.get("truncated", False))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvPage:
+    """One ``get_prefix`` page in key (byte) order; pass ``next_after`` as ``after`` for the
+    next one. Each page is its own snapshot. ``keys_only`` rows carry ``value`` None."""
+
+    rows: tuple[KvEntry, ...]
+    truncated: bool
+    next_after: str | None
+
+    @classmethod
+    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvPage:
+        return cls(tuple(KvEntry.from_wire(namespace, r) for r in w["rows"]), w["truncated"],
+                   w.get("nextAfter"))
+
+
+def kv_result(namespace: str, w: dict[str, Any]) -> KvEntry | KvWrite | KvRows | KvPage | None:
+    """One element of a KV answer, typed by its ``op`` (a ``get`` miss is None)."""
+    op = w["op"]
+    if op == "get":
+        return KvEntry.from_wire(namespace, w) if w["found"] else None
+    if op == "getMany":
+        return KvRows.from_wire(namespace, w)
+    if op == "getPrefix":
+        return KvPage.from_wire(namespace, w)
+    return KvWrite.from_wire(namespace, w)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvPrecondition:
+    """Why a transaction committed nothing: its ``required`` KV op at ``failed_index`` (in the
+    flat ``results`` space: pushed items and acks first, then the kv ops) did not apply, for
+    ``reason``; ``value`` and ``version`` are what it found."""
+
+    failed_index: int
+    reason: str
+    version: int
+    value: Any
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -313,32 +379,45 @@ class Replayed:
     pushed: PushResult
 
 
-OperationResult = tuple[PushResult, ...] | AckResult | KvPut | KvDelete
+OperationResult = PushResult | AckResult | KvEntry | KvWrite | KvRows | KvPage | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransactionResult:
-    """One result per operation, in order (a push gives a tuple, one per item), and one
-    :class:`TimerResult` per timer entry (a ``too_late`` is a verdict: the bundle committed)."""
+    """What a transaction did; truthy when it committed.
+
+    ``results`` is flat, as on the wire: one :class:`PushResult` per pushed item and one
+    :class:`AckResult` per ack, in the order added, then one result per KV op (a ``get``
+    that found nothing is None). ``timers``: one :class:`TimerResult` per timer entry (the
+    wire's results after the KV ones; a ``too_late`` is a verdict: the bundle committed).
+    A transaction whose ``required`` KV op did not hold committed nothing: ``committed`` is
+    False, ``results`` empty and ``precondition`` says why. That is an answer, not an error.
+    """
 
     results: tuple[OperationResult, ...]
     timers: tuple[TimerResult, ...]
+    committed: bool = True
+    precondition: KvPrecondition | None = None
+
+    def __bool__(self) -> bool:
+        return self.committed
 
     @classmethod
-    def from_wire(cls, w: dict[str, Any], operations: list[dict[str, Any]]) -> TransactionResult:
-        # The timers' results follow the operations' in the one results array.
-        ops, timers = w["results"][:len(operations)], w["results"][len(operations):]
-        pairs = zip(ops, operations, strict=True)
-        return cls(tuple(_operation_result(r, op) for r, op in pairs),
-                   tuple(TimerResult.from_wire(t) for t in timers))
+    def from_wire(cls, w: dict[str, Any], kv: list[dict[str, Any]]) -> TransactionResult:
+        if not w.get("success", True):
+            return cls((), (), False, KvPrecondition(w["failedIndex"], w["kvReason"],
+                                                     w["version"], w.get("value")))
+        flat = [r for r in w["results"] if r.get("type") != "timer"]
+        base = sum(r.get("type") != "kv" for r in flat)
+        return cls(tuple(_flat_result(r, kv, base) for r in flat),
+                   tuple(TimerResult.from_wire(t) for t in w["results"]
+                         if t.get("type") == "timer"))
 
 
-def _operation_result(w: dict[str, Any], sent: dict[str, Any]) -> OperationResult:
-    kind = w["type"]
+def _flat_result(w: dict[str, Any], kv: list[dict[str, Any]], base: int) -> OperationResult:
+    kind = w.get("type")
     if kind == "push":
-        return tuple(PushResult.from_wire(i) for i in w["items"])
+        return PushResult.from_wire(w)
     if kind == "ack":
         return AckResult.from_wire(w)
-    if kind == "kv.put":
-        return KvPut.from_wire(w)
-    return KvDelete(sent["namespace"], sent["key"], w["deleted"])  # the answer omits them
+    return kv_result(kv[w["index"] - base]["ns"], w)

@@ -17,6 +17,8 @@ from .consumer import ConsumeStats, InThread
 from .models import Message, Page
 from .transport import Send
 
+_JSON = {"Content-Type": "application/json"}
+
 
 class SyncClient(BaseClient[Any]):
     """``with queen_trio.SyncClient(url) as queen: queen.timer(q)…schedule()``.
@@ -48,8 +50,9 @@ class SyncClient(BaseClient[Any]):
         return iterate_blocking(self._walk(fetch))
 
     async def _send(self, step: Send) -> httpx.Response:  # blocks; never suspends
-        return self._http.request(step.method, step.url, params=step.params, json=step.body,
-                                  timeout=step.timeout)
+        return self._http.request(step.method, step.url, params=step.params,
+                                  content=step.content, timeout=step.timeout,
+                                  headers=None if step.content is None else _JSON)
 
     async def _sleep(self, seconds: float) -> None:  # blocks; never suspends
         time.sleep(seconds)  # noqa: ASYNC251 - the point: this coroutine never suspends

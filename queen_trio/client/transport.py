@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
+from .. import strict_json
 from .calls import Call, settled_here
 from .errors import BrokerUnreachable, RateLimited, error_from_response
 
@@ -64,6 +65,9 @@ class Reply(Protocol):
     @property
     def headers(self) -> Any: ...
 
+    @property
+    def content(self) -> bytes: ...
+
     def json(self) -> Any: ...
 
 
@@ -72,7 +76,7 @@ class Send:
     method: str
     url: str
     params: dict[str, Any] | None
-    body: Any
+    content: bytes | None  # the JSON body, encoded once for every attempt
     timeout: httpx.Timeout
 
 
@@ -106,8 +110,12 @@ def exchange(
     """Run ``call`` to its result, yielding each request to send and each pause to take.
 
     The driver sends the :class:`Reply` to a :class:`Send` back in, or throws the
-    :class:`httpx.TransportError` it raised.
+    :class:`httpx.TransportError` it raised. A body JSON or the broker cannot carry (NaN, an
+    infinity, U+0000, an unpaired surrogate) raises :class:`~queen_trio.strict_json.JsonRefused`
+    (a ValueError naming the value's path) before anything is sent; answers are decoded by the
+    same strict decoder as the broker's requests.
     """
+    content = None if call.body is None else strict_json.dumps(call.body)
     if call.extra_read_s:
         timeout = httpx.Timeout(timeout.connect, read=(timeout.read or 0) + call.extra_read_s,
                                 write=timeout.write, pool=timeout.pool)
@@ -118,7 +126,7 @@ def exchange(
     for attempt in range(attempts):
         index = endpoints.preferred
         tried.add(index)
-        send = Send(call.method, endpoints.urls[index] + call.path, call.params, call.body,
+        send = Send(call.method, endpoints.urls[index] + call.path, call.params, content,
                     timeout)
         try:
             response = yield send
@@ -137,7 +145,7 @@ def exchange(
             _record_settled(call)
             if status == 204 and call.empty is not None:
                 return call.empty()
-            return call.parse(response.json())
+            return call.parse(strict_json.loads(response.content))
         error = error_from_response(response)
         if error.code in call.none_on:
             return None

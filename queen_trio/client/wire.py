@@ -22,7 +22,9 @@ the call's idempotency, whether to send the request again. Interim ``1xx`` answe
 A request that cannot be written as given raises before anything is sent, as httpx does: a
 method or header name that is not a token, or a header value with a CR, LF or NUL, raises
 ``httpx.LocalProtocolError`` (:class:`LeanClient` checks its headers when it is made); a URL
-with an ASCII control character raises ``httpx.InvalidURL``.
+with an ASCII control character raises ``httpx.InvalidURL``; a JSON body holding what JSON or
+the broker cannot carry (NaN, an infinity, U+0000, an unpaired surrogate) raises
+:class:`queen_trio.strict_json.JsonRefused`, a ValueError naming the value's path.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http
-import json as _json
 import re
 import select
 from importlib import metadata
@@ -40,6 +41,8 @@ from urllib.parse import quote, urlsplit
 import anyio
 import anyio.abc
 import httpx
+
+from .. import strict_json
 
 _MAX_IDLE_PER_HOST = 64
 _CHUNK = 65536
@@ -260,7 +263,7 @@ class Answer:
         return 200 <= self.status_code < 300
 
     def json(self) -> Any:
-        return _json.loads(self.content)
+        return strict_json.loads(self.content)
 
     def __repr__(self) -> str:
         return f"<Answer [{self.status_code}]>"
@@ -298,15 +301,19 @@ class LeanClient:
         self._fallback: httpx.AsyncClient | None = None
 
     async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
-                      json: Any = None,
+                      json: Any = None, content: bytes | None = None,
                       timeout: float | httpx.Timeout | None = None,  # noqa: ASYNC109 - httpx's
                       ) -> Answer | httpx.Response:
+        """``json``: a body to encode (strictly: :func:`queen_trio.strict_json.dumps`);
+        ``content``: a JSON body already encoded. None (both): no body."""
+        if json is not None:
+            content = strict_json.dumps(json)
         if self.base_url and not url.startswith(("http://", "https://")):
             url = self.base_url + url
         limit = self._timeout if timeout is None else timeout
         origin = self._origin(url)
         if origin is None:
-            return await self._secure(method, url, params, json, limit)
+            return await self._secure(method, url, params, content, limit)
         address, host, rest = origin
         if method not in _METHODS and _TEXT_TOKEN.fullmatch(method) is None:
             raise httpx.LocalProtocolError(f"illegal method {method!r}")
@@ -318,12 +325,10 @@ class LeanClient:
             target = quote(rest, safe=_TARGET_SAFE)
         if params:
             target += ("&" if "?" in target else "?") + _query(params)
-        if json is None:  # as httpx: no body, not a JSON null
+        if content is None:  # as httpx: no body, not a JSON null
             body, typed = b"", ""
         else:
-            body = _json.dumps(json, ensure_ascii=False, separators=(",", ":"),
-                               allow_nan=False).encode()
-            typed = "Content-Type: application/json\r\n"
+            body, typed = content, "Content-Type: application/json\r\n"
         sized = f"Content-Length: {len(body)}\r\n" if body or method in _BODY_METHODS else ""
         head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{self._fixed}{typed}{sized}\r\n"
         raw = await self._pool.exchange(address, head.encode("latin-1") + body, method,
@@ -364,12 +369,13 @@ class LeanClient:
             return None
         return known[0], known[1], slash + rest if slash else "/"
 
-    async def _secure(self, method: str, url: str, params: dict[str, Any] | None, body: Any,
-                      limit: float | httpx.Timeout) -> httpx.Response:
+    async def _secure(self, method: str, url: str, params: dict[str, Any] | None,
+                      content: bytes | None, limit: float | httpx.Timeout) -> httpx.Response:
         if self._fallback is None:
             self._fallback = httpx.AsyncClient(headers=self._headers)
-        return await self._fallback.request(method, url, params=params, json=body,
-                                            timeout=limit)
+        return await self._fallback.request(
+            method, url, params=params, content=content, timeout=limit,
+            headers=None if content is None else {"Content-Type": "application/json"})
 
 
 def _version() -> str:

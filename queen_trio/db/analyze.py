@@ -33,7 +33,7 @@ import trio
 
 from . import queries
 from .pool import Database
-from .transient import every
+from .transient import CountError, every
 
 Q = queries.load("ops")
 log = logging.getLogger(__name__)
@@ -55,8 +55,10 @@ def analyze_grown_tables(raw: psycopg.Connection[dict[str, Any]],
 
 async def run_analyzer(
     db: Database, *, interval_s: float = ANALYZE_INTERVAL_S,
+    count_error: CountError | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The service: :func:`analyze_grown_tables` every ``interval_s``."""
     task_status.started()
-    await every(interval_s, lambda: db.run(analyze_grown_tables), what="statistics check")
+    await every(interval_s, lambda: db.run(analyze_grown_tables), what="statistics check",
+                service="analyzer", count_error=count_error)

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+#: Seconds each host's connection attempt may take (QUEEN_DB_CONNECT_TIMEOUT_S).
+DEFAULT_CONNECT_TIMEOUT_S = 5
 #: The target_session_attrs a broker can work with: both refuse a hot standby.
 WRITABLE = ("read-write", "primary")
 _ALL_ATTRS = ("any", "read-write", "read-only", "primary", "standby", "prefer-standby")
@@ -68,25 +71,107 @@ def problem(url: str) -> str | None:
             "run on a read-only server")
 
 
-def broker_conninfo(url: str) -> str:
-    """``url`` as every broker connection uses it: ``target_session_attrs=read-write`` added
-    when it names none (an explicit value is kept; :func:`problem` vets it at start-up).
+def broker_conninfo(url: str, *, connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S) -> str:
+    """``url`` as every broker connection uses it: ``target_session_attrs=read-write`` and
+    ``connect_timeout`` added when it names none (explicit values are kept; :func:`problem`
+    vets target_session_attrs at start-up). The timeout bounds each host's attempt: without
+    one, a host that accepts the connection and never answers holds it for 130 s (psycopg's
+    default) before libpq moves on to the next.
     A string libpq cannot parse is returned as it is, for the connect to report."""
     try:
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return url
-    if "target_session_attrs" in params:
-        return url
-    return make_conninfo(url, target_session_attrs="read-write")
+    missing: dict[str, str] = {}
+    if "target_session_attrs" not in params:
+        missing["target_session_attrs"] = "read-write"
+    if "connect_timeout" not in params:
+        missing["connect_timeout"] = str(connect_timeout_s)
+    return make_conninfo(url, **missing) if missing else url
 
 
-def redacted(url: str) -> str:
-    """``url`` (a URL or key=value conninfo) without its password."""
-    if url.startswith(("postgres://", "postgresql://")):
-        url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)
-        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url)
-    return re.sub(r"\bpassword\s*=\s*('[^']*'|\S+)", "password=***", url)
+# -- redaction --------------------------------------------------------------------------------
+
+# password, sslpassword, and whatever secret libpq learns next (oauth_client_secret).
+_SECRET_KEY = re.compile(r"password|secret", re.I)
+# A query parameter: "?" or "&", then key=value up to the next "&".
+_QUERY_PARAM = re.compile(r"([?&])([^=&]*)=([^&]*)")
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_SPACE = " \t\n\r\f\v"  # C's isspace(), which libpq's conninfo parser uses
+
+
+def redacted(text: str) -> str:
+    """``text`` (a URL or key=value conninfo, well-formed or not) without its secrets.
+
+    Whatever the password, it is not in the answer, even where libpq would read the URL
+    differently from what its writer meant (``postgresql://u:p@ss@h/db`` is, to libpq, the
+    password "p" on the host "ss@h"). So in a URL everything from the first ":" of the user
+    information to the last "@" is hidden (a host never holds "@"; a query value that does
+    hides more than needed), and so is the value of every query parameter or keyword whose
+    name, percent-decoded, mentions a password or secret."""
+    if _URL_START.match(text):
+        return _redacted_url(text)
+    return _redacted_keywords(text)
+
+
+def _redacted_url(text: str) -> str:
+    scheme, _, rest = text.partition("://")
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}:***@{rest}" if colon else f"{userinfo}@{rest}"
+
+    def hide(match: re.Match[str]) -> str:
+        if _SECRET_KEY.search(unquote(match[2], errors="replace")):
+            return f"{match[1]}{match[2]}=***"
+        return match[0]
+
+    return f"{scheme}://{_QUERY_PARAM.sub(hide, rest)}"
+
+
+def _redacted_keywords(text: str) -> str:
+    """key=value conninfo, read as libpq reads it (values bare with backslash escapes, or
+    single-quoted with backslash escapes); secret values become ***. Total: a malformed
+    string is still cut into pieces, and an unterminated value runs to the end."""
+    out: list[str] = []
+    i, n = 0, len(text)
+
+    def skip_space(j: int) -> int:
+        while j < n and text[j] in _SPACE:
+            j += 1
+        return j
+
+    while i < n:
+        j = skip_space(i)
+        out.append(text[i:j])
+        i = j
+        while j < n and text[j] != "=" and text[j] not in _SPACE:
+            j += 1
+        key = text[i:j]
+        j = skip_space(j)
+        if j < n and text[j] == "=":
+            j = skip_space(j + 1)
+        out.append(text[i:j])
+        i = j
+        if i < n and text[i] == "'":
+            j = i + 1
+            while j < n and text[j] != "'":
+                j += 2 if text[j] == "\\" else 1
+            j += 1
+        else:
+            while j < n and text[j] not in _SPACE:
+                j += 2 if text[j] == "\\" else 1
+        value = text[i:min(j, n)]
+        if _SECRET_KEY.search(key):
+            value = "***"
+        elif "=" in value or "://" in value:
+            # libpq expands a dbname that is itself a URL or conninfo.
+            quoted = value[:1] == "'"
+            inner = redacted(value[1:-1] if quoted and value.endswith("'") else value)
+            value = f"'{inner}'" if quoted else inner
+        out.append(value)
+        i = min(j, n)
+    return "".join(out)
 
 
 def read_only_reason(info: psycopg.ConnectionInfo) -> str | None:

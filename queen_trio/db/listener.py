@@ -32,7 +32,7 @@ import trio
 from psycopg import pq, sql
 
 from .conninfo import broker_conninfo, is_read_only_refusal, read_only_reason
-from .transient import TRANSIENT_ERRORS
+from .transient import TRANSIENT_ERRORS, CountError, survived
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,10 @@ class Listener:
         reconnect_initial_s: float = 0.05,
         reconnect_max_s: float = 2.0,
         on_read_only: Callable[[str], None] | None = None,
+        count_error: CountError | None = None,
     ) -> None:
         self.conninfo = broker_conninfo(conninfo)
+        self._count_error = count_error
         self._on_read_only = on_read_only
         self._read_only_refused = 0
         self.channels = tuple(dict.fromkeys(channels))
@@ -172,6 +174,9 @@ class Listener:
                 await self._pump(raw)
             except psycopg.OperationalError as exc:
                 log.warning("LISTEN connection lost (%s); reconnecting", str(exc).strip())
+            except Exception as exc:
+                # Something nobody foresaw: start again on a fresh connection.
+                survived(log, "listener", "the LISTEN connection", exc, self._count_error)
             finally:
                 self._raw = None
                 raw.close()
@@ -179,12 +184,15 @@ class Listener:
                 await trio.sleep(delay * random.uniform(0.5, 1.0))
                 try:
                     raw = await self._connect()
-                except TRANSIENT_ERRORS as exc:
+                except Exception as exc:
                     # Unreachable, still starting up, or only read-only servers answering
                     # (a failover in progress): the next attempt may find the new primary.
                     delay = min(delay * 2, self._reconnect_max_s)
-                    log.warning("LISTEN reconnect failed (%s); retrying",
-                                str(exc).strip().splitlines()[0])
+                    if isinstance(exc, TRANSIENT_ERRORS):
+                        log.warning("LISTEN reconnect failed (%s); retrying",
+                                    str(exc).strip().splitlines()[0])
+                    else:
+                        survived(log, "listener", "a LISTEN reconnect", exc, self._count_error)
                     continue
                 delay = self._reconnect_initial_s
                 log.info("LISTEN connection re-established")
@@ -201,7 +209,6 @@ class Listener:
                 self.conninfo,
                 autocommit=True,
                 application_name="queen-trio-listener",
-                connect_timeout=5,
             )
             try:
                 reason = read_only_reason(raw.info)

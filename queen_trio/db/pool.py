@@ -335,7 +335,6 @@ class Database:
         conninfo: str,
         *,
         max_size: int = 10,
-        connect_timeout_s: float = 5.0,
         commit_timeout_s: float = 10.0,
         application_name: str = "queen-trio",
         session_settings: dict[str, str] | None = None,
@@ -343,13 +342,13 @@ class Database:
     ) -> None:
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
-        # Always asking for a writable server (several hosts: the first writable one).
+        # Always asking for a writable server (several hosts: the first writable one), each
+        # host's attempt bounded by a connect timeout.
         self.conninfo = broker_conninfo(conninfo)
         # Told "refused" (a connect found only read-only servers) or "dropped" (a connection's
         # server turned out read-only); for the metrics.
         self._on_read_only_event = on_read_only
         self.max_size = max_size
-        self._connect_timeout_s = connect_timeout_s
         self._commit_timeout_s = commit_timeout_s
         self._application_name = application_name
         self._session_settings = dict(session_settings or {})
@@ -525,7 +524,6 @@ class Database:
                 self.conninfo,
                 autocommit=True,
                 row_factory=dict_row,
-                connect_timeout=max(1, int(self._connect_timeout_s)),
                 application_name=self._application_name,
             )
             for name, value in self._session_settings.items():

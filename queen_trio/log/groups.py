@@ -54,14 +54,13 @@ def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None, *,
     rows = raw.execute(Q.delete_group, key).fetchall()
     if metadata:
         raw.execute(Q.delete_group_subscriptions, key)
-    if rows:
-        _wake(raw, tenant_id, queue)
+    for name in sorted({row["queue"] for row in rows}):
+        _wake(raw, tenant_id, name)  # the group starts afresh there: its pops look again
     return len(rows)
 
 
-def _wake(raw: Raw, tenant_id: int, queue: str | None) -> None:
-    if queue is not None:
-        raw.execute(LOG.notify_queue, {"payload": wake_key(tenant_id, queue)})
+def _wake(raw: Raw, tenant_id: int, queue: str) -> None:
+    raw.execute(LOG.notify_queue, {"payload": wake_key(tenant_id, queue)})
 
 
 def seek(

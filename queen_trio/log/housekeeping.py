@@ -19,11 +19,13 @@ The transactional steps are plain functions of a raw connection (tests call them
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import trio
@@ -31,7 +33,7 @@ import trio
 from ..config import Settings
 from ..db import Database, queries
 from ..db.rows import one
-from ..db.transient import TRANSIENT_ERRORS
+from ..db.transient import TRANSIENT_ERRORS, Shunned, backoff_s, survived
 from ..metrics import BrokerMetrics
 from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
 from .store import add_usage
@@ -39,6 +41,7 @@ from .store import add_usage
 Q = queries.load("segments")
 log = logging.getLogger(__name__)
 Raw = psycopg.Connection[dict[str, Any]]
+T = TypeVar("T")
 
 LOCK_SPACE = 0x5147  # first key of the advisory locks that serialise one partition's housekeeping
 _CANDIDATES_PER_ROUND = 200
@@ -201,6 +204,9 @@ class Housekeeper:
         self._metrics = metrics
         self._rounds = self._sealed = self._dropped = self._failed = 0
         self._alive = False
+        # Partitions whose sealing or retention failed with something not transient (a row
+        # it cannot process): left alone for a while, the others go on.
+        self._shunned = Shunned(first_s=max(self._interval_s, 1.0))
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings,
@@ -221,20 +227,52 @@ class Housekeeper:
             self._alive = False
 
     async def _rounds_forever(self) -> None:
+        failures = 0  # rounds in a row that failed with something not transient
         while True:
-            await trio.sleep(self._interval_s)
+            await trio.sleep(backoff_s(failures, self._interval_s))
             try:
                 await self.run_once()
+                failures = 0
             except TRANSIENT_ERRORS as exc:
                 # The database is in trouble: the next round tries again.
                 self._failed += 1
                 log.warning("log housekeeping round skipped: %s", str(exc).strip())
+            except Exception as exc:
+                self._failed += 1
+                failures += 1
+                self._survived(exc, "a log housekeeping round")
+
+    def _survived(self, exc: BaseException, what: str) -> None:
+        survived(log, "housekeeping", what, exc,
+                 None if self._metrics is None else self._metrics.count_background_error)
+
+    async def _each_partition(self, work: str, pid: uuid.UUID,
+                              step: Callable[[], Awaitable[T]]) -> T | None:
+        """``step()`` for one partition; None if it failed with something not transient (it
+        is logged with the partition and counted, and the partition left alone for a while)."""
+        if self._shunned.waiting(pid):
+            return None
+        try:
+            result = await step()
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            delay = self._shunned.failed(pid)
+            self._survived(exc, f"{work} partition {pid} (left alone for {delay:.0f} s)")
+            return None
+        self._shunned.succeeded(pid)
+        return result
 
     async def run_once(self) -> RoundResult:
-        """One round: seal what is due, then apply retention."""
+        """One round: seal what is due, then apply retention. A partition that cannot be
+        worked on (an error that is not transient) is skipped; the others go on."""
         sealed = await self.seal_due()
-        dropped = [d for pid in await self._db.run(retention_candidates)
-                   if (d := await self._db.run(apply_retention, pid)) is not None]
+        dropped = []
+        for pid in await self._db.run(retention_candidates):
+            d = await self._each_partition(
+                "retention of", pid, functools.partial(self._db.run, apply_retention, pid))
+            if d is not None:
+                dropped.append(d)
         self._rounds += 1
         self._dropped += sum(d.segments for d in dropped)
         if self._metrics is not None:
@@ -246,19 +284,23 @@ class Housekeeper:
     async def seal_due(self) -> list[Sealed]:
         sealed: list[Sealed] = []
         for pid in await self._db.run(seal_candidates, self.policy):
-            for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
-                started = time.perf_counter()
-                # Compresses a whole segment: CPU work kept off the event loop.
-                one = await self._db.run_in_thread(seal_partition, pid, self.policy)
-                if one is None:
-                    break
-                sealed.append(one)
-                self._sealed += 1
-                if self._metrics is not None:
-                    self._metrics.seal_seconds.observe(time.perf_counter() - started)
-                    self._metrics.segments_sealed.inc()
-                    self._metrics.frames_sealed.inc(one.frames)
+            await self._each_partition("sealing of", pid,
+                                       functools.partial(self._seal, pid, sealed))
         return sealed
+
+    async def _seal(self, pid: uuid.UUID, sealed: list[Sealed]) -> None:
+        for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
+            started = time.perf_counter()
+            # Compresses a whole segment: CPU work kept off the event loop.
+            one = await self._db.run_in_thread(seal_partition, pid, self.policy)
+            if one is None:
+                break
+            sealed.append(one)
+            self._sealed += 1
+            if self._metrics is not None:
+                self._metrics.seal_seconds.observe(time.perf_counter() - started)
+                self._metrics.segments_sealed.inc()
+                self._metrics.frames_sealed.inc(one.frames)
 
     def statistics(self) -> HousekeepingStatistics:
         return HousekeepingStatistics(self._rounds, self._sealed, self._dropped, self._failed)

@@ -13,7 +13,7 @@ import os
 import re
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
@@ -109,16 +109,15 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def encoded_size(payload: Any) -> int:
-    """Bytes of the payload serialized as compact JSON (what the ceilings are measured on)."""
-    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
-
-
-def check_payload_size(payload: Any, ceiling: int, where: str) -> None:
+def payload_json(payload: Any, ceiling: int, where: str) -> str:
+    """The payload as the compact JSON text that is stored, checked against the ceiling (the
+    store writes this text rather than serialize the payload again)."""
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     try:
-        size = encoded_size(payload)
+        size = len(text.encode())
     except UnicodeEncodeError:
         # JSON allows "\ud800" escapes that are not characters; PostgreSQL cannot store them.
+        # (Request bodies never get here with one: strict_json refuses them.)
         raise ValidationError(
             "invalid_payload", f"{where}: payload contains an unpaired UTF-16 surrogate"
         ) from None
@@ -127,6 +126,7 @@ def check_payload_size(payload: Any, ceiling: int, where: str) -> None:
             "payload_too_large",
             f"{where}: payload is {size} bytes, above the {ceiling}-byte message ceiling",
         )
+    return text
 
 
 def _int_field(obj: dict[str, Any], key: str, default: int, *, lo: int, hi: int) -> int:
@@ -286,6 +286,7 @@ class PushItem:
     payload: Any
     transaction_id: str
     client_transaction_id: bool  # supplied by the client: duplicates are detected
+    payload_json: str  # the payload's compact JSON text, as stored
 
 
 def push_items(body: dict[str, Any], ceiling: int) -> list[PushItem]:
@@ -304,7 +305,7 @@ def push_items(body: dict[str, Any], ceiling: int) -> list[PushItem]:
         txn = item.get("transactionId")
         supplied = txn is not None
         txn = transaction_id(txn, f"{where}.transactionId") if supplied else new_transaction_id()
-        check_payload_size(item["payload"], ceiling, where)
+        text = payload_json(item["payload"], ceiling, where)
         parsed.append(
             PushItem(
                 index=i,
@@ -313,6 +314,7 @@ def push_items(body: dict[str, Any], ceiling: int) -> list[PushItem]:
                 payload=item["payload"],
                 transaction_id=txn,
                 client_transaction_id=supplied,
+                payload_json=text,
             )
         )
     return parsed
@@ -353,6 +355,35 @@ def query_int(args: dict[str, str], key: str, default: int, *, lo: int, hi: int)
     if not re.fullmatch(r"[0-9]{1,19}", raw) or not lo <= int(raw) <= hi:
         raise ValidationError("invalid_parameter", f"{key} must be an integer from {lo} to {hi}")
     return int(raw)
+
+
+_TIMESTAMP_EXAMPLE = "an ISO-8601 timestamp such as 2026-01-31T12:00:00Z"
+
+
+def timestamp(value: Any, field: str) -> datetime:
+    """An ISO-8601 timestamp (a trailing Z allowed; without a zone: UTC), as an instant in UTC.
+
+    Refused (400 ``invalid_timestamp``) unless that instant lies in years 1-9999 in UTC,
+    which is all Python's datetime holds: ``0001-01-01T00:00:00+01:00`` would be year 0
+    there, and the database driver raised OverflowError converting it (a 500).
+    """
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise ValidationError("invalid_timestamp", f"{field} must be {_TIMESTAMP_EXAMPLE}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError("invalid_timestamp",
+                              f"{field} must be {_TIMESTAMP_EXAMPLE}") from None
+    try:
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError(
+            "invalid_timestamp",
+            f"{field} is {value!r}, which is outside years 1-9999 once shifted to UTC",
+        ) from None
 
 
 _SUBSCRIPTION_MODES = {"all": None, "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}

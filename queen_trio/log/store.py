@@ -202,6 +202,8 @@ def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dic
         partition_id = one(raw.execute(
             Q.lock_partitions, {"tenant_id": tenant_id, "queues": [name],
                                 "names": [DEFAULT_PARTITION]}))["partition_id"]
+    # A shorter delayedProcessing may have made frames poppable: waiting pops look again.
+    raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return {"created": row["created"], "queue_id": row["queue_id"],
             "partition_id": partition_id}
 
@@ -289,6 +291,16 @@ def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
          "give_up": give_up},
     ).fetchall()
     return _head_outcome(req, rows)
+
+
+def next_look_in_s(raw: Raw, tenant_id: int, req: PopRequest) -> float | None:
+    """For a waiting pop that found nothing: in how many seconds something in its queue
+    becomes poppable for it unannounced (a lease or retry hold ends, a delayed frame
+    matures); 0 or less if something looks poppable already, None if nothing will before a
+    NOTIFY (queen_trio/sql/log.sql, ``next_look``)."""
+    row = one(raw.execute(Q.next_look, {"tenant_id": tenant_id, "name": req.queue,
+                                        "group": req.group, "partition": req.partition}))
+    return row["in_s"]
 
 
 def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:

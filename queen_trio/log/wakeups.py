@@ -1,29 +1,72 @@
-"""Long-poll wake-ups: pops waiting for a queue sleep until a NOTIFY names it.
+"""Long-poll wake-ups: a parked pop looks at the database again only when something may have
+changed for it, and then one pop looks, not every one.
 
-Pushes (and acks that release a lease) NOTIFY ``queen_log`` with ``<tenant>:<queue>`` inside
-their transaction, so every broker hears of it only once it has committed. A waiter takes the
-queue's current event before it looks at the database, then sleeps on it: a push that commits
-between the look and the sleep has already set that event, so no wake-up is lost. Each event is
-set once and replaced, never cleared.
+**Lanes.** The pops waiting on one queue for one consumer group and one partition (or any)
+form a lane, oldest first: whatever one of them would find, the others would too. Each of
+these reaches a lane and wakes *one* of its pops (:meth:`QueueWakeups.notify`, ``reason``):
 
-The sweeper also says when a timer is about to fire into a queue (:meth:`announce_fire`).
-If a pop is parked on that queue here and can take the frame (:meth:`park`), the sweeper
-reserves it and the fire's own transaction pops for it (queen.sweep_timers_and_pop): the
-sweeper hands it the popped batch (:meth:`ParkedPop.hand`) when the sweep returns. Else the
-queue's waiters are woken ahead of the fire, and the first to :meth:`claim_fire` it waits for
-the frame inside PostgreSQL (queen.pop_head_after, schema/functions/log.sql) instead of for
-the NOTIFY.
+- ``notify``: a NOTIFY of ``queen_log`` naming the queue (``<tenant>:<queue>``). It is sent
+  inside the committing transaction, so it arrives only once the change is visible, by every
+  change that can make a message poppable: a push, a timer's fire, a dead letter replayed, an
+  ack that frees a partition (its lease released: completed, retried, failed with or without
+  retryDelay), a batch given back, a seek, a consumer group deleted, a queue reconfigured.
+- ``due``: an instant the lane's last look read from the database (``next_look`` in
+  queen_trio/sql/log.sql): the earliest end of a lease or of a retryDelay hold, or the
+  maturing of a delayedProcessing frame, on a partition with messages for the group. Nobody
+  NOTIFYs these; the lane's timer (:meth:`QueueWakeups.run`) goes off then.
+- ``missed``: the listener lost notifications (it reconnected, or its buffer overflowed).
+- ``safety``: nothing for ``SAFETY_RECHECK_S`` (jittered): a hint may have gone astray.
+- ``fire``: a timer is about to fire into the queue (see below).
+
+A pop that looks and gets messages wakes the next one of its lane (``next``: there may be
+more); one that finds nothing goes back to sleep and so does the lane. A push thus costs one
+look per lane of its queue, and pops that nothing concerns cost nothing: 3,000 of them parked
+issue no query at all. ``missed`` and ``safety`` looks, which come to every lane at once,
+take a slot of a small :attr:`QueueWakeups.rechecks` limiter first.
+
+**No lost wake-up.** A pop joins its lane before its first look and takes a fresh event before
+each look: a wake that comes while it looks sets that event, and it looks again. A pop that
+leaves with a wake it did not use (it was answered, timed out or its client left) passes it
+on.
+
+**Bounds.** At most ``max_parked`` pops wait at once on this broker and ``max_per_tenant`` per
+tenant (:meth:`QueueWakeups.park`); past them a pop that would wait is answered 503 or 429.
+
+**Timer fires.** The sweeper also says when a timer is about to fire into a queue
+(:meth:`announce_fire`). If a pop is parked on that queue here and can take the frame
+(:meth:`offer`), the sweeper reserves it and the fire's own transaction pops for it
+(queen.sweep_timers_and_pop): the sweeper hands it the popped batch (:meth:`ParkedPop.hand`)
+when the sweep returns. Else one pop of each lane the frame can serve is woken ahead of the
+fire, and the first to :meth:`claim_fire` it waits for the frame inside PostgreSQL
+(queen.pop_head_after, schema/functions/log.sql) instead of for the NOTIFY.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import heapq
+import math
+import random
+from collections.abc import Iterator
+from typing import Literal
 
 import trio
 
 from ..db import MISSED, Listener
 from .rules import PopRequest
 from .store import NOTIFY_CHANNEL, PopOutcome
+
+Reason = Literal["notify", "next", "due", "missed", "safety", "fire", "handover", "stop"]
+#: Looks that come to every lane at once, not because of anything known to have happened.
+BACKGROUND_REASONS = ("missed", "safety")
+
+# With no news for this long a lane looks once anyway (times a random 0.5-1): a safety net,
+# since every change that makes a message poppable is notified or read as an instant.
+SAFETY_RECHECK_S = 60.0
+# A look found nothing although something seemed poppable (another consumer held the cursor
+# at that moment): look again after this, doubling each time nothing comes of it.
+RACE_RECHECK_S = (0.02, 5.0)
 
 # An announced fire nobody claimed is forgotten this long after its due instant.
 _EXPECTATION_TTL_S = 0.05
@@ -45,6 +88,71 @@ HANDOVER_WAIT_S = 1.0
 _HANDOVER_MARGIN_S = 0.05
 
 
+class ParkLimit(Exception):
+    """A pop would wait past a bound on parked pops (``scope``: "tenant" or "broker")."""
+
+    def __init__(self, scope: Literal["tenant", "broker"], limit: int) -> None:
+        super().__init__(f"{scope} limit of {limit} parked pops")
+        self.scope = scope
+        self.limit = limit
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Lane:
+    """The pops waiting on one queue for one group and partition filter, oldest first."""
+
+    key: str
+    group: str
+    partition: str | None
+    waiters: dict[Waiter, None] = dataclasses.field(default_factory=dict)  # ordered set
+    look_at: float | None = None  # trio clock: the lane's timer, if set
+    look_reason: Reason = "due"
+    # Counts what reached the lane (wakes, timers); ``empty_at`` is the count at which a
+    # look found nothing and nothing has reached it since: a pop joining then need not look.
+    news: int = 0
+    empty_at: int = -1
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Waiter:
+    """One waiting pop, in its lane from before its first look until it answers."""
+
+    lane: Lane
+    tenant_id: int
+    woken: trio.Event = dataclasses.field(default_factory=trio.Event)
+    reason: Reason = "notify"  # why ``woken`` was set
+    parked: bool = False  # counted against the bounds (it found nothing and waits)
+    served: bool = False  # it got messages: there may be more for the next of its lane
+    offer: ParkedPop | None = None  # its offer to the sweeper, while it has one
+    race_wait_s: float = 0.0
+    looked_at_news: int = 0  # the lane's news when this pop's last look began
+
+    def begin_look(self) -> Reason:
+        """About to look: later wakes set a fresh event. Answers why it was woken."""
+        if self.woken.is_set():
+            self.woken = trio.Event()
+        self.looked_at_news = self.lane.news
+        return self.reason
+
+    @property
+    def lane_known_empty(self) -> bool:
+        """A look of its lane found nothing, and nothing has reached the lane since: a look
+        now would find nothing either (every change that makes a message poppable is
+        notified or timed)."""
+        return self.lane.empty_at == self.lane.news and self.lane.look_at is not None
+
+    def wake(self, reason: Reason) -> None:
+        if not self.woken.is_set():
+            self.reason = reason
+            self.woken.set()
+
+    def race_backoff(self) -> float:
+        """The wait before the next look after one that raced another consumer."""
+        low, high = RACE_RECHECK_S
+        self.race_wait_s = min(high, max(low, 2 * self.race_wait_s))
+        return self.race_wait_s
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class ParkedPop:
     """A long-poll parked on a queue that one pop statement can serve (one partition): the
@@ -59,7 +167,7 @@ class ParkedPop:
     gone: bool = False  # it stopped waiting: a batch handed to it now must go back
     handed: trio.Event = dataclasses.field(default_factory=trio.Event)
     outcome: PopOutcome | None = None  # with ``handed``: the sweep's pop (None: no answer)
-    wakeups: QueueWakeups | None = None  # where it is parked
+    waiter: Waiter | None = None  # the waiting pop it stands for
 
     @property
     def reserved(self) -> bool:
@@ -71,70 +179,212 @@ class ParkedPop:
         if self.gone:
             return outcome
         self.outcome = outcome
-        self.handed.set()
-        if self.wakeups is not None:
-            self.wakeups.wake(self.key)  # it sleeps on its queue's event
+        self.handed.set()  # it waits for this since it was reserved (announce_fire woke it)
         return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WakeupStatistics:
+    parked: int
+    lanes: int
+    timers: int  # lane timers pending (some may be stale)
+
+
 class QueueWakeups:
-    def __init__(self) -> None:
-        self._events: dict[str, trio.Event] = {}
+    def __init__(self, *, max_parked: int = 10_000, max_per_tenant: int = 5_000,
+                 recheck_concurrency: int = 4) -> None:
+        self.max_parked = max_parked
+        self.max_per_tenant = max_per_tenant
+        # Looks of every lane at once (missed notifications, the safety net) go a few at a
+        # time, so they never crowd out the pool's other work.
+        self.rechecks = trio.CapacityLimiter(recheck_concurrency)
+        self._lanes: dict[str, dict[tuple[str, str | None], Lane]] = {}
+        self._parked_by_tenant: dict[int, int] = {}
+        self._parked_count = 0
+        self._timers: list[tuple[float, int, Lane]] = []  # (instant, tie-break, lane): a heap
+        self._timer_seq = 0
+        self._sooner = trio.Event()  # set when a timer earlier than every other is added
         self._expected: dict[str, ExpectedFire] = {}
-        self._parked: dict[str, list[ParkedPop]] = {}
-        self.waiting = 0
+        self._offers: dict[str, list[ParkedPop]] = {}
         # Set when the broker begins to shut down: parked long-polls answer "nothing" at once.
         self.stopping = False
 
-    def watch(self, key: str) -> trio.Event:
-        """The event the next change to this queue will set."""
-        event = self._events.get(key)
-        if event is None:
-            event = self._events[key] = trio.Event()
-        return event
+    def statistics(self) -> WakeupStatistics:
+        return WakeupStatistics(self._parked_count,
+                                sum(len(lanes) for lanes in self._lanes.values()),
+                                len(self._timers))
 
-    def wake(self, key: str) -> None:
-        event = self._events.pop(key, None)
-        if event is not None:
-            event.set()
+    # -- waiting pops -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiting(self, key: str, tenant_id: int, req: PopRequest) -> Iterator[Waiter]:
+        """Join the lane of ``req`` on queue ``key`` for the block: before the pop's first
+        look, so that no change after it goes unseen."""
+        lanes = self._lanes.setdefault(key, {})
+        lane = lanes.get((req.group, req.partition))
+        if lane is None:
+            lane = lanes[(req.group, req.partition)] = Lane(key, req.group, req.partition)
+        waiter = Waiter(lane, tenant_id)
+        lane.waiters[waiter] = None
+        try:
+            yield waiter
+        finally:
+            self._leave(waiter)
+
+    def park(self, waiter: Waiter) -> None:
+        """The pop found nothing and will wait: count it, or raise :class:`ParkLimit`."""
+        if waiter.parked:
+            return
+        tenant = waiter.tenant_id
+        if self._parked_by_tenant.get(tenant, 0) >= self.max_per_tenant:
+            raise ParkLimit("tenant", self.max_per_tenant)
+        if self._parked_count >= self.max_parked:
+            raise ParkLimit("broker", self.max_parked)
+        waiter.parked = True
+        self._parked_count += 1
+        self._parked_by_tenant[tenant] = self._parked_by_tenant.get(tenant, 0) + 1
+
+    def look_again_in(self, waiter: Waiter, seconds: float | None) -> None:
+        """The pop's look found nothing; ``seconds``: when something will become poppable
+        unannounced (None: never; 0 or less: it seemed poppable already)."""
+        now = trio.current_time()
+        if seconds is not None and seconds <= 0:
+            self._set_timer(waiter.lane, now + waiter.race_backoff(), "due")
+            return
+        waiter.race_wait_s = 0.0
+        if waiter.looked_at_news == waiter.lane.news:
+            waiter.lane.empty_at = waiter.lane.news
+        safety = now + SAFETY_RECHECK_S * random.uniform(0.5, 1.0)
+        if seconds is not None and now + seconds < safety:
+            self._set_timer(waiter.lane, now + seconds, "due")
+        else:
+            self._set_timer(waiter.lane, safety, "safety")
+
+    def _leave(self, waiter: Waiter) -> None:
+        lane = waiter.lane
+        lane.waiters.pop(waiter, None)
+        if waiter.parked:
+            self._parked_count -= 1
+            left = self._parked_by_tenant[waiter.tenant_id] - 1
+            if left:
+                self._parked_by_tenant[waiter.tenant_id] = left
+            else:
+                del self._parked_by_tenant[waiter.tenant_id]
+        if not lane.waiters:
+            lane.look_at = None  # its timer, if any, is stale now
+            lanes = self._lanes.get(lane.key)
+            if lanes is not None and lanes.get((lane.group, lane.partition)) is lane:
+                del lanes[(lane.group, lane.partition)]
+                if not lanes:
+                    del self._lanes[lane.key]
+            return
+        # Served: there may be more for the next one. A wake it will not use: pass it on.
+        if waiter.woken.is_set() and waiter.reason not in ("handover", "stop"):
+            self._wake_one(lane, waiter.reason)
+        elif waiter.served:
+            self._wake_one(lane, "next")
+
+    def _wake_one(self, lane: Lane, reason: Reason) -> None:
+        """Wake the oldest pop of the lane that is not already woken, preferring one that is
+        not waiting for a fire's hand-over (it looks only once that is over); none if all
+        are woken."""
+        lane.news += 1
+        reserved = None
+        for waiter in lane.waiters:
+            if not waiter.woken.is_set():
+                if waiter.offer is None or not waiter.offer.reserved:
+                    waiter.wake(reason)
+                    return
+                reserved = reserved or waiter
+        if reserved is not None:
+            reserved.wake(reason)
+
+    def notify(self, key: str, reason: Reason = "notify", partition: str | None = None) -> None:
+        """Something changed in the queue: one pop of each of its lanes looks (only those
+        whose partition filter admits ``partition``, when given)."""
+        for lane in self._lanes.get(key, {}).values():
+            if partition is None or lane.partition in (None, partition):
+                self._wake_one(lane, reason)
+
+    def notify_all(self, reason: Reason) -> None:
+        for key in list(self._lanes):
+            self.notify(key, reason)
+
+    # -- lane timers --------------------------------------------------------------------
+
+    def _set_timer(self, lane: Lane, at: float, reason: Reason) -> None:
+        if lane.look_at is not None and lane.look_at <= at:
+            return
+        lane.look_at, lane.look_reason = at, reason
+        if len(self._timers) > 1024 and len(self._timers) > 4 * self._parked_count:
+            # Mostly stale: lanes emptied or given earlier timers. Keep the live ones.
+            self._timers = [t for t in self._timers if t[2].look_at == t[0]]
+            heapq.heapify(self._timers)
+        self._timer_seq += 1
+        if not self._timers or at < self._timers[0][0]:
+            self._sooner.set()
+        heapq.heappush(self._timers, (at, self._timer_seq, lane))
+
+    async def _run_timers(self) -> None:
+        while True:
+            now = trio.current_time()
+            while self._timers and self._timers[0][0] <= now:
+                at, _, lane = heapq.heappop(self._timers)
+                if lane.look_at == at:  # else replaced by an earlier one, or already spent
+                    lane.look_at = None
+                    if lane.waiters:
+                        self._wake_one(lane, lane.look_reason)
+            self._sooner = trio.Event()
+            with trio.move_on_at(self._timers[0][0] if self._timers else math.inf):
+                await self._sooner.wait()
+
+    # -- timer fires --------------------------------------------------------------------
+
+    def offer(self, key: str, pop: ParkedPop) -> None:
+        """Offer a parked pop to the sweeper for the fires into its queue."""
+        pop.key = key
+        if pop.waiter is not None:
+            pop.waiter.offer = pop
+        self._offers.setdefault(key, []).append(pop)
+
+    def withdraw(self, pop: ParkedPop) -> None:
+        """The pop stops waiting (answered, timed out, or its client left), or its offer
+        was used: a batch handed to it from now on goes back."""
+        pop.gone = True
+        if pop.waiter is not None and pop.waiter.offer is pop:
+            pop.waiter.offer = None
+        offers = self._offers.get(pop.key)
+        if offers is not None and pop in offers:
+            offers.remove(pop)
+            if not offers:
+                del self._offers[pop.key]
 
     def expect_fire(self, key: str, partition: str, due_db: float, due_local: float) -> None:
         """A timer due at ``due_db`` (``due_local`` on the trio clock) is about to fire into
-        this queue's ``partition``. Only queues somebody is watching keep the news."""
-        if key in self._events:
+        this queue's ``partition``. Only queues somebody waits on keep the news."""
+        if key in self._lanes:
             if len(self._expected) > 1000:  # announced to queues whose waiters left
                 now = trio.current_time()
                 self._expected = {k: e for k, e in self._expected.items() if e.expires_at >= now}
             self._expected[key] = ExpectedFire(due_db, partition, due_local,
                                                due_local + _EXPECTATION_TTL_S)
-            self.wake(key)
-
-    def park(self, key: str, pop: ParkedPop) -> None:
-        pop.key, pop.wakeups = key, self
-        self._parked.setdefault(key, []).append(pop)
-
-    def unpark(self, pop: ParkedPop) -> None:
-        """The pop stops waiting (answered, timed out, or its client left)."""
-        pop.gone = True
-        parked = self._parked.get(pop.key)
-        if parked is not None and pop in parked:
-            parked.remove(pop)
-            if not parked:
-                del self._parked[pop.key]
+            self.notify(key, "fire", partition)
 
     def announce_fire(self, key: str, partition: str, due_db: float,
                       due_local: float) -> ParkedPop | None:
         """A timer due at ``due_db`` (``due_local`` on the trio clock) is about to fire into
         this queue's ``partition``: the pop parked longest that can take it is reserved and
-        returned (the sweep pops for it), or, if none can, the queue's waiters are told
+        returned (the sweep pops for it), or, if none can, the queue's lanes are told
         (:meth:`expect_fire`)."""
-        for pop in self._parked.get(key, ()):
+        for pop in self._offers.get(key, ()):
             # Not an autoAck pop: one that stops waiting before the fire commits (it found
             # other messages) could not be given its batch back, and the group would lose it.
             if (not pop.reserved and not pop.req.auto_ack
                     and pop.req.partition in (None, partition)
                     and pop.deadline > due_local + _HANDOVER_MARGIN_S):
                 pop.due_local = due_local
+                if pop.waiter is not None:
+                    pop.waiter.wake("handover")  # it waits for the hand-over, bounded
                 return pop
         self.expect_fire(key, partition, due_db, due_local)
         return None
@@ -146,23 +396,26 @@ class QueueWakeups:
             return None
         return expected
 
+    # -- the service --------------------------------------------------------------------
+
     def stop(self) -> None:
         """Shutdown begins: wake every waiter, and let none park again."""
         self.stopping = True
-        self.wake_all()
-
-    def wake_all(self) -> None:
-        events, self._events = self._events, {}
-        for event in events.values():
-            event.set()
+        for lanes in self._lanes.values():
+            for lane in lanes.values():
+                for waiter in lane.waiters:
+                    waiter.wake("stop")
 
     async def run(
         self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        with listener.subscribe(NOTIFY_CHANNEL) as notifications:
-            task_status.started()
-            async for item in notifications:
-                if item is MISSED:
-                    self.wake_all()  # anything may have changed while we were deaf
-                else:
-                    self.wake(item.payload)
+        """Hand notifications to the lanes, and run the lanes' timers."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_timers)
+            with listener.subscribe(NOTIFY_CHANNEL) as notifications:
+                task_status.started()
+                async for item in notifications:
+                    if item is MISSED:
+                        self.notify_all("missed")  # anything may have changed while we were deaf
+                    else:
+                        self.notify(item.payload)

@@ -38,13 +38,13 @@ WITH gone AS (
       AND p.tenant_id = %(tenant_id)s AND c.tenant_id = %(tenant_id)s
       AND c.consumer_group = %(group)s
       AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
-    RETURNING c.partition_id, c.lease_expires_at > now() AS leased
+    RETURNING c.partition_id, c.lease_expires_at > now() AS leased, q.name AS queue
 ), retries AS (
     DELETE FROM queen.retries r
     USING gone g
     WHERE r.partition_id = g.partition_id AND r.consumer_group = %(group)s
 )
-SELECT partition_id, coalesce(leased, false) AS leased FROM gone
+SELECT partition_id, coalesce(leased, false) AS leased, queue FROM gone
 
 -- name: delete_group_subscriptions
 -- deleteMetadata: the group's subscription records (subscriptionMode=new), so that it

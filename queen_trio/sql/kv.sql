@@ -1,37 +1,82 @@
--- Runtime queries of KV state (queen_trio/kv/store.py). An expired key is invisible at once;
--- the purger deletes it later.
+-- Runtime queries of KV state (queen_trio/kv/store.py). A row past its expires_at is invisible
+-- at once (`live` false: it never counts as existing); the purger deletes it later. now() is
+-- the transaction's instant, so every operation of one call judges expiry at the same time.
+-- Every write stamps a new version from queen.kv_version_seq (schema/004_kv_versions.sql).
 
--- name: lock_existing
--- The value being replaced, if any (its size leaves the storage usage; expired = not there).
-SELECT size_bytes, expires_at IS NOT NULL AND expires_at <= now() AS expired
+-- name: lock
+-- The row a write or a check is about to judge, locked until the call commits: FOR UPDATE
+-- for a write, FOR SHARE (lock_shared) for a check, so that a row a bundle's guard looked at
+-- cannot be rewritten before that bundle commits. `number` is a numeric value's exact text
+-- (an incr adds to it as a decimal, never through a float).
+SELECT value, version, size_bytes, expires_at, updated_at,
+       expires_at IS NULL OR expires_at > now() AS live,
+       CASE WHEN jsonb_typeof(value) = 'number' THEN value::text END AS number
 FROM queen.kv
 WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
 FOR UPDATE
 
--- name: put
-INSERT INTO queen.kv AS kv (tenant_id, namespace, key, value, size_bytes, expires_at, updated_at)
-VALUES (%(tenant_id)s, %(namespace)s, %(key)s, %(value)s::jsonb, octet_length(%(value)s::text),
-        CASE WHEN %(ttl_s)s::integer IS NULL THEN NULL
-             ELSE now() + make_interval(secs => %(ttl_s)s::integer) END,
-        now())
-ON CONFLICT (tenant_id, namespace, key) DO UPDATE SET
-    value = excluded.value, size_bytes = excluded.size_bytes,
-    expires_at = excluded.expires_at, updated_at = excluded.updated_at
-RETURNING kv.expires_at, kv.size_bytes
+-- name: lock_shared
+SELECT value, version, size_bytes, expires_at, updated_at,
+       expires_at IS NULL OR expires_at > now() AS live,
+       CASE WHEN jsonb_typeof(value) = 'number' THEN value::text END AS number
+FROM queen.kv
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
+FOR SHARE
 
--- name: get
-SELECT value, expires_at, updated_at
+-- name: read
+SELECT value, version, size_bytes, expires_at, updated_at, true AS live
 FROM queen.kv
 WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
   AND (expires_at IS NULL OR expires_at > now())
 
+-- name: insert
+-- A key with no row at all. DO NOTHING when a concurrent call created it first: the caller
+-- then locks that row and judges again (ON CONFLICT waited for its transaction to end).
+INSERT INTO queen.kv AS kv
+    (tenant_id, namespace, key, value, size_bytes, version, expires_at, updated_at)
+VALUES (%(tenant_id)s, %(namespace)s, %(key)s, %(value)s::jsonb, %(size)s,
+        nextval('queen.kv_version_seq'),
+        CASE WHEN %(ttl_s)s::bigint IS NULL THEN NULL
+             ELSE now() + make_interval(secs => %(ttl_s)s::double precision) END,
+        now())
+ON CONFLICT (tenant_id, namespace, key) DO NOTHING
+RETURNING version, expires_at, updated_at
+
+-- name: update
+-- A locked row rewritten: keep_expiry (an incr on a live counter) leaves its expiry alone,
+-- anything else sets the one the write declared (a put never inherits the old one).
+UPDATE queen.kv
+SET value = %(value)s::jsonb, size_bytes = %(size)s, version = nextval('queen.kv_version_seq'),
+    expires_at = CASE WHEN %(keep_expiry)s THEN expires_at
+                      WHEN %(ttl_s)s::bigint IS NULL THEN NULL
+                      ELSE now() + make_interval(secs => %(ttl_s)s::double precision) END,
+    updated_at = now()
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
+RETURNING version, expires_at, updated_at
+
 -- name: delete
-WITH gone AS (
-    DELETE FROM queen.kv
-    WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
-    RETURNING size_bytes, expires_at IS NULL OR expires_at > now() AS live
-)
-SELECT size_bytes, live FROM gone
+DELETE FROM queen.kv
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = %(key)s
+
+-- name: get_many
+SELECT key, value, version, size_bytes, expires_at, updated_at
+FROM queen.kv
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s AND key = ANY(%(keys)s::text[])
+  AND (expires_at IS NULL OR expires_at > now())
+ORDER BY key
+
+-- name: get_prefix
+-- starts_with() is the meaning (no LIKE metacharacters to escape); the range on key is only
+-- there so the primary key drives the scan. One row past the limit tells `truncated`.
+SELECT key, value, version, size_bytes, expires_at, updated_at
+FROM queen.kv
+WHERE tenant_id = %(tenant_id)s AND namespace = %(namespace)s
+  AND key >= %(prefix)s AND (%(end)s::text IS NULL OR key < %(end)s::text)
+  AND starts_with(key, %(prefix)s)
+  AND (%(after)s::text IS NULL OR key > %(after)s::text)
+  AND (expires_at IS NULL OR expires_at > now())
+ORDER BY key
+LIMIT %(limit)s + 1
 
 -- name: purge_expired
 -- One batch of expired keys; the purger repeats it while it fills.

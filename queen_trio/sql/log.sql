@@ -139,6 +139,28 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
 ORDER BY c.updated_at NULLS FIRST
 LIMIT %(limit)s
 
+-- name: next_look
+-- For a long poll that found nothing: in how many seconds a partition of the queue with frames
+-- past the group's cursor becomes poppable without anyone saying so (nobody NOTIFYs these):
+-- its lease or its retryDelay hold ends, or its next frame matures (delayedProcessing; a
+-- sealed one counts as mature). 0 or less: one looks poppable already (another consumer held
+-- its cursor as we looked); NULL: none will until a NOTIFY. The same partitions, cursors and
+-- tests as pop_candidates.
+SELECT extract(epoch FROM min(coalesce(greatest(
+           c.lease_expires_at, c.retry_at,
+           (SELECT f.created_at + make_interval(secs => q.delayed_processing_s)
+            FROM queen.frames f
+            WHERE q.delayed_processing_s > 0 AND f.partition_id = p.partition_id
+              AND f."offset" = greatest(c.committed + 1, p.log_start))),
+       now())) - now())::float8 AS in_s
+FROM queen.queues q
+JOIN queen.partitions p ON p.queue_id = q.queue_id
+LEFT JOIN queen.cursors c
+       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
+WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
 -- commit; a concurrent creator waits on it and then skips). It starts before log_start.
@@ -327,6 +349,12 @@ UPDATE queen.cursors
 SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(seconds)s))
 WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s AND lease_expires_at > now()
 RETURNING lease_expires_at
+
+-- name: live_leases
+-- The leases of a transaction's requiredLeases that are still live.
+SELECT lease_id FROM queen.cursors
+WHERE tenant_id = %(tenant_id)s AND lease_id = ANY(%(lease_ids)s::uuid[])
+  AND lease_expires_at > now()
 
 -- name: lease_exists
 SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s

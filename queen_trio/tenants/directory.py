@@ -4,7 +4,8 @@ request-rate quota.
 Plans and stored-byte figures are reloaded every second, and at once when the CLI changes a plan
 (it NOTIFYs ``queen_tenants``), so a plan change reaches every running broker within a second.
 Verified tokens are remembered for the same second, so a revoked token stops working within a
-second too, without a database round trip on every request.
+second too, without a database round trip on every request. Failed lookups are limited per
+client address before they reach the database (:mod:`queen_trio.tenants.failures`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 import trio
 
 from ..db import Database, Listener
-from ..db.transient import TRANSIENT_ERRORS
-from . import store
+from ..db.transient import TRANSIENT_ERRORS, CountError, backoff_s, survived
+from . import store, tokens
+from .failures import FailedAuthLimiter
 from .store import PLANS_CHANNEL, Plan
 
 _REFRESH_S = 1.0
@@ -32,14 +34,27 @@ class _Bucket:
     stamp: float
 
 
+class AuthThrottled(Exception):
+    """Too many failed authentications from this client address: retry after ``wait_s``."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"retry after {wait_s:.3f} s")
+        self.wait_s = wait_s
+
+
 class TenantDirectory:
     def __init__(self, db: Database, default_tenant_id: int, *,
-                 max_message_bytes: int = 1024 * 1024) -> None:
+                 max_message_bytes: int = 1024 * 1024, auth_failures_per_s: int = 10,
+                 count_error: CountError | None = None) -> None:
         self._max_message_bytes = max_message_bytes
+        self._count_error = count_error
         self._db = db
         self.default_tenant_id = default_tenant_id
         self._plans: dict[int, Plan] = {}
+        # token -> (tenant, verified until). Kept past that instant: a token verified once
+        # is re-checked without spending its client's failure budget.
         self._tokens: dict[str, tuple[int, float]] = {}
+        self._failures = FailedAuthLimiter(auth_failures_per_s)
         self._buckets: dict[int, _Bucket] = {}
         self.loaded = trio.Event()
 
@@ -51,14 +66,23 @@ class TenantDirectory:
         await self.refresh()
         with listener.subscribe(PLANS_CHANNEL) as changes:
             task_status.started()
+            failures = 0  # refreshes in a row that failed with something not transient
             while True:
                 with trio.move_on_after(_REFRESH_S):
                     await changes.receive()  # a plan changed (or MISSED): reload now
                 try:
                     await self.refresh()
+                    failures = 0
                 except TRANSIENT_ERRORS as exc:
                     # Keep serving with the plans we have; the next second tries again.
                     log.warning("tenant plans not refreshed: %s", str(exc).strip())
+                except Exception as exc:
+                    # The same, after a back-off: a tenant row we cannot load never stops the
+                    # broker.
+                    failures += 1
+                    survived(log, "tenants", "the refresh of tenant plans and usage", exc,
+                             self._count_error)
+                    await trio.sleep(backoff_s(failures, _REFRESH_S) - _REFRESH_S)
 
     async def refresh(self) -> None:
         plans = await self._db.run(store.fold_usage_and_load_plans)
@@ -73,16 +97,35 @@ class TenantDirectory:
             plan = Plan(tenant_id, "", None, None, None, 0)
         return plan
 
-    async def authenticate(self, token: str) -> int | None:
+    def tenant_named(self, name: str) -> int | None:
+        """The id of the tenant called ``name`` (as of the last plan refresh), or None."""
+        return next((p.tenant_id for p in self._plans.values() if p.name == name), None)
+
+    async def authenticate(self, token: str, client: str = "") -> int | None:
+        """The tenant of a bearer token, or None; :class:`AuthThrottled` when ``client`` (its
+        address) has failed too often to be worth a database lookup now."""
         now = time.monotonic()
         cached = self._tokens.get(token)
         if cached is not None and cached[1] > now:
             return cached[0]
+        if tokens.parse(token) is None:  # malformed: no row could match
+            return None
+        if cached is None:
+            if self._failures.known_bad(token):
+                return None
+            wait = self._failures.take(client)
+            if wait is not None:
+                raise AuthThrottled(wait)
         tenant_id = await self._db.run(store.tenant_for_token, token)
-        if tenant_id is not None:
-            if len(self._tokens) > 10_000:
-                self._tokens.clear()
-            self._tokens[token] = (tenant_id, now + _TOKEN_CACHE_S)
+        if tenant_id is None:
+            self._tokens.pop(token, None)  # revoked: from now on, like any bad token
+            self._failures.failed(token)
+            return None
+        if cached is None:
+            self._failures.succeeded(client)
+        if len(self._tokens) > 10_000:
+            self._tokens.clear()
+        self._tokens[token] = (tenant_id, now + _TOKEN_CACHE_S)
         return tenant_id
 
     def admit(self, tenant_id: int) -> float | None:

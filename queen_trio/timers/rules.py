@@ -18,14 +18,13 @@ import binascii
 import dataclasses
 import io
 import json
-import math
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import zstandard
 
+from .. import strict_json
 from ..errors import Forbidden, PayloadTooLarge, ValidationError
 from ..log import rules as log_rules
 from ..text import utf8_name
@@ -38,6 +37,8 @@ MAX_COUNT_PREFIX_BYTES = 128
 MAX_OPS_PER_CALL = 256  # Queen's ceiling on the operations of one POST /api/v1/timers
 # Below this, zstd's frame header alone outweighs what it could save.
 MIN_COMPRESSED_BYTES = 64
+# How much of a payload jsonb refused its dead letter shows (rules.undecodable).
+PREVIEW_BYTES = 256
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
 # Fields the broker owns (queen-mq's timers/ops.py SERVER_OWNED, and any name starting with
@@ -116,7 +117,7 @@ def schedule(
     delay = _delay(body, prefix, horizon_s)
     if "payload" not in body:
         raise ValidationError("missing_field", f"{prefix}payload is required")
-    raw = _compact(body["payload"], ceiling, where or "timer")
+    raw = log_rules.payload_json(body["payload"], ceiling, where or "timer").encode()
     txn = body.get("txn")
     return Schedule(
         queue=log_rules.queue_name(queue, f"{prefix}queue"),
@@ -259,39 +260,14 @@ def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> tuple[A
             "ceiling",
         )
     try:
-        value = decode_json_payload(raw)
-    except ValueError as exc:
+        value = strict_json.loads(raw, what=f"{where}.payload")
+    except strict_json.JsonRefused as exc:
         raise ValidationError(
             "invalid_payload", f"{where}.payload is not a JSON document this broker can store: "
-                               f"{exc}"
+                               f"{exc.message}" + (f" (at {exc.path})" if exc.path else "")
         ) from None
-    # The ceiling is measured on the compact JSON, as for every message.
-    return value, _compact(value, ceiling, where)
-
-
-# Compact JSON, as the ceilings measure it and as a timer's payload is stored.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _compact(value: Any, ceiling: int, where: str) -> bytes:
-    """``value``'s compact JSON in UTF-8, refused past ``ceiling`` bytes or if JSON cannot carry
-    it (NaN, an unpaired surrogate)."""
-    try:
-        raw = _COMPACT.encode(value).encode()
-    except UnicodeEncodeError:
-        raise ValidationError(
-            "invalid_payload", f"{where}: payload contains an unpaired UTF-16 surrogate"
-        ) from None
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise ValidationError("invalid_payload", f"{where}: payload is not JSON: {exc}") \
-            from None
-    if len(raw) > ceiling:
-        raise PayloadTooLarge(
-            "payload_too_large",
-            f"{where}: payload is {len(raw)} bytes, above the {ceiling}-byte timer payload "
-            "ceiling",
-        )
-    return raw
+    # The ceiling is measured on the compact JSON, as for every message; it is what is stored.
+    return value, log_rules.payload_json(value, ceiling, where).encode()
 
 
 def _decompress_bounded(raw: bytes, ceiling: int, where: str) -> bytes:
@@ -309,60 +285,6 @@ def _decompress_bounded(raw: bytes, ceiling: int, where: str) -> bytes:
             f"{where}: the decompressed payload is above the {ceiling}-byte timer payload ceiling",
         )
     return out
-
-
-def decode_json_payload(raw: bytes) -> Any:
-    """``raw`` as a JSON value PostgreSQL's jsonb can store, or ValueError.
-
-    Strict: UTF-8, no NaN or Infinity, no number beyond a double, no "\\u0000" and no unpaired
-    surrogate in a string. The one place a timer's payload bytes are judged (the broker's shared
-    strict JSON decoder belongs here when it exists).
-    """
-    try:
-        text = raw.decode("utf-8")
-        value = _STRICT.decode(text)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 ({exc.reason})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at character {exc.pos})") from None
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if "\\u" in text:  # only an escape can spell a NUL or a lone surrogate
-        for string in _strings(value):
-            if "\x00" in string:
-                raise ValueError("a string contains \\u0000")
-            try:
-                string.encode()
-            except UnicodeEncodeError:
-                raise ValueError("a string contains an unpaired UTF-16 surrogate") from None
-    return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
-_STRICT = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
-def _strings(value: Any) -> Iterator[str]:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            yield v
-        elif isinstance(v, dict):
-            yield from v.keys()
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
 
 
 def list_limit(raw: str | None) -> int:
@@ -423,6 +345,24 @@ def unpack_text(blob: bytes, compressed: bool) -> str:
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"stored payload cannot be decoded: {exc}") from exc
     return text
+
+
+def undecodable(blob: bytes, compressed: bool) -> dict[str, Any]:
+    """What a dead letter holds in place of a stored payload jsonb cannot hold (it cannot be
+    decoded, or PostgreSQL refuses it: NaN, a \\u0000 escape…): its stored size and, if it
+    can be decompressed, the start of its text, with anything jsonb would refuse escaped."""
+    described: dict[str, Any] = {"undecodablePayloadBytes": len(blob)}
+    data = blob[:PREVIEW_BYTES]
+    if compressed:
+        try:
+            with _decompressor().stream_reader(blob) as reader:  # only the start is read
+                data = reader.read(PREVIEW_BYTES)
+        except zstandard.ZstdError:
+            described["compressed"] = "cannot be decompressed"
+            return described
+    preview = data.decode("utf-8", "backslashreplace")
+    described["payloadPreview"] = preview.replace("\x00", "\\x00")
+    return described
 
 
 def backoff_ms(attempts: int, first_ms: int) -> int:

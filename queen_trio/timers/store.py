@@ -18,6 +18,7 @@ import psycopg
 
 from ..db import queries
 from ..db.rows import one
+from ..db.transient import TRANSIENT_ERRORS, describe
 from ..log import rules as log_rules
 from ..log import store as log_store
 from . import rules
@@ -188,7 +189,8 @@ class Claimed:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SweepResult:
-    fired: list[datetime]  # deliver_at of each timer PostgreSQL fired (and committed)
+    # (tenant, deliver_at) of each timer PostgreSQL fired (and committed)
+    fired: list[tuple[int, datetime]]
     rows: list[Claimed]  # claimed for the broker to fire, in due order
     next_due: float | None  # epoch seconds (database clock) of the earliest visible_at
     db_now: float  # epoch seconds (database clock) at the end of the statement
@@ -233,7 +235,7 @@ def sweep(
         Q.sweep if pop is None else Q.sweep_and_pop, params,
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
-    fired: list[datetime] = []
+    fired: list[tuple[int, datetime]] = []
     claimed: list[Claimed] = []
     next_due = db_now = None
     popped = None
@@ -243,7 +245,7 @@ def sweep(
             popped = log_store.head_outcome_from_json(pop, r["popped"]) if r["popped"] else None
             db_now = r["db_now"]  # read after the pop: the statement's true end
         elif r["fired"]:
-            fired.append(r["deliver_at"])
+            fired.append((r["tenant_id"], r["deliver_at"]))
         elif r["fired"] is None:
             next_due, db_now = r["next_due"], r["db_now"]
         else:
@@ -267,6 +269,9 @@ class FireResult:
     failed: list[tuple[Claimed, str]]  # permanent failures that spent an attempt
     dead_lettered: list[tuple[Claimed, str]]
     lost: int  # rows whose claim was no longer ours
+    # Rows among failed or dead_lettered whose fire raised something nobody foresaw (not a
+    # payload PostgreSQL refused): a trigger's error, a bug. The sweeper logs them at ERROR.
+    unexpected: list[tuple[Claimed, Exception]] = dataclasses.field(default_factory=list)
 
 
 def fire(
@@ -314,11 +319,69 @@ def fire(
     return FireResult(mine, failed, dead, len(ready) - len(mine))
 
 
+def fire_each(
+    raw: Raw, token: uuid.UUID, claimed: list[Claimed], *, ceilings: dict[int, int],
+    max_attempts: int, backoff_ms: int,
+) -> FireResult:
+    """:func:`fire`, one row at a time, each under a savepoint, in the caller's transaction:
+    for a batch whose :func:`fire` failed as a whole with an error that is not transient.
+
+    PostgreSQL is the judge of each row: one whose fire raises (a payload jsonb refuses, such
+    as NaN or a \\u0000 escape that Python's json accepts; a trigger's error; anything else
+    that is not transient trouble) spends an attempt, or is dead-lettered once the budget is
+    spent, like any permanent failure, and the others fire. Transient trouble still fails the
+    whole fire, spending no attempt.
+    """
+    fired: list[Claimed] = []
+    failed: list[tuple[Claimed, str]] = []
+    dead: list[tuple[Claimed, str]] = []
+    unexpected: list[tuple[Claimed, Exception]] = []
+    lost = 0
+    for c in claimed:
+        try:
+            with raw.transaction():
+                one = fire(raw, token, [c], ceilings=ceilings, max_attempts=max_attempts,
+                           backoff_ms=backoff_ms)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            error = _failure_text(exc)
+            if not isinstance(exc, psycopg.DataError):
+                unexpected.append((c, exc))
+            if _spend_attempt(raw, token, c, error, max_attempts, backoff_ms):
+                dead.append((c, error))
+            else:
+                failed.append((c, error))
+            continue
+        fired += one.fired
+        failed += one.failed
+        dead += one.dead_lettered
+        lost += one.lost
+    return FireResult(fired, failed, dead, lost, unexpected)
+
+
+# The longest error text a timer row or a dead letter keeps.
+_MAX_ERROR_CHARS = 1000
+
+
+def _failure_text(exc: Exception) -> str:
+    """Why a row's fire failed, as its last_error and its dead letter record it."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate:
+        return f"PostgreSQL refused the fire: {describe(exc)}"
+    return f"the fire failed: {describe(exc)}"
+
+
+def _storable(error: str) -> str:
+    """``error`` as a text column can hold it (no NUL) and bounded."""
+    return error.replace("\x00", "\\x00")[:_MAX_ERROR_CHARS]
+
+
 def _spend_attempt(
     raw: Raw, token: uuid.UUID, c: Claimed, error: str, max_attempts: int, backoff_ms: int
 ) -> bool:
     """Record a permanent failure; True if it exhausted the budget (row dead-lettered)."""
     where = {"tenant_id": c.tenant_id, "queue": c.queue, "key": c.key, "token": token}
+    error = _storable(error)
     attempts = c.attempts + 1
     if attempts < max_attempts:
         _planned_now(raw, Q.fail_timer, {**where, "error": error,
@@ -327,19 +390,29 @@ def _spend_attempt(
     deleted = _planned_now(raw, Q.delete_claimed, where).fetchone()
     if deleted is None:
         return False  # no longer ours: whoever holds it now decides
-    try:
-        payload = rules.unpack(c.payload, c.payload_zstd)
-    except ValueError:
-        payload = {"undecodablePayloadBytes": len(c.payload)}
     log_store.ensure_queue(raw, c.tenant_id, c.queue)
-    text = log_store.to_json(payload)
-    raw.execute(Q.dead_letter_timer, {
-        "tenant_id": c.tenant_id, "queue": c.queue, "partition": c.partition, "txn": c.txn,
-        "payload": text, "attempts": attempts, "error": error,
-    })
+    text = _dead_letter(raw, c, attempts, error)
     # The bytes move from the timer row to the dead letter (whose size is its JSON text).
     log_store.add_usage(raw, c.tenant_id, len(text.encode()) - c.payload_bytes)
     return True
+
+
+def _dead_letter(raw: Raw, c: Claimed, attempts: int, error: str) -> str:
+    """Write the dead letter of a timer past its budget; answers the JSON text it holds: the
+    payload, or, if it cannot be decoded or PostgreSQL refuses it as jsonb, a description of
+    it (rules.undecodable)."""
+    row = {"tenant_id": c.tenant_id, "queue": c.queue, "partition": c.partition, "txn": c.txn,
+           "attempts": attempts, "error": error}
+    try:
+        text = rules.unpack_text(c.payload, c.payload_zstd)
+        with raw.transaction():  # a savepoint: PostgreSQL judges what jsonb can hold
+            raw.execute(Q.dead_letter_timer, {**row, "payload": text})
+        return text
+    except (ValueError, psycopg.DataError):
+        pass
+    text = log_store.to_json(rules.undecodable(c.payload, c.payload_zstd))
+    raw.execute(Q.dead_letter_timer, {**row, "payload": text})
+    return text
 
 
 def release(raw: Raw, token: uuid.UUID) -> int:

@@ -9,7 +9,7 @@ const API = "/api/v1";
 const HISTORY = 150; // samples kept for the fire-lag chart and rates (5 min at 2 s)
 
 const state = {
-  samples: [], // {t, lag: {le: cumulative}, lagCount, pushed, popped, acked}
+  samples: [], // {t, broker, lag: {le: cumulative}, lagCount, pushed, popped, acked}
   peek: null, // {queue, key, answer}
   notice: null, // {text, error}
   timer: null,
@@ -98,31 +98,14 @@ async function api(path, options) {
   return { status: response.status, body };
 }
 
-async function metricsText() {
-  const response = await fetch("/metrics", { cache: "no-store", credentials: "omit" });
-  return response.ok ? response.text() : "";
-}
+// -- this tenant's counters (GET /api/v1/stats): the fire-lag histogram, pushes, pops, acks ---
 
-// -- Prometheus text: the fire-lag histogram and the push/pop/ack counters --------------------
-
-function parseMetrics(text) {
-  const lag = {};
-  let lagCount = 0, pushed = 0, popped = 0, acked = 0;
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const m = /^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)/.exec(line);
-    if (!m) continue;
-    const [, name, labels, raw] = m;
-    const value = Number(raw);
-    if (name === "queen_timers_fire_lag_seconds_bucket") {
-      const le = /le="([^"]+)"/.exec(labels || "");
-      if (le) lag[le[1]] = value;
-    } else if (name === "queen_timers_fire_lag_seconds_count") lagCount = value;
-    else if (name === "queen_messages_pushed_total") pushed += value;
-    else if (name === "queen_messages_popped_total") popped += value;
-    else if (name === "queen_acks_total") acked += value;
-  }
-  return { lag, lagCount, pushed, popped, acked };
+async function stats() {
+  const answer = await api(`${API}/stats`);
+  if (answer.status !== 200 || !answer.body) return null;
+  const b = answer.body;
+  return { broker: b.broker, lag: b.timerFireLag.buckets, lagCount: b.timerFireLag.count,
+    pushed: b.pushed, popped: b.popped, acked: b.acked };
 }
 
 // Like PromQL's histogram_quantile: linear inside the bucket the rank falls in.
@@ -152,6 +135,9 @@ function delta(now, then) {
 }
 
 function record(sample) {
+  // Counters of another broker (another worker, or a restart) do not subtract from these.
+  const last = state.samples[state.samples.length - 1];
+  if (last && last.broker !== sample.broker) state.samples = [];
   state.samples.push(sample);
   if (state.samples.length > HISTORY) state.samples.shift();
 }
@@ -427,8 +413,8 @@ async function refresh() {
   const status = document.getElementById("status");
   document.getElementById("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY);
   try {
-    const text = await metricsText().catch(() => "");
-    if (text) record({ t: Date.now(), ...parseMetrics(text) });
+    const sample = await stats();
+    if (sample) record({ t: Date.now(), ...sample });
     let content;
     if (r.page === "queues") content = await queueList();
     else if (r.page === "queue") content = await queuePage(decodeURIComponent(r.arg));

@@ -415,9 +415,9 @@ CREATE OR REPLACE FUNCTION queen.sweep_lead_s() RETURNS float8
 LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 
 -- One sweep's work at the instant p_now: lock up to p_batch due rows, fire the leading run
--- PostgreSQL can fire itself (when p_fire), claim the rest. Raises data_exception if a payload
--- taken for a direct fire is not JSON text; the caller (queen.sweep_timers) runs it inside an
--- EXCEPTION block.
+-- PostgreSQL can fire itself (when p_fire), claim the rest. Raises (data_exception, say) if a
+-- payload taken for a direct fire cannot become a frame; the caller (queen.sweep_timers) runs
+-- it inside an EXCEPTION block.
 --
 -- Why the lock, the fire and the claims are all made here, by the one (sub)transaction of the
 -- caller's EXCEPTION block: so that a fired timer's row leaves an index entry the next scan can
@@ -446,6 +446,7 @@ DECLARE
     v_ctids tid[];
     v_direct integer;
     v_fired timestamptz[] := '{}';
+    v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
 BEGIN
     SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
@@ -481,7 +482,7 @@ BEGIN
                       t.message_id, convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                       t.deliver_at
         )
-        SELECT array_agg(g.deliver_at ORDER BY g.ord),
+        SELECT array_agg(g.deliver_at ORDER BY g.ord), array_agg(g.tenant_id ORDER BY g.ord),
                queen.append_timer_frames(
                    array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
                    array_agg(g.timer_key ORDER BY g.ord),
@@ -489,7 +490,7 @@ BEGIN
                    array_agg(g.message_id ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
                    array_agg(g.payload_bytes ORDER BY g.ord),
                    array_agg(g.deliver_at ORDER BY g.ord))
-        INTO v_fired, v_appended
+        INTO v_fired, v_fired_tenants, v_appended
         FROM gone g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
@@ -498,10 +499,10 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT true, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+    SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
            NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
            NULL::float8, NULL::float8
-    FROM unnest(v_fired) AS f(at);
+    FROM unnest(v_fired, v_fired_tenants) AS f(at, tenant);
 
     IF v_direct < cardinality(v_ctids) THEN
         RETURN QUERY
@@ -529,9 +530,9 @@ $fn$;
 -- claim_token) and returned with fired = false, so the broker fires them in order after these.
 -- Answers one row per fired timer (fired = true, deliver_at only), one per claimed timer, and
 -- one clock row (fired IS NULL) with the earliest visible_at left and the database's clock.
--- A malformed stored payload (data_exception) undoes the direct fire and falls back to
--- claiming every row, so the broker spends that timer's attempt and fires the others. The work
--- itself is queen.sweep_due's.
+-- A row that cannot become a frame (a malformed stored payload, or any error but the database's
+-- own trouble) undoes the direct fire and falls back to claiming every row, so the broker
+-- spends that timer's attempt and fires the others. The work itself is queen.sweep_due's.
 --
 -- p_not_before (epoch seconds, the database's clock; NULL: at once) is the instant the sweep
 -- was planned for, and the fire is staged just ahead of it and committed at it. An idle sweep
@@ -569,9 +570,18 @@ BEGIN
         -- if it raises, nothing of it has been returned.)
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, p_fire, v_now);
-    EXCEPTION WHEN data_exception THEN
-        -- A payload PostgreSQL could not turn into a frame: the block's locks, deletes and
-        -- frames are gone; claim every due row for the broker, which fires or fails each.
+    EXCEPTION WHEN OTHERS THEN
+        -- Trouble of the database itself (connection, serialization failure or deadlock,
+        -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
+        -- tried again, spending no attempt (queen_trio/db/transient.py).
+        IF left(SQLSTATE, 2) IN ('08', '40', '53', '57', '58')
+           OR SQLSTATE IN ('25006', '55P03') THEN
+            RAISE;
+        END IF;
+        -- Anything else is a row that cannot become a frame: a payload jsonb refuses (NaN,
+        -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
+        -- deletes and frames are gone; claim every due row for the broker, which fires them
+        -- one by one if the batch fails again, and only the rows at fault spend an attempt.
         RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
                                                    p_max_payload, false, v_now);
     END;

@@ -120,9 +120,10 @@ class Browser:
 
 
 @asynccontextmanager
-async def chromium(user_data_dir: Path, width: int = 1280,
-                   height: int = 900) -> AsyncIterator[Browser]:
-    """A headless chromium with one page attached, closed on exit."""
+async def chromium(user_data_dir: Path, width: int = 1280, height: int = 900,
+                   extra_args: tuple[str, ...] = ()) -> AsyncIterator[Browser]:
+    """A headless chromium with one page attached, closed on exit. ``extra_args``: more
+    command-line switches (``--host-resolver-rules=MAP name 127.0.0.1``)."""
     binary = chromium_binary()
     commands_r, commands_w = os.pipe()
     answers_r, answers_w = os.pipe()
@@ -140,7 +141,7 @@ async def chromium(user_data_dir: Path, width: int = 1280,
             "--hide-scrollbars", "--mute-audio", "--disable-breakpad", "--disable-crash-reporter",
             "--remote-debugging-pipe",
             f"--user-data-dir={user_data_dir}", f"--window-size={width},{height}",
-            "about:blank"]
+            *extra_args, "about:blank"]
     process = await trio.lowlevel.open_process(
         args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         pass_fds=(3, 4), preexec_fn=child_fds,

@@ -138,6 +138,33 @@ def test_an_unreachable_database_is_one_line_and_exit_1(command: str, url: str) 
     assert ("port 2 failed" in lines[0]) == ("," in url)  # every host tried is named
 
 
+@pytest.mark.parametrize("command", ["migrate", "serve", "tenants list"])
+def test_a_database_that_never_answers_is_one_line_within_the_connect_timeout(
+    command: str,
+) -> None:
+    """A host that accepts the connection and never says a word (a stalled server, a
+    half-open firewall) costs QUEEN_DB_CONNECT_TIMEOUT_S, not libpq's 130 s."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # connects complete in the kernel; nothing is ever accepted or said
+        url = f"postgresql://postgres@127.0.0.1:{hole.getsockname()[1]}/queen"
+        started = time.monotonic()
+        result = subprocess.run(
+            CLI + command.split(),
+            env=_env(QUEEN_DATABASE_URL=url, QUEEN_DB_CONNECT_TIMEOUT_S="2"),
+            capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - started
+    lines = result.stderr.strip().splitlines()
+    if command.startswith("tenants"):
+        assert result.returncode == 5, result.stderr
+        lines = lines[1:]  # the first line says which database
+    else:
+        assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and "cannot reach the database" in lines[0], result.stderr
+    assert "QUEEN_DB_CONNECT_TIMEOUT_S" in lines[0], lines[0]
+    assert took < 30, took  # 2 s and a Python start-up; wide for a loaded machine
+
+
 def test_version_and_help() -> None:
     version = subprocess.run(CLI + ["version"], capture_output=True, text=True, check=True)
     assert version.stdout.startswith("queen-trio ")

@@ -237,3 +237,57 @@ async def test_the_dashboard_asks_for_a_token(
             == tokens["alpha"]
         await browser.evaluate("document.querySelector('#forget-token').click()")
         await browser.wait_for("!!document.querySelector('#token-form')")
+
+
+CARD = ("[...document.querySelectorAll('.card')].find(c => c.querySelector('.label')"
+        ".textContent === {label!r})?.querySelector('.value').textContent")
+
+
+async def test_a_tenants_dashboard_counts_only_its_own_traffic(
+    auth_broker: tuple[BrokerHandle, dict[str, str]], tmp_path: Path
+) -> None:
+    """Rates and fire lag come from the tenant's own /api/v1/stats, not from /metrics (every
+    tenant's traffic together, and the operator's only when auth is on)."""
+    broker, tokens = auth_broker
+    beta_pushing = trio.Event()
+
+    async def beta_pushes(stop: trio.Event) -> None:
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10, headers={
+                "Authorization": f"Bearer {tokens['beta']}"}) as beta:
+            while not stop.is_set():
+                r = await beta.post(f"{API}/push", json={"items": [
+                    {"queue": "beta-q", "payload": n} for n in range(20)]})
+                assert r.status_code == 201, r.text
+                r = await beta.put(f"{API}/timers/beta-q/t{trio.current_time()}",
+                                   json={"delayMs": 0, "payload": 1})
+                assert r.status_code == 200, r.text
+                beta_pushing.set()
+                await trio.sleep(0.1)
+
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery, chromium(tmp_path / "profile") as browser:
+        nursery.start_soon(beta_pushes, stop)
+        await beta_pushing.wait()
+        await browser.goto(f"{broker.url}/ui#/overview")
+        await browser.wait_for("!!document.querySelector('#token-form')")
+        await browser.evaluate(
+            f"document.querySelector('#token').value = {tokens['alpha']!r};"
+            "document.querySelector('#token-form').requestSubmit()")
+        await browser.wait_for("document.querySelector('#status')?.textContent === 'live'")
+        # Rates are known after two samples; beta pushes about 200 messages a second meanwhile.
+        push_rate = CARD.format(label="push / s")
+        await browser.wait_for(f"({push_rate} || '\u2026') !== '\u2026'", timeout=15)
+        await trio.sleep(4.5)  # two more samples, while beta keeps pushing
+        assert await browser.evaluate(push_rate) == "0.0"
+        assert "no timer fired since this page opened" in await browser.evaluate(
+            "document.body.innerText")
+        # alpha's own pushes do show.
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10, headers={
+                "Authorization": f"Bearer {tokens['alpha']}"}) as alpha:
+            for _ in range(5):
+                r = await alpha.post(f"{API}/push", json={"items": [
+                    {"queue": "alpha-q", "payload": n} for n in range(50)]})
+                assert r.status_code == 201, r.text
+                await trio.sleep(0.5)
+        await browser.wait_for(f"Number({push_rate}) > 0", timeout=10)
+        stop.set()

@@ -4,7 +4,7 @@ own keys, so they can share it), on a database of its own."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -13,9 +13,12 @@ from ..brokers import BrokerProcess
 from ..pgserver import Databases
 
 
-def start_broker(databases: Databases, name: str, env: dict[str, str] | None = None
-                 ) -> Iterator[BrokerProcess]:
+def start_broker(databases: Databases, name: str, env: dict[str, str] | None = None,
+                 prepare: Callable[[str], object] | None = None) -> Iterator[BrokerProcess]:
+    """A healthy broker on a database of its own (``prepare(url)`` runs first)."""
     url = databases.create()
+    if prepare is not None:
+        prepare(url)
     broker = BrokerProcess(url, name=name, env=env).start()
     try:
         deadline = time.monotonic() + 30

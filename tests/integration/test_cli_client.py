@@ -94,13 +94,13 @@ async def test_push_and_pop(qt: Cli) -> None:
 
 async def test_kv(qt: Cli) -> None:
     code, r = await qt.json("kv", "put", "saga", "b-1", '{"step": "held"}', "--ttl", "1h")
-    assert code == 0 and r["created"] is True and r["expires_at"]
+    assert code == 0 and r["applied"] is True and r["expires_at"] and r["version"] > 0
     code, out, _ = await qt("kv", "get", "saga", "b-1")
     assert code == 0 and json.loads(out) == {"step": "held"}
     code, r = await qt.json("kv", "get", "saga", "b-1")
     assert code == 0 and r["value"] == {"step": "held"}
     code, r = await qt.json("kv", "delete", "saga", "b-1")
-    assert code == 0 and r["deleted"] is True
+    assert code == 0 and r["applied"] is True
     code, out, _ = await qt("kv", "get", "saga", "b-1")
     assert code == 3 and out.startswith("absent")
 

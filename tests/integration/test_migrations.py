@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from queen_trio.db.migrations import (
     FunctionFile,
@@ -21,6 +22,8 @@ from queen_trio.db.migrations import (
     discover_functions,
 )
 from queen_trio.errors import MigrationError
+from queen_trio.kv import rules as kv_rules
+from queen_trio.kv import store as kv_store
 
 from ..schema_snapshot import assert_matches_snapshot, dump
 
@@ -254,3 +257,56 @@ def test_an_incomplete_old_history_is_refused(empty_database_url: str) -> None:
     with pytest.raises(MigrationError, match="before schema/001_baseline.sql"):
         apply_migrations(empty_database_url)
     assert len(_recorded(empty_database_url)) == 14
+
+
+# 004: KV rows get a version each, and keep everything else -------------------------------------
+
+
+def test_kv_rows_written_before_004_are_kept_whole_and_versioned(
+    empty_database_url: str,
+) -> None:
+    url = empty_database_url
+    before_004 = [m for m in discover() if m.version < 4]
+    apply_migrations(url, before_004)
+    columns = "tenant_id, namespace, key, value, size_bytes, expires_at, updated_at"
+    with psycopg.connect(url, autocommit=True) as conn:
+        (tenant,) = conn.execute("SELECT tenant_id FROM queen.tenants").fetchone()
+        conn.execute(f"""
+            INSERT INTO queen.kv ({columns}) VALUES
+                (%(t)s, 'saga', 'b-1', '{{"step": "held"}}', 16, NULL, now() - interval '1 day'),
+                (%(t)s, 'saga', 'b-2', '2', 1, now() + interval '1 hour', now()),
+                (%(t)s, 'saga', 'gone', '3', 1, now() - interval '1 second', now()),
+                (%(t)s, 'Old:Names', 'k', '"legacy"', 8, NULL, now())""", {"t": tenant})
+        old = conn.execute(f"SELECT {columns} FROM queen.kv ORDER BY namespace, key").fetchall()
+
+    assert apply_migrations(url) == [m.version for m in discover() if m.version >= 4]
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        kept = conn.execute(f"SELECT {columns}, version FROM queen.kv "
+                            f"ORDER BY namespace, key").fetchall()
+        assert [tuple(r[c] for c in columns.split(", ")) for r in kept] == old
+        versions = [r["version"] for r in kept]
+        assert all(v > 0 for v in versions) and len(set(versions)) == len(versions)
+
+        def call(*ops: dict) -> list[dict]:
+            parsed = [kv_rules.parse_op(i, op, ceiling=kv_rules.MAX_VALUE_BYTES)
+                      for i, op in enumerate(ops)]
+            with conn.transaction():
+                return kv_store.apply(conn, tenant, parsed)
+
+        by_key = {r["key"]: r for r in kept}
+        # A row without a TTL reads as forever; each answers its version; the expired one is
+        # still absent; a namespace of the old rule is still readable and deletable.
+        b1, b2, gone, legacy = call({"op": "get", "ns": "saga", "key": "b-1"},
+                                    {"op": "get", "ns": "saga", "key": "b-2"},
+                                    {"op": "get", "ns": "saga", "key": "gone"},
+                                    {"op": "get", "ns": "Old:Names", "key": "k"})
+        assert (b1["value"], b1["expiresAt"], b1["version"]) == (
+            {"step": "held"}, None, by_key["b-1"]["version"])
+        assert b2["found"] and b2["expiresAt"] is not None and not gone["found"]
+        assert legacy["value"] == "legacy"
+        # The version is what expect names from now on; new writes take later ones.
+        [moved] = call({"op": "put", "ns": "saga", "key": "b-1", "value": {"step": "paid"},
+                        "forever": True, "expect": by_key["b-1"]["version"]})
+        assert moved["applied"] and moved["version"] > max(versions)
+        [deleted] = call({"op": "delete", "ns": "Old:Names", "key": "k"})
+        assert deleted["applied"]

@@ -97,20 +97,21 @@ async def test_the_message_ceiling_refuses_big_payloads_and_follows_the_cli(
         {"queue": "q", "payload": text_of(10)}, {"queue": "q", "payload": text_of(200)}]})
     assert_error(r, 413, "payload_too_large")
 
-    assert_error(await http.put(f"{API}/kv/ns/big", json={"value": text_of(200)}),
+    assert_error(await http.put(f"{API}/kv/ns/big", json={"value": text_of(200),
+                                                          "forever": True}),
                  413, "payload_too_large")
-    assert (await http.get(f"{API}/kv/ns/big")).status_code == 404
-    assert (await http.put(f"{API}/kv/ns/small", json={"value": text_of(50)})).status_code == 200
+    assert (await http.get(f"{API}/kv/ns/big")).json()["found"] is False
+    r = await http.put(f"{API}/kv/ns/small", json={"value": text_of(50), "forever": True})
+    assert r.status_code == 200
 
-    r = await http.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.put", "namespace": "ns", "key": "t", "value": 1},
-        {"type": "push", "items": [{"queue": "q", "payload": text_of(200)}]},
-    ]})
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [{"type": "push", "items": [{"queue": "q", "payload": text_of(200)}]}],
+        "kv": [{"op": "put", "ns": "ns", "key": "t", "value": 1, "forever": True}]})
     assert_error(r, 413, "payload_too_large")
-    r = await http.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.put", "namespace": "ns", "key": "t", "value": text_of(200)}]})
+    r = await http.post(f"{API}/transaction", json={"kv": [
+        {"op": "put", "ns": "ns", "key": "t", "value": text_of(200), "forever": True}]})
     assert_error(r, 413, "payload_too_large")
-    assert (await http.get(f"{API}/kv/ns/t")).status_code == 404
+    assert (await http.get(f"{API}/kv/ns/t")).json()["found"] is False
     detail = (await http.get(f"{API}/resources/queues/q")).json()
     assert detail["totals"]["messages"] == 2
 
@@ -128,7 +129,8 @@ async def test_the_message_ceiling_refuses_big_payloads_and_follows_the_cli(
     await eventually(accepted, timeout=2.0)
     assert trio.current_time() - changed_at < 1.5
     assert_error(await push(http, "q", text_of(301)), 413, "payload_too_large")
-    assert (await http.put(f"{API}/kv/ns/big", json={"value": text_of(200)})).status_code == 200
+    r = await http.put(f"{API}/kv/ns/big", json={"value": text_of(200), "forever": True})
+    assert r.status_code == 200
 
     # Out-of-range plan values are a usage error and change nothing.
     rc, _, err = await run_cli(database_url, "plan", "default", "--max-message-bytes", "0")
@@ -147,7 +149,7 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
 ) -> None:
     set_plan(database_url, max_stored_bytes=300, set_stored=True)
     await plan_loaded(broker, max_stored_bytes=300)
-    r = await http.put(f"{API}/kv/saga/k1", json={"value": "v"})
+    r = await http.put(f"{API}/kv/saga/k1", json={"value": "v", "forever": True})
     assert r.status_code == 200, r.text
 
     # Usage is folded once a second: keep pushing until the gate closes.
@@ -162,14 +164,21 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
 
     # Every write that adds storage is refused, whatever the route.
     assert_error(await push(http, "other", 1), 507, "storage_full")
-    assert_error(await http.put(f"{API}/kv/saga/k2", json={"value": 1}), 507, "storage_full")
-    assert_error(await http.put(f"{API}/kv/saga/k1", json={"value": "w"}), 507, "storage_full")
+    assert_error(await http.put(f"{API}/kv/saga/k2", json={"value": 1, "forever": True}),
+                 507, "storage_full")
+    assert_error(await http.put(f"{API}/kv/saga/k1", json={"value": "w", "forever": True}),
+                 507, "storage_full")
+    assert_error(await http.post(f"{API}/kv", json=[
+        {"op": "incr", "ns": "saga", "key": "n", "delta": 1, "forever": True}]),
+        507, "storage_full")
+    assert_error(await http.post(f"{API}/locks", json=[
+        {"op": "acquire", "name": "job", "ttlSeconds": 30}]), 507, "storage_full")
     r = await http.post(f"{API}/transaction", json={"operations": [
         {"type": "push", "items": [{"queue": "big", "payload": 1}]}]})
     assert_error(r, 507, "storage_full")
-    r = await http.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.delete", "namespace": "saga", "key": "nothing"},
-        {"type": "kv.put", "namespace": "saga", "key": "k3", "value": 1}]})
+    r = await http.post(f"{API}/transaction", json={"kv": [
+        {"op": "delete", "ns": "saga", "key": "nothing"},
+        {"op": "put", "ns": "saga", "key": "k3", "value": 1, "forever": True}]})
     assert_error(r, 507, "storage_full")
 
     # Reads, acks and deletes still work.
@@ -179,7 +188,11 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
     assert (await http.get(f"{API}/resources/queues/big")).status_code == 200
     r = await http.get(f"{API}/kv/saga/k1")
     assert (r.status_code, r.json()["value"]) == (200, "v")
-    assert (await http.get(f"{API}/kv/saga/k2")).status_code == 404
+    assert (await http.get(f"{API}/kv/saga/k2")).json()["found"] is False
+    r = await http.post(f"{API}/kv", json=[{"op": "delete", "ns": "saga", "key": "k9"},
+                                           {"op": "check", "ns": "saga", "key": "k1",
+                                            "expect": 0}])
+    assert r.status_code == 200, r.text
     assert (await http.get(f"{API}/dlq")).status_code == 200
     r = await http.get(f"{API}/pop/queue/big", params={"batch": 2})
     assert r.status_code == 200, r.text
@@ -192,8 +205,8 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
     assert r.status_code == 200, r.text
     r = await http.post(f"{API}/transaction", json={"operations": [
         {"type": "ack", "transactionId": second["transactionId"],
-         "partitionId": second["partitionId"], "leaseId": second["leaseId"]},
-        {"type": "kv.delete", "namespace": "saga", "key": "nothing"}]})
+         "partitionId": second["partitionId"], "leaseId": second["leaseId"]}],
+        "kv": [{"op": "delete", "ns": "saga", "key": "nothing"}]})
     assert r.status_code == 200, r.text
     r = await http.post(f"{API}/configure", json={"queue": "big", "options": {"retryLimit": 1}})
     assert r.status_code == 200, r.text
@@ -210,7 +223,8 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
 
     await eventually(reopened, timeout=3.0)
     assert trio.current_time() - deleted_at < 2.5
-    assert (await http.put(f"{API}/kv/saga/k2", json={"value": 2})).status_code == 200
+    r = await http.put(f"{API}/kv/saga/k2", json={"value": 2, "forever": True})
+    assert r.status_code == 200
 
     # A gate of 0 refuses every write; -1 (through the CLI) removes the gate.
     set_plan(database_url, max_stored_bytes=0, set_stored=True)
@@ -226,7 +240,8 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
     await eventually(ungated, timeout=2.0)
     for _ in range(5):
         assert (await push(http, "small", text_of(100))).status_code == 201
-    assert (await http.put(f"{API}/kv/saga/k4", json={"value": text_of(500)})).status_code == 200
+    r = await http.put(f"{API}/kv/saga/k4", json={"value": text_of(500), "forever": True})
+    assert r.status_code == 200
 
 
 async def test_storage_usage_is_counted_per_tenant(

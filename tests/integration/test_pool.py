@@ -219,7 +219,7 @@ async def test_closed_pool_refuses_new_work(database_url: str) -> None:
 
 
 async def test_unreachable_server_is_database_unavailable() -> None:
-    database = Database("postgresql://postgres@127.0.0.1:1/none", max_size=1, connect_timeout_s=1)
+    database = Database("postgresql://postgres@127.0.0.1:1/none", max_size=1)
     with pytest.raises(DatabaseUnavailable):
         async with database.connection():
             pass

@@ -153,12 +153,12 @@ async def test_max_size_refusal_aborts_a_transaction_bundle(
 ) -> None:
     await configure(http, "tiny", maxSize=1)
     r = await http.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.put", "namespace": "n", "key": "k", "value": 1},
         {"type": "push", "items": [{"queue": "tiny", "payload": 1},
-                                   {"queue": "tiny", "payload": 2}]}]})
+                                   {"queue": "tiny", "payload": 2}]}],
+        "kv": [{"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True}]})
     assert_error(r, 409, "queue_full")
     assert frames(database_url, "tiny") == []
-    assert (await http.get(f"{API}/kv/n/k")).status_code == 404
+    assert (await http.get(f"{API}/kv/n/k")).json()["found"] is False
 
 
 async def test_concurrent_pushes_never_pass_max_size(

@@ -21,7 +21,7 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from queen_trio.config import Settings
+from queen_trio.config import Settings, load_settings
 from queen_trio.db import MISSED, Database, Listener
 from queen_trio.db.migrations import apply_migrations
 from queen_trio.errors import DatabaseUnavailable
@@ -49,6 +49,16 @@ def multi_host(url: str, *, as_url: bool) -> str:
         return (f"postgresql://{auth}@127.0.0.1:{dead},{p['host']}:{p['port']}/{p['dbname']}"
                 "?target_session_attrs=read-write")
     return make_conninfo(url, host=f"127.0.0.1,{p['host']}", port=f"{dead},{p['port']}")
+
+
+@contextmanager
+def black_hole() -> Iterator[int]:
+    """A local TCP port that accepts connections (the kernel completes the handshake) and
+    never answers: what a stalled host or a half-open firewall looks like to libpq."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1024)  # never accept()ed: connects succeed, nothing is ever read or said
+        yield s.getsockname()[1]
 
 
 @contextmanager
@@ -115,6 +125,31 @@ async def test_a_broker_on_a_multi_host_url_serves_and_says_which_server(
             assert r.json()["status"] == "scheduled"
             assert len(await wait_for_messages(http, "ha", 1)) == 1  # and it fired
         broker.shutdown()
+
+
+async def test_a_first_host_that_never_answers_delays_start_up_by_the_connect_timeout(
+    database_url: str,
+) -> None:
+    """Every connection tries the silent host first (migrations, the pool, the sweeper's
+    pool, the listener): each gives up after QUEEN_DB_CONNECT_TIMEOUT_S and moves on, instead
+    of libpq's 130 s."""
+    p = conninfo_to_dict(database_url)
+    with black_hole() as port:
+        url = make_conninfo(database_url, host=f"127.0.0.1,{p['host']}",
+                            port=f"{port},{p['port']}")
+        settings = load_settings({"QUEEN_DATABASE_URL": url, "QUEEN_PORT": "0",
+                                  "QUEEN_DB_POOL_SIZE": "2", "QUEEN_DB_CONNECT_TIMEOUT_S": "2"})
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(60):  # about 4 connections x 2 s; wide for a loaded machine
+                broker: BrokerHandle = await nursery.start(run_broker, settings)
+            took = trio.current_time() - started
+            async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+                r = await http.get("/health")
+                assert r.status_code == 200, r.text
+                assert r.json()["server"]["port"] == int(p["port"])
+            broker.shutdown()
+    print(f"\nstart-up past a silent first host: {took:.1f} s")
 
 
 # -- a read-only server --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from queen_trio.client import (
+    AckResult,
     AckStatus,
     BadRequest,
     Batch,
@@ -19,9 +20,14 @@ from queen_trio.client import (
     Conflict,
     Forbidden,
     KvEntry,
+    KvPage,
+    KvPrecondition,
+    KvRows,
+    KvWrite,
     Message,
     NotFound,
     PayloadTooLarge,
+    PushResult,
     PushStatus,
     RetryPolicy,
     TimerInfo,
@@ -217,17 +223,43 @@ async def test_dead_letters_list_and_replay(queen: Client) -> None:
 async def test_kv_get_put_delete(queen: Client) -> None:
     assert await queen.kv.get("saga", "b-1") is None
     put = await queen.kv.put("saga", "b-1", {"step": "held"}, ttl_seconds="1h")
-    assert put.created and put.expires_at is not None
+    assert put and put.applied and put.expires_at is not None and put.version > 0
     assert abs((put.expires_at - datetime.now(UTC)).total_seconds() - 3600) < 5
     entry = await queen.kv.get("saga", "b-1")
     assert isinstance(entry, KvEntry) and entry.value == {"step": "held"}
-    overwrite = await queen.kv.put("saga", "b-1", None, ttl_seconds=timedelta(days=1))
-    assert not overwrite.created
+    assert entry.version == put.version
+    overwrite = await queen.kv.put("saga", "b-1", None, ttl_seconds=timedelta(days=1),
+                                   expect=put.version)
+    assert overwrite and overwrite.version > put.version
+    stale = await queen.kv.put("saga", "b-1", 2, forever=True, expect=put.version)
+    assert not stale and (stale.reason, stale.version) == ("version", overwrite.version)
     assert (await queen.kv.get("saga", "b-1")).value is None  # a stored null is not "absent"
-    assert (await queen.kv.delete("saga", "b-1")).deleted
-    assert not (await queen.kv.delete("saga", "b-1")).deleted
+    assert await queen.kv.delete("saga", "b-1")
+    gone = await queen.kv.delete("saga", "b-1")
+    assert isinstance(gone, KvWrite) and not gone and gone.reason == "absent"
     with pytest.raises(ValueError, match="whole number of seconds"):
         await queen.kv.put("saga", "b-1", 1, ttl_seconds="1500ms")
+    with pytest.raises(ValueError, match="exactly one"):
+        await queen.kv.put("saga", "b-1", 1)
+
+
+async def test_kv_counters_claims_and_reads(queen: Client) -> None:
+    assert await queen.kv.put_if_absent("dedup", "evt-1", True, ttl_seconds=60)
+    lost = await queen.kv.put_if_absent("dedup", "evt-1", False, ttl_seconds=60)
+    assert not lost and (lost.reason, lost.value) == ("exists", True)
+    assert (await queen.kv.incr("rate", "acme", 2, max=3, ttl_seconds=60)).value == 2
+    refused = await queen.kv.incr("rate", "acme", 2, max=3, ttl_seconds=60)
+    assert not refused and refused.reason == "limit" and refused.value == 2
+    assert await queen.kv.check("rate", "acme", expect=refused.version)
+    many = await queen.kv.get_many("rate", ["acme", "nope"])
+    assert isinstance(many, KvRows) and many.missing == ("nope",)
+    assert [(e.namespace, e.key, e.value) for e in many.rows] == [("rate", "acme", 2)]
+    for i in range(3):
+        await queen.kv.put("walk", f"w/{i}", i, forever=True)
+    page = await queen.kv.get_prefix("walk", "w/", limit=2)
+    assert isinstance(page, KvPage) and [e.value for e in page.rows] == [0, 1]
+    rest = await queen.kv.get_prefix("walk", "w/", after=page.next_after)
+    assert [e.key for e in rest.rows] == ["w/2"] and not rest.truncated
 
 
 # -- transactions -----------------------------------------------------------------------------
@@ -246,11 +278,14 @@ async def test_a_transaction_commits_ack_push_kv_and_timers_together(queen: Clie
                     .schedule()
                     .timer("bookings.expire").key("old").cancel()
                     .commit())
+    assert result and result.committed
     ack, pushed, put, deleted = result.results
-    assert ack.status is AckStatus.COMPLETED and ack.lease_released
-    assert pushed[0].transaction_id == "audit-b-7"
-    assert put.created and put.key == "b-7"
-    assert (deleted.namespace, deleted.key, deleted.deleted) == ("saga", "nothing", False)
+    assert isinstance(ack, AckResult) and ack.status is AckStatus.COMPLETED
+    assert ack.lease_released
+    assert isinstance(pushed, PushResult) and pushed.transaction_id == "audit-b-7"
+    assert isinstance(put, KvWrite) and put.applied and put.key == "b-7"
+    assert isinstance(deleted, KvWrite)
+    assert (deleted.namespace, deleted.key, deleted.applied) == ("saga", "nothing", False)
     assert [t.status for t in result.timers] == [TimerStatus.SCHEDULED, TimerStatus.CANCELLED]
 
     assert (await queen.kv.get("saga", "b-7")).value == {"step": "held"}
@@ -259,13 +294,23 @@ async def test_a_transaction_commits_ack_push_kv_and_timers_together(queen: Clie
     assert len(await queen.pop("bookings")) == 0
 
 
+async def test_a_gate_that_loses_is_an_answer_and_commits_nothing(queen: Client) -> None:
+    first = await queen.transaction().once("dedup", "b-8", ttl_seconds=60).push(
+        "gated", 1).commit()
+    again = await queen.transaction().push("gated", 2).once("dedup", "b-8",
+                                                             ttl_seconds=60).commit()
+    assert first and not again and again.results == ()
+    assert again.precondition == KvPrecondition(1, "exists", again.precondition.version, True)
+    assert [m.data for m in await queen.pop("gated", batch=10)] == [1]
+
+
 async def test_a_failing_transaction_commits_nothing(queen: Client) -> None:
     await queen.push("tx-fail", 1)
     message = await pop_one(queen, "tx-fail")
     with pytest.raises(PayloadTooLarge) as too_big:
         await (queen.transaction()
                .ack(message)
-               .kv.put("saga", "x", "written?")
+               .kv.put("saga", "x", "written?", forever=True)
                .timer("tx-fail.t").key("k").delay("1m").payload("x" * 5000).schedule()
                .commit())
     assert too_big.value.status == 413
@@ -278,9 +323,9 @@ async def test_builders_are_reusable_and_immutable(queen: Client) -> None:
     a = await base.key("a").schedule()
     b = await base.key("b").schedule()
     assert (a.key, b.key) == ("a", "b")
-    tx = queen.transaction().kv.put("ns", "one", 1)
+    tx = queen.transaction().kv.put("ns", "one", 1, forever=True)
     await tx.commit()
-    await tx.kv.put("ns", "two", 2).commit()  # tx itself still holds only the first put
+    await tx.kv.put("ns", "two", 2, forever=True).commit()  # tx itself holds only the first
     assert (await queen.kv.get("ns", "two")).value == 2
     with pytest.raises(ValueError, match="at least one"):
         queen.transaction().commit()

@@ -123,9 +123,9 @@ async def test_a_handler_may_settle_its_message_in_a_transaction(queen: Client) 
         order = message.data["order"]
         if order == 9:  # settles it with its state write, atomically
             await (queen.transaction().ack(message)
-                   .kv.put("orders", str(order), "done").commit())
+                   .kv.put("orders", str(order), "done", forever=True).commit())
         else:
-            await queen.kv.put("orders", str(order), "done")
+            await queen.kv.put("orders", str(order), "done", forever=True)
 
     stats = await queen.consume("settling", handler, max_messages=2)
     assert (stats.settled_by_handler, stats.completed, stats.ack_errors) == (1, 1, 0)

@@ -115,7 +115,7 @@ async def test_only_calls_safe_to_repeat_are_retried_after_a_lost_answer(
         for safe in (queen.push("lost", "with txn", txn="t-1"),
                      queen.timer("lost").key("k").delay(10).payload(1).schedule(),
                      queen.timer("lost").key("k").cancel(),
-                     queen.kv.put("ns", "k", 1)):
+                     queen.kv.put("ns", "k", 1, forever=True)):
             before = dropper.requests
             with pytest.raises(BrokerUnreachable) as repeated:
                 await safe
@@ -204,5 +204,5 @@ async def test_the_bearer_token_selects_the_tenant(auth_broker: BrokerHandle,
             await anonymous.kv.get("ns", "k")
         assert (refused.value.status, refused.value.code) == (401, "unauthorized")
     async with Client(auth_broker.url, token=token, retry=FAST_RETRY) as acme:
-        await acme.kv.put("ns", "k", "acme's")
+        await acme.kv.put("ns", "k", "acme's", forever=True)
         assert (await acme.kv.get("ns", "k")).value == "acme's"

@@ -121,12 +121,15 @@ async def http_b(
 REQUESTS = [
     ("GET", f"{API}/resources/queues", None),
     ("POST", f"{API}/push", {"items": [{"queue": "orders", "payload": {"n": 1}}]}),
-    ("PUT", f"{API}/kv/saga/k1", {"value": 1}),
+    ("PUT", f"{API}/kv/saga/k1", {"value": 1, "forever": True}),
+    ("POST", f"{API}/kv", [{"op": "put", "ns": "saga", "key": "k", "value": 1, "forever": True}]),
+    ("POST", f"{API}/locks", [{"op": "acquire", "name": "job", "ttlSeconds": 30}]),
     ("GET", f"{API}/kv/saga/k1", None),
     ("GET", f"{API}/pop/queue/orders", None),
     ("GET", f"{API}/dlq", None),
     ("POST", f"{API}/transaction",
-     {"operations": [{"type": "kv.put", "namespace": "saga", "key": "k", "value": 1}]}),
+     {"operations": [], "kv": [{"op": "put", "ns": "saga", "key": "k", "value": 1,
+                                "forever": True}]}),
     ("DELETE", f"{API}/resources/queues/orders", None),
 ]
 
@@ -158,10 +161,10 @@ async def test_every_bad_credential_is_the_same_401(
         for table in ("queues", "frames", "kv", "usage_deltas"):
             assert count_rows(database_url, table) == 0, table
 
-        # /health (and the other ops endpoints) stay open.
+        # /health stays open; /metrics (every tenant's figures) takes the operator's token.
         r = await anon.get("/health")
         assert r.status_code == 200 and r.json()["ok"] is True
-        assert (await anon.get("/metrics")).status_code == 200
+        assert (await anon.get("/metrics")).status_code == 401
 
         # A good token is let in, whatever the case of the scheme.
         for scheme in ("Bearer", "bearer"):
@@ -237,9 +240,9 @@ async def run_scenario(http: httpx.AsyncClient, who: str, count: int) -> dict[st
     assert dead["data"] == {"who": who, "n": 0}
 
     for key in ("k1", f"only-{who}"):
-        r = await http.put(f"{API}/kv/saga/{key}", json={"value": {"who": who}})
+        r = await http.put(f"{API}/kv/saga/{key}", json={"value": {"who": who}, "forever": True})
         assert r.status_code == 200, r.text
-        assert r.json()["created"] is True
+        assert r.json()["applied"] is True
     return {"pushed": pushed, "leased": leased, "dead": dead}
 
 
@@ -311,32 +314,39 @@ async def test_two_tenants_never_see_each_other(
     assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
     assert (await http_a.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "A"}
     r = await http_b.get(f"{API}/kv/saga/only-A")
-    assert (r.status_code, r.json()["error"]) == (404, "key_not_found")
+    assert (r.status_code, r.json()["found"]) == (200, False)
     r = await http_b.delete(f"{API}/kv/saga/only-A")
-    assert r.status_code == 200 and r.json()["deleted"] is False
+    assert r.status_code == 200 and r.json()["applied"] is False
+    # Nor does a lock named alike: each tenant has its own queen-locks rows.
+    lock = [{"op": "acquire", "name": "job", "ttlSeconds": 30}]
+    r = await http_a.post(f"{API}/locks", json=lock)
+    assert r.json()["results"][0]["acquired"] is True
+    r = await http_b.post(f"{API}/locks", json=lock)
+    assert r.json()["results"][0]["acquired"] is True
 
     # Transactions by B that touch A's message fail without effect.
     r = await http_b.post(f"{API}/transaction", json={"operations": [
         {"type": "push", "items": [{"queue": "orders", "payload": {"who": "B", "n": 99}}]},
-        {"type": "kv.put", "namespace": "saga", "key": "k1", "value": "overwritten"},
-        {"type": "kv.delete", "namespace": "saga", "key": "only-B"},
         {"type": "ack", **ack_body(a_leased)},
+    ], "kv": [
+        {"op": "put", "ns": "saga", "key": "k1", "value": "overwritten", "forever": True},
+        {"op": "delete", "ns": "saga", "key": "only-B"},
     ]})
     assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
-    assert r.json()["operation"] == 3
+    assert r.json()["operation"] == 1
     r = await http_b.post(f"{API}/transaction", json={"operations": [
         {"type": "ack", "transactionId": a["dead"]["transactionId"],
          "partitionId": a["dead"]["partitionId"], "status": "completed"},
     ]})
     assert r.status_code == 404
     assert (await http_b.get(f"{API}/kv/saga/k1")).json()["value"] == {"who": "B"}
-    assert (await http_b.get(f"{API}/kv/saga/only-B")).status_code == 200
+    assert (await http_b.get(f"{API}/kv/saga/only-B")).json()["found"] is True
     r = await http_b.get(f"{API}/resources/queues")
     assert [(q["name"], q["messages"]["total"]) for q in r.json()["queues"]] == [("orders", 2)]
     # A KV delete of A's key inside B's transaction deletes nothing of A's.
-    r = await http_b.post(f"{API}/transaction", json={"operations": [
-        {"type": "kv.delete", "namespace": "saga", "key": "only-A"}]})
-    assert r.status_code == 200 and r.json()["results"][0]["deleted"] is False
+    r = await http_b.post(f"{API}/transaction", json={"kv": [
+        {"op": "delete", "ns": "saga", "key": "only-A"}]})
+    assert r.status_code == 200 and r.json()["results"][0]["applied"] is False
 
     # B deletes its queue "orders": A's stays intact.
     r = await http_b.delete(f"{API}/resources/queues/orders")
@@ -506,23 +516,80 @@ async def test_ops_routes_take_no_token_and_the_document_says_who_does(
     auth_broker: BrokerHandle,
 ) -> None:
     async with httpx.AsyncClient(base_url=auth_broker.url) as anonymous:
-        for path in ("/health", "/metrics", "/metrics/prometheus", "/openapi.json"):
+        for path in ("/health", "/openapi.json"):
             assert (await anonymous.get(path)).status_code == 200, path
-        assert (await anonymous.get(f"{API}/resources/queues")).status_code == 401
+        for path in ("/metrics", "/metrics/prometheus", f"{API}/resources/queues"):
+            assert (await anonymous.get(path)).status_code == 401, path
         doc = (await anonymous.get("/openapi.json")).json()
     for path, operations in doc["paths"].items():
         for op in operations.values():
-            if path.startswith("/api/"):
+            if path.startswith(("/api/", "/metrics")):
                 assert op["security"] == [{"bearer": []}, {}], path
                 assert "401" in op["responses"], path
-                # A timer's cancel is never refused by the quota; everything else may be.
+                # A timer's cancel is never refused by the quota; everything else may be (and
+                # /metrics for a flood of wrong tokens).
                 assert ("429" in op["responses"]) == (op["operationId"] != "cancelTimer"), path
             else:
                 assert op["security"] == [], path
     gated = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
              if "507" in op["responses"]}
-    assert gated == {"kvPut", "transaction", "push"}
-    # The timer routes answer the storage gate with Queen's 403.
-    forbidden = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
-                 if "403" in op["responses"]}
-    assert forbidden == {"timersBatch", "scheduleTimer"}
+    # (The timer routes answer the storage gate with Queen's 403.)
+    assert gated == {"kvBatch", "kvPut", "locks", "transaction", "push"}
+
+
+# -- /metrics is the operator's; each tenant has its own figures ------------------------------
+
+
+async def test_metrics_take_the_operators_token_and_each_tenant_counts_its_own(
+    settings: Settings, tokens: dict[str, str], database_url: str,
+) -> None:
+    with connect(database_url) as raw:
+        store.create_tenant(raw, "ops")
+        ops_token = store.create_token(raw, "ops")
+    settings = replace_settings(settings, auth=True, operator_tenant="ops",
+                                sweeper_max_sleep_ms=100)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, settings)
+        async with client(broker, tokens["A"]) as a, client(broker, tokens["B"]) as b, \
+                client(broker, ops_token) as ops, client(broker, None) as anon:
+            # Every tenant's figures: the operator's token only.
+            assert_unauthorized(await anon.get("/metrics"))
+            r = await a.get("/metrics")
+            assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+            assert "QUEEN_OPERATOR_TENANT=ops" in r.json()["message"]
+            assert "/api/v1/stats" in r.json()["message"]
+            for path in ("/metrics", "/metrics/prometheus"):
+                r = await ops.get(path)
+                assert r.status_code == 200 and "queen_messages_pushed_total" in r.text, path
+
+            # alpha: 3 pushed, 2 popped, 1 acked, 2 timers fired (one by PostgreSQL, one
+            # compressed and so fired by the broker); beta: 5 pushed and 1 timer.
+            r = await a.post(f"{API}/push", json={"items": [
+                {"queue": "orders", "payload": n} for n in range(3)]})
+            assert r.status_code == 201
+            r = await b.post(f"{API}/push", json={"items": [
+                {"queue": "orders", "payload": n} for n in range(5)]})
+            assert r.status_code == 201
+            popped = (await a.get(f"{API}/pop/queue/orders", params={"batch": 2})).json()
+            assert len(popped["messages"]) == 2
+            r = await a.post(f"{API}/ack", json=ack_body(popped["messages"][0]))
+            assert r.status_code == 200, r.text
+            for who, key, payload in ((a, "small", 1), (a, "big", {"pad": "x" * 500}),
+                                      (b, "other", 1)):
+                r = await who.put(f"{API}/timers/t/{key}", json={"delayMs": 0,
+                                                                 "payload": payload})
+                assert r.status_code == 200, r.text
+
+            async def fired(http: httpx.AsyncClient, n: int) -> dict[str, Any] | None:
+                body = (await http.get(f"{API}/stats")).json()
+                return body if body["timerFireLag"]["count"] == n else None
+
+            mine = await eventually(lambda: fired(a, 2), timeout=10)
+            theirs = await eventually(lambda: fired(b, 1), timeout=10)
+        broker.shutdown()
+    assert (mine["pushed"], mine["popped"], mine["acked"]) == (3, 2, 1)
+    assert (theirs["pushed"], theirs["popped"], theirs["acked"]) == (5, 0, 0)
+    assert mine["broker"] == theirs["broker"]
+    assert mine["timerFireLag"]["buckets"]["+Inf"] == 2
+    assert list(mine["timerFireLag"]["buckets"].values()) == sorted(
+        mine["timerFireLag"]["buckets"].values())  # cumulative

@@ -347,8 +347,9 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
         "operations": [
             ack,
             {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}}]},
-            {"type": "kv.put", "namespace": "saga", "key": "b1", "value": {"step": "held"}},
         ],
+        "kv": [{"op": "put", "ns": "saga", "key": "b1", "value": {"step": "held"},
+                "forever": True}],
         "timers": [timer_op("bookings.expire", "b1", 900_000, {"bookingId": "b1"})],
     }
     failing = {**bundle, "operations": [*bundle["operations"],
@@ -357,12 +358,12 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
     r = await http.post(f"{API}/transaction", json=failing)
     assert r.status_code == 404
     assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["found"] is False
-    assert (await http.get(f"{API}/kv/saga/b1")).status_code == 404
+    assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is False
     r = await http.post(f"{API}/transaction", json=bundle)
     assert r.status_code == 200, r.text
     assert r.json()["results"][-1]["status"] == "scheduled"
     assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["data"] == {"bookingId": "b1"}
-    assert (await http.get(f"{API}/kv/saga/b1")).status_code == 200
+    assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is True
 
 
 async def test_too_late_and_absent_are_verdicts_and_the_bundle_commits(

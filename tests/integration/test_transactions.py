@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import trio
 
 from .test_log import API, pop, push
 
@@ -17,40 +18,50 @@ def _ack_op(message: dict, status: str = "completed") -> dict:
 async def test_ack_push_and_state_commit_together(http: httpx.AsyncClient) -> None:
     await push(http, "bookings", [{"id": "b1"}])
     message = (await pop(http, "bookings"))["messages"][0]
-    r = await http.post(f"{API}/transaction", json={"operations": [
-        _ack_op(message),
-        {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}}]},
-        {"type": "kv.put", "namespace": "saga", "key": "b1", "value": {"step": "held"},
-         "ttlSeconds": 86400},
-        {"type": "kv.delete", "namespace": "saga", "key": "never-there"},
-    ]})
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [
+            _ack_op(message),
+            {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}},
+                                       {"queue": "audit", "payload": {"event": "saga.open"}}]},
+        ],
+        "kv": [
+            {"op": "put", "ns": "saga", "key": "b1", "value": {"step": "held"},
+             "ttlSeconds": 86400},
+            {"op": "delete", "ns": "saga", "key": "never-there"},
+        ],
+        "requiredLeases": [message["leaseId"]],
+    })
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["success"] is True
-    assert [res["type"] for res in body["results"]] == ["ack", "push", "kv.put", "kv.delete"]
+    # One flat array: the ack, each pushed item, then the kv ops; index counts in it.
+    assert [(res["index"], res["type"]) for res in body["results"]] == [
+        (0, "ack"), (1, "push"), (2, "push"), (3, "kv"), (4, "kv")]
     assert body["results"][0]["leaseReleased"] is True
-    assert body["results"][1]["items"][0]["status"] == "queued"
-    assert body["results"][3]["deleted"] is False
-    audit = await pop(http, "audit")
-    assert audit["messages"][0]["data"] == {"event": "booking.held"}
+    assert body["results"][2]["status"] == "queued"
+    assert (body["results"][3]["op"], body["results"][3]["applied"]) == ("put", True)
+    assert (body["results"][4]["applied"], body["results"][4]["reason"]) == (False, "absent")
+    audit = await pop(http, "audit", batch=10)
+    assert [m["data"] for m in audit["messages"]] == [{"event": "booking.held"},
+                                                      {"event": "saga.open"}]
     assert (await http.get(f"{API}/kv/saga/b1")).json()["value"] == {"step": "held"}
     assert await pop(http, "bookings") is None
 
 
 async def test_a_failing_last_operation_leaves_no_trace(http: httpx.AsyncClient) -> None:
-    await http.put(f"{API}/kv/saga/b2", json={"value": {"step": "old"}})
+    await http.put(f"{API}/kv/saga/b2", json={"value": {"step": "old"}, "forever": True})
     await push(http, "bookings", [{"id": "b2"}])
     message = (await pop(http, "bookings"))["messages"][0]
     r = await http.post(f"{API}/transaction", json={"operations": [
         _ack_op(message),
         {"type": "push", "items": [{"queue": "audit", "payload": "should vanish"}]},
-        {"type": "kv.put", "namespace": "saga", "key": "b2", "value": {"step": "new"}},
         {"type": "ack", "transactionId": "ghost", "partitionId": message["partitionId"]},
-    ]})
+    ], "kv": [{"op": "put", "ns": "saga", "key": "b2", "value": {"step": "new"},
+               "forever": True}]})
     assert r.status_code == 404
     body = r.json()
-    assert (body["ok"], body["error"], body["operation"]) == (False, "message_not_found", 3)
-    assert body["message"].startswith("operations[3]:")
+    assert (body["ok"], body["error"], body["operation"]) == (False, "message_not_found", 2)
+    assert body["message"].startswith("operations[2]:")
     # Nothing happened: no audit message, the KV value is unchanged, the ack was undone.
     assert await pop(http, "audit") is None
     assert (await http.get(f"{API}/kv/saga/b2")).json()["value"] == {"step": "old"}
@@ -59,17 +70,68 @@ async def test_a_failing_last_operation_leaves_no_trace(http: httpx.AsyncClient)
     assert r.json()[0]["alreadyAcked"] is False
 
 
+async def test_a_top_level_kv_gate_that_loses_commits_nothing(http: httpx.AsyncClient) -> None:
+    """The silent drop this broker had: a bundle with Queen's top-level ``kv`` array used to
+    commit with the array ignored, so a gate that should have refused it pushed anyway."""
+    def bundle(attempt: int) -> dict:
+        return {"operations": [{"type": "push", "items": [
+                    {"queue": "once", "payload": {"attempt": attempt}}]}],
+                "kv": [{"op": "putIfAbsent", "ns": "dedup", "key": "evt-1", "value": attempt,
+                        "ttlSeconds": 300, "required": True},
+                       {"op": "incr", "ns": "dedup", "key": "count", "delta": 1,
+                        "ttlSeconds": 300}],
+                "requiredLeases": []}
+
+    first = await http.post(f"{API}/transaction", json=bundle(1))
+    assert first.json()["success"] is True
+    second = await http.post(f"{API}/transaction", json=bundle(2))
+    assert second.status_code == 200
+    lost = second.json()
+    assert {k: lost[k] for k in ("success", "ok", "reason", "failedIndex", "kvReason",
+                                 "value", "results")} == {
+        "success": False, "ok": False, "reason": "kv_precondition", "failedIndex": 1,
+        "kvReason": "exists", "value": 1, "results": []}
+    assert lost["version"] > 0 and lost["transactionId"]
+    once = await pop(http, "once", batch=10)
+    assert [m["data"] for m in once["messages"]] == [{"attempt": 1}]
+    r = await http.post(f"{API}/kv", json=[{"op": "get", "ns": "dedup", "key": "count"}])
+    assert r.json()["results"][0]["value"] == 1  # the losing bundle's incr rolled back too
+
+
+async def test_required_leases_must_be_live(http: httpx.AsyncClient) -> None:
+    await http.post(f"{API}/configure", json={"queue": "leased", "options": {"leaseTime": 1}})
+    await push(http, "leased", [1, 2])
+    message = (await pop(http, "leased"))["messages"][0]
+    lease = message["leaseId"]
+    # An ack that names no lease borrows the bundle's one required lease.
+    bare = {k: v for k, v in _ack_op(message).items() if k != "leaseId"}
+    await trio.sleep(1.2)  # the lease runs out
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [bare, {"type": "push", "items": [{"queue": "after", "payload": 1}]}],
+        "kv": [{"op": "put", "ns": "leases", "key": "k", "value": 1, "forever": True}],
+        "requiredLeases": [lease]})
+    assert (r.status_code, r.json()["error"], r.json()["lease"]) == (409, "lease_lost", lease)
+    assert "rolled back" in r.json()["message"]
+    assert await pop(http, "after") is None
+    assert (await http.get(f"{API}/kv/leases/k")).json()["found"] is False
+    again = (await pop(http, "leased"))["messages"][0]
+    assert again["transactionId"] == message["transactionId"]  # never acked
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [bare], "requiredLeases": [again["leaseId"]]})
+    assert r.status_code == 200 and r.json()["results"][0]["status"] == "completed"
+
+
 @pytest.mark.parametrize(
     ("operations", "status", "code", "index"),
     [
         ([{"type": "timer", "queue": "q"}], 400, "timer_in_operations", 0),
         ([{"type": "push", "items": []}, {"type": "schedule"}], 400, "invalid_items", 0),
-        ([{"type": "kv.put", "namespace": "n", "key": "k", "value": 1},
+        ([{"type": "push", "items": [{"queue": "q", "payload": 1}]},
           {"type": "timer.schedule", "queue": "q"}], 400, "timer_in_operations", 1),
+        ([{"type": "kv.put", "namespace": "n", "key": "k", "value": 1}], 400,
+         "kv_in_operations", 0),
         ([{"type": "mystery"}], 400, "invalid_operation", 0),
         (["not an object"], 400, "invalid_operation", 0),
-        ([{"type": "kv.put", "namespace": "n", "key": "k", "value": 1, "ttlSeconds": 0.5}],
-         400, "invalid_ttl", 0),
         ([{"type": "push", "items": [{"queue": "q", "payload": "x" * (1024 * 1024 + 1)}]}],
          413, "payload_too_large", 0),
     ],
@@ -77,19 +139,49 @@ async def test_a_failing_last_operation_leaves_no_trace(http: httpx.AsyncClient)
 async def test_invalid_bundles_are_refused_whole(
     http: httpx.AsyncClient, operations: list, status: int, code: str, index: int
 ) -> None:
-    r = await http.post(f"{API}/transaction", json={"operations": operations})
+    r = await http.post(f"{API}/transaction", json={
+        "operations": operations,
+        "kv": [{"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True}]})
     assert r.status_code == status
     assert (r.json()["error"], r.json()["operation"]) == (code, index)
     assert (await http.get(f"{API}/resources/queues")).json() == {"queues": []}
-    assert (await http.get(f"{API}/kv/n/k")).status_code == 404
+    assert (await http.get(f"{API}/kv/n/k")).json()["found"] is False
+
+
+@pytest.mark.parametrize(("body", "code", "reason"), [
+    ({"operations": [], "kv": [], "extra": 1}, "unknown_field", None),
+    ({"operations": [], "Kv": [{"op": "get", "ns": "n", "key": "k"}]}, "unknown_field", None),
+    ({"kv": {"op": "get"}}, "invalid_operations", None),
+    ({"kv": [{"op": "put", "ns": "n", "key": "k", "value": 1}]}, "kv_bad_request",
+     "kv_expiry_not_specified"),
+    ({"kv": [{"op": "getPrefix", "ns": "n", "prefix": "k"}]}, "kv_bad_request",
+     "kv_prefix_in_transaction"),
+    ({"kv": [{"op": "get", "ns": "n", "key": f"k{i}"} for i in range(65)]}, "kv_bad_request",
+     "kv_too_many_ops"),
+    ({"kv": [{"op": "put", "ns": "BAD", "key": "k", "value": 1, "forever": True}]},
+     "kv_bad_request", "kv_bad_namespace"),
+    ({"operations": [], "requiredLeases": ["not-a-uuid"]}, "invalid_lease_id", None),
+    ({"operations": [], "requiredLeases": "x"}, "invalid_operations", None),
+])
+async def test_bad_top_level_fields_are_refused(
+    http: httpx.AsyncClient, body: dict, code: str, reason: str | None
+) -> None:
+    body = {**body, "operations": [*body.get("operations", []), {"type": "push", "items": [
+        {"queue": "never", "payload": 1}]}]}
+    r = await http.post(f"{API}/transaction", json=body)
+    assert (r.status_code, r.json()["error"], r.json().get("reason")) == (400, code, reason)
+    assert (await http.get(f"{API}/resources/queues")).json() == {"queues": []}
 
 
 async def test_timer_message_points_at_the_timers_array(http: httpx.AsyncClient) -> None:
     r = await http.post(f"{API}/transaction", json={"operations": [{"type": "timer"}]})
     assert "top-level 'timers' array" in r.json()["message"]
+    r = await http.post(f"{API}/transaction", json={"operations": [{"type": "kv.delete"}]})
+    assert "top-level 'kv' array" in r.json()["message"]
 
 
 async def test_empty_or_missing_operations(http: httpx.AsyncClient) -> None:
-    for body in ({}, {"operations": []}, {"operations": {}}):
+    for body in ({}, {"operations": []}, {"operations": {}}, {"operations": [], "kv": []},
+                 {"operations": None, "kv": None, "timers": None}):
         r = await http.post(f"{API}/transaction", json=body)
         assert (r.status_code, r.json()["error"]) == (400, "invalid_operations")

@@ -175,15 +175,32 @@ def test_configure_and_lease_durations_are_whole_seconds(queen: Recorder) -> Non
         queen.extend_lease("l-1", "500ms")
 
 
-def test_kv_calls(queen: Recorder) -> None:
+def test_kv_calls_go_through_the_batch_route(queen: Recorder) -> None:
     put = queen.kv.put("saga", "b/1", {"s": 1}, ttl_seconds="1d")
-    assert (put.method, put.path, put.body) == ("PUT", "/api/v1/kv/saga/b%2F1",
-                                                {"value": {"s": 1}, "ttlSeconds": 86400})
-    assert queen.kv.put("saga", "k", None).body == {"value": None}
-    assert queen.kv.get("saga", "k").none_on == frozenset({"key_not_found"})
-    assert queen.kv.delete("saga", "k").method == "DELETE"
-    with pytest.raises(ValueError):
-        queen.kv.put("saga", "k", 1, ttl_seconds=0)
+    assert (put.method, put.path, put.body) == ("POST", "/api/v1/kv", {"operations": [
+        {"op": "put", "ns": "saga", "key": "b/1", "value": {"s": 1}, "ttlSeconds": 86400}]})
+    assert put.idempotent  # an unconditional put is an upsert
+    assert queen.kv.put("saga", "k", None, forever=True).body["operations"] == [
+        {"op": "put", "ns": "saga", "key": "k", "value": None, "forever": True}]
+    claim = queen.kv.put_if_absent("saga", "k", 1, ttl_seconds=60)
+    assert claim.body["operations"][0]["op"] == "putIfAbsent" and not claim.idempotent
+    assert not queen.kv.put("saga", "k", 2, ttl_seconds=60, expect=7).idempotent
+    assert queen.kv.get("saga", "k").body == {"operations": [{"op": "get", "ns": "saga",
+                                                              "key": "k"}]}
+    incr = queen.kv.incr("rate", "acme", 2, max=10, ttl_seconds=60)
+    assert incr.body["operations"] == [{"op": "incr", "ns": "rate", "key": "acme", "delta": 2,
+                                        "max": 10, "ttlSeconds": 60}]
+    assert not incr.idempotent  # a repeat would count twice
+    assert queen.kv.check("queen-locks", "job#0", expect=41).body["operations"] == [
+        {"op": "check", "ns": "queen-locks", "key": "job#0", "expect": 41}]
+    assert queen.kv.get_prefix("saga", "b/", limit=5, keys_only=True).body["operations"] == [
+        {"op": "getPrefix", "ns": "saga", "prefix": "b/", "limit": 5, "keysOnly": True}]
+    # A write declares its expiry, exactly once: there is no default to inherit.
+    for bad in ({}, {"ttl_seconds": 60, "forever": True}, {"ttl_seconds": 0}):
+        with pytest.raises(ValueError):
+            queen.kv.put("saga", "k", 1, **bad)
+    with pytest.raises(ValueError, match="expect"):
+        queen.kv.put("saga", "k", 1, forever=True, expect=-1)
 
 
 def test_dead_letter_calls(queen: Recorder) -> None:
@@ -197,11 +214,14 @@ def test_dead_letter_calls(queen: Recorder) -> None:
 # -- transactions -----------------------------------------------------------------------------
 
 
-def test_a_transaction_sends_operations_and_a_separate_timers_array(queen: Recorder) -> None:
+def test_a_transaction_sends_operations_and_separate_kv_and_timers_arrays(
+    queen: Recorder,
+) -> None:
     m = message()
     call = (queen.transaction()
             .ack(m)
             .push("audit", {"event": "booking.held"})
+            .once("dedup", "evt-1", ttl_seconds=3600)
             .kv.put("saga", "b-1", {"step": "held"}, ttl_seconds=86400)
             .kv.delete("saga", "old")
             .timer("bookings.expire").key("b-1").delay("15m").payload({"b": 1}).schedule()
@@ -213,9 +233,13 @@ def test_a_transaction_sends_operations_and_a_separate_timers_array(queen: Recor
             {"type": "ack", "transactionId": "txn-1", "partitionId": "pid-1",
              "status": "completed", "consumerGroup": "__QUEUE_MODE__", "leaseId": "lease-1"},
             {"type": "push", "items": [{"queue": "audit", "payload": {"event": "booking.held"}}]},
-            {"type": "kv.put", "namespace": "saga", "key": "b-1", "value": {"step": "held"},
+        ],
+        "kv": [
+            {"op": "putIfAbsent", "ns": "dedup", "key": "evt-1", "required": True, "value": True,
+             "ttlSeconds": 3600},
+            {"op": "put", "ns": "saga", "key": "b-1", "value": {"step": "held"},
              "ttlSeconds": 86400},
-            {"type": "kv.delete", "namespace": "saga", "key": "old"},
+            {"op": "delete", "ns": "saga", "key": "old"},
         ],
         "timers": [
             {"op": "schedule", "queue": "bookings.expire", "timerKey": "b-1",
@@ -225,6 +249,9 @@ def test_a_transaction_sends_operations_and_a_separate_timers_array(queen: Recor
     }
     assert call.settles == (m,)
     assert not call.idempotent  # the push has no transactionId
+    assert queen.transaction().kv.put("n", "k", 1, forever=True).commit().body == {
+        "operations": [], "kv": [{"op": "put", "ns": "n", "key": "k", "value": 1,
+                                  "forever": True}]}
 
 
 @pytest.mark.parametrize(("build", "repeatable"), [
@@ -232,7 +259,9 @@ def test_a_transaction_sends_operations_and_a_separate_timers_array(queen: Recor
     (lambda tx: tx.push("q", 1), False),
     (lambda tx: tx.ack(message()), True),
     (lambda tx: tx.ack(message(), "failed"), False),
-    (lambda tx: tx.kv.put("n", "k", 1).kv.delete("n", "j"), True),
+    (lambda tx: tx.kv.put("n", "k", 1, forever=True).kv.delete("n", "j"), True),
+    (lambda tx: tx.once("n", "k", forever=True), False),
+    (lambda tx: tx.kv.incr("n", "k", ttl_seconds=5), False),
     (lambda tx: tx.timer("q").key("k").delay(5).schedule().timer("q").key("j").cancel(), True),
 ])
 def test_a_transaction_is_repeated_only_when_every_part_is(

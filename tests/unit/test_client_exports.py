@@ -13,10 +13,11 @@ def test_the_exported_names() -> None:
     assert set(sdk.__all__) == {
         "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
         "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
-        "Forbidden", "KvDelete", "KvEntry", "KvPut", "Message", "NotFound", "Page",
-        "PayloadTooLarge", "PushResult", "PushStatus", "QueenClientError", "QueueConfig",
-        "RateLimited", "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient",
-        "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
+        "Forbidden", "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message",
+        "NotFound", "Page", "PayloadTooLarge",
+        "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
+        "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
+        "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
         "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
     }
     for name in sdk.__all__:

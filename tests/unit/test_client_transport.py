@@ -21,6 +21,7 @@ from queen_trio.client.blocking import run_blocking
 from queen_trio.client.calls import Call
 from queen_trio.client.errors import error_from_response
 from queen_trio.client.transport import Endpoints, Send, Sleep, exchange
+from queen_trio.strict_json import JsonRefused
 
 TIMEOUT = httpx.Timeout(5.0)
 POLICY = RetryPolicy(retries=2, base_backoff_s=0.1, max_backoff_s=1.0, max_wait_s=5)
@@ -169,3 +170,27 @@ def test_run_blocking_refuses_a_coroutine_that_suspends() -> None:
 
     with pytest.raises(RuntimeError, match="suspend"):
         run_blocking(suspends())
+
+
+def test_a_body_json_cannot_carry_is_refused_before_the_first_send() -> None:
+    """Issue 28: NaN, infinities, U+0000 and unpaired surrogates never leave the client."""
+    for value, path in ((float("nan"), "items[0].payload.price"),
+                        (float("inf"), "items[0].payload.price"),
+                        ("a\x00b", "items[0].payload.price"), ("\udfff", "items[0].payload.price")):
+        body = {"items": [{"queue": "q", "payload": {"price": value}}]}
+        with pytest.raises(JsonRefused) as caught:
+            Run(Call("POST", "/api/v1/push", lambda b: b, False, body=body), ["http://a"])
+        assert caught.value.path == path, caught.value
+
+
+def test_the_body_is_encoded_once_for_every_attempt() -> None:
+    run = Run(call(body={"p": "é"}), ["http://a", "http://b"])
+    assert run.step.content == '{"p":"é"}'.encode()
+    assert run.feed(httpx.ConnectError("refused")).content is run.step.content
+
+
+def test_an_answer_is_decoded_strictly() -> None:
+    run = Run(call(), ["http://a"])
+    with pytest.raises(JsonRefused) as caught:
+        run.feed(httpx.Response(200, content=b'{"value": [1, NaN]}'))
+    assert caught.value.path == "value[1]"

@@ -75,10 +75,18 @@ def test_settings_are_immutable() -> None:
         ("QUEEN_LOG_LEVEL", "LOUD"),
         ("QUEEN_HTTP_IDLE_TIMEOUT_S", "0"),
         ("QUEEN_HTTP_BODY_TIMEOUT_S", "soon"),
+        ("QUEEN_HTTP_BODY_BUFFER_BYTES", "1000"),
+        ("QUEEN_HTTP_BODY_BUFFER_BYTES", "64MiB"),
         ("QUEEN_MAX_MESSAGE_BYTES", "0"),
         ("QUEEN_MAX_MESSAGE_BYTES", "1023"),
         ("QUEEN_MAX_MESSAGE_BYTES", "4MiB"),
         ("QUEEN_MAX_MESSAGE_BYTES", str(64 * ONE_MIB + 1)),
+        ("QUEEN_DB_CONNECT_TIMEOUT_S", "1"),  # libpq would silently make it 2
+        ("QUEEN_DB_CONNECT_TIMEOUT_S", "0"),
+        ("QUEEN_ALLOWED_HOSTS", "queen.example:6632"),
+        ("QUEEN_ALLOWED_HOSTS", "https://queen.example"),
+        ("QUEEN_OPERATOR_TENANT", "Ops Team"),
+        ("QUEEN_AUTH_FAILURES_PER_S", "0"),
     ],
 )
 def test_bad_values_name_the_variable(variable: str, value: str) -> None:
@@ -99,6 +107,16 @@ def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
     assert s.http_body_limit() > s.max_message_bytes
     # Timers keep min(1 MiB, plan ceiling), whatever the message ceiling is.
     assert s.timer_payload_ceiling(4 * ONE_MIB) == ONE_MIB
+
+
+def test_the_body_budget_is_settable_and_never_below_one_body_at_the_limit() -> None:
+    assert load_settings({}).http_body_budget() == 64 * ONE_MIB  # 8 bodies at the limit
+    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(32 * ONE_MIB)}
+                         ).http_body_budget() == 32 * ONE_MIB
+    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(2 * ONE_MIB)}
+                         ).http_body_budget() == 8 * ONE_MIB  # the body limit
+    bigger = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(4 * ONE_MIB)})
+    assert bigger.http_body_budget() == 8 * bigger.http_body_limit()
 
 
 def test_min_sleep_above_max_sleep_is_refused() -> None:
@@ -146,6 +164,19 @@ def test_pop_fire_wait_is_bounded() -> None:
     for bad in ("-1", "51", "ten"):
         with pytest.raises(ConfigError, match="QUEEN_POP_FIRE_WAIT_MS"):
             load_settings({"QUEEN_POP_FIRE_WAIT_MS": bad})
+
+
+def test_waiting_pops_are_bounded_per_broker_and_per_tenant() -> None:
+    settings = load_settings({})
+    assert (settings.longpoll_max_parked, settings.longpoll_max_parked_per_tenant) == (
+        10_000, 5_000)
+    settings = load_settings({"QUEEN_LONGPOLL_MAX_PARKED": "30000",
+                              "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT": "0"})
+    assert (settings.longpoll_max_parked, settings.longpoll_max_parked_per_tenant) == (30_000, 0)
+    for name in ("QUEEN_LONGPOLL_MAX_PARKED", "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT"):
+        for bad in ("-1", "many", "1000001"):
+            with pytest.raises(ConfigError, match=name):
+                load_settings({name: bad})
 
 
 # -- QUEEN_DATABASE_URL: one host or several, and a server the broker can write to ------------
@@ -214,6 +245,35 @@ def test_broker_connections_ask_for_a_writable_server_unless_told_otherwise() ->
         params = conninfo_to_dict(broker_conninfo(url))
         assert params["target_session_attrs"] == "read-write"
         assert (params["host"], params["port"], params["dbname"]) == ("a,b", "5432,5433", "queen")
-    explicit = "postgresql://u@a/queen?target_session_attrs=primary"
+    explicit = "postgresql://u@a/queen?target_session_attrs=primary&connect_timeout=9"
     assert broker_conninfo(explicit) == explicit
     assert broker_conninfo(broker_conninfo("host=a")) == broker_conninfo("host=a")
+
+
+def test_every_broker_connection_has_a_connect_timeout() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from queen_trio.db.conninfo import broker_conninfo
+
+    for url in ("postgresql://u@a,b/queen", "host=a dbname=queen"):
+        assert conninfo_to_dict(broker_conninfo(url))["connect_timeout"] == "5"
+        assert conninfo_to_dict(broker_conninfo(url, connect_timeout_s=2))["connect_timeout"] \
+            == "2"
+    # The setting, through Settings; a URL's own connect_timeout is kept.
+    s = load_settings({"QUEEN_DATABASE_URL": "postgresql://u@a/q",
+                       "QUEEN_DB_CONNECT_TIMEOUT_S": "3"})
+    assert conninfo_to_dict(s.database_conninfo())["connect_timeout"] == "3"
+    s = s.with_database_url("postgresql://u@a/q?connect_timeout=20")
+    assert conninfo_to_dict(s.database_conninfo())["connect_timeout"] == "20"
+
+
+def test_cross_origin_and_auth_settings() -> None:
+    s = load_settings({"QUEEN_ALLOWED_HOSTS": " Queen.Example ,, api.internal ,queen.example",
+                       "QUEEN_OPERATOR_TENANT": "ops", "QUEEN_AUTH_FAILURES_PER_S": "50",
+                       "QUEEN_DB_CONNECT_TIMEOUT_S": "2"})
+    assert s.allowed_hosts == ("queen.example", "api.internal")
+    assert (s.operator_tenant, s.auth_failures_per_s, s.db_connect_timeout_s) == ("ops", 50, 2)
+    assert load_settings({"QUEEN_ALLOWED_HOSTS": "*"}).allowed_hosts == ("*",)
+    d = load_settings({})
+    assert (d.allowed_hosts, d.operator_tenant, d.auth_failures_per_s) == ((), None, 10)
+    assert d.db_connect_timeout_s == 5

@@ -246,18 +246,23 @@ def test_ids_created_apart_sort_in_creation_order() -> None:
 # --- payload size -------------------------------------------------------------------------
 
 
-def test_encoded_size_is_compact_utf8_json() -> None:
-    assert rules.encoded_size({"a": 1, "b": [1, 2]}) == len('{"a":1,"b":[1,2]}')
-    assert rules.encoded_size("é") == len('"é"'.encode())  # not \u00e9-escaped
-    assert rules.encoded_size(None) == 4
+def test_the_payload_is_measured_as_the_compact_utf8_json_that_is_stored() -> None:
+    assert rules.payload_json({"a": 1, "b": [1, 2]}, 100, "p") == '{"a":1,"b":[1,2]}'
+    assert rules.payload_json("é", 4, "p") == '"é"'  # 4 bytes: not \u00e9-escaped
+    assert rules.payload_json(None, 4, "p") == "null"
+
+
+def test_push_items_carry_the_text_the_store_writes() -> None:
+    (item,) = rules.push_items({"items": [{"queue": "q", "payload": {"x": "é"}}]}, 100)
+    assert item.payload_json == '{"x":"é"}'
 
 
 def test_payload_at_the_ceiling_is_accepted() -> None:
-    rules.check_payload_size("a" * 8, 10, "items[0]")  # '"aaaaaaaa"' is 10 bytes
+    rules.payload_json("a" * 8, 10, "items[0]")  # '"aaaaaaaa"' is 10 bytes
 
 
 def test_payload_above_the_ceiling_is_413() -> None:
-    exc = _fails(rules.check_payload_size, "a" * 9, 10, "items[1]")
+    exc = _fails(rules.payload_json, "a" * 9, 10, "items[1]")
     assert exc.code == "payload_too_large"
     assert exc.status == 413
     assert "items[1]" in exc.message
@@ -265,7 +270,7 @@ def test_payload_above_the_ceiling_is_413() -> None:
 
 
 def test_multibyte_characters_count_as_bytes() -> None:
-    exc = _fails(rules.check_payload_size, "é" * 5, 11, "items[0]")  # 2 + 10 bytes
+    exc = _fails(rules.payload_json, "é" * 5, 11, "items[0]")  # 2 + 10 bytes
     assert exc.status == 413
 
 

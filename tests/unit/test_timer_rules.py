@@ -114,13 +114,15 @@ def test_a_queen_operation_carries_the_json_its_client_encoded() -> None:
                                  rb'"\u0000"', rb'{"\u0000": 1}', rb'["\udc00"]', b"\xff",
                                  b"[" * 100_000])
 def test_payloads_jsonb_could_not_store_are_refused(raw: bytes) -> None:
-    with pytest.raises(ValueError):
-        rules.decode_json_payload(raw)
+    with pytest.raises(ValidationError) as info:
+        rules.payload_value(_b64(raw), False, 1 << 20, "op")
+    assert info.value.code == "invalid_payload"
 
 
 def test_escapes_that_jsonb_stores_pass() -> None:
-    assert rules.decode_json_payload(rb'["\\u0000", "\ud83d\ude00", "\n"]') == [
-        "\\u0000", "\U0001f600", "\n"]
+    value, _ = rules.payload_value(_b64(rb'["\\u0000", "\ud83d\ude00", "\n"]'), False, 1000,
+                                   "op")
+    assert value == ["\\u0000", "\U0001f600", "\n"]
 
 
 def test_a_zstd_payload_is_decompressed_but_never_past_the_ceiling() -> None:
@@ -144,3 +146,21 @@ def test_schedule_accepts_negative_and_zero_delays() -> None:
         s = rules.schedule({"delayMs": delay, "payload": None}, "q", "a/b c", horizon_s=10,
                            ceiling=1000)
         assert (s.delay_ms, s.key, s.partition, s.txn) == (delay, "a/b c", "Default", None)
+
+
+@pytest.mark.parametrize(("blob", "compressed", "expected"), [
+    # Payloads jsonb refuses: the start of the text, a NUL byte spelled out.
+    (b"NaN", False, {"undecodablePayloadBytes": 3, "payloadPreview": "NaN"}),
+    (b'"\xff\x00"', False, {"undecodablePayloadBytes": 4, "payloadPreview": '"\\xff\\x00"'}),
+    (rules.pack({"note": "x" * 500})[0], True,
+     {"undecodablePayloadBytes": len(rules.pack({"note": "x" * 500})[0]),
+      "payloadPreview": '{"note":"' + "x" * (rules.PREVIEW_BYTES - 9)}),
+    (b"\x28\xb5\x2f\xfd not zstd", True,
+     {"undecodablePayloadBytes": 13, "compressed": "cannot be decompressed"}),
+])
+def test_what_a_dead_letter_holds_for_a_payload_jsonb_cannot_hold(
+    blob: bytes, compressed: bool, expected: dict
+) -> None:
+    described = rules.undecodable(blob, compressed)
+    assert described == expected
+    assert "\\u0000" not in json.dumps(described)  # jsonb takes it

@@ -1,0 +1,123 @@
+"""Every connection ends when HTTP says it should: idle, ``Connection: close``, HTTP/1.0.
+
+hypercorn 0.18's trio server finishes a response inside the app's last ``send``: it restarts the
+connection's idle timer, or closes the connection (``Connection: close``, HTTP/1.0, a body the
+app never read). Both steps wait at checkpoints, and quart-trio cancels its request task as soon
+as hypercorn reports ``http.disconnect``, which hypercorn does in that same call just before
+them. So once a connection had carried one request it was never timed out nor closed, whatever
+the client asked (issue 28; docs/upstream/hypercorn-keep-alive.md).
+
+:func:`install` changes hypercorn's trio ``TCPServer`` and ``H11Protocol`` (pinned in
+pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py):
+
+- the connection's own steps (the idle timer, the close) are shielded from the cancellation of
+  the task that asked for them;
+- an answer that goes out before the request's body has all arrived (a 401 or 413 decided
+  early) says ``Connection: close``: hypercorn closes such a connection after the answer, and
+  the client must not send its next request on it;
+- a close is a lingering one: FIN right after the answer, then what the client still sends is
+  read and dropped until it closes or :data:`LINGER_S` pass. A client refused before its upload
+  ended is still writing; closing at once would reset the connection under an answer it has
+  not read yet;
+- when the client closes, the idle timer stops, so the descriptor is released at once, not
+  after ``QUEEN_HTTP_IDLE_TIMEOUT_S`` (hypercorn's own behaviour, hidden by the first bug).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from functools import partial
+from typing import Any
+
+import h11
+import trio
+from hypercorn.events import Closed, Event, Updated
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+# Long enough for a refused client to finish writing what it has in flight and read the answer;
+# short enough that a client who never stops sending holds its descriptor only briefly.
+LINGER_S = 2.0
+
+_ORIGINAL_SEND = TCPServer.protocol_send
+_ORIGINAL_READ = TCPServer._read_data
+_ORIGINAL_STREAM_SEND = H11Protocol.stream_send
+_LINGERING = "_queen_lingering"
+
+
+async def _stream_send(self: Any, event: StreamEvent) -> None:
+    if (isinstance(event, Response) and event.status_code >= 200
+            and self.connection.their_state is h11.SEND_BODY):
+        event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
+    await _ORIGINAL_STREAM_SEND(self, event)
+
+
+async def _protocol_send(self: Any, event: Event) -> None:
+    if isinstance(event, Closed):
+        with trio.CancelScope(shield=True):
+            await _half_close(self.stream)
+            if not getattr(self, _LINGERING, False):  # the first close starts the one linger
+                setattr(self, _LINGERING, True)
+                await self.idle_task.restart(self._task_group, partial(_close_after_linger, self))
+        await self.protocol.handle(Closed())
+    elif isinstance(event, Updated):
+        with trio.CancelScope(shield=True):
+            await _ORIGINAL_SEND(self, event)
+    else:
+        await _ORIGINAL_SEND(self, event)
+
+
+async def _read_data(self: Any) -> None:
+    try:
+        await _ORIGINAL_READ(self)
+    finally:
+        # The client closed (or the connection was closed): nothing is left to time out.
+        with trio.CancelScope(shield=True):
+            await self.idle_task.stop()
+
+
+async def _half_close(stream: Any) -> None:
+    try:
+        await stream.send_eof()
+    except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError,
+            AttributeError):  # gone already, or a TLS stream (no half-close)
+        pass
+
+
+async def _close_after_linger(self: Any) -> None:
+    with trio.move_on_after(LINGER_S):
+        await self.context.terminated.wait()  # a shutdown ends the linger
+    with trio.CancelScope(shield=True):
+        await self._initiate_server_close()
+    # A read loop that h11 paused (the client sent another request after its last answer)
+    # would never notice the socket closing: end the connection's tasks too.
+    self._task_group._nursery.cancel_scope.cancel()
+
+
+class _AtMostEvery(logging.Filter):
+    """Let one record through per ``seconds``: trio logs a traceback every 100 ms while
+    accept(2) fails for want of descriptors, and keeps retrying (what we want)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.last = seconds, -seconds
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
+def install() -> None:
+    """Patch hypercorn's trio TCPServer and its HTTP/1.1 protocol (idempotent)."""
+    if TCPServer.protocol_send is not _protocol_send:
+        TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
+        TCPServer._read_data = _read_data  # type: ignore[method-assign]
+        H11Protocol.stream_send = _stream_send  # type: ignore[method-assign]
+        logging.getLogger("trio.serve_listeners").addFilter(_AtMostEvery(10.0))

@@ -1,0 +1,38 @@
+"""``POST /api/v1/locks``: acquire, renew, release and get, for locks and semaphores
+(:mod:`queen_trio.locks`). As on the KV routes the status says how the call went: a lock held
+by somebody else is a 200 with ``acquired: false``, a stale token a 200 with ``reason: lost``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+from quart import Blueprint, Response
+
+from .. import locks
+from .common import broker as _broker
+from .common import json_response
+from .errors import read_json_body
+from .tenancy import current_tenant_id, enforce_storage_gate
+
+lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
+
+
+@lock_routes.post("")
+async def batch() -> Response:
+    body = await read_json_body()
+    if isinstance(body, dict) and set(body) == {"operations"}:
+        body = body["operations"]
+    ops = locks.parse_call(body)
+    if any(op.kind == "acquire" for op in ops):  # the one operation that adds a row
+        enforce_storage_gate()
+    db, tenant_id = _broker().db, current_tenant_id()
+
+    def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        return db.run(locks.kv_call, tenant_id, op)
+
+    # Independent operations, each KV call its own transaction: a call that fails half way
+    # may have applied some, and sent again with the same owners it converges.
+    results = [await locks.apply(kv, op) for op in ops]
+    return json_response({"results": results})

@@ -1,0 +1,151 @@
+"""The hypercorn, quart-trio and Quart internals queen_trio/api/connections.py and bodies.py
+build on.
+
+connections.py wraps hypercorn's trio ``TCPServer.protocol_send(event)`` and ``_read_data()``
+and uses its ``idle_task``, ``_task_group``, ``stream``, ``protocol``, ``context`` and
+``_initiate_server_close()``, and wraps ``H11Protocol.stream_send(event)`` (reading the h11
+``connection``); bodies.py replaces Quart's ``Request.body_class`` and quart-trio's
+``asgi_http_class``. None of that is public API, hence the pins ``hypercorn[trio]>=0.18,<0.19``,
+``quart-trio>=0.12,<0.13`` and ``quart>=0.22,<0.23`` in pyproject.toml. These tests fail, naming
+the module, as soon as an installed version differs; the last one runs hypercorn itself (no
+database) with an app that behaves like quart-trio, which is docs/upstream's reproduction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import quart.asgi
+import trio
+from hypercorn.config import Config
+from hypercorn.protocol.events import Response
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio import serve
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import TrioSingleTask
+from quart.wrappers.request import Request
+from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from quart_trio.wrappers import TrioRequest
+
+from queen_trio.api import connections
+from queen_trio.api.bodies import BodyHoldingConnection, RequestBody
+
+_CONNECTIONS = ("hypercorn's trio TCPServer is not the one queen_trio/api/connections.py is "
+                "written for (hypercorn 0.18); adapt connections.py and the pin in pyproject.toml "
+                "together")
+_BODIES = ("quart-trio/Quart's request handling is not the one queen_trio/api/bodies.py is "
+           "written for (quart-trio 0.12, Quart 0.22); adapt bodies.py and the pins in "
+           "pyproject.toml together")
+
+
+def names(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def test_the_tcp_server_methods_connections_py_wraps() -> None:
+    assert names(connections._ORIGINAL_SEND) == ["self", "event"], _CONNECTIONS
+    assert names(connections._ORIGINAL_READ) == ["self"], _CONNECTIONS
+    assert names(TCPServer._initiate_server_close) == ["self"], _CONNECTIONS
+    assert names(TrioSingleTask.restart) == ["self", "task_group", "action"], _CONNECTIONS
+    assert names(TrioSingleTask.stop) == ["self"], _CONNECTIONS
+    assert names(connections._ORIGINAL_STREAM_SEND) == ["self", "event"], _CONNECTIONS
+    assert "self.connection: h11.Connection" in inspect.getsource(H11Protocol), _CONNECTIONS
+    assert [f.name for f in dataclasses.fields(Response)] == [
+        "stream_id", "headers", "status_code"], _CONNECTIONS
+    source = inspect.getsource(TCPServer)
+    for used in ("self.idle_task = ", "self._task_group = ", "self.stream = ",
+                 "self.protocol = ", "self.context = ", "self.protocol_send,"):
+        assert used in source, f"{_CONNECTIONS}: TCPServer no longer has {used!r}"
+
+
+def test_the_quart_request_handling_bodies_py_replaces() -> None:
+    assert names(TrioASGIHTTPConnection.handle_messages) == [
+        "self", "nursery", "request", "receive"], _BODIES
+    assert names(TrioASGIHTTPConnection.handle_request) == [
+        "self", "nursery", "request", "send"], _BODIES
+    assert names(TrioASGIHTTPConnection._create_request_from_scope) == ["self", "send"], _BODIES
+    assert issubclass(BodyHoldingConnection, TrioASGIHTTPConnection)
+    assert QuartTrio.request_class is TrioRequest, _BODIES
+    # How a request makes its body, and what the connection calls on it.
+    assert "self.body = self.body_class(self.content_length, max_content_length)" in (
+        inspect.getsource(Request.__init__)), _BODIES
+    feeding = inspect.getsource(quart.asgi.ASGIHTTPConnection.handle_messages)
+    assert "request.body.append(" in feeding and "request.body.set_complete()" in feeding, _BODIES
+    for method in ("append", "set_complete", "set_result", "clear", "__await__", "__aiter__",
+                   "__anext__"):
+        assert hasattr(RequestBody, method)
+
+
+# -- the hook at work, on hypercorn itself -----------------------------------------------------
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        kind = (await receive())["type"]
+        await send({"type": kind + ".complete"})
+        if kind == "lifespan.shutdown":
+            return
+
+
+async def quart_trio_like_app(scope: Any, receive: Any, send: Any) -> None:
+    """Answers 200, and cancels itself on ``http.disconnect`` as quart-trio does."""
+    if scope["type"] != "http":
+        await _lifespan(receive, send)
+        return
+    async with trio.open_nursery() as nursery:
+        async def until_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(until_disconnect)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def hypercorn_port() -> AsyncIterator[int]:
+    connections.install()
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.keep_alive_timeout = 1
+    config.accesslog = None
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(lambda task_status: serve(
+            quart_trio_like_app, config, task_status=task_status))
+        yield int(urls[0].rsplit(":", 1)[1])
+        nursery.cancel_scope.cancel()
+
+
+def seconds_until_closed(port: int, request: bytes, limit: float = 5) -> float | None:
+    with socket.create_connection(("127.0.0.1", port), timeout=limit) as s:
+        s.sendall(request)
+        started = time.monotonic()
+        try:
+            while s.recv(65536):
+                pass
+        except TimeoutError:
+            return None
+        return time.monotonic() - started
+
+
+@pytest.mark.parametrize(("request_", "within"), [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", (0.8, 3.0)),  # idle: keep_alive_timeout (1 s)
+    (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", (0.0, 0.5)),
+    (b"GET / HTTP/1.0\r\n\r\n", (0.0, 0.5)),
+], ids=["idle", "connection-close", "http-1.0"])
+async def test_hypercorn_closes_a_connection_served_by_a_self_cancelling_app(
+    hypercorn_port: int, request_: bytes, within: tuple[float, float]
+) -> None:
+    elapsed = await trio.to_thread.run_sync(seconds_until_closed, hypercorn_port, request_)
+    assert elapsed is not None, f"{_CONNECTIONS}: the connection was never closed"
+    assert within[0] <= elapsed < within[1], elapsed
