@@ -28,6 +28,7 @@ from bench.harness.timers import (
     consume,
     final_check,
     settle_metrics,
+    timer_ops,
 )
 from bench.sdk_consumer import SdkConsumer
 
@@ -91,9 +92,8 @@ class Ours:
         else:
             answers = []
             for i in range(0, len(entries), BUNDLE):
-                got = await api.bundle(scenario, [
-                    {"action": "schedule", "queue": queue, "key": key, "delayMs": delay,
-                     "payload": {"k": key}} for key, delay in entries[i:i + BUNDLE]])
+                got = await api.bundle(scenario, timer_ops(
+                    queue, [(key, delay, {"k": key}) for key, delay in entries[i:i + BUNDLE]]))
                 answers += got or []
         for answer in answers:
             self.delivery.schedule_answer(answer)
@@ -121,9 +121,8 @@ class Ours:
         return await _calibrate(lambda entries: self._side(scenario, queue, entries))
 
     async def _side(self, scenario: str, queue: str, entries: list[tuple[str, int]]) -> None:
-        await self._api().bundle(f"{scenario} calibration", [
-            {"action": "schedule", "queue": f"{queue}-calibration", "key": key,
-             "delayMs": delay, "payload": {}} for key, delay in entries])
+        await self._api().bundle(f"{scenario} calibration", timer_ops(
+            f"{queue}-calibration", [(key, delay, {}) for key, delay in entries]))
 
     async def analyze(self) -> None:
         await analyze(self.database_url)

@@ -42,7 +42,9 @@ scenario, so its metrics start at zero) reached over TCP with the SDK's HTTP cli
    frames beyond the first per key; then a last pop must find nothing and the queue must list
    no pending timer.
 4. ``schedule``: (a) single PUTs from 32 concurrent clients for 10 s: requests/s and latency
-   p50/p90/p99/max; (b) 500-timer bundles from C = 1 and C = 4 clients for 10 s: timers/s.
+   p50/p90/p99/max; (b) 500-timer bundles from C = 1 and C = 4 clients for 10 s: timers/s;
+   (c) the same through Queen's batch route, ``POST /api/v1/timers`` with 256 operations (its
+   ceiling) a call.
    Delays are one hour, so nothing fires. Each row runs on its own fresh broker, so a broker
    that dies in one row does not take the others with it.
 
@@ -96,6 +98,7 @@ from bench.harness.report import Failures, load, machine_info, save_json, verdic
 from bench.harness.spacing import IDLE_GAP_S, SpacedDelays
 from bench.harness.stats import distribution
 from bench.harness.timers import (
+    BATCH,
     BUNDLE,
     FAR_DELAY_MS,
     FINAL_POP_BATCH,
@@ -232,7 +235,7 @@ async def scenario_idle(ctx: Ctx, *, lean: bool = False) -> dict[str, Any]:
                 put_rtt.append(time.perf_counter() - ts)
                 if answer is not None:
                     delivery.schedule_answer(answer)
-                    last_due = max(last_due, delivery.expected[answer["key"]][0])
+                    last_due = max(last_due, delivery.expected[answer["timerKey"]][0])
             delivery.scheduling_done = True
             phase = "waiting for the last timers"
             deadline = time.monotonic() + max(0.0, last_due - time.time()) + DRAIN_GRACE_S
@@ -480,7 +483,8 @@ def burst_drain(delivery: Delivery, polls: list[tuple[float, float]], n: int) ->
 # -- 4. schedule throughput -------------------------------------------------------------------
 
 
-SCHEDULE_PARTS = ("put", *(f"bundle-c{c}" for c in BUNDLE_CLIENTS))
+# Bundles and batches alternate, so that each pair ran under much the same machine load.
+SCHEDULE_PARTS = ("put", *(f"{kind}-c{c}" for c in BUNDLE_CLIENTS for kind in ("bundle", "batch")))
 
 
 async def scenario_schedule(ctx: Ctx, part: str) -> dict[str, Any]:
@@ -501,13 +505,15 @@ async def scenario_schedule(ctx: Ctx, part: str) -> dict[str, Any]:
 
             out["row"] = await timed_clients(ctx, PUT_CLIENTS, seconds, 2, put)
         else:
+            kind, _, c_clients = part.partition("-c")
+            send, size = (ctx.api.bundle, BUNDLE) if kind == "bundle" else (ctx.api.batch, BATCH)
+
             async def bundle(c: int, n: int) -> int | None:
-                answers = await ctx.api.bundle(name, bundle_entries(
-                    queue, f"b-{c:02d}-{n:05d}", range(BUNDLE), lambda _: FAR_DELAY_MS, name))
+                answers = await send(name, bundle_entries(
+                    queue, f"b-{c:02d}-{n:05d}", range(size), lambda _: FAR_DELAY_MS, name))
                 return None if answers is None else len(answers)
 
-            clients = int(part.removeprefix("bundle-c"))
-            out["row"] = await timed_clients(ctx, clients, seconds, 1, bundle)
+            out["row"] = await timed_clients(ctx, int(c_clients), seconds, 1, bundle)
     if scope.cancelled_caught:
         hang(ctx, name, SCHEDULE_LIMIT_S, part)
     out["load_avg_end"] = load()
@@ -673,7 +679,8 @@ def print_schedule(r: dict[str, Any]) -> None:
           f"load avg (1 min) start -> end")
     for part in SCHEDULE_PARTS:
         p = r["parts"].get(part)
-        label = "PUT (1 timer)" if part == "put" else f"bundle ({BUNDLE} timers)"
+        label = ("PUT (1 timer)" if part == "put" else f"bundle ({BUNDLE} timers)"
+                 if part.startswith("bundle") else f"batch ({BATCH} timers)")
         row = (p or {}).get("row")
         if row is None:
             why = "broker died" if (p or {}).get("broker_died") else "not run or hung"
@@ -867,7 +874,7 @@ def main() -> int:
         if result["row"] is not None:
             if part == "put":
                 merged["put"] = result["row"]
-            else:
+            elif part.startswith("bundle"):
                 merged["bundles"].append(result["row"])
         if part == SCHEDULE_PARTS[-1]:
             print_schedule(merged)

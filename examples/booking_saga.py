@@ -59,9 +59,9 @@ class BookingService:
                   .delay(self.hold_for).payload({"type": "expire", "bookingId": booking})
                   .schedule())
         elif event == "paid" and step == "held":
-            # If the timer is being fired right now the broker answers too_late and refuses
-            # the whole bundle (409); the handler then fails, the event is redelivered, and by
-            # then the cancel answers absent.
+            # If the timer is being fired right now the cancel answers too_late (a verdict:
+            # the bundle still commits), and its expiry message, arriving a moment later, finds
+            # the booking confirmed and is only acked.
             tx = (expiry.cancel()
                   .kv.put(SAGA, booking, {"step": "confirmed"}, ttl_seconds="7d")
                   .push(AUDIT, {"event": "booking.confirmed", "bookingId": booking}))

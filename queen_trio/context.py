@@ -22,7 +22,7 @@ class BrokerContext:
     metrics: BrokerMetrics
     tenants: TenantDirectory
     wakeups: QueueWakeups
-    # Single-timer schedules (PUT / POST /timers), sent to PostgreSQL in shared statements.
+    # Schedules of PUT and POST /api/v1/timers, sent to PostgreSQL in shared statements.
     schedules: ScheduleBatcher
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.

@@ -11,6 +11,7 @@
      └── ClientError            the request cannot be honoured as sent (maps to a 4xx)
           ├── ValidationError        malformed or out-of-range input (400)
           │    └── PayloadTooLarge       a payload or value above its byte ceiling (413)
+          ├── Forbidden              well-formed, but a limit refuses it whatever the retry (403)
           ├── NotFound               the named resource does not exist for this tenant (404)
           └── Conflict               the resource is in a state that forbids it (409)
 
@@ -81,6 +82,10 @@ class PayloadTooLarge(ValidationError):
     """A payload or value is above its byte ceiling (code ``payload_too_large``)."""
 
 
+class Forbidden(ClientError):
+    """Well-formed, but refused by a limit that no retry gets past (a timer beyond the horizon)."""
+
+
 class NotFound(ClientError):
     """The named resource does not exist for this tenant."""
 
@@ -96,6 +101,7 @@ HTTP_STATUS: dict[type[QueenError], int] = {
     ClientError: 400,
     ValidationError: 400,
     PayloadTooLarge: 413,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     DatabaseUnavailable: 503,

@@ -135,7 +135,7 @@ async def run_broker(
                 functools.partial(kv_store.run_purger, db, count_error=count_error))
             # Plans made while a table was small are dropped once it has grown.
             await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
-            await nursery.start(schedules.run)  # single-timer schedules, batched
+            await nursery.start(schedules.run)  # schedules of the timer routes, batched
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
                                   tenants.message_ceiling(tid)),

@@ -2,14 +2,16 @@
 
 The body has four top-level fields and no other (an unknown one is a 400, never dropped):
 ``operations`` (push, ack), ``kv`` (KV ops, as on ``POST /api/v1/kv`` but getPrefix), ``timers``
-and ``requiredLeases``. Everything is validated up front, then applied inside one PostgreSQL
-transaction: everything commits or nothing does. A failure names the entry that caused it.
+(Queen's timer operations, :func:`queen_trio.timers.rules.operation`) and ``requiredLeases``.
+Everything is validated up front, then applied inside one PostgreSQL transaction: everything
+commits or nothing does. A failure names the entry that caused it.
 
 The KV ops go first (their row locks come before any partition's, as on every path that
 takes both), so a gate (a ``required`` putIfAbsent, a lock's guard) that does not hold stops
 the bundle before anything else is written: :class:`~queen_trio.kv.rules.PreconditionLost`
 rolls it all back. ``requiredLeases`` must all be live when the bundle commits; an ack that
-names no lease borrows the bundle's one required lease.
+names no lease borrows the bundle's one required lease. A timer that is being fired is
+``too_late`` in its result, a verdict that does not abort the bundle.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from .log import rules as log_rules
 from .log import store as log_store
 from .timers import rules as timer_rules
 from .timers import store as timer_store
-from .wire import iso
 
 Raw = psycopg.Connection[dict[str, Any]]
 OPERATION_TYPES = ("push", "ack")
@@ -45,26 +46,16 @@ class Operation:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TimerAction:
-    index: int
-    action: str  # schedule | cancel
-    schedule: timer_rules.Schedule | None = None
-    queue: str = ""
-    key: str = ""
-    txn: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Bundle:
     operations: list[Operation]
-    timers: list[TimerAction]
+    timers: list[timer_rules.Schedule | timer_rules.Cancel]
     kv: list[kv_rules.Op] = dataclasses.field(default_factory=list)
     required_leases: tuple[uuid.UUID, ...] = ()
 
     def adds_storage(self) -> bool:
         return (any(op.type == "push" for op in self.operations)
                 or any(op.kind in ("put", "putIfAbsent", "incr") for op in self.kv)
-                or any(t.action == "schedule" for t in self.timers))
+                or any(isinstance(t, timer_rules.Schedule) for t in self.timers))
 
     @property
     def kv_base(self) -> int:
@@ -116,37 +107,28 @@ def parse(body: dict[str, Any], limits: Limits) -> Bundle:
     return Bundle(
         [_parse_one(i, op, limits.message_ceiling, default_lease)
          for i, op in enumerate(operations)],
-        [_parse_timer(i, t, limits) for i, t in enumerate(timers)],
+        _parse_timers(timers, limits),
         kv_rules.parse_call(kv, ceiling=limits.message_ceiling, in_transaction=True,
                             where="kv: "),
         leases,
     )
 
 
-def _parse_timer(index: int, entry: Any, limits: Limits) -> TimerAction:
-    where = f"timers[{index}]"
-    if not isinstance(entry, dict):
-        raise ValidationError("invalid_timer", f"{where} must be an object", timer=index)
-    body = dict(entry)
-    action = body.pop("action", None)
-    queue, key = body.pop("queue", None), body.pop("key", None)
-    if action == "schedule":
-        return TimerAction(index, action, timer_rules.schedule(
-            body, queue, key, horizon_s=limits.timer_horizon_s,
-            ceiling=limits.timer_payload_ceiling, where=where))
-    if action == "cancel":
-        txn = body.pop("txn", None)
-        if body:
-            raise ValidationError(
-                "unknown_field", f"{where}: unknown field(s): {', '.join(sorted(body))}"
-            )
-        return TimerAction(
-            index, action, None, log_rules.queue_name(queue, f"{where}.queue"),
-            timer_rules.timer_key(key, f"{where}.key"),
-            None if txn is None else log_rules.transaction_id(txn, f"{where}.txn"),
-        )
-    raise ValidationError("invalid_timer", f"{where}.action must be 'schedule' or 'cancel'",
-                          timer=index)
+def _parse_timers(entries: list[Any], limits: Limits
+                  ) -> list[timer_rules.Schedule | timer_rules.Cancel]:
+    """The ``timers`` rider: Queen's timer operations, each timer at most once. A malformed
+    one is Queen's 400 ``timers_bad_request`` (our precise code as ``reason``)."""
+    try:
+        timers = [timer_rules.operation(t, f"timers[{i}]", horizon_s=limits.timer_horizon_s,
+                                        ceiling=limits.timer_payload_ceiling)
+                  for i, t in enumerate(entries)]
+        timer_rules.check_distinct(timers, "timers")
+    except ClientError as exc:
+        if exc.status != 400:
+            raise
+        raise ValidationError("timers_bad_request", exc.message, reason=exc.code,
+                              **exc.extra) from None
+    return timers
 
 
 def _parse_one(index: int, op: Any, ceiling: int, default_lease: uuid.UUID | None) -> Operation:
@@ -190,8 +172,8 @@ def execute(
     outcomes).
 
     A required kv op that does not hold raises PreconditionLost. A required lease that is not
-    live aborts the bundle with 409. A timer that is being fired (too_late) aborts it with 409
-    and every timer's answer; a cancel that finds nothing (absent) does not.
+    live aborts the bundle with 409. A timer's verdict (too_late for one being fired, absent
+    for a cancel that found nothing) is its answer, and the bundle commits.
     """
     # First, before any partition is locked: the kv rows, in key order (kv/rules.py).
     kv_results = kv_store.apply(raw, tenant_id, bundle.kv)
@@ -207,29 +189,8 @@ def execute(
                 results.append(result)
         except ClientError as exc:
             raise _at(op.index, exc) from None
-    outcomes: list[timer_store.Outcome] = []
-    run: list[timer_rules.Schedule] = []  # consecutive schedules go in one schedule_many
-
-    def flush() -> None:
-        if run:
-            outcomes.extend(timer_store.schedule_many(
-                raw, tenant_id, run, notify_within_ms=limits.notify_within_ms))
-            run.clear()
-
-    for t in bundle.timers:
-        if t.schedule is not None:
-            run.append(t.schedule)
-            continue
-        flush()
-        outcomes.append(timer_store.cancel(raw, tenant_id, t.queue, t.key, t.txn))
-    flush()
-    late = [i for i, o in enumerate(outcomes) if o.status == "too_late"]
-    if late:
-        raise Conflict(
-            "timer_too_late",
-            f"timers[{late[0]}] is being fired right now; the whole transaction was rolled back",
-            timers=[timer_outcome_wire(o) for o in outcomes],
-        )
+    outcomes = timer_store.apply(raw, tenant_id, bundle.timers,
+                                 notify_within_ms=limits.notify_within_ms)
     return results, kv_results, outcomes
 
 
@@ -243,12 +204,3 @@ def _check_leases(raw: Raw, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> No
         raise Conflict(
             "lease_lost", f"requiredLeases: lease {lost[0]} has expired or was released; the "
                           f"whole transaction was rolled back", lease=str(lost[0]))
-
-
-def timer_outcome_wire(o: timer_store.Outcome) -> dict[str, Any]:
-    wire: dict[str, Any] = {"ok": o.ok, "status": o.status, "queue": o.queue, "key": o.key,
-                            "txn": o.txn}
-    if o.status in ("scheduled", "rescheduled"):
-        wire["partition"] = o.partition
-        wire["deliverAt"] = iso(o.deliver_at)
-    return wire

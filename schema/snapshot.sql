@@ -102,7 +102,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.append_timer_frames(p_tenants integer[], p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_texts text[], p_payload_bytes integer[], p_deliver_at timestamp with time zone[]) RETURNS integer
+CREATE FUNCTION queen.append_timer_frames(p_tenants integer[], p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_message_ids uuid[], p_texts text[], p_payload_bytes integer[], p_deliver_at timestamp with time zone[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -153,10 +153,10 @@ BEGIN
         SELECT f.*, p.partition_id,
                p.next_offset - 1 + row_number() OVER (PARTITION BY p.partition_id ORDER BY f.ord)
                    AS "offset"
-        FROM unnest(p_tenants, p_queues, p_keys, p_partitions, p_txns, p_texts,
+        FROM unnest(p_tenants, p_queues, p_keys, p_partitions, p_txns, p_message_ids, p_texts,
                     p_payload_bytes, p_deliver_at) WITH ORDINALITY
-             AS f(tenant_id, queue, timer_key, partition, txn, payload, payload_bytes,
-                  deliver_at, ord)
+             AS f(tenant_id, queue, timer_key, partition, txn, message_id, payload,
+                  payload_bytes, deliver_at, ord)
         JOIN queen.queues q ON q.tenant_id = f.tenant_id AND q.name = f.queue
         JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = f.partition
     ), appended AS (
@@ -164,7 +164,7 @@ BEGIN
                                   size_bytes, created_at, meta)
         SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
                greatest(clock_timestamp(), deliver_at),
-               jsonb_build_object('timer', jsonb_build_object(
+               jsonb_build_object('messageId', message_id, 'timer', jsonb_build_object(
                    'key', timer_key,
                    'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
                                         'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
@@ -191,6 +191,58 @@ BEGIN
     SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM woken)
     INTO v_appended, v_queues_woken;
     RETURN v_appended;
+END
+$$;
+
+CREATE FUNCTION queen.cancel_timers(p_tenant integer, p_queues text[], p_keys text[], p_txns text[]) RETURNS TABLE(ord integer, status text, txn text)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.queue, u.timer_key, u.txn, u.ord::integer AS ord
+        FROM unnest(p_queues, p_keys, p_txns) WITH ORDINALITY AS u(queue, timer_key, txn, ord)
+    ), existing AS (
+        SELECT i.ord, t.txn
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.txn FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            LIMIT 1
+        ) t
+    ), locked AS (
+        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
+        SELECT i.ord, t.row_id, t.claimed
+        FROM input i
+        CROSS JOIN LATERAL (
+            SELECT x.ctid AS row_id, x.claim_token IS NOT NULL AND x.visible_at > now() AS claimed
+            FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            FOR UPDATE SKIP LOCKED
+        ) t
+    ), deleted AS (
+        DELETE FROM queen.timers t
+        USING locked l
+        WHERE t.ctid = l.row_id AND NOT l.claimed
+        RETURNING l.ord, t.txn, t.payload_bytes
+    ), usage AS (  -- (run whether or not read, as every data-modifying WITH is)
+        INSERT INTO queen.usage_deltas (tenant_id, bytes)
+        SELECT p_tenant, -sum(d.payload_bytes) FROM deleted d HAVING count(*) > 0
+    )
+    SELECT i.ord,
+           CASE WHEN d.ord IS NOT NULL THEN 'cancelled'
+                WHEN e.ord IS NOT NULL THEN 'too_late'
+                ELSE 'absent' END,
+           CASE WHEN d.ord IS NOT NULL THEN d.txn
+                WHEN e.ord IS NOT NULL THEN e.txn
+                ELSE i.txn END
+    FROM input i
+    LEFT JOIN deleted d ON d.ord = i.ord
+    LEFT JOIN existing e ON e.ord = i.ord
+    ORDER BY i.ord;
 END
 $$;
 
@@ -250,14 +302,14 @@ BEGIN
         DELETE FROM queen.timers t
         USING ours o
         WHERE t.ctid = o.row_id
-        RETURNING o.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, o.text,
-                  t.payload_bytes, t.deliver_at
+        RETURNING o.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.message_id,
+                  o.text, t.payload_bytes, t.deliver_at
     ), appended AS (
         SELECT queen.append_timer_frames(
                    array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
                    array_agg(g.timer_key ORDER BY g.ord), array_agg(g.partition ORDER BY g.ord),
-                   array_agg(g.txn ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
-                   array_agg(g.payload_bytes ORDER BY g.ord),
+                   array_agg(g.txn ORDER BY g.ord), array_agg(g.message_id ORDER BY g.ord),
+                   array_agg(g.text ORDER BY g.ord), array_agg(g.payload_bytes ORDER BY g.ord),
                    array_agg(g.deliver_at ORDER BY g.ord)) AS done
         FROM gone g
         HAVING count(*) > 0
@@ -445,7 +497,7 @@ $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
-CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, deliver_at timestamp with time zone)
+CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, deliver_at timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     AS $$
@@ -473,8 +525,9 @@ BEGIN
             RETURN QUERY
             SELECT i, s.status, s.txn, s.deliver_at
             FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                       p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
-                                       p_delays_ms[i:i], p_notify_within_ms) s;
+                                       p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
+                                       p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+                                       p_notify_within_ms) s;
         END LOOP;
         RETURN;
     END IF;
@@ -483,11 +536,13 @@ BEGIN
     -- scan) that the planner cannot flatten: with the table's statistics stale (it grew since the last ANALYZE), a join
     -- would be planned as a scan of all the tenant's timers, for every bundle.
     WITH input AS (
-        SELECT u.queue, u.timer_key, u.partition, u.txn, u.payload, u.zstd, u.bytes,
-               u.ord::integer AS ord, now() + make_interval(secs => u.delay_ms / 1000.0) AS due
-        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_payloads, p_zstd, p_bytes,
-                    p_delays_ms) WITH ORDINALITY
-             AS u(queue, timer_key, partition, txn, payload, zstd, bytes, delay_ms, ord)
+        SELECT u.queue, u.timer_key, u.partition, u.txn, u.message_id, u.payload, u.zstd,
+               u.bytes, u.ord::integer AS ord,
+               now() + make_interval(secs => u.delay_ms / 1000.0) AS due
+        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_message_ids, p_payloads, p_zstd,
+                    p_bytes, p_delays_ms) WITH ORDINALITY
+             AS u(queue, timer_key, partition, txn, message_id, payload, zstd, bytes, delay_ms,
+                  ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -514,7 +569,8 @@ BEGIN
     ), rescheduled AS (
         -- A reschedule is a new timer under an old name: the failure budget starts again.
         UPDATE queen.timers t
-        SET partition = i.partition, txn = i.txn, payload = i.payload, payload_zstd = i.zstd,
+        SET partition = i.partition, txn = i.txn, message_id = i.message_id,
+            payload = i.payload, payload_zstd = i.zstd,
             payload_bytes = i.bytes, deliver_at = i.due, visible_at = i.due, attempts = 0,
             last_error = NULL, claim_token = NULL, claimed_by = NULL, updated_at = now()
         FROM locked l
@@ -522,10 +578,10 @@ BEGIN
         WHERE t.ctid = l.row_id AND NOT l.claimed
         RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
     ), inserted AS (
-        INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload,
-                                  payload_zstd, payload_bytes, deliver_at, visible_at)
-        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.payload, i.zstd, i.bytes,
-               i.due, i.due
+        INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
+                                  payload, payload_zstd, payload_bytes, deliver_at, visible_at)
+        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.message_id, i.payload,
+               i.zstd, i.bytes, i.due, i.due
         FROM input i
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
         ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
@@ -577,8 +633,9 @@ BEGIN
         RETURN QUERY
         SELECT i, s.status, s.txn, s.deliver_at
         FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                   p_txns[i:i], p_payloads[i:i], p_zstd[i:i], p_bytes[i:i],
-                                   p_delays_ms[i:i], p_notify_within_ms, p_attempt + 1) s;
+                                   p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
+                                   p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+                                   p_notify_within_ms, p_attempt + 1) s;
     END LOOP;
 END
 $$;
@@ -691,7 +748,7 @@ BEGIN
             USING unnest(v_ctids[1:v_direct]) WITH ORDINALITY AS k(row_id, ord)
             WHERE t.ctid = k.row_id
             RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
-                      convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
+                      t.message_id, convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                       t.deliver_at
         )
         SELECT array_agg(g.deliver_at ORDER BY g.ord), array_agg(g.tenant_id ORDER BY g.ord),
@@ -699,7 +756,7 @@ BEGIN
                    array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
                    array_agg(g.timer_key ORDER BY g.ord),
                    array_agg(g.partition ORDER BY g.ord), array_agg(g.txn ORDER BY g.ord),
-                   array_agg(g.text ORDER BY g.ord),
+                   array_agg(g.message_id ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
                    array_agg(g.payload_bytes ORDER BY g.ord),
                    array_agg(g.deliver_at ORDER BY g.ord))
         INTO v_fired, v_fired_tenants, v_appended
@@ -1035,7 +1092,8 @@ CREATE TABLE queen.timers (
     claimed_by text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    payload_zstd boolean DEFAULT true NOT NULL
+    payload_zstd boolean DEFAULT true NOT NULL,
+    message_id uuid DEFAULT gen_random_uuid() NOT NULL
 );
 
 COMMENT ON COLUMN queen.timers.payload IS 'the payload''s compact JSON text, zstd-compressed when payload_zstd';

@@ -87,7 +87,7 @@ class Api:
             if not isinstance(answer, dict) or answer.get("status") != "scheduled" \
                     or answer.get("ok") is not True:
                 return "expected ok: true, status: scheduled"
-            if answer.get("key") != key or not isinstance(answer.get("deliverAt"), str):
+            if answer.get("timerKey") != key or not isinstance(answer.get("deliverAt"), str):
                 return "expected the key back and a deliverAt"
             return None
 
@@ -97,25 +97,20 @@ class Api:
 
     async def bundle(self, scenario: str, timers: list[dict[str, Any]]
                      ) -> list[dict[str, Any]] | None:
-        """POST /transaction with only a timers array; the per-timer answers if all were
-        scheduled, else None."""
-
-        def problem(status: int, answer: Any) -> str | None:
-            if status != 200:
-                return "expected 200"
-            if not isinstance(answer, dict) or answer.get("success") is not True \
-                    or not isinstance(answer.get("timers"), list):
-                return "expected success: true and a timers array"
-            if len(answer["timers"]) != len(timers):
-                return f"expected {len(timers)} timer answers, got {len(answer['timers'])}"
-            bad = [t for t, sent in zip(answer["timers"], timers, strict=True)
-                   if t.get("status") != "scheduled" or t.get("key") != sent["key"]
-                   or not isinstance(t.get("deliverAt"), str)]
-            return f"{len(bad)} timer(s) not scheduled, first: {bad[0]}" if bad else None
-
+        """POST /transaction with only a timers array (Queen's timer operations); the
+        per-timer answers if all were scheduled, else None."""
         body = {"operations": [], "timers": timers}
-        answer = await self._checked(scenario, "POST", f"{API}/transaction", body, problem)
-        return None if answer is None else answer["timers"]
+        answer = await self._checked(scenario, "POST", f"{API}/transaction", body,
+                                     _all_scheduled(timers, "success"))
+        return None if answer is None else answer["results"]
+
+    async def batch(self, scenario: str, timers: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]] | None:
+        """POST /timers (Queen's batch, at most 256 operations); the per-timer answers if all
+        were scheduled, else None."""
+        answer = await self._checked(scenario, "POST", f"{API}/timers", {"operations": timers},
+                                     _all_scheduled(timers, None))
+        return None if answer is None else answer["results"]
 
     async def pop(self, scenario: str, queue: str, *, batch: int,
                   timeout_ms: int) -> dict[str, Any] | None | bool:
@@ -140,13 +135,13 @@ class Api:
 
         def problem(status: int, body: Any) -> str | None:
             if status != 200 or not isinstance(body, dict) \
-                    or not isinstance(body.get("timers"), list):
-                return "expected 200 with a timers array"
+                    or not isinstance(body.get("rows"), list):
+                return "expected 200 with a rows array"
             return None
 
         body = await self._checked(scenario, "GET", f"{API}/timers/{queue}?limit=10", None,
                                    problem)
-        return None if body is None else len(body["timers"])
+        return None if body is None else len(body["rows"])
 
     async def metrics(self) -> Metrics | None:
         try:
@@ -176,3 +171,23 @@ def event(seq: int, source: str) -> dict[str, Any]:
         "items": [{"sku": f"SKU-{seq % 997:04d}", "qty": 1 + seq % 3}],
         "ts": "2025-01-01T12:00:00.000Z",
     }
+
+
+def _all_scheduled(timers: list[dict[str, Any]], success: str | None
+                   ) -> Callable[[int, Any], str | None]:
+    """The check of a bundle's or a batch's answer: every timer scheduled, in order."""
+
+    def problem(status: int, answer: Any) -> str | None:
+        if status != 200:
+            return "expected 200"
+        if not isinstance(answer, dict) or not isinstance(answer.get("results"), list) \
+                or (success is not None and answer.get(success) is not True):
+            return "expected a results array" + (f" and {success}: true" if success else "")
+        if len(answer["results"]) != len(timers):
+            return f"expected {len(timers)} timer answers, got {len(answer['results'])}"
+        bad = [t for t, sent in zip(answer["results"], timers, strict=True)
+               if t.get("status") != "scheduled" or t.get("timerKey") != sent["timerKey"]
+               or not isinstance(t.get("deliverAt"), str)]
+        return f"{len(bad)} timer(s) not scheduled, first: {bad[0]}" if bad else None
+
+    return problem

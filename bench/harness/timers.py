@@ -20,8 +20,10 @@ from bench.harness.cpu import CpuMeter, PartyCpu, process_alive
 from bench.harness.metrics import Metrics
 from bench.harness.report import Failures
 from bench.harness.stats import distribution
+from queen_trio.client.calls import TimerSpec
 
 BUNDLE = 500  # timers per transaction
+BATCH = 256  # timers per POST /api/v1/timers (Queen's ceiling)
 FAR_DELAY_MS = 3_600_000  # one hour: never fires during the run
 # Scheduling time = timers / calibrated rate x this margin (the rate drops a little as the
 # table grows; an overrun would make the first timers come due while scheduling goes on).
@@ -49,7 +51,7 @@ class Delivery:
     last_arrival: float | None = None
 
     def schedule_answer(self, answer: dict[str, Any]) -> None:
-        key = answer["key"]
+        key = answer["timerKey"]
         if key not in self.expected and key in self.frames:
             self.got_expected += 1
         self.expected[key] = (epoch(answer["deliverAt"]), answer["deliverAt"])
@@ -272,11 +274,16 @@ def new_key(prefix: str, i: int) -> str:
     return f"{prefix}-{i:07d}"
 
 
+def timer_ops(queue: str, entries: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
+    """Schedule operations of Queen's timer wire, (key, delayMs, payload) each, shaped by the
+    SDK (queen_trio.client.calls.TimerSpec) as a client would send them."""
+    return [TimerSpec(queue, key, delay, payload).to_wire() for key, delay, payload in entries]
+
+
 def bundle_entries(queue: str, prefix: str, indices: range, delay_ms: Callable[[int], int],
                    scenario: str) -> list[dict[str, Any]]:
-    return [{"action": "schedule", "queue": queue, "key": new_key(prefix, i),
-             "delayMs": delay_ms(i), "payload": {"scenario": scenario, "i": i}}
-            for i in indices]
+    return timer_ops(queue, [(new_key(prefix, i), delay_ms(i), {"scenario": scenario, "i": i})
+                             for i in indices])
 
 
 def hang(ctx: Ctx, scenario: str, limit: float, phase: str) -> None:

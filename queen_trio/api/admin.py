@@ -18,7 +18,7 @@ from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
 from ..log import admin, groups, rules
-from ..wire import iso
+from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .errors import read_json_object
@@ -356,7 +356,8 @@ async def get_message(partition_id: str, transaction_id: str) -> Response:
               else "processing" if leased else "pending")
     retries = [c["retry_count"] for c in cursors if c["retry_count"] is not None]
     return _json({
-        "id": f"{pid}:{frame.offset}", "transactionId": frame.transaction_id,
+        "id": message_id(str(pid), frame.offset, frame.meta),
+        "transactionId": frame.transaction_id,
         "partitionId": str(pid), "queuePath": f"{part['queue']}/{part['name']}",
         "queue": part["queue"], "partition": part["name"], "offset": frame.offset,
         "namespace": None, "task": None, "status": status,

@@ -22,7 +22,7 @@ from ..log.wakeups import (
     Waiter,
 )
 from ..metrics import BrokerMetrics
-from ..wire import iso
+from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .errors import ApiError, read_json_object
@@ -91,7 +91,7 @@ async def push() -> Response:
 def message_to_wire(batch: store.PopBatch, m: store.Message) -> dict[str, Any]:
     pid = str(batch.partition_id)
     wire = {
-        "id": f"{pid}:{m.offset}",
+        "id": message_id(pid, m.offset, m.meta),
         "transactionId": m.transaction_id,
         "partitionId": pid,
         "partition": batch.partition,

@@ -108,58 +108,93 @@ _SETTLE_AND_POP_RESPONSES = {
 def _timer_paths() -> dict[str, Any]:
     key_params = [_path_param("queue", "destination queue"),
                   _path_param("key", "the timer's name (rest of the path, may contain '/')")]
+    delay = {"type": "integer", "description": "relative delay in ms, counted from "
+             "PostgreSQL's now; zero or negative (a delay in the past) is legal and fires on "
+             "the first sweep cycle; beyond QUEEN_TIMERS_MAX_HORIZON_S: 403"}
     schedule_body: dict[str, Any] = {
         "type": "object", "required": ["delayMs", "payload"], "properties": {
-            "delayMs": {"type": "integer", "description": "relative delay in ms, counted from "
-                        "PostgreSQL's now; zero or negative (a delay in the past) is legal and "
-                        "fires on the first sweep cycle"},
-            "payload": {}, "partition": {"type": "string"}, "txn": {"type": "string"}},
+            "delayMs": delay, "payload": {"description": "any JSON value"},
+            "partition": {"type": "string"},
+            "txn": {"type": "string", "description": "default: the broker makes one"}},
         "additionalProperties": False}
-    answer = _json({"$ref": "#/components/schemas/TimerAnswer"},
-                   "scheduled | rescheduled | cancelled | absent | too_late")
+    result = {"$ref": "#/components/schemas/TimerResult"}
+    answer = _json(result, "scheduled | rescheduled | cancelled | absent | too_late")
+    refused = {**_errors(400, 413), "403": _json(_ERROR, "timer_horizon_exceeded: beyond the "
+                                                 "horizon; storage_full: the storage gate; "
+                                                 "host_not_allowed, cross_origin as anywhere")}
+    row = {"$ref": "#/components/schemas/TimerRow"}
     return {
         "/api/v1/timers": {"post": {
-            "summary": "Schedule or reschedule a timer (body names queue and key)",
-            "operationId": "scheduleTimerPost",
-            "requestBody": _body({**schedule_body, "required": ["queue", "key", "delayMs",
-                                                               "payload"],
-                                  "properties": {**schedule_body["properties"],
-                                                 "queue": {"type": "string"},
-                                                 "key": {"type": "string"}}}),
-            "responses": {"200": answer, **_errors(400, 413), "507": _json(_ERROR, "Storage gate")},
+            "summary": "Schedule, reschedule and cancel timers in one transaction (Queen's "
+                       "batch: at most 256 operations, each timer at most once)",
+            "operationId": "timersBatch",
+            "requestBody": _body({"oneOf": [
+                {"type": "object", "required": ["operations"], "additionalProperties": False,
+                 "properties": {"operations": {"type": "array", "maxItems": 256,
+                                               "items": {"$ref": "#/components/schemas/TimerOp"}}}},
+                {"type": "array", "maxItems": 256,
+                 "items": {"$ref": "#/components/schemas/TimerOp"}}]}),
+            "responses": {"200": _json({"type": "object", "required": ["results"],
+                                        "properties": {"results": {"type": "array",
+                                                                   "items": result}}},
+                                       "One result per operation, in input order"),
+                          **refused},
         }},
         "/api/v1/timers/{queue}/{key}": {
             "put": {
-                "summary": "Schedule or reschedule a timer (an upsert by name)",
+                "summary": "Schedule or reschedule one timer with a JSON payload (an upsert "
+                           "by name; this broker's curl-friendly form of the batch)",
                 "operationId": "scheduleTimer",
                 "parameters": key_params,
                 "requestBody": _body(schedule_body),
-                "responses": {"200": answer, **_errors(400, 413),
-                              "507": _json(_ERROR, "Storage gate")},
+                "responses": {"200": answer, **refused},
             },
             "delete": {
                 "summary": "Cancel a pending timer; never refused by quota, gate or plan",
                 "operationId": "cancelTimer",
                 "parameters": [*key_params, _query("txn", {"type": "string"},
-                                                    "echoed back, to check the log by txn")],
+                                                    "echoed back when absent, to look for the "
+                                                    "message in the log by txn")],
                 "responses": {"200": answer, **_errors(400)},
             },
             "get": {
-                "summary": "Peek at a pending timer",
+                "summary": "Peek at a pending timer (a miss is found: false, with 200)",
                 "operationId": "peekTimer",
                 "parameters": key_params,
-                "responses": {"200": _json({"type": "object"}, "The pending timer"),
-                              "404": _json(_ERROR, "absent: not pending"), **_errors(400)},
+                "responses": {"200": _json({"oneOf": [
+                    {"type": "object", "required": ["found", "queue", "timerKey"],
+                     "properties": {"found": {"const": False}, "queue": {"type": "string"},
+                                    "timerKey": {"type": "string"}}},
+                    {"allOf": [row, {"type": "object", "properties": {
+                        "found": {"const": True},
+                        "payload": {"type": "string",
+                                    "description": "base64 of the stored bytes (zstd when "
+                                                   "payloadZstd)"},
+                        "data": {"description": "the payload decoded: the message's data"}}}]},
+                ]}, "The pending timer, or found: false"), **_errors(400)},
             },
         },
         "/api/v1/timers/{queue}": {"get": {
-            "summary": "List one queue's pending timers by key (keyset pagination)",
+            "summary": "One queue's pending timers by key (a keyset page), or a count by "
+                       "key prefix",
             "operationId": "listTimers",
             "parameters": [_path_param("queue", "destination queue"),
-                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
-                                  "page size"),
-                           _query("after", {"type": "string"}, "next from the previous page")],
-            "responses": {"200": _json({"type": "object"}, "A page of timers"), **_errors(400)},
+                           _query("limit", {"type": "integer"},
+                                  "page size: default 100, clamped to 1..1000, never refused"),
+                           _query("after", {"type": "string"},
+                                  "a timer key: the page starts after it (nextAfter)"),
+                           _query("mode", {"enum": ["list", "count"]}, "default list"),
+                           _query("prefix", {"type": "string"},
+                                  "mode=count: count the keys starting with it (1-128 bytes)")],
+            "responses": {"200": _json({"oneOf": [
+                {"type": "object", "required": ["rows", "truncated", "nextAfter"],
+                 "properties": {"rows": {"type": "array", "items": row},
+                                "truncated": {"type": "boolean"},
+                                "nextAfter": {"type": ["string", "null"]}}},
+                {"type": "object", "required": ["queue", "prefix", "count"],
+                 "properties": {"queue": {"type": "string"}, "prefix": {"type": "string"},
+                                "count": {"type": "integer"}}},
+            ]}, "A page of timers, or a count"), **_errors(400)},
         }},
     }
 
@@ -301,13 +336,15 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                     "type": "object", "required": ["type"], "properties": {
                         "type": {"enum": ["push", "ack"]}}}},
                 "kv": {"type": "array", "maxItems": 64, "items": _KV_OP},
-                "timers": {"type": "array", "items": {"type": "object"}},
+                "timers": {"type": "array", "items": {"$ref": "#/components/schemas/TimerOp"}},
                 "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
             "responses": {
                 "200": _json({"anyOf": [{"type": "object", "properties": {
                     "success": {"const": True}, "transactionId": {"type": "string"},
-                    "results": {"type": "array", "items": {"type": "object"}},
-                    "timers": {"type": "array", "items": {"type": "object"}}}},
+                    "results": {"type": "array", "items": {"type": "object"},
+                                "description": "every pushed item and ack, then the kv "
+                                               "results, then the timers' (type timer: "
+                                               "too_late and absent are verdicts)"}}},
                     _PRECONDITION]}, "Committed, or a required KV op did not apply"),
                 **_errors(400, 404, 409, 413),
             },
@@ -719,9 +756,8 @@ def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
 
 
 # Writes that add stored bytes: refused with 507 past the plan's maxStoredBytes
-# (api/tenancy.py enforce_storage_gate).
-_STORAGE_GATED = {"scheduleTimerPost", "scheduleTimer", "kvBatch", "kvPut", "locks",
-                  "transaction", "push"}
+# (api/tenancy.py enforce_storage_gate); the timer routes answer 403 (in their own paths).
+_STORAGE_GATED = {"kvBatch", "kvPut", "locks", "transaction", "push"}
 # Never refused by the quota or the gate (api/tenancy.py never_refused).
 _NEVER_REFUSED = {"cancelTimer"}
 
@@ -853,13 +889,40 @@ def _document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
-                "TimerAnswer": {"type": "object", "required": ["ok", "status"], "properties": {
+                "TimerOp": {"type": "object", "required": ["op", "queue", "timerKey"],
+                            "properties": {
+                    "op": {"enum": ["schedule", "reschedule", "cancel"]},
+                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
+                    "payload": {"type": "string", "description": "schedules: base64 of the "
+                                "JSON document the message will carry"},
+                    "payloadZstd": {"type": "boolean", "description": "the base64 bytes are "
+                                    "zstd-compressed"},
+                    "delayMs": {"type": "integer", "description": "schedules: relative ms"},
+                    "txn": {"type": "string", "description": "schedules: required, minted by "
+                            "the client; cancels: echoed back when absent"},
+                    "partition": {"type": "string"}, "encrypted": {"const": False}},
+                    "additionalProperties": False,
+                    "description": "server-owned fields (messageId, producerSub, tenant, "
+                                   "deliverAt, attempts, any name starting with '_') are "
+                                   "refused by name"},
+                "TimerResult": {"type": "object", "required": ["ok", "status"], "properties": {
                     "ok": {"type": "boolean"},
                     "status": {"enum": ["scheduled", "rescheduled", "cancelled", "absent",
                                         "too_late"]},
-                    "queue": {"type": "string"}, "key": {"type": "string"},
-                    "txn": {"type": ["string", "null"]}, "partition": {"type": "string"},
-                    "deliverAt": {"type": "string"}}},
+                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
+                    "txn": {"type": ["string", "null"]},
+                    "messageId": {"type": "string", "description": "schedules: the id the "
+                                  "fired message will carry"},
+                    "partition": {"type": "string"}, "deliverAt": {"type": "string"}}},
+                "TimerRow": {"type": "object", "properties": {
+                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
+                    "partition": {"type": "string"}, "deliverAt": {"type": "string"},
+                    "txn": {"type": "string"}, "messageId": {"type": "string"},
+                    "payloadZstd": {"type": "boolean"}, "encrypted": {"type": "boolean"},
+                    "producerSub": {"type": ["string", "null"]},
+                    "attempts": {"type": "integer"}, "lastError": {"type": ["string", "null"]},
+                    "claimed": {"type": "boolean", "description": "a sweeper is firing it"},
+                    "createdAt": {"type": "string"}, "updatedAt": {"type": "string"}}},
                 "Pushed": {"type": "object", "properties": {
                     "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
                     "transactionId": {"type": "string"}, "partitionId": {"type": "string"},
@@ -960,6 +1023,9 @@ def _document() -> dict[str, Any]:
                         "ok": {"const": False},
                         "error": {"type": "string", "description": "stable snake_case code"},
                         "message": {"type": "string"},
+                        "reason": {"type": "string", "description": "the precise code under a "
+                                   "generic one (timers_bad_request)"},
+                        "detail": {"type": "string"},
                         "field": {"type": "string", "description": (
                             "with invalid_json_value: the path of the value the body may not "
                             "carry (NaN, ±Infinity, a number beyond a double, \\u0000, an "

@@ -1,20 +1,20 @@
 """POST /api/v1/transaction: pushes, acks, KV ops and timers committed together or not at all.
 
 The answer's ``results`` is one flat array, as Queen's: every pushed item and every ack in the
-order sent, then the ``kv`` results; ``failedIndex`` counts in that space. A ``required`` KV op
-that does not hold answers 200 ``success: false, reason: "kv_precondition"``, nothing committed.
+order sent, then the ``kv`` results, then the ``timers`` results; ``failedIndex`` counts in that
+space. A ``required`` KV op that does not hold answers 200 ``success: false, reason:
+"kv_precondition"``, nothing committed. A timer's ``too_late`` or ``absent`` is its result, not
+a failure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import Counter
 from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
-from ..errors import Conflict
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
 from .common import json_response
@@ -22,12 +22,13 @@ from .errors import read_json_object
 from .kv import precondition_answer
 from .log import ack_to_wire, appended_to_wire
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
+from .timers import count_outcomes, outcome_wire
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
 
 def _flat_results(bundle: transactions.Bundle, results: list[Any],
-                  kv_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                  kv_results: list[dict[str, Any]], outcomes: list[Any]) -> list[dict[str, Any]]:
     flat: list[dict[str, Any]] = []
     for op, result in zip(bundle.operations, results, strict=True):
         if op.type == "push":
@@ -38,12 +39,10 @@ def _flat_results(bundle: transactions.Bundle, results: list[Any],
                          "operation": op.index})
     base = len(flat)
     flat += [{**r, "index": base + r["index"], "type": "kv"} for r in kv_results]
+    base = len(flat)
+    flat += [{**outcome_wire(o), "index": base + i, "type": "timer"}
+             for i, o in enumerate(outcomes)]
     return flat
-
-
-def _timer_counter(broker: BrokerContext, action: str) -> Counter:
-    metrics = broker.metrics
-    return metrics.timers_scheduled if action == "schedule" else metrics.timers_cancelled
 
 
 @transaction_routes.post("/transaction")
@@ -69,15 +68,8 @@ async def transaction() -> Response:
     except PreconditionLost as lost:
         return json_response({"transactionId": transaction_id,
                               **precondition_answer(lost, bundle.kv_base + lost.result["index"])})
-    except Conflict as exc:
-        if exc.code == "timer_too_late":
-            for t, answer in zip(bundle.timers, exc.extra["timers"], strict=True):
-                if answer["status"] == "too_late":
-                    _timer_counter(broker, t.action).labels("too_late").inc()
-        raise
     operations = bundle.operations
-    for t, o in zip(bundle.timers, outcomes, strict=True):
-        _timer_counter(broker, t.action).labels(o.status).inc()
+    count_outcomes(outcomes, bundle.timers)
     tenant = current_tenant_id()
     for op, result in zip(operations, results, strict=True):
         if op.type == "push":
@@ -87,6 +79,5 @@ async def transaction() -> Response:
     return json_response({
         "success": True,
         "transactionId": transaction_id,
-        "results": _flat_results(bundle, results, kv_results),
-        "timers": [transactions.timer_outcome_wire(o) for o in outcomes],
+        "results": _flat_results(bundle, results, kv_results, outcomes),
     })

@@ -19,6 +19,7 @@ from .errors import (
     BadRequest,
     BrokerUnreachable,
     Conflict,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     QueenClientError,
@@ -55,8 +56,8 @@ from .transport import NO_RETRIES, RetryPolicy
 
 __all__ = [
     "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest", "Batch",
-    "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter", "KvEntry",
-    "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message", "NotFound", "Page",
+    "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter", "Forbidden",
+    "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message", "NotFound", "Page",
     "PayloadTooLarge", "PushResult", "PushStatus", "QueenClientError", "QueueConfig",
     "RateLimited", "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient",
     "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",

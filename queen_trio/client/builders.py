@@ -63,7 +63,7 @@ class TimerBuilder(Generic[R]):
         return dataclasses.replace(self, _partition=calls._name(partition, "partition"))
 
     def txn(self, txn: str) -> TimerBuilder[R]:
-        """The transactionId the message will carry (default: the broker makes one)."""
+        """The transactionId the message will carry (default: a fresh UUID, made here)."""
         return dataclasses.replace(self, _txn=calls._name(txn, "txn"))
 
     def _required_key(self) -> str:
@@ -147,14 +147,11 @@ class TransactionBuilder(Generic[R]):
         return dataclasses.replace(self, _operations=(*self._operations, entry))
 
     def _timer_schedule(self, spec: TimerSpec) -> TransactionBuilder[R]:
-        entry = {"action": "schedule", "queue": spec.queue, "key": spec.key, **spec.to_wire()}
-        return dataclasses.replace(self, _timers=(*self._timers, entry))
+        return dataclasses.replace(self, _timers=(*self._timers, spec.to_wire()))
 
     def _timer_cancel(self, queue: str, key: str, txn: str | None) -> TransactionBuilder[R]:
-        entry = {"action": "cancel", "queue": queue, "key": key}
-        if txn is not None:
-            entry["txn"] = txn
-        return dataclasses.replace(self, _timers=(*self._timers, entry))
+        return dataclasses.replace(self, _timers=(*self._timers,
+                                                  calls.cancel_op(queue, key, txn)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,12 +5,15 @@ request building and response parsing exist once.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from .. import strict_json
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 
@@ -74,18 +77,37 @@ class TimerSpec:
     txn: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"delayMs": self.delay_ms, "payload": self.payload}
+        """One operation of Queen's timer wire. The client mints the txn when none is given:
+        the message's transactionId is known before the answer, and a retry of the same call
+        sends the same one."""
+        raw = strict_json.dumps(self.payload)  # refuses what the broker would, before sending
+        wire: dict[str, Any] = {
+            "op": "schedule", "queue": self.queue, "timerKey": self.key,
+            "payload": base64.b64encode(raw).decode(), "delayMs": self.delay_ms,
+            "txn": self.txn or str(uuid.uuid4()),
+        }
         if self.partition is not None:
             wire["partition"] = self.partition
-        if self.txn is not None:
-            wire["txn"] = self.txn
         return wire
+
+
+def cancel_op(queue: str, key: str, txn: str | None) -> dict[str, Any]:
+    """A cancel on Queen's timer wire (inside a bundle; alone, DELETE is the route)."""
+    op = {"op": "cancel", "queue": _name(queue, "queue"), "timerKey": _name(key, "timer key")}
+    if txn is not None:
+        op["txn"] = txn
+    return op
+
+
+def _first_result(w: Any) -> m.TimerResult:
+    (result,) = w["results"]
+    return m.TimerResult.from_wire(result)
 
 
 def schedule_timer(spec: TimerSpec) -> Call[m.TimerResult]:
     # An upsert by name: sending it twice leaves one timer, so a retry is safe.
-    return Call("PUT", _timer_path(spec.queue, spec.key), m.TimerResult.from_wire, True,
-                body=spec.to_wire())
+    return Call("POST", f"{API}/timers", _first_result, True,
+                body={"operations": [spec.to_wire()]})
 
 
 def cancel_timer(queue: str, key: str, txn: str | None = None) -> Call[m.TimerResult]:
@@ -95,8 +117,8 @@ def cancel_timer(queue: str, key: str, txn: str | None = None) -> Call[m.TimerRe
 
 
 def peek_timer(queue: str, key: str) -> Call[m.TimerInfo | None]:
-    return Call("GET", _timer_path(queue, key), m.TimerInfo.from_wire, True,
-                none_on=frozenset({"absent"}))
+    return Call("GET", _timer_path(queue, key),
+                lambda w: m.TimerInfo.from_wire(w) if w["found"] else None, True)
 
 
 def _page(items_field: str, item: Callable[[dict[str, Any]], T]) -> Callable[[Any], m.Page[T]]:
@@ -106,9 +128,11 @@ def _page(items_field: str, item: Callable[[dict[str, Any]], T]) -> Callable[[An
 def list_timers(queue: str, limit: int, after: str | None) -> Call[m.Page[m.TimerInfo]]:
     params: dict[str, Any] = {"limit": limit}
     if after:
-        params["after"] = after
+        params["after"] = after  # a timer key: the page starts after it
     return Call("GET", f"{API}/timers/{segment(_name(queue, 'queue'))}",
-                _page("timers", m.TimerInfo.from_wire), True, params=params)
+                lambda w: m.Page(tuple(m.TimerInfo.from_wire(r) for r in w["rows"]),
+                                 w["nextAfter"] if w["truncated"] else None),
+                True, params=params)
 
 
 # -- the log ----------------------------------------------------------------------------------

@@ -5,13 +5,16 @@
     QueenClientError
      ├── BrokerUnreachable     no broker answered (every URL tried, retries spent)
      └── ApiError              the broker answered with a JSON error: .status, .code, .message
+          │                        (.reason: the precise code under a generic one, e.g.
+          │                        "duplicate_timer" under "timers_bad_request")
           ├── BadRequest          400  the request was malformed or out of range
           ├── Unauthorized        401  missing or unknown bearer token
+          ├── Forbidden           403  a limit no retry gets past (a timer beyond the horizon)
+          │    └── StorageFull    403 / 507  the tenant's storage gate (code storage_full)
           ├── NotFound            404  no such message, lease, key, dead letter …
-          ├── Conflict            409  e.g. a bundle hit a timer being fired (``.timers``)
+          ├── Conflict            409  the resource's state forbids it
           ├── PayloadTooLarge     413  above the message or timer payload ceiling
           ├── RateLimited         429  the tenant's request quota (``.retry_after`` seconds)
-          ├── StorageFull         507  the tenant's storage gate
           └── ServerError         5xx  the broker or its database is in trouble
 
 Answers that are verdicts rather than failures are values, never exceptions: a cancel that
@@ -57,6 +60,8 @@ class ApiError(QueenClientError):
         self.code = code
         self.message = message
         self.body = body
+        reason = body.get("reason")
+        self.reason: str | None = reason if isinstance(reason, str) else None
 
 
 class BadRequest(ApiError):
@@ -71,14 +76,12 @@ class NotFound(ApiError):
     pass
 
 
-class Conflict(ApiError):
-    @property
-    def timers(self) -> tuple[Any, ...]:
-        """For a bundle aborted by a timer being fired: every timer's answer
-        (:class:`~queen_trio.client.models.TimerResult`), in request order."""
-        from .models import TimerResult
+class Forbidden(ApiError):
+    pass
 
-        return tuple(TimerResult.from_wire(t) for t in self.body.get("timers") or ())
+
+class Conflict(ApiError):
+    pass
 
 
 class PayloadTooLarge(ApiError):
@@ -93,7 +96,7 @@ class RateLimited(ApiError):
         return float(value) if isinstance(value, int | float) else None
 
 
-class StorageFull(ApiError):
+class StorageFull(Forbidden):
     pass
 
 
@@ -102,8 +105,8 @@ class ServerError(ApiError):
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: PayloadTooLarge,
-    429: RateLimited, 507: StorageFull,
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+    413: PayloadTooLarge, 429: RateLimited, 507: StorageFull,
 }
 
 
@@ -125,6 +128,8 @@ def error_from_response(response: Reply) -> ApiError:
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
     error = body.get("error")
     code = error if isinstance(error, str) else f"http_{status}"
+    if code == "storage_full":  # the storage gate: 507 on the log's routes, 403 on timers'
+        cls = StorageFull
     message = body.get("message")
     if not isinstance(message, str):
         message = response.reason_phrase

@@ -6,11 +6,15 @@ The enums are ``StrEnum``\\s, so ``result.status == "scheduled"`` holds as well 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, overload
+
+import zstandard
 
 T = TypeVar("T")
 
@@ -55,8 +59,9 @@ class TimerResult:
     """The answer to a schedule or cancel. ``ok`` is False for ``absent`` and ``too_late``.
 
     ``txn`` is the transactionId the timer's message has (or would have) in the log: for a
-    cancel, the one you passed, else the stored one (None when absent). After ``absent`` the
-    log is the authority: look for that txn in the destination queue.
+    cancel that found the timer, the stored one; when absent, the one you passed (None if you
+    passed none). After ``absent`` the log is the authority: look for that txn in the
+    destination queue. ``message_id`` (schedules) is the id the fired message will have.
     """
 
     ok: bool
@@ -66,11 +71,12 @@ class TimerResult:
     txn: str | None
     partition: str | None = None       # schedules only
     deliver_at: datetime | None = None  # schedules only
+    message_id: str | None = None       # schedules only
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> TimerResult:
-        return cls(w["ok"], TimerStatus(w["status"]), w["queue"], w["key"], w.get("txn"),
-                   w.get("partition"), parse_time(w.get("deliverAt")))
+        return cls(w["ok"], TimerStatus(w["status"]), w["queue"], w["timerKey"], w.get("txn"),
+                   w.get("partition"), parse_time(w.get("deliverAt")), w.get("messageId"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,11 +92,27 @@ class TimerInfo:
     attempts: int
     last_error: str | None
     payload: Any = None
+    message_id: str | None = None
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> TimerInfo:
-        return cls(w["queue"], w["key"], w["partition"], w["txn"], parse_time(w["deliverAt"]),
-                   TimerState(w["state"]), w["attempts"], w.get("lastError"), w.get("payload"))
+        state = TimerState.CLAIMED if w.get("claimed") else TimerState.PENDING
+        return cls(w["queue"], w["timerKey"], w["partition"], w["txn"],
+                   parse_time(w["deliverAt"]), state, w["attempts"], w.get("lastError"),
+                   _timer_payload(w), w.get("messageId"))
+
+
+def _timer_payload(w: dict[str, Any]) -> Any:
+    """A peeked timer's payload: this broker sends it decoded (``data``); Queen's wire has only
+    ``payload``, base64 of the stored bytes (zstd-compressed when ``payloadZstd``)."""
+    if "data" in w:
+        return w["data"]
+    if not isinstance(w.get("payload"), str):
+        return None
+    raw = base64.b64decode(w["payload"])
+    if w.get("payloadZstd"):
+        raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    return json.loads(raw)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,6 +159,8 @@ class Message:
     created_at: datetime
     retry_count: int
     timer: TimerMark | None = None
+    # The message's id: for a timer's message, the one its schedule answered (message_id).
+    id: str | None = None
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> Message:
@@ -144,7 +168,7 @@ class Message:
         mark = None if t is None else TimerMark(t["key"], parse_time(t.get("deliverAt")))
         return cls(w["transactionId"], w["partitionId"], w["queue"], w["partition"],
                    w["offset"], w.get("leaseId"), w["consumerGroup"], w.get("data"),
-                   parse_time(w["createdAt"]), w.get("retryCount", 0), mark)
+                   parse_time(w["createdAt"]), w.get("retryCount", 0), mark, w.get("id"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -364,7 +388,8 @@ class TransactionResult:
 
     ``results`` is flat, as on the wire: one :class:`PushResult` per pushed item and one
     :class:`AckResult` per ack, in the order added, then one result per KV op (a ``get``
-    that found nothing is None). ``timers``: one :class:`TimerResult` per timer entry.
+    that found nothing is None). ``timers``: one :class:`TimerResult` per timer entry (the
+    wire's results after the KV ones; a ``too_late`` is a verdict: the bundle committed).
     A transaction whose ``required`` KV op did not hold committed nothing: ``committed`` is
     False, ``results`` empty and ``precondition`` says why. That is an answer, not an error.
     """
@@ -382,9 +407,11 @@ class TransactionResult:
         if not w.get("success", True):
             return cls((), (), False, KvPrecondition(w["failedIndex"], w["kvReason"],
                                                      w["version"], w.get("value")))
-        base = sum(r.get("type") != "kv" for r in w["results"])
-        return cls(tuple(_flat_result(r, kv, base) for r in w["results"]),
-                   tuple(TimerResult.from_wire(t) for t in w.get("timers", ())))
+        flat = [r for r in w["results"] if r.get("type") != "timer"]
+        base = sum(r.get("type") != "kv" for r in flat)
+        return cls(tuple(_flat_result(r, kv, base) for r in flat),
+                   tuple(TimerResult.from_wire(t) for t in w["results"]
+                         if t.get("type") == "timer"))
 
 
 def _flat_result(w: dict[str, Any], kv: list[dict[str, Any]], base: int) -> OperationResult:

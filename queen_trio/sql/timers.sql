@@ -1,23 +1,11 @@
 -- Runtime queries of timers (queen_trio/timers/store.py). Every query is tenant-scoped except
 -- the sweeper's claim, which serves every tenant.
 
--- name: lock_timer_name
--- Waits for any other schedule or cancel of this timer to commit (queen.lock_timer_names in
--- schema/functions/timers.sql), so that a row lock left in the way of lock_timer can only be a
--- sweeper's.
-SELECT queen.lock_timer_names(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text])
-
--- name: lock_timer
--- Never waits on a sweeper: a row locked by a firing transaction is skipped here, and the
--- caller then answers too_late.
-SELECT txn, payload_bytes, claim_token IS NOT NULL AND visible_at > now() AS claimed
-FROM queen.timers
-WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
-FOR UPDATE SKIP LOCKED
-
--- name: timer_exists
-SELECT txn FROM queen.timers
-WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
+-- name: lock_timer_names
+-- Waits for any other schedule or cancel of these timers to commit (queen.lock_timer_names in
+-- schema/functions/timers.sql): taken for a whole call first when it both schedules and cancels,
+-- so that its two statements take the names in one order.
+SELECT queen.lock_timer_names(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[])
 
 -- name: schedule
 -- Upserts a list of timers in one statement (schema/functions/timers.sql): decided under the
@@ -25,9 +13,9 @@ WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
 -- included.
 SELECT ord, status, txn, deliver_at
 FROM queen.schedule_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[],
-                           %(partitions)b::text[], %(txns)b::text[], %(payloads)b::bytea[],
-                           %(zstd)b::boolean[], %(bytes)b::integer[], %(delays)b::bigint[],
-                           %(notify_within_ms)s::bigint)
+                           %(partitions)b::text[], %(txns)b::text[], %(message_ids)b::uuid[],
+                           %(payloads)b::bytea[], %(zstd)b::boolean[], %(bytes)b::integer[],
+                           %(delays)b::bigint[], %(notify_within_ms)s::bigint)
 ORDER BY ord
 
 -- name: schedule_one
@@ -36,27 +24,45 @@ ORDER BY ord
 SELECT ord, status, txn, deliver_at
 FROM queen.schedule_timers(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text],
                            ARRAY[%(partition)s::text], ARRAY[%(txn)s::text],
-                           ARRAY[%(payload)b::bytea], ARRAY[%(zstd)s::boolean],
-                           ARRAY[%(bytes)s::integer], ARRAY[%(delay)s::bigint],
-                           %(notify_within_ms)s::bigint)
+                           ARRAY[%(message_id)s::uuid], ARRAY[%(payload)b::bytea],
+                           ARRAY[%(zstd)s::boolean], ARRAY[%(bytes)s::integer],
+                           ARRAY[%(delay)s::bigint], %(notify_within_ms)s::bigint)
 
--- name: delete_timer
-DELETE FROM queen.timers
-WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
+-- name: cancel
+-- Cancels a list of distinct timers in one statement (queen.cancel_timers): decided under the
+-- names' and the rows' locks, never waiting on a sweeper, one row per input by position.
+SELECT ord, status, txn
+FROM queen.cancel_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[], %(txns)b::text[])
+ORDER BY ord
+
+-- name: cancel_one
+-- The same for a single timer (DELETE), with scalar parameters.
+SELECT ord, status, txn
+FROM queen.cancel_timers(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text],
+                         ARRAY[%(txn)s::text])
 
 -- name: peek
-SELECT queue, timer_key, partition, txn, deliver_at, attempts, last_error, payload,
-       payload_zstd, claim_token IS NOT NULL AND visible_at > now() AS claimed
+SELECT queue, timer_key, partition, txn, message_id, deliver_at, attempts, last_error, payload,
+       payload_zstd, claim_token IS NOT NULL AND visible_at > now() AS claimed, created_at,
+       updated_at
 FROM queen.timers
 WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key = %(key)s
 
 -- name: list
-SELECT timer_key, partition, txn, deliver_at, attempts, last_error,
-       claim_token IS NOT NULL AND visible_at > now() AS claimed
+-- One row more than the page: it says whether the page is truncated.
+SELECT timer_key, partition, txn, message_id, deliver_at, attempts, last_error, payload_zstd,
+       claim_token IS NOT NULL AND visible_at > now() AS claimed, created_at, updated_at
 FROM queen.timers
 WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND timer_key > %(after)s
 ORDER BY timer_key
-LIMIT %(limit)s
+LIMIT %(limit)s + 1
+
+-- name: count
+-- The pending timers of one queue whose key starts with a prefix (a walk of the queue's part of
+-- the primary key).
+SELECT count(*) AS n
+FROM queen.timers
+WHERE tenant_id = %(tenant_id)s AND queue = %(queue)s AND starts_with(timer_key, %(prefix)s)
 
 -- name: sweep
 -- A whole sweeper cycle in one statement (queen.sweep_timers in schema/functions/timers.sql):

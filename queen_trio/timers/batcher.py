@@ -1,4 +1,4 @@
-"""Single-timer schedules that arrive together share one statement and one commit.
+"""Schedules that arrive together share one statement and one commit.
 
 A lone PUT of a timer costs PostgreSQL about a millisecond of CPU, nearly all of it per
 statement and per commit (function entry, planning, the WAL flush); a statement of 30 timers
@@ -9,6 +9,10 @@ in arrival order (the same key twice in one batch is scheduled, then rescheduled
 PUTs one after the other). Each caller waits for its batch's commit, so its answer still means
 "durable". With nothing else waiting a schedule goes alone and at once: batching costs no
 latency, it only stops concurrent schedules from queueing for a statement each.
+
+A request may carry several timers (a ``POST /api/v1/timers`` batch): they travel in the same
+statement as whatever else is waiting, and commit with it or not at all. Statements are capped
+by timers (:data:`MAX_TIMERS`) as well as by requests; a request is never split.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from .store import Outcome
 
 log = logging.getLogger(__name__)
 
-# Timers per statement: large enough that the per-statement cost vanishes, small enough that a
-# batch's commit is not held up by its own size.
+# Requests per statement: large enough that the per-statement cost vanishes, small enough that
+# a batch's commit is not held up by its own size.
 MAX_BATCH = 64
+# Timers per statement, when requests carry several: beyond a thousand or so the statement's
+# own duration outweighs what one more commit would cost.
+MAX_TIMERS = 1024
 # Batches in flight at once: while one commits, the next is collected and sent.
 WRITERS = 2
 
@@ -38,13 +45,13 @@ WRITERS = 2
 @dataclasses.dataclass(eq=False)
 class _Request:
     tenant_id: int
-    schedule: Schedule
+    schedules: list[Schedule]  # committed together or not at all
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
-    outcome: Outcome | None = None
+    outcomes: list[Outcome] | None = None
     error: Exception | None = None
 
-    def answer(self, outcome: Outcome) -> None:
-        self.outcome = outcome
+    def answer(self, outcomes: list[Outcome]) -> None:
+        self.outcomes = outcomes
         self.done.set()
 
     def fail(self, error: Exception) -> None:
@@ -61,17 +68,23 @@ class ScheduleBatcher:
         self._max_batch = max_batch
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
         self.batches = 0  # statements sent, for tests and diagnostics
-        self.scheduled = 0
+        self.scheduled = 0  # timers those statements scheduled (or answered too_late for)
 
     async def schedule(self, tenant_id: int, s: Schedule) -> Outcome:
         """Create or replace one timer; answers once the statement carrying it has committed."""
-        request = _Request(tenant_id, s)
+        (outcome,) = await self.schedule_many(tenant_id, [s])
+        return outcome
+
+    async def schedule_many(self, tenant_id: int, schedules: list[Schedule]) -> list[Outcome]:
+        """Create or replace distinct timers, all in one statement (with whatever else is
+        waiting); answers once it has committed, in order."""
+        request = _Request(tenant_id, schedules)
         self._send.send_nowait(request)
         await request.done.wait()
         if request.error is not None:
             raise request.error
-        assert request.outcome is not None
-        return request.outcome
+        assert request.outcomes is not None
+        return request.outcomes
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -80,13 +93,25 @@ class ScheduleBatcher:
             task_status.started()
 
     async def _writer(self, receive: trio.MemoryReceiveChannel[_Request]) -> None:
-        async for first in receive:
-            batch = [first]
-            while len(batch) < self._max_batch:
+        held: _Request | None = None  # taken, but past this statement's cap: the next one's
+        while True:
+            if held is None:
                 try:
-                    batch.append(receive.receive_nowait())
-                except trio.WouldBlock:
+                    held = await receive.receive()
+                except trio.EndOfChannel:
+                    return
+            batch, held = [held], None
+            timers = len(batch[0].schedules)
+            while len(batch) < self._max_batch and timers < MAX_TIMERS:
+                try:
+                    request = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
                     break
+                if timers + len(request.schedules) > MAX_TIMERS:
+                    held = request
+                    break
+                batch.append(request)
+                timers += len(request.schedules)
             for tenant_id, requests in _by_tenant(batch):
                 try:
                     await self._write(tenant_id, requests)
@@ -97,14 +122,8 @@ class ScheduleBatcher:
                             r.fail(exc)
 
     async def _write(self, tenant_id: int, requests: list[_Request]) -> None:
-        self.batches += 1
         try:
-            if len(requests) == 1:
-                outcomes = [await self._one(tenant_id, requests[0].schedule)]
-            else:
-                outcomes = await self._db.run_statement(
-                    store.schedule_many, tenant_id, [r.schedule for r in requests],
-                    notify_within_ms=self._notify_within_ms)
+            outcomes = await self._one(tenant_id, [s for r in requests for s in r.schedules])
         except DatabaseUnavailable as exc:
             for r in requests:
                 r.fail(DatabaseUnavailable(str(exc)))
@@ -113,21 +132,29 @@ class ScheduleBatcher:
             if len(requests) == 1:
                 requests[0].fail(exc)
                 return
-            for r in requests:  # find out whose it is: each timer again, on its own
+            for r in requests:  # find out whose it is: each request again, on its own
                 try:
-                    r.answer(await self._one(tenant_id, r.schedule))
-                except Exception as own:  # noqa: BLE001 - handed to that timer's caller
+                    r.answer(await self._one(tenant_id, r.schedules))
+                except Exception as own:  # noqa: BLE001 - handed to that request's caller
                     r.fail(own)
             return
-        if len(outcomes) != len(requests):
-            raise RuntimeError(f"{len(outcomes)} answers for {len(requests)} timers")
-        self.scheduled += len(requests)
-        for r, outcome in zip(requests, outcomes, strict=True):
-            r.answer(outcome)
+        answers = iter(outcomes)
+        for r in requests:
+            r.answer([next(answers) for _ in r.schedules])
 
-    async def _one(self, tenant_id: int, s: Schedule) -> Outcome:
-        return await self._db.run_statement(
-            store.schedule, tenant_id, s, notify_within_ms=self._notify_within_ms)
+    async def _one(self, tenant_id: int, schedules: list[Schedule]) -> list[Outcome]:
+        """One statement: its own transaction, so it may run in autocommit."""
+        self.batches += 1
+        if len(schedules) == 1:
+            outcomes = [await self._db.run_statement(
+                store.schedule, tenant_id, schedules[0], notify_within_ms=self._notify_within_ms)]
+        else:
+            outcomes = await self._db.run_statement(
+                store.schedule_many, tenant_id, schedules, notify_within_ms=self._notify_within_ms)
+        if len(outcomes) != len(schedules):
+            raise RuntimeError(f"{len(outcomes)} answers for {len(schedules)} timers")
+        self.scheduled += len(outcomes)
+        return outcomes
 
 
 def _by_tenant(batch: list[_Request]) -> Iterator[tuple[int, list[_Request]]]:

@@ -1,4 +1,11 @@
-"""Pure rules of timers: what a schedule request may say, payload packing, backoff.
+"""Pure rules of timers: what a schedule or cancel may say, payload packing, backoff.
+
+Two spellings reach the broker. Queen's wire (``POST /api/v1/timers`` and the ``timers`` array
+of a transaction) sends operations: ``{"op": "schedule" | "reschedule" | "cancel", "queue",
+"timerKey", "payload": <base64 of the JSON the client encoded>, "payloadZstd"?, "delayMs",
+"txn", "partition"?}`` (:func:`operations`, :func:`operation`). Our curl-friendly ``PUT
+/api/v1/timers/{queue}/{key}`` sends ``{"delayMs", "payload": <JSON>, "partition"?, "txn"?}``
+(:func:`schedule`). Both become a :class:`Schedule` (or a :class:`Cancel`).
 
 Only a relative ``delayMs`` travels on the wire; the due instant is computed by PostgreSQL from
 its own clock, so no broker's clock can skew a timer.
@@ -7,26 +14,43 @@ its own clock, so no broker's clock can skew a timer.
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
+import io
 import json
 import threading
+import uuid
 from typing import Any
 
 import zstandard
 
-from ..errors import ValidationError
+from .. import strict_json
+from ..errors import Forbidden, PayloadTooLarge, ValidationError
 from ..log import rules as log_rules
 from ..text import utf8_name
 
 MAX_KEY_BYTES = 512
 MAX_BACKOFF_MS = 60_000
 MAX_LIST_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+MAX_COUNT_PREFIX_BYTES = 128
+MAX_OPS_PER_CALL = 256  # Queen's ceiling on the operations of one POST /api/v1/timers
 # Below this, zstd's frame header alone outweighs what it could save.
 MIN_COMPRESSED_BYTES = 64
 # How much of a payload jsonb refused its dead letter shows (rules.undecodable).
 PREVIEW_BYTES = 256
 _SCHEDULE_FIELDS = {"delayMs", "payload", "partition", "txn"}
 _INSTANT_HINTS = {"deliverAt", "deliver_at", "at", "runAt", "when", "delay", "delaySeconds"}
+# Fields the broker owns (queen-mq's timers/ops.py SERVER_OWNED, and any name starting with
+# '_'): a client that sends one is refused by name, never silently ignored.
+SERVER_OWNED = frozenset({
+    "producerSub", "producer_sub", "messageId", "message_id", "tenant", "tenantId", "tenant_id",
+    "deliverAt", "deliver_at", "delaySeconds", "delay_seconds", "attempts", "claimToken",
+    "claim_token", "claimedUntil",
+})
+_OP_FIELDS = {"op", "queue", "timerKey", "payload", "payloadZstd", "delayMs", "txn", "partition",
+              "encrypted"}
+_CANCEL_FIELDS = {"op", "queue", "timerKey", "txn"}
 
 # zstandard's (de)compressor objects must not be shared between threads, and the database
 # work that packs and unpacks payloads runs in the event loop's thread and in the pool's
@@ -58,12 +82,25 @@ class Schedule:
     payload: Any
     partition: str
     txn: str | None  # None: the broker generates one
+    # The id of the message the timer becomes: promised when it is scheduled, carried by the
+    # frame its fire appends.
+    message_id: uuid.UUID = dataclasses.field(default_factory=log_rules.uuid7)
+    # The payload's compact JSON, UTF-8, when validation already made it (saves a second
+    # serialization in pack).
+    json_bytes: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cancel:
+    queue: str
+    key: str
+    txn: str | None  # echoed back when the timer is absent
 
 
 def schedule(
     body: Any, queue: Any, key: Any, *, horizon_s: int, ceiling: int, where: str = ""
 ) -> Schedule:
-    """Validate a schedule (PUT body, POST body or a bundle's timer entry)."""
+    """Validate a schedule of ``PUT /api/v1/timers/{queue}/{key}`` (a JSON payload)."""
     if not isinstance(body, dict):
         raise ValidationError("invalid_body", f"{where or 'the body'} must be a JSON object")
     prefix = f"{where}." if where else ""
@@ -77,22 +114,10 @@ def schedule(
     if unknown:
         raise ValidationError("unknown_field",
                               f"{prefix}unknown field(s): {', '.join(sorted(unknown))}")
-    if "delayMs" not in body:
-        raise ValidationError("missing_field", f"{prefix}delayMs is required")
-    delay = body["delayMs"]
-    if isinstance(delay, bool) or not isinstance(delay, int):
-        raise ValidationError(
-            "invalid_delay", f"{prefix}delayMs must be an integer number of milliseconds"
-        )
-    if delay > horizon_s * 1000:
-        raise ValidationError(
-            "invalid_delay", f"{prefix}delayMs is beyond the {horizon_s} s horizon"
-        )
-    if delay < -horizon_s * 1000:
-        raise ValidationError("invalid_delay", f"{prefix}delayMs is too far in the past")
+    delay = _delay(body, prefix, horizon_s)
     if "payload" not in body:
         raise ValidationError("missing_field", f"{prefix}payload is required")
-    log_rules.payload_json(body["payload"], ceiling, where or "timer")
+    raw = log_rules.payload_json(body["payload"], ceiling, where or "timer").encode()
     txn = body.get("txn")
     return Schedule(
         queue=log_rules.queue_name(queue, f"{prefix}queue"),
@@ -101,18 +126,205 @@ def schedule(
         payload=body["payload"],
         partition=log_rules.partition_name(body.get("partition"), f"{prefix}partition"),
         txn=None if txn is None else log_rules.transaction_id(txn, f"{prefix}txn"),
+        json_bytes=raw,
     )
 
 
-def pack(payload: Any) -> tuple[bytes, int, bool]:
+def _delay(body: dict[str, Any], prefix: str, horizon_s: int) -> int:
+    if "delayMs" not in body:
+        raise ValidationError("missing_field", f"{prefix}delayMs is required")
+    delay = body["delayMs"]
+    if isinstance(delay, bool) or not isinstance(delay, int):
+        raise ValidationError(
+            "invalid_delay", f"{prefix}delayMs must be an integer number of milliseconds"
+        )
+    if delay > horizon_s * 1000:
+        raise Forbidden(
+            "timer_horizon_exceeded",
+            f"{prefix}delayMs {delay} is beyond the {horizon_s} s horizon "
+            "(QUEEN_TIMERS_MAX_HORIZON_S)",
+        )
+    if delay < -horizon_s * 1000:
+        raise ValidationError("invalid_delay", f"{prefix}delayMs is too far in the past")
+    return delay
+
+
+# -- Queen's operations -----------------------------------------------------------------------
+
+
+def operations(body: Any, *, horizon_s: int, ceiling: int) -> list[Schedule | Cancel]:
+    """The operations of a ``POST /api/v1/timers`` body: ``{"operations": [...]}`` or a bare
+    array, at most :data:`MAX_OPS_PER_CALL`, each key at most once."""
+    ops = body.get("operations") if isinstance(body, dict) else body
+    if isinstance(body, dict) and set(body) - {"operations"}:
+        raise ValidationError(
+            "unknown_field",
+            f"unknown field(s): {', '.join(sorted(set(body) - {'operations'}))}; the body is "
+            '{"operations": [...]} or a bare array of operations',
+        )
+    if not isinstance(ops, list):
+        raise ValidationError(
+            "invalid_body", 'the body must be {"operations": [...]} or an array of operations'
+        )
+    if len(ops) > MAX_OPS_PER_CALL:
+        raise ValidationError(
+            "too_many_operations",
+            f"{len(ops)} operations in one call; at most {MAX_OPS_PER_CALL}",
+        )
+    parsed = [operation(op, f"operations[{i}]", horizon_s=horizon_s, ceiling=ceiling)
+              for i, op in enumerate(ops)]
+    check_distinct(parsed, "operations")
+    return parsed
+
+
+def check_distinct(ops: list[Schedule | Cancel], where: str) -> None:
+    """One (queue, timerKey) at most once in one call: two operations on one timer in one
+    transaction would have no order a client could rely on."""
+    seen: dict[tuple[str, str], int] = {}
+    for i, op in enumerate(ops):
+        first = seen.setdefault((op.queue, op.key), i)
+        if first != i:
+            raise ValidationError(
+                "duplicate_timer",
+                f"{where}[{first}] and {where}[{i}] both name timer {op.key!r} on queue "
+                f"{op.queue!r}; a timer may appear at most once in one call",
+            )
+
+
+def operation(entry: Any, where: str, *, horizon_s: int, ceiling: int) -> Schedule | Cancel:
+    """One operation of Queen's wire."""
+    if not isinstance(entry, dict):
+        raise ValidationError("invalid_operation", f"{where} must be an object")
+    kind = entry.get("op")
+    unknown = entry.keys() - (_CANCEL_FIELDS if kind == "cancel" else _OP_FIELDS)
+    if unknown:
+        owned = sorted(f for f in unknown if f in SERVER_OWNED or f.startswith("_"))
+        if owned:
+            raise ValidationError(
+                "server_owned_field",
+                f"{where}: {', '.join(owned)} is server-owned and cannot be supplied: the "
+                "message id is minted by the broker, the tenant and the producer come from the "
+                "authenticated request, and only the relative delayMs travels on the wire",
+            )
+    if kind not in ("schedule", "reschedule", "cancel"):
+        raise ValidationError(
+            "invalid_operation", f"{where}.op must be 'schedule', 'reschedule' or 'cancel'"
+        )
+    if unknown:
+        raise ValidationError(
+            "unknown_field", f"{where}: unknown field(s) for {kind}: {', '.join(sorted(unknown))}"
+        )
+    queue = log_rules.queue_name(entry.get("queue"), f"{where}.queue")
+    key = timer_key(entry.get("timerKey"), f"{where}.timerKey")
+    txn = entry.get("txn")
+    if kind == "cancel":
+        return Cancel(queue, key, None if txn is None else
+                      log_rules.transaction_id(txn, f"{where}.txn"))
+    if txn is None:
+        raise ValidationError("missing_field", f"{where}.txn is required: the client mints it")
+    if entry.get("encrypted") not in (None, False):
+        raise ValidationError(
+            "encryption_unsupported",
+            f"{where}: encrypted payloads are not supported by this broker",
+        )
+    delay = _delay(entry, f"{where}.", horizon_s)
+    zstd = entry.get("payloadZstd", False)
+    if not isinstance(zstd, bool):
+        raise ValidationError("invalid_payload", f"{where}.payloadZstd must be a boolean")
+    payload, raw = payload_value(entry.get("payload"), zstd, ceiling, where)
+    return Schedule(
+        queue=queue, key=key, delay_ms=delay, payload=payload,
+        partition=log_rules.partition_name(entry.get("partition"), f"{where}.partition"),
+        txn=log_rules.transaction_id(txn, f"{where}.txn"), json_bytes=raw,
+    )
+
+
+def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> tuple[Any, bytes]:
+    """The JSON value a Queen op's payload carries (base64 of the JSON text the client encoded,
+    zstd-compressed first when ``payloadZstd``) and its compact JSON: at most ``ceiling``
+    bytes."""
+    if not isinstance(encoded, str):
+        raise ValidationError(
+            "missing_field", f"{where}.payload is required: base64 of the JSON payload"
+        )
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationError("invalid_payload", f"{where}.payload is not valid base64") from None
+    if zstd:
+        raw = _decompress_bounded(raw, ceiling, where)
+    if len(raw) > ceiling:
+        raise PayloadTooLarge(
+            "payload_too_large",
+            f"{where}: payload is {len(raw)} bytes, above the {ceiling}-byte timer payload "
+            "ceiling",
+        )
+    try:
+        value = strict_json.loads(raw, what=f"{where}.payload")
+    except strict_json.JsonRefused as exc:
+        raise ValidationError(
+            "invalid_payload", f"{where}.payload is not a JSON document this broker can store: "
+                               f"{exc.message}" + (f" (at {exc.path})" if exc.path else "")
+        ) from None
+    # The ceiling is measured on the compact JSON, as for every message; it is what is stored.
+    return value, log_rules.payload_json(value, ceiling, where).encode()
+
+
+def _decompress_bounded(raw: bytes, ceiling: int, where: str) -> bytes:
+    """zstd-decompressed, reading at most one byte past the ceiling (never a bomb's worth)."""
+    try:
+        with _decompressor().stream_reader(io.BytesIO(raw)) as reader:
+            out = reader.read(ceiling + 1)
+    except zstandard.ZstdError as exc:
+        raise ValidationError(
+            "invalid_payload", f"{where}.payload is flagged payloadZstd but is not zstd: {exc}"
+        ) from None
+    if len(out) > ceiling:
+        raise PayloadTooLarge(
+            "payload_too_large",
+            f"{where}: the decompressed payload is above the {ceiling}-byte timer payload ceiling",
+        )
+    return out
+
+
+def list_limit(raw: str | None) -> int:
+    """A list's ``limit``: default 100, clamped to 1..1000, never refused (Queen's rule)."""
+    try:
+        limit = int(raw) if raw not in (None, "") else DEFAULT_LIST_LIMIT
+    except ValueError:
+        limit = DEFAULT_LIST_LIMIT
+    return min(max(limit, 1), MAX_LIST_LIMIT)
+
+
+def count_prefix(value: str | None) -> str:
+    """The prefix of ``?mode=count``: non-empty, at most 128 UTF-8 bytes, no NUL."""
+    if not value:
+        raise ValidationError("missing_field", "mode=count needs a non-empty prefix")
+    if "\x00" in value:
+        raise ValidationError("invalid_prefix", "the prefix must not contain NUL")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValidationError("invalid_prefix", "the prefix contains an unpaired surrogate") \
+            from None
+    if size > MAX_COUNT_PREFIX_BYTES:
+        raise ValidationError(
+            "invalid_prefix",
+            f"the prefix is {size} bytes; at most {MAX_COUNT_PREFIX_BYTES}",
+        )
+    return value
+
+
+def pack(payload: Any, raw: bytes | None = None) -> tuple[bytes, int, bool]:
     """(stored bytes, JSON size, compressed?).
 
-    The payload's compact JSON text, zstd-compressed only when that saves at least an eighth:
-    small JSON (most timers) does not shrink, and a payload kept as text is fired by
-    PostgreSQL itself without a round trip through the broker (see queen.sweep_timers in
-    schema/functions/timers.sql).
+    The payload's compact JSON text (``raw``, when already made), zstd-compressed only when
+    that saves at least an eighth: small JSON (most timers) does not shrink, and a payload kept
+    as text is fired by PostgreSQL itself without a round trip through the broker (see
+    queen.sweep_timers in schema/functions/timers.sql).
     """
-    raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    if raw is None:
+        raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     if len(raw) >= MIN_COMPRESSED_BYTES:
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - len(raw) // 8:
@@ -157,17 +369,3 @@ def backoff_ms(attempts: int, first_ms: int) -> int:
     """Delay before retry number ``attempts`` (1-based): first_ms, doubling, capped at 60 s."""
     return min(MAX_BACKOFF_MS, first_ms * 2 ** max(0, attempts - 1))
 
-
-def encode_cursor(key: str) -> str:
-    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> str:
-    """The timer key a cursor holds; any other text (NUL bytes, say, which the database
-    cannot compare with) is not a cursor this broker issued."""
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        return timer_key(base64.b64decode(padded, altchars=b"-_", validate=True).decode())
-    except (ValueError, UnicodeDecodeError, ValidationError):
-        raise ValidationError("invalid_cursor",
-                              "after is not a cursor this broker issued") from None

@@ -22,7 +22,7 @@ from ..db.transient import TRANSIENT_ERRORS, describe
 from ..log import rules as log_rules
 from ..log import store as log_store
 from . import rules
-from .rules import Schedule
+from .rules import Cancel, Schedule
 
 Q = queries.load("timers")
 NOTIFY_CHANNEL = "queen_timers"
@@ -42,6 +42,7 @@ class Outcome:
     txn: str | None
     partition: str | None = None
     deliver_at: datetime | None = None
+    message_id: uuid.UUID | None = None  # schedules: the id the fired frame will carry
 
     @property
     def ok(self) -> bool:
@@ -52,11 +53,12 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
 
     One statement: it may run in autocommit as its own transaction."""
-    blob, size, compressed = rules.pack(s.payload)
+    blob, size, compressed = rules.pack(s.payload, s.json_bytes)
     row = one(raw.execute(Q.schedule_one, {
         "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
-        "txn": s.txn or log_rules.new_transaction_id(), "payload": blob, "zstd": compressed,
-        "bytes": size, "delay": s.delay_ms, "notify_within_ms": notify_within_ms,
+        "txn": s.txn or log_rules.new_transaction_id(), "message_id": s.message_id,
+        "payload": blob, "zstd": compressed, "bytes": size, "delay": s.delay_ms,
+        "notify_within_ms": notify_within_ms,
     }))
     return _outcome(s, row)
 
@@ -72,12 +74,13 @@ def schedule_many(
     """
     if not schedules:
         return []
-    packed = [rules.pack(s.payload) for s in schedules]
+    packed = [rules.pack(s.payload, s.json_bytes) for s in schedules]
     txns = [s.txn or log_rules.new_transaction_id() for s in schedules]
     rows = raw.execute(Q.schedule, {
         "tenant_id": tenant_id, "queues": [s.queue for s in schedules],
         "keys": [s.key for s in schedules], "partitions": [s.partition for s in schedules],
-        "txns": txns, "payloads": [blob for blob, _, _ in packed],
+        "txns": txns, "message_ids": [s.message_id for s in schedules],
+        "payloads": [blob for blob, _, _ in packed],
         "zstd": [compressed for _, _, compressed in packed],
         "bytes": [size for _, size, _ in packed], "delays": [s.delay_ms for s in schedules],
         "notify_within_ms": notify_within_ms,
@@ -102,42 +105,66 @@ def _planned_now(raw: Raw, query: str, params: dict[str, Any] | None = None
 def _outcome(s: Schedule, row: dict[str, Any]) -> Outcome:
     if row["status"] == "too_late":
         return Outcome("too_late", s.queue, s.key, row["txn"])
-    return Outcome(row["status"], s.queue, s.key, row["txn"], s.partition, row["deliver_at"])
+    return Outcome(row["status"], s.queue, s.key, row["txn"], s.partition, row["deliver_at"],
+                   s.message_id)
 
 
 def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:
-    """Delete a pending timer. ``absent`` also covers "already delivered" and "another
-    tenant's": the log, not this answer, says whether a message went out."""
-    where = {"tenant_id": tenant_id, "queue": queue, "key": key}
-    raw.execute(Q.lock_timer_name, where)
-    row = _planned_now(raw, Q.lock_timer, where).fetchone()
-    if row is None:
-        existing = _planned_now(raw, Q.timer_exists, where).fetchone()
-        if existing is not None:
-            return Outcome("too_late", queue, key, echo_txn or existing["txn"])
-        return Outcome("absent", queue, key, echo_txn)
-    if row["claimed"]:
-        return Outcome("too_late", queue, key, echo_txn or row["txn"])
-    _planned_now(raw, Q.delete_timer, where)
-    log_store.add_usage(raw, tenant_id, -row["payload_bytes"])
-    return Outcome("cancelled", queue, key, echo_txn or row["txn"])
+    """Delete a pending timer, in one statement (it may run in autocommit). ``absent`` also
+    covers "already delivered" and "another tenant's": the log, not this answer, says whether a
+    message went out."""
+    row = one(_planned_now(raw, Q.cancel_one, {"tenant_id": tenant_id, "queue": queue,
+                                               "key": key, "txn": echo_txn}))
+    return Outcome(row["status"], queue, key, row["txn"])
+
+
+def cancel_many(raw: Raw, tenant_id: int, cancels: list[Cancel]) -> list[Outcome]:
+    """Cancel several distinct timers in the caller's transaction, in one statement."""
+    if not cancels:
+        return []
+    rows = _planned_now(raw, Q.cancel, {
+        "tenant_id": tenant_id, "queues": [c.queue for c in cancels],
+        "keys": [c.key for c in cancels], "txns": [c.txn for c in cancels],
+    }).fetchall()
+    return [Outcome(r["status"], c.queue, c.key, r["txn"])
+            for c, r in zip(cancels, rows, strict=True)]
+
+
+def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_within_ms: int
+          ) -> list[Outcome]:
+    """Schedule and cancel distinct timers in the caller's transaction, answering in input
+    order: every schedule in one statement, every cancel in another (the keys are distinct, so
+    their order does not matter), after the names' locks for all of them, taken in one order."""
+    schedules = [op for op in ops if isinstance(op, Schedule)]
+    cancels = [op for op in ops if isinstance(op, Cancel)]
+    if schedules and cancels:
+        raw.execute(Q.lock_timer_names, {"tenant_id": tenant_id,
+                                         "queues": [op.queue for op in ops],
+                                         "keys": [op.key for op in ops]})
+    scheduled = iter(schedule_many(raw, tenant_id, schedules, notify_within_ms=notify_within_ms))
+    cancelled = iter(cancel_many(raw, tenant_id, cancels))
+    return [next(scheduled) if isinstance(op, Schedule) else next(cancelled) for op in ops]
 
 
 def peek(raw: Raw, tenant_id: int, queue: str, key: str) -> dict[str, Any] | None:
-    row = _planned_now(raw, Q.peek, {"tenant_id": tenant_id, "queue": queue, "key": key}).fetchone()
-    if row is None:
-        return None
-    try:
-        row["payload"] = rules.unpack(row["payload"], row.pop("payload_zstd"))
-    except ValueError:
-        row["payload"] = None
-    return row
-
-
-def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int) -> list[dict]:
+    """The pending timer's row (``payload`` as stored, ``payload_zstd`` says how), or None."""
     return _planned_now(
+        raw, Q.peek, {"tenant_id": tenant_id, "queue": queue, "key": key}).fetchone()
+
+
+def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int
+                ) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` pending timers of a queue with a key after ``after``, in key order, and
+    whether more follow."""
+    rows = _planned_now(
         raw, Q.list, {"tenant_id": tenant_id, "queue": queue, "after": after, "limit": limit}
     ).fetchall()
+    return rows[:limit], len(rows) > limit
+
+
+def count_timers(raw: Raw, tenant_id: int, queue: str, prefix: str) -> int:
+    return one(_planned_now(
+        raw, Q.count, {"tenant_id": tenant_id, "queue": queue, "prefix": prefix}))["n"]
 
 
 # -- the sweeper's side -----------------------------------------------------------------------

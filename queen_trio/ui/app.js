@@ -304,21 +304,23 @@ function notice() {
 async function timersPage(queue) {
   const list = await api(`${API}/timers/${encodeURIComponent(queue)}?limit=500`);
   if (list.status !== 200) return [el("h2", {}, "Timers of ", el("code", {}, queue)), problem(list)];
-  const timers = [...(list.body.timers || [])].sort((a, b) => (a.deliverAt < b.deliverAt ? -1 : 1));
+  const timers = [...(list.body.rows || [])].sort((a, b) => (a.deliverAt < b.deliverAt ? -1 : 1));
   const peek = state.peek && state.peek.queue === queue ? state.peek : null;
   return [
     el("h2", {}, "Timers of ", el("a", { href: "#/queue/" + encodeURIComponent(queue) }, queue)),
     notice(),
-    el("p", { class: "muted" }, `${timers.length} pending, soonest first${list.body.next ? " (first 500 only)" : ""}`),
+    el("p", { class: "muted" }, `${timers.length} pending, soonest first${list.body.truncated ? " (first 500 only)" : ""}`),
     table(["due", "key", "state", "attempts", "last error", "actions"], timers.map((t) => [
-      when(t.deliverAt), el("code", { class: "timer-key" }, t.key), t.state, t.attempts,
-      t.lastError ?? "—",
+      when(t.deliverAt), el("code", { class: "timer-key" }, t.timerKey), t.claimed ? "claimed" : "pending",
+      t.attempts, t.lastError ?? "—",
       el("span", {},
-        el("button", { type: "button", "data-action": "peek", onclick: () => peekTimer(queue, t.key) }, "Peek"), " ",
-        el("button", { type: "button", class: "danger", "data-action": "cancel", onclick: () => cancelTimer(queue, t.key) }, "Cancel")),
+        el("button", { type: "button", "data-action": "peek", onclick: () => peekTimer(queue, t.timerKey) }, "Peek"), " ",
+        el("button", { type: "button", class: "danger", "data-action": "cancel", onclick: () => cancelTimer(queue, t.timerKey) }, "Cancel")),
     ])),
     peek ? el("section", { id: "peek" }, el("h3", {}, "Payload of ", el("code", {}, peek.key)),
-      peek.answer.status === 200 ? json(peek.answer.body.payload) : problem(peek.answer)) : null,
+      peek.answer.status !== 200 ? problem(peek.answer)
+        : peek.answer.body.found ? json(peek.answer.body.data)
+        : el("p", { class: "muted" }, "no longer pending (already fired, or cancelled)")) : null,
   ];
 }
 

@@ -32,6 +32,7 @@ import pytest
 import trio
 
 from ..brokers import BrokerProcess, running_brokers
+from ..timer_ops import timer_op
 from .harness import PgProxy, TimerBook, asql, assert_ledger, pending_txns, poll_until
 from .replication import ReplicatedPostgres
 from .traffic import payload_for, storm, wait_drained
@@ -199,14 +200,14 @@ async def schedule_burst(brokers: list[BrokerProcess], book: TimerBook, tag: str
     """``n`` timers due from ``first_ms`` on, ``per_ms`` a millisecond, both fire paths."""
     async with httpx.AsyncClient(base_url=brokers[0].url, timeout=30) as http:
         for start in range(0, n, 500):
-            timers = [{"action": "schedule", "queue": "burst", "key": f"{tag}-{i}",
-                       "delayMs": first_ms + int(i / per_ms), "txn": f"{tag}-{i}",
-                       "payload": payload_for(f"{tag}-{i}", "broker" if i % 3 else "postgres")}
+            timers = [timer_op("burst", f"{tag}-{i}", first_ms + int(i / per_ms),
+                               payload_for(f"{tag}-{i}", "broker" if i % 3 else "postgres"),
+                               txn=f"{tag}-{i}")
                       for i in range(start, min(n, start + 500))]
             r = await http.post(f"{API}/transaction", json={"timers": timers})
             assert r.status_code == 200, r.text
-            for t in r.json()["timers"]:
-                book.scheduled(t["key"], t["txn"], t["status"], t["txn"])
+            for t in r.json()["results"]:
+                book.scheduled(t["timerKey"], t["txn"], t["status"], t["txn"])
 
 
 async def burst_frames(url: str, tag: str) -> int:

@@ -23,6 +23,7 @@ import trio
 import zstandard
 
 from ..brokers import BrokerProcess, running_brokers
+from ..timer_ops import timer_op
 from .harness import asql, log_by_txn, poll_until
 from .traffic import schedule_burst
 
@@ -242,9 +243,9 @@ async def test_a_failure_nobody_foresaw_is_permanent_for_its_row_only(
     broker, watch = watched
     await asql(database_url, CURSE_TIMER)
     async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
-        timers = [{"action": "schedule", "queue": queue, "key": key, "delayMs": 300,
-                   "payload": {"key": key, "padding": "abcdefgh" * 16 if queue == "z" else ""},
-                   "txn": f"{queue}-{key}"}
+        timers = [timer_op(queue, key, 300,
+                           {"key": key, "padding": "abcdefgh" * 16 if queue == "z" else ""},
+                           txn=f"{queue}-{key}")
                   for queue in ("plain", "z") for key in ("a", "cursed", "b", "c")]
         r = await http.post(f"{API}/transaction", json={"timers": timers})
         assert r.status_code == 200, r.text

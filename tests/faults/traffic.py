@@ -12,6 +12,7 @@ import httpx
 import trio
 
 from ..brokers import BrokerProcess
+from ..timer_ops import timer_op
 from .harness import TimerBook, asql, poll_until
 
 API = "/api/v1"
@@ -29,12 +30,12 @@ async def schedule_burst(broker: BrokerProcess, queue: str, n: int, delay_ms: in
     txns: set[str] = set()
     async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
         for start in range(0, n, 500):
-            timers = [{"action": "schedule", "queue": queue, "key": f"k{i}", "delayMs": delay_ms,
-                       "payload": payload_for(f"k{i}", path), "txn": f"{queue}-{i}"}
+            timers = [timer_op(queue, f"k{i}", delay_ms, payload_for(f"k{i}", path),
+                               txn=f"{queue}-{i}")
                       for i in range(start, min(n, start + 500))]
             r = await http.post(f"{API}/transaction", json={"timers": timers})
             assert r.status_code == 200, r.text
-            assert {t["status"] for t in r.json()["timers"]} == {"scheduled"}
+            assert {t["status"] for t in r.json()["results"]} == {"scheduled"}
             txns |= {t["txn"] for t in timers}
     return txns
 
@@ -116,14 +117,8 @@ async def schedule_one(http: httpx.AsyncClient, rnd: random.Random, key: str, bo
         answer = r.json() if r.status_code == 200 else None
     else:
         r = await http.post(f"{API}/transaction", json={"timers": [
-            {"action": "schedule", "queue": "storm", "key": key, **body}]})
-        if r.status_code == 200:
-            answer = r.json()["timers"][0]
-        elif r.status_code == 409 and r.json().get("error") == "timer_too_late":
-            answer = r.json()["timers"][0]  # the bundle was rolled back
-            assert answer["status"] == "too_late", r.text
-        else:
-            answer = None
+            timer_op("storm", key, body["delayMs"], body["payload"], txn=txn)]})
+        answer = r.json()["results"][0] if r.status_code == 200 else None
     if answer is None:
         if r.status_code in tolerate:
             book.lost_answer(key, txn, str(r.status_code))

@@ -21,6 +21,7 @@ from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 
 from ..conftest import replace_settings
+from ..timer_ops import timer_op
 
 API = "/api/v1"
 EVIL = "http://evil.example"
@@ -33,9 +34,9 @@ WRITES: list[tuple[str, str, Any]] = [
     ("POST", f"{API}/push", {"items": [{"queue": "q", "payload": {"evil": 1}}]}),
     ("POST", f"{API}/transaction", {"operations": [], "kv": [
         {"op": "put", "ns": "ns", "key": "k", "value": 1, "forever": True}]}),
-    ("POST", f"{API}/timers", {"queue": "q", "key": "evil", "delayMs": 0, "payload": 1}),
+    ("POST", f"{API}/timers", [timer_op("q", "evil", 0, 1)]),
     ("POST", f"{API}/transaction", {"operations": [], "timers": [
-        {"action": "cancel", "queue": "q", "key": "keep"}]}),
+        timer_op("q", "keep", 0, op="cancel")]}),
     ("POST", f"{API}/configure", {"queue": "q", "options": {"retryLimit": 0}}),
     ("GET", f"{API}/pop/queue/kept?autoAck=true", None),  # consumes: a write too
     ("PUT", f"{API}/kv/ns/k", {"value": 1, "forever": True}),

@@ -28,6 +28,7 @@ from queen_trio.tenants import store
 
 from ..brokers import BrokerProcess
 from ..pgserver import Databases
+from ..timer_ops import timer_op
 
 API = "/api/v1"
 DB_PASSWORD = "db-pw-" + secrets.token_hex(8)
@@ -105,27 +106,28 @@ def test_a_tenant_cannot_see_cancel_replace_or_count_another_tenants_timers(
                                                         "payload": {"s": "alpha-secret"}})
         assert r.status_code == 200 and r.json()["status"] == "scheduled", r.text
         a_txn = r.json()["txn"]
-        r = a.post(f"{API}/timers", json={"queue": QUEUE, "key": "soon", "delayMs": 200,
-                                          "payload": "for alpha"})
+        r = a.post(f"{API}/timers", json=[timer_op(QUEUE, "soon", 200, "for alpha")])
         assert r.status_code == 200, r.text
 
         # What B gets for A's timer is exactly what it gets for a name nobody uses.
         def b_view(key: str) -> list[Any]:
             return [
-                (r.status_code, {k: v for k, v in r.json().items() if k not in ("key",
-                                                                                "message")})
+                (r.status_code, {k: v for k, v in r.json().items() if k != "timerKey"})
                 for r in (b.get(f"{API}/timers/{QUEUE}/{key}"),
                           b.delete(f"{API}/timers/{QUEUE}/{key}"),
                           b.delete(f"{API}/timers/{QUEUE}/{key}", params={"txn": a_txn}))]
         assert b_view(KEY) == b_view("never-used")
-        assert b_view(KEY)[0] == (404, {"ok": False, "error": "absent", "status": "absent",
-                                        "queue": QUEUE})
+        assert b_view(KEY)[0] == (200, {"found": False, "queue": QUEUE})
         assert b_view(KEY)[1][1]["status"] == "absent" and b_view(KEY)[1][1]["txn"] is None
         assert b_view(KEY)[2][1]["txn"] == a_txn  # the caller's own txn, echoed
-        r = b.post(f"{API}/transaction", json={"timers": [
-            {"action": "cancel", "queue": QUEUE, "key": KEY}]})
-        assert r.status_code == 200 and r.json()["timers"][0]["status"] == "absent", r.text
-        assert b.get(f"{API}/timers/{QUEUE}").json() == {"timers": [], "next": None}
+        r = b.post(f"{API}/transaction", json={"timers": [timer_op(QUEUE, KEY, 0, op="cancel")]})
+        assert r.status_code == 200 and r.json()["results"][0]["status"] == "absent", r.text
+        r = b.post(f"{API}/timers", json=[timer_op(QUEUE, KEY, 0, op="cancel")])
+        assert r.status_code == 200 and r.json()["results"][0]["status"] == "absent", r.text
+        assert b.get(f"{API}/timers/{QUEUE}").json() == {"rows": [], "truncated": False,
+                                                         "nextAfter": None}
+        count = b.get(f"{API}/timers/{QUEUE}", params={"mode": "count", "prefix": KEY[:3]})
+        assert count.json()["count"] == 0
         assert b.get(f"{API}/resources/queues").json() == {"queues": []}
         assert b.get(f"{API}/resources/queues/{QUEUE}").status_code == 404
 
@@ -134,10 +136,10 @@ def test_a_tenant_cannot_see_cancel_replace_or_count_another_tenants_timers(
         assert r.json()["status"] == "scheduled", r.text
         assert r.json()["txn"] != a_txn
         peek = a.get(f"{API}/timers/{QUEUE}/{KEY}").json()
-        assert (peek["txn"], peek["payload"]) == (a_txn, {"s": "alpha-secret"})
-        assert [t["key"] for t in b.get(f"{API}/timers/{QUEUE}").json()["timers"]] == [KEY]
-        listed = a.get(f"{API}/timers/{QUEUE}").json()["timers"]
-        assert {t["key"] for t in listed} <= {KEY, "soon"}
+        assert (peek["txn"], peek["data"]) == (a_txn, {"s": "alpha-secret"})
+        assert [t["timerKey"] for t in b.get(f"{API}/timers/{QUEUE}").json()["rows"]] == [KEY]
+        listed = a.get(f"{API}/timers/{QUEUE}").json()["rows"]
+        assert {t["timerKey"] for t in listed} <= {KEY, "soon"}
 
         # A's "soon" fires into A's queue only.
         deadline = time.monotonic() + 5

@@ -138,9 +138,9 @@ async def test_usage_errors_send_nothing(qt: Cli, queen: Client) -> None:
 async def test_broker_errors_and_unreachable_brokers(qt: Cli) -> None:
     code, out, err = await qt("timers", "schedule", "q", "k", "--delay", "2h")
     assert code == 4 and "horizon" in err
-    assert err.startswith("queen-trio: invalid_delay: "), err  # the error code is printed
+    assert err.startswith("queen-trio: timer_horizon_exceeded: "), err  # the code is printed
     code, r = await qt.json("timers", "schedule", "q", "k", "--delay", "2h")
-    assert code == 4 and (r["error"], r["status"]) == ("invalid_delay", 400)
+    assert code == 4 and (r["error"], r["status"]) == ("timer_horizon_exceeded", 403)
     dead = f"http://127.0.0.1:{free_port()}"
     code, _, err = await qt("kv", "get", "ns", "k", url=dead)
     assert code == 5 and "no broker answered" in err

@@ -135,9 +135,9 @@ def test_an_announced_sweep_holds_the_fire_lock_until_it_commits(database_url: s
     with connect(database_url) as conn, connect(database_url) as sweeping, \
             connect(database_url) as other:
         tenant = primed(conn, "q")
+        due = timer("q", "due", -10, {"n": 1})
         with conn.transaction():
-            timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, {"n": 1})],
-                                      notify_within_ms=0)
+            timer_store.schedule_many(conn, tenant, [due], notify_within_ms=0)
         announced = NextDue(tenant, "q", "Default", 0.0)
         with conn.transaction():
             # Hold the partition, so the sweep's append waits while it holds the fire lock.
@@ -349,9 +349,9 @@ def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url
     commit; released whole (the pop had gone), the message goes to the next pop unretried."""
     with connect(database_url) as conn, connect(database_url) as sweeping:
         tenant = primed(conn, "q")
+        due = timer("q", "due", -10, {"n": 1})
         with conn.transaction():
-            timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, {"n": 1})],
-                                      notify_within_ms=0)
+            timer_store.schedule_many(conn, tenant, [due], notify_within_ms=0)
         leased = PopRequest(queue="q", partition=None, group=GROUP, batch=10, wait=True,
                             timeout_ms=5000, auto_ack=False)
         swept = timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000,
@@ -362,7 +362,8 @@ def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url
         batch = swept.popped.batch
         assert [m.payload for m in batch.messages] == [{"n": 1}]
         assert batch.lease_id is not None and batch.partition == "Default"
-        assert batch.messages[0].meta == {"timer": {"key": "due", "deliverAt": ANY_TEXT}}
+        assert batch.messages[0].meta == {"messageId": str(due.message_id),
+                                          "timer": {"key": "due", "deliverAt": ANY_TEXT}}
         # Exactly what the ordinary pop answers for the same frame, once released.
         assert log_store.pop_head(conn, tenant, leased) == log_store.PopOutcome(None)
         log_store.release_batch(conn, tenant, batch)

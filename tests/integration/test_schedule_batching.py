@@ -10,6 +10,7 @@ import trio
 
 from queen_trio.server import BrokerHandle
 
+from ..timer_ops import timer_op
 from .test_tenancy import auth_broker, client, tokens  # noqa: F401 - fixtures
 from .test_timers import TIMERS, settings, sql  # noqa: F401 - fixture
 
@@ -38,12 +39,13 @@ async def test_concurrent_puts_share_statements_and_each_gets_its_own_answer(
         answers = await put_all(many, [("batched", f"k{i}", {"i": i}) for i in range(240)])
     assert [a.status_code for a in answers] == [200] * 240
     bodies = [a.json() for a in answers]
-    assert [(b["status"], b["key"]) for b in bodies] == [("scheduled", f"k{i}") for i in range(240)]
+    assert [(b["status"], b["timerKey"]) for b in bodies] == [
+        ("scheduled", f"k{i}") for i in range(240)]
     assert len({b["txn"] for b in bodies}) == 240
     rows = sql(database_url, "SELECT timer_key, txn, convert_from(payload, 'UTF8') AS p "
                              "FROM queen.timers WHERE queue = 'batched'")
     assert {r["timer_key"]: (r["txn"], r["p"]) for r in rows} == {
-        b["key"]: (b["txn"], f'{{"i":{int(b["key"][1:])}}}') for b in bodies}
+        b["timerKey"]: (b["txn"], f'{{"i":{int(b["timerKey"][1:])}}}') for b in bodies}
     batcher = broker.context.schedules
     # They were sent together: far fewer statements than timers.
     assert batcher.scheduled >= 240 and batcher.batches < 200, (batcher.batches, batcher.scheduled)
@@ -88,6 +90,48 @@ async def test_one_failing_timer_does_not_fail_the_timers_batched_with_it(
     keys = {r["timer_key"] for r in sql(database_url,
                                         "SELECT timer_key FROM queen.timers WHERE queue = 'mixed'")}
     assert keys == {f"ok{i}" for i in range(30)}
+
+
+async def test_concurrent_batches_share_statements_and_a_failing_one_fails_alone(
+    broker: BrokerHandle, database_url: str,
+) -> None:
+    """POST /api/v1/timers batches ride the same statements (queen_trio/timers/batcher.py):
+    each is answered its own results in its own order, and one that PostgreSQL refuses fails
+    whole (nothing of it written) without failing the batches it shared a statement with."""
+    sql(database_url, """
+        CREATE FUNCTION pg_temp_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.timer_key = 'b7-poison' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_poison BEFORE INSERT ON queen.timers
+            FOR EACH ROW EXECUTE FUNCTION pg_temp_refuse();
+    """)
+    batches = [[f"b{b}-{i}" for i in range(10)] for b in range(40)]
+    batches[7][4] = "b7-poison"
+    answers: dict[int, httpx.Response] = {}
+
+    async def post(b: int, keys: list[str]) -> None:
+        answers[b] = await many.post(TIMERS, json=[timer_op("batched", k, 60_000, {"k": k})
+                                                   for k in reversed(keys)])
+
+    batcher = broker.context.schedules
+    before, scheduled_before = batcher.batches, batcher.scheduled
+    limits = httpx.Limits(max_connections=len(batches))
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
+        async with trio.open_nursery() as nursery:
+            for b, keys in enumerate(batches):
+                nursery.start_soon(post, b, keys)
+    assert answers.pop(7).status_code == 500
+    for b, r in answers.items():
+        assert r.status_code == 200, r.text
+        assert [t["timerKey"] for t in r.json()["results"]] == list(reversed(batches[b]))
+    stored = {r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers")}
+    assert stored == {k for b, keys in enumerate(batches) if b != 7 for k in keys}
+    # They went through the batcher, in fewer statements than batches (the retries of the
+    # failed statement's batches included).
+    assert batcher.scheduled - scheduled_before == 390
+    assert batcher.batches - before < len(batches), batcher.batches - before
 
 
 async def test_two_tenants_scheduling_one_name_at_once_get_a_timer_each(

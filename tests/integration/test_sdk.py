@@ -18,6 +18,7 @@ from queen_trio.client import (
     Batch,
     Client,
     Conflict,
+    Forbidden,
     KvEntry,
     KvPage,
     KvPrecondition,
@@ -127,6 +128,7 @@ async def test_a_timer_fires_into_its_queue_with_its_txn(queen: Client) -> None:
     message = await pop_one(queen, "fired", auto_ack=True)
     assert (message.data, message.transaction_id) == ({"n": 1}, r.txn)
     assert message.timer is not None and message.timer.key == "soon"
+    assert message.id == r.message_id  # promised when it was scheduled
     # Delivered: cancel now answers absent, and the echoed txn points at the message.
     late = await queen.timer("fired").key("soon").cancel(txn="t-1")
     assert late.status is TimerStatus.ABSENT and late.txn == message.transaction_id
@@ -335,10 +337,14 @@ async def test_builders_are_reusable_and_immutable(queen: Client) -> None:
 
 
 async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
-    with pytest.raises(BadRequest) as beyond:
+    with pytest.raises(Forbidden) as beyond:
         await queen.timer("horizon").key("k").delay("2h").payload(1).schedule()
-    assert (beyond.value.status, beyond.value.code) == (400, "invalid_delay")
+    assert (beyond.value.status, beyond.value.code) == (403, "timer_horizon_exceeded")
     assert "horizon" in beyond.value.message and beyond.value.body["ok"] is False
+
+    with pytest.raises(BadRequest) as bad:
+        await queen.timer("bad/queue").key("k").delay(0).payload(1).schedule()
+    assert (bad.value.code, bad.value.reason) == ("timers_bad_request", "invalid_queue")
 
     with pytest.raises(PayloadTooLarge) as big:
         await queen.timer("big").key("k").delay(0).payload("x" * 5000).schedule()
@@ -360,7 +366,7 @@ async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
     assert (expired.value.status, expired.value.code) == (409, "lease_expired")
 
 
-async def test_too_late_is_a_value_alone_and_a_conflict_in_a_bundle(
+async def test_too_late_is_a_value_alone_and_in_a_bundle(
     queen: Client, database_url: str
 ) -> None:
     held = await queen.timer("claimed").key("firing").delay("10m").payload(1).schedule()
@@ -374,15 +380,12 @@ async def test_too_late_is_a_value_alone_and_a_conflict_in_a_bundle(
     assert again.status is TimerStatus.TOO_LATE and not again.ok
     assert (await queen.timer("claimed").key("firing").peek()).state is TimerState.CLAIMED
 
-    with pytest.raises(Conflict) as refused:
-        await (queen.transaction().push("side", 1)
-               .timer("claimed").key("nothing-here").cancel()
-               .timer("claimed").key("firing").cancel()
-               .commit())
-    assert (refused.value.status, refused.value.code) == (409, "timer_too_late")
-    assert [t.status for t in refused.value.timers] == [TimerStatus.ABSENT,
-                                                        TimerStatus.TOO_LATE]
-    assert len(await queen.pop("side")) == 0  # the whole bundle was rolled back
+    committed = await (queen.transaction().push("side", 1)
+                       .timer("claimed").key("nothing-here").cancel()
+                       .timer("claimed").key("firing").cancel()
+                       .commit())
+    assert [t.status for t in committed.timers] == [TimerStatus.ABSENT, TimerStatus.TOO_LATE]
+    assert len(await queen.pop("side")) == 1  # verdicts: the bundle committed
 
 
 def test_results_are_frozen() -> None:

@@ -38,6 +38,7 @@ from queen_trio.timers import store
 from queen_trio.timers.rules import Schedule
 
 from ..brokers import BrokerProcess, running_brokers
+from ..timer_ops import timer_op
 
 API = "/api/v1"
 LOCK_GUARD = "3s"  # a statement that blocks on a row lock fails after this instead of hanging
@@ -389,11 +390,10 @@ async def _schedule_over_http(
     async def worker(b: BrokerProcess, mine: list[list[int]]) -> None:
         async with httpx.AsyncClient(base_url=b.url, timeout=60) as http:
             for ids in mine:
-                body = {"timers": [{"action": "schedule", "queue": queue, "key": f"k{i}",
-                                    "delayMs": delays[i], "payload": i} for i in ids]}
+                body = {"timers": [timer_op(queue, f"k{i}", delays[i], i) for i in ids]}
                 r = await http.post(f"{API}/transaction", json=body)
                 assert r.status_code == 200, f"{b.name}: {r.status_code} {r.text[:500]}"
-                assert {t["status"] for t in r.json()["timers"]} == {"scheduled"}
+                assert {t["status"] for t in r.json()["results"]} == {"scheduled"}
 
     async with trio.open_nursery() as nursery:
         for i, b in enumerate(brokers):
@@ -765,9 +765,9 @@ def test_concurrent_schedules_and_peeks_through_one_broker_keep_every_payload(
 ) -> None:
     """Six clients schedule large timers (~500 kB payloads) through one broker at the same
     time, then peek at them while the sweeper fires them. Every request must be answered 200
-    (404 for a peek at a timer already fired), the broker must stay up, no timer may spend an
-    attempt (MAX_ATTEMPTS=1 would dead-letter it) and every frame must carry its payload
-    intact.
+    (found: false for a peek at a timer already fired), the broker must stay up, no timer may
+    spend an attempt (MAX_ATTEMPTS=1 would dead-letter it) and every frame must carry its
+    payload intact.
 
     Regression: before d7613fd the shared zstd codec made this fail about four runs in five
     (broker SIGSEGV, 500 'cannot compress: Context should be init first', healthy timers
@@ -791,8 +791,8 @@ async def _concurrent_schedules_and_peeks(database_url: str) -> None:
             for j in range(bundles):
                 mine = keys[j * per_bundle:(j + 1) * per_bundle]
                 r = await http.post(f"{API}/transaction", json={"timers": [
-                    {"action": "schedule", "queue": "big", "key": key, "delayMs": 1500,
-                     "payload": {"w": w, "padding": padding}} for key in mine]})
+                    timer_op("big", key, 1500, {"w": w, "padding": padding})
+                    for key in mine]})
                 if r.status_code != 200:
                     problems.append(f"schedule {mine}: {r.status_code} {r.text[:200]}")
 
@@ -802,12 +802,12 @@ async def _concurrent_schedules_and_peeks(database_url: str) -> None:
                 while True:
                     for key in keys_of[w]:
                         r = await http.get(f"{API}/timers/big/{key}")
-                        if r.status_code == 200:
-                            got = r.json()["payload"]
+                        if r.status_code == 200 and r.json()["found"]:
+                            got = r.json()["data"]
                             if not (isinstance(got, dict) and got.get("w") == w
                                     and len(got.get("padding", ())) == entries):
                                 problems.append(f"peek {key}: payload damaged")
-                        elif r.status_code != 404:
+                        elif r.status_code != 200:
                             problems.append(f"peek {key}: {r.status_code} {r.text[:200]}")
                     if not (await asql(database_url, NO_TIMERS))[0]["n"]:
                         return

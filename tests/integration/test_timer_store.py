@@ -533,7 +533,8 @@ def test_a_cancel_or_peek_finds_its_timer_by_index_however_the_table_has_grown(
             assert store.next_due(conn) is not None
 
         plans = _grow_then_explain(conn, tenant, exercise, analyze=False)
-    assert len([p for p in plans if " on timers" in p]) >= 5, plans
+    # cancel (queen.cancel_timers), peek, list and next-due: one plan each at least
+    assert len([p for p in plans if " on timers" in p]) >= 4, plans
     assert not _scans(plans), _scans(plans)
 
 

@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 
+from ..timer_ops import timer_op
 from .test_log import API, pop
 
 TIMERS = f"{API}/timers"
@@ -64,28 +65,33 @@ def parse_ts(text: str) -> datetime:
 async def test_schedule_is_an_upsert_by_name(http: httpx.AsyncClient) -> None:
     first = await schedule(http, "reminders", "trial-ending:42", 60_000, {"accountId": 42})
     assert first["ok"] is True and first["status"] == "scheduled"
-    assert (first["queue"], first["key"], first["partition"]) == ("reminders", "trial-ending:42",
-                                                                  "Default")
-    assert first["txn"] and first["deliverAt"].endswith("Z")
+    assert (first["queue"], first["timerKey"], first["partition"]) == (
+        "reminders", "trial-ending:42", "Default")
+    assert first["txn"] and first["deliverAt"].endswith("Z") and first["messageId"]
     again = await schedule(http, "reminders", "trial-ending:42", 60_000, {"accountId": 42})
     assert again["status"] == "rescheduled"
-    assert again["txn"] != first["txn"]  # a reschedule without txn gets a fresh one
+    assert again["txn"] != first["txn"]  # a PUT without txn gets a fresh one
+    assert again["messageId"] != first["messageId"]  # a new timer under an old name
     kept = await schedule(http, "reminders", "trial-ending:42", 90_000, {"v": 2}, txn="mine")
     assert kept["txn"] == "mine"
     listing = (await http.get(f"{TIMERS}/reminders")).json()
-    assert [t["key"] for t in listing["timers"]] == ["trial-ending:42"]
+    assert [t["timerKey"] for t in listing["rows"]] == ["trial-ending:42"]
     peeked = (await http.get(f"{TIMERS}/reminders/trial-ending:42")).json()
-    assert peeked["payload"] == {"v": 2} and peeked["txn"] == "mine"
-    assert peeked["state"] == "pending" and peeked["attempts"] == 0
+    assert peeked["data"] == {"v": 2} and peeked["txn"] == "mine"
+    assert peeked["claimed"] is False and peeked["attempts"] == 0
     assert parse_ts(peeked["deliverAt"]) > parse_ts(first["deliverAt"])
 
 
-async def test_post_schedules_too(http: httpx.AsyncClient) -> None:
-    r = await http.post(TIMERS, json={"queue": "q", "key": "k/1", "delayMs": 1000,
-                                      "payload": "x", "partition": "eu"})
-    assert r.json()["status"] == "scheduled" and r.json()["partition"] == "eu"
-    r = await http.post(TIMERS, json={"queue": "q", "delayMs": 1000, "payload": "x"})
-    assert (r.status_code, r.json()["error"]) == (400, "missing_field")
+async def test_post_takes_queens_operations_and_refuses_the_old_shape(
+    http: httpx.AsyncClient,
+) -> None:
+    r = await http.post(TIMERS, json={"operations": [
+        timer_op("q", "k/1", 1000, "x", partition="eu")]})
+    (result,) = r.json()["results"]
+    assert result["status"] == "scheduled" and result["partition"] == "eu"
+    r = await http.post(TIMERS, json={"queue": "q", "key": "k", "delayMs": 1000, "payload": "x"})
+    assert (r.status_code, r.json()["error"], r.json()["reason"]) == (
+        400, "timers_bad_request", "unknown_field")
 
 
 async def test_reschedule_resets_the_failure_budget(
@@ -111,7 +117,7 @@ async def test_reschedule_resets_the_failure_budget(
         ({"delayMs": 1000}, "missing_field"),
         ({"deliverAt": "2030-01-01T00:00:00Z", "payload": 1}, "invalid_delay"),
         ({"delayMs": 1000, "deliverAt": "2030-01-01T00:00:00Z", "payload": 1}, "invalid_delay"),
-        ({"delayMs": 3600 * 1000 + 1, "payload": 1}, "invalid_delay"),
+        ({"delayMs": 3600 * 1000 + 1, "payload": 1}, "timer_horizon_exceeded"),
         ({"delayMs": 1000, "payload": 1, "color": "red"}, "unknown_field"),
         ({"delayMs": 1000, "payload": 1, "partition": "bad/partition"}, "invalid_partition"),
         ({"delayMs": 1000, "payload": "x" * (1024 * 1024)}, "payload_too_large"),
@@ -121,8 +127,14 @@ async def test_bad_schedules_are_refused_and_write_nothing(
     http: httpx.AsyncClient, database_url: str, body: dict, code: str
 ) -> None:
     r = await http.put(f"{TIMERS}/q/k", json=body)
-    assert r.status_code == (413 if code == "payload_too_large" else 400)
-    assert r.json()["error"] == code and r.json()["ok"] is False
+    answer = r.json()
+    if code in ("payload_too_large", "timer_horizon_exceeded"):
+        assert (r.status_code, answer["error"]) == (
+            {"payload_too_large": 413, "timer_horizon_exceeded": 403}[code], code)
+    else:  # Queen's code, ours as the reason
+        assert (r.status_code, answer["error"], answer["reason"]) == (
+            400, "timers_bad_request", code)
+    assert answer["ok"] is False and answer["detail"]
     assert sql(database_url, "SELECT count(*) AS n FROM queen.timers") == [{"n": 0}]
 
 
@@ -130,16 +142,16 @@ async def test_odd_keys_travel_through_the_path(http: httpx.AsyncClient) -> None
     keys = ["a/b/c", "x:y z", "ключ/☃", "trial-ending:7/retry 2"]
     for key in keys:
         r = await schedule(http, "odd", key, 600_000, key)
-        assert r["key"] == key
+        assert r["timerKey"] == key
     for key in keys:
         r = await http.get(f"{TIMERS}/odd/{key}")
-        assert r.json()["payload"] == key
-    listed = (await http.get(f"{TIMERS}/odd")).json()["timers"]
-    assert sorted(t["key"] for t in listed) == sorted(keys)
+        assert r.json()["data"] == key
+    listed = (await http.get(f"{TIMERS}/odd")).json()["rows"]
+    assert sorted(t["timerKey"] for t in listed) == sorted(keys)
     for key in keys:
         assert (await http.delete(f"{TIMERS}/odd/{key}")).json()["status"] == "cancelled"
     r = await http.put(f"{TIMERS}/odd/" + "k" * 513, json={"delayMs": 1, "payload": 1})
-    assert (r.status_code, r.json()["error"]) == (400, "invalid_key")
+    assert (r.status_code, r.json()["reason"]) == (400, "invalid_key")
 
 
 async def test_a_key_with_a_leading_slash_or_a_line_break_reaches_the_handler(
@@ -147,12 +159,12 @@ async def test_a_key_with_a_leading_slash_or_a_line_break_reaches_the_handler(
 ) -> None:
     # issue 21 item 7: both used to answer 404 "no route" from the router.
     r = await http.put(f"{TIMERS}/odd//abs/path", json={"delayMs": 600_000, "payload": 1})
-    assert r.status_code == 200 and r.json()["key"] == "/abs/path", r.text
-    assert (await http.get(f"{TIMERS}/odd//abs/path")).json()["key"] == "/abs/path"
+    assert r.status_code == 200 and r.json()["timerKey"] == "/abs/path", r.text
+    assert (await http.get(f"{TIMERS}/odd//abs/path")).json()["timerKey"] == "/abs/path"
     assert (await http.delete(f"{TIMERS}/odd//abs/path")).json()["status"] == "cancelled"
     for method in ("PUT", "GET", "DELETE"):
         r = await http.request(method, f"{TIMERS}/odd/a%0Ab", json={"delayMs": 1, "payload": 1})
-        assert (r.status_code, r.json()["error"]) == (400, "invalid_key"), (method, r.text)
+        assert (r.status_code, r.json()["reason"]) == (400, "invalid_key"), (method, r.text)
 
 
 async def test_list_is_per_queue_with_keyset_pages(http: httpx.AsyncClient) -> None:
@@ -163,15 +175,17 @@ async def test_list_is_per_queue_with_keyset_pages(http: httpx.AsyncClient) -> N
     while True:
         params = {"limit": 2} | ({"after": after} if after else {})
         page = (await http.get(f"{TIMERS}/paged", params=params)).json()
-        seen += [t["key"] for t in page["timers"]]
-        after = page["next"]
+        seen += [t["timerKey"] for t in page["rows"]]
+        after = page["nextAfter"]
+        assert page["truncated"] is (after is not None)
         if after is None:
             break
     assert seen == ["k0", "k1", "k2", "k3", "k4"]
     # No route lists a tenant's timers across queues.
     assert (await http.get(TIMERS)).status_code == 405
-    r = await http.get(f"{TIMERS}/paged", params={"after": "%%%"})
-    assert (r.status_code, r.json()["error"]) == (400, "invalid_cursor")
+    # after is a timer key (exclusive), not an opaque cursor.
+    page = (await http.get(f"{TIMERS}/paged", params={"after": "k2"})).json()
+    assert [t["timerKey"] for t in page["rows"]] == ["k3", "k4"]
 
 
 # -- cancel -----------------------------------------------------------------------------------
@@ -179,18 +193,18 @@ async def test_list_is_per_queue_with_keyset_pages(http: httpx.AsyncClient) -> N
 
 async def test_cancel_answers(http: httpx.AsyncClient) -> None:
     scheduled = await schedule(http, "q", "c1", 600_000, 1)
-    r = await http.delete(f"{TIMERS}/q/c1")
+    r = await http.delete(f"{TIMERS}/q/c1", params={"txn": "not-the-stored-one"})
     assert r.status_code == 200
-    assert r.json() == {"ok": True, "status": "cancelled", "queue": "q", "key": "c1",
-                        "txn": scheduled["txn"]}
+    assert r.json() == {"ok": True, "status": "cancelled", "queue": "q", "timerKey": "c1",
+                        "txn": scheduled["txn"]}  # the stored txn
     r = await http.delete(f"{TIMERS}/q/c1", params={"txn": scheduled["txn"]})
     assert r.status_code == 200
-    assert r.json() == {"ok": False, "status": "absent", "queue": "q", "key": "c1",
+    assert r.json() == {"ok": False, "status": "absent", "queue": "q", "timerKey": "c1",
                         "txn": scheduled["txn"]}  # echoes the caller's txn
     r = await http.delete(f"{TIMERS}/q/never-existed")
     assert r.json()["status"] == "absent" and r.json()["txn"] is None
     r = await http.get(f"{TIMERS}/q/c1")
-    assert (r.status_code, r.json()["status"], r.json()["error"]) == (404, "absent", "absent")
+    assert (r.status_code, r.json()) == (200, {"found": False, "queue": "q", "timerKey": "c1"})
 
 
 async def test_cancel_after_delivery_is_absent_and_the_log_is_the_authority(
@@ -212,11 +226,11 @@ async def test_a_claimed_timer_is_too_late_for_cancel_and_reschedule(
                       "visible_at = now() + interval '1 hour'")
     r = await http.delete(f"{TIMERS}/q/held")
     assert r.status_code == 200
-    assert r.json() == {"ok": False, "status": "too_late", "queue": "q", "key": "held",
+    assert r.json() == {"ok": False, "status": "too_late", "queue": "q", "timerKey": "held",
                         "txn": scheduled["txn"]}
     r = await http.put(f"{TIMERS}/q/held", json={"delayMs": 5, "payload": 2})
     assert (r.status_code, r.json()["status"], r.json()["ok"]) == (200, "too_late", False)
-    assert (await http.get(f"{TIMERS}/q/held")).json()["state"] == "claimed"
+    assert (await http.get(f"{TIMERS}/q/held")).json()["claimed"] is True
 
 
 async def test_cancel_is_never_refused_by_quota_or_gate(
@@ -228,11 +242,11 @@ async def test_cancel_is_never_refused_by_quota_or_gate(
                       "WHERE name = 'default'")
     with trio.fail_after(5):  # plans reach the broker within a second
         while (await http.put(f"{TIMERS}/q/new", json={"delayMs": 1, "payload": 1})
-               ).status_code not in (429, 507):
+               ).status_code not in (429, 403):
             await trio.sleep(0.1)
     refused = {(await http.put(f"{TIMERS}/q/x{i}", json={"delayMs": 1, "payload": 1})).status_code
                for i in range(5)}
-    assert refused <= {429, 507} and refused
+    assert refused <= {429, 403} and refused  # 403: the storage gate, as Queen answers it
     for key in ("stop-me", "stop-me-too"):
         r = await http.delete(f"{TIMERS}/q/{key}")
         assert (r.status_code, r.json()["status"]) == (200, "cancelled")
@@ -249,8 +263,9 @@ async def test_fired_frames_are_no_earlier_than_deliver_at(
     by_txn = {m["transactionId"]: m for m in messages}
     for s in scheduled:
         m = by_txn[s["txn"]]
-        assert m["timer"] == {"key": s["key"], "deliverAt": s["deliverAt"]}
-        assert m["data"] == {"i": int(s["key"][1:])}
+        assert m["timer"] == {"key": s["timerKey"], "deliverAt": s["deliverAt"]}
+        assert m["id"] == s["messageId"]
+        assert m["data"] == {"i": int(s["timerKey"][1:])}
     rows = sql(database_url, "SELECT f.transaction_id, f.created_at, "
                              "(f.meta->'timer'->>'deliverAt')::timestamptz AS deliver_at "
                              "FROM queen.frames f")
@@ -271,7 +286,7 @@ async def test_zero_and_negative_delays_fire_on_the_next_cycle(http: httpx.Async
 async def test_one_batch_enters_the_log_in_visible_at_order(http: httpx.AsyncClient) -> None:
     # One bundle (one now()), all already due: the sweeper claims them in one batch.
     r = await http.post(f"{API}/transaction", json={"operations": [], "timers": [
-        {"action": "schedule", "queue": "ordered", "key": key, "delayMs": delay, "payload": key}
+        timer_op("ordered", key, delay, key)
         for key, delay in [("second", -200), ("fourth", -50), ("first", -300), ("third", -100)]
     ]})
     assert r.status_code == 200, r.text
@@ -335,56 +350,50 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
         ],
         "kv": [{"op": "put", "ns": "saga", "key": "b1", "value": {"step": "held"},
                 "forever": True}],
-        "timers": [{"action": "schedule", "queue": "bookings.expire", "key": "b1",
-                    "delayMs": 900_000, "payload": {"bookingId": "b1"}}],
+        "timers": [timer_op("bookings.expire", "b1", 900_000, {"bookingId": "b1"})],
     }
     failing = {**bundle, "operations": [*bundle["operations"],
                                         {"type": "ack", "transactionId": "nope",
                                          "partitionId": message["partitionId"]}]}
     r = await http.post(f"{API}/transaction", json=failing)
     assert r.status_code == 404
-    assert (await http.get(f"{TIMERS}/bookings.expire/b1")).status_code == 404
+    assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["found"] is False
     assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is False
     r = await http.post(f"{API}/transaction", json=bundle)
     assert r.status_code == 200, r.text
-    assert r.json()["timers"][0]["status"] == "scheduled"
-    assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["payload"] == {"bookingId": "b1"}
+    assert r.json()["results"][-1]["status"] == "scheduled"
+    assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["data"] == {"bookingId": "b1"}
     assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is True
 
 
-async def test_too_late_aborts_a_bundle_but_absent_does_not(
+async def test_too_late_and_absent_are_verdicts_and_the_bundle_commits(
     http: httpx.AsyncClient, database_url: str
 ) -> None:
     await schedule(http, "q", "firing", 600_000, 1)
     sql(database_url, "UPDATE queen.timers SET claim_token = gen_random_uuid(), "
                       "visible_at = now() + interval '1 hour'")
     bundle = {"operations": [{"type": "push", "items": [{"queue": "side", "payload": 1}]}],
-              "timers": [{"action": "cancel", "queue": "q", "key": "nothing-here"},
-                         {"action": "cancel", "queue": "q", "key": "firing"}]}
+              "timers": [timer_op("q", "nothing-here", 0, op="cancel"),
+                         timer_op("q", "firing", 0, op="cancel")]}
     r = await http.post(f"{API}/transaction", json=bundle)
-    assert r.status_code == 409
-    body = r.json()
-    assert body["error"] == "timer_too_late"
-    assert [t["status"] for t in body["timers"]] == ["absent", "too_late"]
-    assert await pop(http, "side") is None
-    bundle["timers"] = bundle["timers"][:1]
-    r = await http.post(f"{API}/transaction", json=bundle)
-    assert r.status_code == 200 and r.json()["timers"][0]["status"] == "absent"
+    assert r.status_code == 200, r.text
+    timers = [t for t in r.json()["results"] if t["type"] == "timer"]
+    assert [(t["status"], t["ok"]) for t in timers] == [("absent", False), ("too_late", False)]
     assert (await pop(http, "side"))["messages"][0]["data"] == 1
 
 
 @pytest.mark.parametrize(
     ("timers", "code"),
-    [([{"action": "nap", "queue": "q", "key": "k"}], "invalid_timer"),
-     ([{"action": "schedule", "queue": "q", "key": "k", "delayMs": "1s", "payload": 1}],
-      "invalid_delay"),
-     ([{"action": "cancel", "queue": "q", "key": "k", "delayMs": 5}], "unknown_field")],
+    [([timer_op("q", "k", 1, op="nap")], "invalid_operation"),
+     ([timer_op("q", "k", 1, 1) | {"delayMs": "1s"}], "invalid_delay"),
+     ([timer_op("q", "k", 0, op="cancel", delayMs=5)], "unknown_field")],
 )
 async def test_bad_timer_entries_in_a_bundle(
     http: httpx.AsyncClient, timers: list, code: str
 ) -> None:
     r = await http.post(f"{API}/transaction", json={"timers": timers})
-    assert (r.status_code, r.json()["error"]) == (400, code)
+    assert (r.status_code, r.json()["error"], r.json()["reason"]) == (
+        400, "timers_bad_request", code)
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -465,12 +474,11 @@ async def test_shutdown_mid_run_leaves_no_half_fire(
             # The stream starts a little after the bundle (whose own duration on a loaded
             # machine would otherwise eat into it), and the stop is timed from its first timer.
             r = await http.post(f"{API}/transaction", json={"timers": [
-                {"action": "schedule", "queue": "stream", "key": f"k{i}",
-                 "delayMs": _STREAM_LEAD_MS + int(i * spacing_ms), "payload": i}
+                timer_op("stream", f"k{i}", _STREAM_LEAD_MS + int(i * spacing_ms), i)
                 for i in range(count)]})
             assert r.status_code == 200
             first_due = min(datetime.fromisoformat(t["deliverAt"].replace("Z", "+00:00"))
-                            for t in r.json()["timers"]).timestamp()
+                            for t in r.json()["results"]).timestamp()
             await trio.sleep(max(0.0, first_due + stop_after_s - time.time()))
         handle.shutdown()
     # One statement, one snapshot: a sweep cancelled by the shutdown may still commit just

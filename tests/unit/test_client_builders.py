@@ -3,10 +3,14 @@ clients may repeat it. A recording client returns the Call instead of executing 
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import zstandard
 
 from queen_trio.client import AckStatus, Message
 from queen_trio.client.api import BaseClient
@@ -34,24 +38,44 @@ def message(lease: str | None = "lease-1") -> Message:
 # -- timers -----------------------------------------------------------------------------------
 
 
-def test_schedule_sends_a_put_with_delay_ms(queen: Recorder) -> None:
+def b64(payload: Any) -> str:
+    return base64.b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode()
+
+
+def test_schedule_posts_one_queen_operation(queen: Recorder) -> None:
     call = (queen.timer("reminders").key("trial-ending:42").delay("72h")
             .payload({"accountId": 42}).schedule())
-    assert (call.method, call.path) == ("PUT", "/api/v1/timers/reminders/trial-ending%3A42")
-    assert call.body == {"delayMs": 259_200_000, "payload": {"accountId": 42}}
+    assert (call.method, call.path) == ("POST", "/api/v1/timers")
+    (op,) = call.body["operations"]
+    assert uuid.UUID(op.pop("txn"))  # minted by the client
+    assert op == {"op": "schedule", "queue": "reminders", "timerKey": "trial-ending:42",
+                  "payload": b64({"accountId": 42}), "delayMs": 259_200_000}
     assert call.idempotent  # an upsert by name
+    answer = {"results": [{"ok": True, "status": "scheduled", "queue": "reminders",
+                           "timerKey": "trial-ending:42", "txn": "t", "messageId": "m",
+                           "deliverAt": "2030-01-01T00:00:00.000000Z", "partition": "Default"}]}
+    result = call.parse(answer)
+    assert (result.key, result.message_id, result.deliver_at.year) == ("trial-ending:42", "m",
+                                                                       2030)
 
 
-def test_partition_and_txn_travel_only_when_given(queen: Recorder) -> None:
+def test_partition_and_txn_travel_when_given(queen: Recorder) -> None:
     call = (queen.timer("q").key("k").delay(timedelta(seconds=1)).payload(None)
             .partition("eu").txn("t-9").schedule())
-    assert call.body == {"delayMs": 1000, "payload": None, "partition": "eu", "txn": "t-9"}
-    assert queen.timer("q").key("k").delay(0).schedule().body == {"delayMs": 0,
-                                                                  "payload": None}
+    assert call.body["operations"] == [{"op": "schedule", "queue": "q", "timerKey": "k",
+                                        "payload": b64(None), "delayMs": 1000, "txn": "t-9",
+                                        "partition": "eu"}]
+    (op,) = queen.timer("q").key("k").delay(0).schedule().body["operations"]
+    assert "partition" not in op and op["delayMs"] == 0
+
+
+def test_a_payload_json_cannot_carry_is_refused_before_sending(queen: Recorder) -> None:
+    with pytest.raises(ValueError):
+        queen.timer("q").key("k").delay(0).payload(float("nan")).schedule()
 
 
 def test_keys_travel_as_one_encoded_path_segment(queen: Recorder) -> None:
-    call = queen.timer("q").key("a/b c?%#").delay(1).schedule()
+    call = queen.timer("q").key("a/b c?%#").cancel()
     assert call.path == "/api/v1/timers/q/a%2Fb%20c%3F%25%23"
 
 
@@ -61,13 +85,24 @@ def test_cancel_and_peek(queen: Recorder) -> None:
     assert queen.timer("q").key("k").txn("t-2").cancel().params == {"txn": "t-2"}
     assert queen.timer("q").key("k").cancel().params is None
     peek = queen.timer("q").key("k").peek()
-    assert (peek.method, peek.none_on) == ("GET", frozenset({"absent"}))
+    assert peek.method == "GET"
+    assert peek.parse({"found": False, "queue": "q", "timerKey": "k"}) is None
+    hit = peek.parse({"found": True, "queue": "q", "timerKey": "k", "partition": "Default",
+                      "txn": "t", "messageId": "m", "deliverAt": "2030-01-01T00:00:00Z",
+                      "attempts": 0, "lastError": None, "claimed": True,
+                      "payload": base64.b64encode(zstandard.ZstdCompressor().compress(
+                          b'{"v": 1}')).decode(), "payloadZstd": True})
+    assert (hit.payload, hit.state, hit.message_id) == ({"v": 1}, "claimed", "m")
 
 
-def test_list_pages_by_cursor(queen: Recorder) -> None:
+def test_list_pages_by_key(queen: Recorder) -> None:
     listing = queen.timers("q").list(page_size=50)
     assert listing._fetch(None).params == {"limit": 50}
-    assert listing._fetch("abc").params == {"limit": 50, "after": "abc"}
+    assert listing._fetch("k9").params == {"limit": 50, "after": "k9"}
+    page = listing._fetch(None).parse({"rows": [], "truncated": True, "nextAfter": "k9"})
+    assert page.next == "k9"
+    assert listing._fetch(None).parse({"rows": [], "truncated": False,
+                                       "nextAfter": None}).next is None
 
 
 @pytest.mark.parametrize("build", [
@@ -88,7 +123,8 @@ def test_incomplete_or_invalid_timers_fail_before_sending(queen: Recorder, build
 def test_builders_are_immutable(queen: Recorder) -> None:
     base = queen.timer("q").delay("1s")
     one, two = base.key("one"), base.key("two")
-    assert one.schedule().path.endswith("/one") and two.schedule().path.endswith("/two")
+    assert one.schedule().body["operations"][0]["timerKey"] == "one"
+    assert two.schedule().body["operations"][0]["timerKey"] == "two"
     with pytest.raises(ValueError, match="key"):
         base.schedule()
 
@@ -206,9 +242,9 @@ def test_a_transaction_sends_operations_and_separate_kv_and_timers_arrays(
             {"op": "delete", "ns": "saga", "key": "old"},
         ],
         "timers": [
-            {"action": "schedule", "queue": "bookings.expire", "key": "b-1",
-             "delayMs": 900_000, "payload": {"b": 1}},
-            {"action": "cancel", "queue": "bookings.expire", "key": "b-0", "txn": "t-0"},
+            {"op": "schedule", "queue": "bookings.expire", "timerKey": "b-1",
+             "payload": b64({"b": 1}), "delayMs": 900_000, "txn": call.body["timers"][0]["txn"]},
+            {"op": "cancel", "queue": "bookings.expire", "timerKey": "b-0", "txn": "t-0"},
         ],
     }
     assert call.settles == (m,)

@@ -13,8 +13,8 @@ def test_the_exported_names() -> None:
     assert set(sdk.__all__) == {
         "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
         "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
-        "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message", "NotFound",
-        "Page", "PayloadTooLarge",
+        "Forbidden", "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message",
+        "NotFound", "Page", "PayloadTooLarge",
         "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
         "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
         "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
@@ -30,8 +30,8 @@ def test_the_package_offers_both_clients() -> None:
 
 
 def test_every_api_error_is_a_client_error() -> None:
-    for name in ("BadRequest", "Unauthorized", "NotFound", "Conflict", "PayloadTooLarge",
-                 "RateLimited", "StorageFull", "ServerError"):
+    for name in ("BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict",
+                 "PayloadTooLarge", "RateLimited", "StorageFull", "ServerError"):
         assert issubclass(getattr(sdk, name), sdk.ApiError)
     assert issubclass(sdk.ApiError, sdk.QueenClientError)
     assert issubclass(sdk.BrokerUnreachable, sdk.QueenClientError)

@@ -67,7 +67,7 @@ def test_every_client_error_class_is_in_the_mapping() -> None:
 def test_the_statuses_clients_see() -> None:
     assert {cls.__name__: status for cls, status in HTTP_STATUS.items()} == {
         "ClientError": 400, "ValidationError": 400, "PayloadTooLarge": 413, "NotFound": 404,
-        "Conflict": 409, "DatabaseUnavailable": 503,
+        "Conflict": 409, "Forbidden": 403, "DatabaseUnavailable": 503,
     }
 
 
@@ -76,6 +76,7 @@ def test_an_error_status_is_its_class_status() -> None:
     assert PayloadTooLarge("payload_too_large", "m").status == 413
     assert NotFound("no_queue", "m").status == 404
     assert Conflict("tenant_exists", "m").status == 409
+    assert errors.Forbidden("timer_horizon_exceeded", "m").status == 403
     assert isinstance(PayloadTooLarge("payload_too_large", "m"), ValidationError)
     assert http_status(DatabaseUnavailable) == 503
 

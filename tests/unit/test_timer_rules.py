@@ -8,8 +8,9 @@ import random
 import threading
 
 import pytest
+import zstandard
 
-from queen_trio.errors import ValidationError
+from queen_trio.errors import ClientError, PayloadTooLarge, ValidationError
 from queen_trio.timers import rules
 
 
@@ -73,11 +74,10 @@ def test_backoff_doubles_and_caps_at_a_minute(attempts: int, expected: int) -> N
     assert rules.backoff_ms(attempts, 1000) == expected
 
 
-def test_cursor_round_trip_and_garbage() -> None:
-    key = "trial-ending:42/ключ"
-    assert rules.decode_cursor(rules.encode_cursor(key)) == key
-    with pytest.raises(ValidationError):
-        rules.decode_cursor("%%%")
+@pytest.mark.parametrize(("raw", "limit"), [(None, 100), ("", 100), ("7", 7), ("0", 1),
+                                            ("-5", 1), ("5000", 1000), ("lots", 100)])
+def test_a_list_limit_is_clamped_never_refused(raw: str | None, limit: int) -> None:
+    assert rules.list_limit(raw) == limit
 
 
 @pytest.mark.parametrize(
@@ -85,12 +85,60 @@ def test_cursor_round_trip_and_garbage() -> None:
     [({"delayMs": "30m", "payload": 1}, "invalid_delay"),
      ({"delayMs": 5, "payload": 1, "runAt": 3}, "invalid_delay"),
      ({"delayMs": 5}, "missing_field"),
-     ({"delayMs": 10_001, "payload": 1}, "invalid_delay")],
+     ({"delayMs": 10_001, "payload": 1}, "timer_horizon_exceeded")],
 )
 def test_schedule_rules(body: dict, code: str) -> None:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ClientError) as info:
         rules.schedule(body, "q", "k", horizon_s=10, ceiling=1000)
     assert info.value.code == code
+    assert info.value.status == (403 if code == "timer_horizon_exceeded" else 400)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def test_a_queen_operation_carries_the_json_its_client_encoded() -> None:
+    op = {"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 5, "txn": "t",
+          "payload": _b64(json.dumps({"note": "caf\u00e9"}).encode())}
+    s = rules.operation(op, "op", horizon_s=10, ceiling=1000)
+    assert isinstance(s, rules.Schedule)
+    assert (s.payload, s.txn, s.key, s.partition) == ({"note": "café"}, "t", "k", "Default")
+    assert s.message_id.version == 7
+    cancel = rules.operation({"op": "cancel", "queue": "q", "timerKey": "k"}, "op",
+                             horizon_s=10, ceiling=1000)
+    assert cancel == rules.Cancel("q", "k", None)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"NaN", b'{"a": Infinity}', b"-Infinity", b"1e400",
+                                 rb'"\u0000"', rb'{"\u0000": 1}', rb'["\udc00"]', b"\xff",
+                                 b"[" * 100_000])
+def test_payloads_jsonb_could_not_store_are_refused(raw: bytes) -> None:
+    with pytest.raises(ValidationError) as info:
+        rules.payload_value(_b64(raw), False, 1 << 20, "op")
+    assert info.value.code == "invalid_payload"
+
+
+def test_escapes_that_jsonb_stores_pass() -> None:
+    value, _ = rules.payload_value(_b64(rb'["\\u0000", "\ud83d\ude00", "\n"]'), False, 1000,
+                                   "op")
+    assert value == ["\\u0000", "\U0001f600", "\n"]
+
+
+def test_a_zstd_payload_is_decompressed_but_never_past_the_ceiling() -> None:
+    small = zstandard.ZstdCompressor().compress(b'{"a": 1}')
+    assert rules.payload_value(_b64(small), True, 1000, "op") == ({"a": 1}, b'{"a":1}')
+    bomb = zstandard.ZstdCompressor().compress(b'"' + b"x" * 10_000_000 + b'"')
+    with pytest.raises(PayloadTooLarge):
+        rules.payload_value(_b64(bomb), True, 1000, "op")
+
+
+def test_one_timer_twice_in_a_call_is_refused() -> None:
+    ops = [rules.Cancel("q", "a", None), rules.Cancel("q", "b", None),
+           rules.Cancel("q", "a", None)]
+    with pytest.raises(ValidationError) as info:
+        rules.check_distinct(ops, "operations")
+    assert info.value.code == "duplicate_timer" and "operations[0]" in info.value.message
 
 
 def test_schedule_accepts_negative_and_zero_delays() -> None:
