@@ -80,7 +80,7 @@ class TimerSpec:
         """One operation of Queen's timer wire. The client mints the txn when none is given:
         the message's transactionId is known before the answer, and a retry of the same call
         sends the same one."""
-        raw = strict_json.dumps(self.payload)  # refuses what the broker would, before sending
+        raw = _payload_json(self.payload)
         wire: dict[str, Any] = {
             "op": "schedule", "queue": self.queue, "timerKey": self.key,
             "payload": base64.b64encode(raw).decode(), "delayMs": self.delay_ms,
@@ -420,3 +420,16 @@ def health() -> Call[dict[str, Any]]:
 
 
 __all__ = ["Call", "TimerSpec", "settled_here"]
+
+
+def _payload_json(payload: Any) -> bytes:
+    """A timer's payload as the JSON its base64 carries, refused (as the broker would) before
+    sending, with the path named from the operation's ``payload``."""
+    try:
+        return strict_json.dumps(payload)
+    except strict_json.JsonRefused as exc:
+        inner = exc.path
+        path = "payload" + (inner if inner.startswith("[") or not inner else f".{inner}")
+        message = (exc.message.replace(inner, path, 1) if inner
+                   else f"payload: {exc.message}")
+        raise strict_json.JsonRefused(exc.code, message, path) from None
