@@ -10,6 +10,15 @@ from .errors import ValidationError
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def encodable(text: str) -> bool:
+    """Whether ``text`` is Unicode text (no unpaired surrogate), so UTF-8 can carry it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def utf8_name(value: Any, field: str, *, code: str, max_bytes: int) -> str:
     """A non-empty string of at most ``max_bytes`` UTF-8 bytes, free of control characters.
 

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
-from ..text import utf8_name
+from ..text import encodable, utf8_name
 
 MAX_VALUE_BYTES = 65_536  # of the value's compact JSON text (a plan's message ceiling may be lower)
 MAX_KEY_BYTES = 512
@@ -119,13 +119,6 @@ def key(value: Any, where: str = "", field: str = "key") -> str:
     except ValidationError as exc:
         raise bad("kv_bad_key", f"{where}{exc.message}") from None
 
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _integer(value: Any) -> int | None:
@@ -260,7 +253,7 @@ def _prefix_op(base: Op, raw: dict[str, Any], where: str) -> Op:
     if not isinstance(prefix, str) or not prefix:
         raise bad("kv_prefix_required", f"{where}getPrefix needs a non-empty prefix: a "
                                         f"namespace is not a table to enumerate")
-    if "\x00" in prefix or not _encodable(prefix):
+    if "\x00" in prefix or not encodable(prefix):
         raise bad("kv_bad_request", f"{where}prefix must be UTF-8 text without NUL")
     after = raw.get("after")
     if after is not None and after != "":

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
+from ..text import encodable
 
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
@@ -78,19 +79,12 @@ def transaction_id(value: Any, field: str = "transactionId") -> str:
             "invalid_transaction_id",
             f"{field} must be a non-empty string of at most {MAX_TRANSACTION_ID_LENGTH} characters",
         )
-    if _CONTROL_RE.search(value) or not _encodable(value):
+    if _CONTROL_RE.search(value) or not encodable(value):
         raise ValidationError(
             "invalid_transaction_id", f"{field} must not contain control characters or surrogates"
         )
     return value
 
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def new_transaction_id() -> str:
