@@ -164,7 +164,7 @@ class Peer:
         assert self.delivery is not None
         for i in range(0, len(entries), BUNDLE):
             for key, scheduled in await self.client.defer(entries[i:i + BUNDLE]):
-                self.delivery.schedule_answer({"key": key, "deliverAt": peer.iso(scheduled)})
+                self.delivery.schedule_answer({"timerKey": key, "deliverAt": peer.iso(scheduled)})
 
     async def receive(self, queue: str, batch: int, *,
                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
