@@ -53,6 +53,11 @@ FIRE_LAG_BUCKETS = (
     60.0, 120.0, 300.0, 600.0,
 )
 
+# Collector pauses: a young collection takes well under a millisecond, a full one with
+# thousands of parked polls half a second or more (RELIABILITY.md, section 7).
+GC_PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                    1.0, 2.5)
+
 # The services counted in queen_background_errors_total{service} (each shown from the start).
 BACKGROUND_SERVICES = ("sweeper", "housekeeping", "kv_purger", "analyzer", "tenants",
                        "pending_gauge", "listener")
@@ -323,6 +328,14 @@ class BrokerMetrics:
         )
         for service in BACKGROUND_SERVICES:
             self.background_errors.labels(service)
+        # Each cyclic garbage collection stops the event loop (queen_trio/gc_pauses.py).
+        self.gc_pause_seconds = Histogram(
+            "queen_gc_pause_seconds",
+            "How long each cyclic garbage collection stopped the broker, by generation "
+            "(2: a full collection)",
+            ["generation"], buckets=GC_PAUSE_BUCKETS, registry=self.registry,
+        )
+        self._gc_pauses = [self.gc_pause_seconds.labels(str(g)) for g in range(3)]
         for status in ("scheduled", "rescheduled", "too_late"):
             self.timers_scheduled.labels(status)
         for status in ("cancelled", "absent", "too_late"):
@@ -331,6 +344,9 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        self._gc_pauses[generation].observe(seconds)
 
     def count_background_error(self, service: str) -> None:
         self.background_errors.labels(service).inc()
