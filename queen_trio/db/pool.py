@@ -43,6 +43,7 @@ import functools
 import logging
 import math
 import select
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -61,6 +62,22 @@ from .conninfo import broker_conninfo, is_read_only_refusal, read_only_reason
 from .transient import READ_ONLY_ERRORS
 
 log = logging.getLogger(__name__)
+
+
+class _CancelledRollbackFilter(logging.Filter):
+    """Drops psycopg's "error ignored in rollback" when a trio cancellation interrupted the
+    statement: :meth:`Connection._call` then discards the connection, so the ROLLBACK psycopg
+    tries first cannot be sent ("another command is already in progress") and nothing is
+    lost by not saying so. Any other failed rollback is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("error ignored in rollback"):
+            return True
+        failure = sys.exc_info()[1]  # the rollback's own error, raised while leaving the block
+        return not isinstance(getattr(failure, "__context__", None), trio.Cancelled)
+
+
+logging.getLogger("psycopg.transaction").addFilter(_CancelledRollbackFilter())
 
 T = TypeVar("T")
 Params = Sequence[Any] | dict[str, Any] | None

@@ -161,6 +161,21 @@ async def test_cancelled_mid_statement_in_a_transaction_commits_nothing(db: Data
     assert await _count(db) == 0
 
 
+async def test_run_cancelled_mid_statement_logs_no_failed_rollback(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A request whose client left while its one-hop transaction ran (the SDK's consume()
+    drops its lease lookup when a handler ends first): the pool discards the busy connection,
+    so psycopg's attempt to roll back on it cannot work and is not worth a WARNING."""
+    def slow(raw: psycopg.Connection) -> None:
+        raw.execute("INSERT INTO items VALUES (1, 'never committed')")
+        raw.execute("SELECT pg_sleep(30)")
+
+    with caplog.at_level("WARNING"), trio.move_on_after(0.2):
+        await db.run(slow)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert await _count(db) == 0
+
+
 async def test_shielded_commit_finishes_despite_cancellation(db: Database) -> None:
     with trio.CancelScope() as scope:
         async with db.transaction(shield_commit=True) as tx:
