@@ -44,17 +44,27 @@ def consumer_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", required=True)
     parser.add_argument("--sync", action="store_true", help="SyncClient.consume")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    sys.stdout.write("READY\n")
-    sys.stdout.flush()
     if args.sync:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
         with queen_trio.SyncClient(args.url) as queen:
             queen.consume(args.queue, handler)
         return 0
 
     async def run() -> None:
-        async with queen_trio.Client(args.url) as queen:
-            await queen.consume(args.queue, handler)
+        # SIGTERM cancels the consume loop: an exit raised inside its task groups would come
+        # out wrapped in an exception group, as a crash (exit 1) of a consumer told to stop.
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+        try:
+            async with queen_trio.Client(args.url) as queen:
+                await queen.consume(args.queue, handler)
+        except asyncio.CancelledError:
+            return
 
     asyncio.run(run())
     return 0
