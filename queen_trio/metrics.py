@@ -25,6 +25,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -35,6 +36,10 @@ from .db.pool import PoolStatistics
 from .log.segments import CacheStatistics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Every counter and histogram would also export a `_created` timestamp series, doubling what a
+# scraper stores for a value nobody graphs (process-wide: this process is the broker).
+disable_created_metrics()
 
 # Milliseconds matter for a broker sold on latency: fine buckets below 100 ms.
 LATENCY_BUCKETS = (

@@ -83,6 +83,8 @@ async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncCli
             'queen_timers_fire_lag_seconds_bucket{le="0.0005"}',
         ):
             assert family in text, family
+        # One series per counter and histogram: no `_created` twin doubling them.
+        assert [line for line in text.splitlines() if "_created" in line] == []
 
 
 async def test_openapi_describes_every_route(broker: BrokerHandle, http: httpx.AsyncClient) -> None:
