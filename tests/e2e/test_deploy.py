@@ -148,3 +148,12 @@ def test_containerfile_installs_without_dev_extra_and_checks_health() -> None:
     health = dict(instructions)["HEALTHCHECK"]
     assert "http://127.0.0.1:6632/health" in health
     assert dict(instructions)["CMD"] == '["queen-trio", "serve"]'
+
+
+def test_containerfile_keeps_the_embedded_data_in_a_volume() -> None:
+    """Without QUEEN_DATABASE_URL the broker keeps its PostgreSQL under QUEEN_DATA_DIR: a volume,
+    so that recreating the container (a new image, `compose up` after a change) keeps it."""
+    instructions = _containerfile()
+    env = dict(item.split("=", 1) for item in dict(instructions)["ENV"].split())
+    volumes = [args for kind, args in instructions if kind == "VOLUME"]
+    assert volumes and env["QUEEN_DATA_DIR"] in volumes[0]
