@@ -167,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _with_database(settings: Settings, command: Callable[[Settings], int]) -> int:
     """Run ``command(settings)`` against the configured or the embedded database."""
     if settings.database_url is not None:
+        from .db.conninfo import where
+
+        log.info("using PostgreSQL: database %s", where(settings.database_url))
         return command(settings)
     from .embedded import EmbeddedPostgres
 

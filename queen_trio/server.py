@@ -54,6 +54,8 @@ from .timers import store as timer_store
 from .timers.batcher import ScheduleBatcher
 
 log = logging.getLogger(__name__)
+_HTTP_LOG = logging.getLogger("queen_trio.http")
+_HTTP_LOG.addFilter(lambda record: not str(record.msg).startswith("Running on"))
 
 # Every query finishes in a worker thread that needs the GIL back to hand its answer over. With
 # CPython's default switch interval (5 ms) a busy event loop makes it wait up to that long: a
@@ -201,7 +203,9 @@ async def _serve_http(
         config.bind = [f"{settings.host}:{settings.port}"]
     config.graceful_timeout = settings.graceful_timeout_ms / 1000
     config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
+    # hypercorn's own errors and warnings, under the broker's name; its "Running on" INFO line
+    # repeats the broker's "listening on" one, from a logger named "error".
+    config.errorlog = _HTTP_LOG
     # Also the deadline for each request head of a connection (slow-loris clients are cut off).
     config.keep_alive_timeout = settings.http_idle_timeout_s
     status = _NotingStarted(task_status)

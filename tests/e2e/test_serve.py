@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import psycopg
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -107,7 +108,15 @@ def test_serve_with_a_database_url_touches_no_embedded_server(
         if proc.poll() is None:
             proc.kill()
     assert not data_dir.exists()
-    assert "embedded" not in proc.stderr.read()
+    stderr = proc.stderr.read()
+    assert "embedded" not in stderr
+    # One line names the database (never its password), one the address; none from a logger
+    # named "error" repeating it.
+    url = psycopg.conninfo.conninfo_to_dict(database_url)
+    assert (f"using PostgreSQL: database {url['dbname']} on {url['host']}:{url['port']} "
+            f"as {url['user']}") in stderr
+    assert f"queen-trio listening on http://127.0.0.1:{port}" in stderr
+    assert "Running on" not in stderr and "hypercorn.error" not in stderr
 
 
 @pytest.mark.parametrize(
