@@ -9,9 +9,11 @@ address). The client commands (timers, push, pop, dlq, kv; see :mod:`queen_trio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -151,8 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sig in _STOP_SIGNALS:
             signal.signal(sig, stop)
         try:
-            return _with_database(settings, lambda s: _serve(s, stop))
+            # The address first: a busy port or a bad QUEEN_HOST is one line before any
+            # database is started (an embedded one would be initialised for nothing).
+            listening = _bind_first(settings)
+        except ListenError as exc:
+            print(f"queen-trio: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            return _with_database(settings, lambda s: _serve(s, stop, listening))
         finally:
+            if listening is not None:
+                listening.close()
             # We are exiting anyway; Python restores default handlers while it finalizes, and a
             # late repeated signal would otherwise turn a clean exit 0 into death by SIGTERM.
             for sig in _STOP_SIGNALS:
@@ -167,9 +178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _with_database(settings: Settings, command: Callable[[Settings], int]) -> int:
     """Run ``command(settings)`` against the configured or the embedded database."""
     if settings.database_url is not None:
-        from .db.conninfo import where
-
-        log.info("using PostgreSQL: database %s", where(settings.database_url))
         return command(settings)
     from .embedded import EmbeddedPostgres
 
@@ -316,7 +324,17 @@ class _StopRequests:
         return self.requested
 
 
-def _serve(settings: Settings, stop: _StopRequests) -> int:
+def _bind_first(settings: Settings) -> socket.socket | None:
+    """The listening socket, bound before anything else starts (None: a socket was passed in,
+    QUEEN_LISTEN_FD)."""
+    if settings.listen_fd is not None:
+        return None
+    from .workers import bind
+
+    return bind(settings)
+
+
+def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | None) -> int:
     import psycopg
     import trio
 
@@ -324,14 +342,12 @@ def _serve(settings: Settings, stop: _StopRequests) -> int:
 
     if stop.requested:  # asked to stop while the embedded server was starting
         return EXIT_OK
-    if settings.workers > 1 and settings.listen_fd is None:
+    if settings.workers > 1 and listening is not None:
         from .workers import Supervisor
 
-        try:
-            return Supervisor(settings, stop.asked).run()
-        except ListenError as exc:
-            print(f"queen-trio: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        return Supervisor(settings, stop.asked, listening).run()
+    if listening is not None:  # hypercorn takes the descriptor over and closes it
+        settings = dataclasses.replace(settings, listen_fd=listening.detach())
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
     except psycopg.OperationalError as exc:

@@ -112,6 +112,7 @@ async def run_broker(
                                     on_read_only=read_only) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
+            log.info("database %s", conn.where)
         count_error = metrics.count_background_error  # queen_background_errors_total
         listener = Listener(url, NOTIFY_CHANNELS, on_read_only=read_only,
                             count_error=count_error)

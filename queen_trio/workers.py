@@ -51,14 +51,16 @@ def bind(settings: Settings) -> socket.socket:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, stop_requested: Callable[[], bool]) -> None:
+    def __init__(self, settings: Settings, stop_requested: Callable[[], bool],
+                 sock: socket.socket | None = None) -> None:
         assert settings.database_url is not None
         self._settings = settings
         self._stop_requested = stop_requested
+        self._sock = sock  # bound already (``serve`` binds before it starts a database)
         self._workers: list[tuple[subprocess.Popen[bytes], float]] = []
 
     def run(self) -> int:
-        sock = bind(self._settings)
+        sock = self._sock or bind(self._settings)
         host, port = sock.getsockname()[:2]
         env = dict(os.environ, QUEEN_DATABASE_URL=self._settings.database_url or "",
                    QUEEN_WORKERS="1", QUEEN_LISTEN_FD=str(sock.fileno()))

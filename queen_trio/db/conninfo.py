@@ -90,23 +90,6 @@ def broker_conninfo(url: str, *, connect_timeout_s: int = DEFAULT_CONNECT_TIMEOU
     return make_conninfo(url, **missing) if missing else url
 
 
-def where(url: str) -> str:
-    """Which database ``url`` names, for a log line: ``dbname on host:port as user`` (each host
-    of a multi-host URL), never a password. A string libpq cannot parse is shown redacted."""
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return redacted(url)
-    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
-    ports = str(params.get("port") or "5432").split(",")
-    if len(ports) == 1:
-        ports = ports * len(hosts)
-    servers = ",".join(f"{h or 'localhost'}:{p or 5432}"
-                       for h, p in zip(hosts, ports, strict=False))
-    user = params.get("user") or "(the OS user)"
-    return f"{params.get('dbname') or user} on {servers} as {user}"
-
-
 # -- redaction --------------------------------------------------------------------------------
 
 # password, sslpassword, and whatever secret libpq learns next (oauth_client_secret).

@@ -188,6 +188,13 @@ class Connection:
         with a multi-host URL, the one that accepted it."""
         return self._raw.info.host, self._raw.info.port
 
+    @property
+    def where(self) -> str:
+        """``dbname on host:port as user``, for a log line: the server that accepted this
+        connection (one of a multi-host URL's), never a password."""
+        info = self._raw.info
+        return f"{info.dbname} on {info.host}:{info.port} as {info.user}"
+
     def server_went_away(self) -> bool:
         """For a connection idle in the pool: whether its server has closed it meanwhile (it
         crashed, was shut down, or ended the session). One zero-timeout poll of the socket;

@@ -113,8 +113,7 @@ def test_serve_with_a_database_url_touches_no_embedded_server(
     # One line names the database (never its password), one the address; none from a logger
     # named "error" repeating it.
     url = psycopg.conninfo.conninfo_to_dict(database_url)
-    assert (f"using PostgreSQL: database {url['dbname']} on {url['host']}:{url['port']} "
-            f"as {url['user']}") in stderr
+    assert f"database {url['dbname']} on {url['host']}:{url['port']} as {url['user']}" in stderr
     assert f"queen-trio listening on http://127.0.0.1:{port}" in stderr
     assert "Running on" not in stderr and "hypercorn.error" not in stderr
 
@@ -228,3 +227,25 @@ def test_a_busy_port_is_one_line_naming_the_address_and_exit_2(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid"])
+def test_a_bad_address_stops_start_up_before_any_database_is_made(
+    tmp_path: Path, host: str
+) -> None:
+    """Without QUEEN_DATABASE_URL: a busy port or an unknown QUEEN_HOST is one line and exit 2,
+    and no embedded PostgreSQL was initialised for nothing."""
+    data_dir = tmp_path / "never-created"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            CLI + ["serve"],
+            env=_env(QUEEN_DATA_DIR=str(data_dir), QUEEN_HOST=host, QUEEN_PORT=str(port)),
+            capture_output=True, text=True, timeout=30,
+        )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot listen on {host}:{port}" in lines[0], result.stderr
+    assert not data_dir.exists()

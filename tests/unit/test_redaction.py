@@ -19,7 +19,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
-from queen_trio.db.conninfo import redacted, where
+from queen_trio.db.conninfo import redacted
 
 # Any text a password could be (no NUL: libpq cannot hold one).
 passwords = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
@@ -118,13 +118,3 @@ def test_key_value_secrets_never_show(
 ])
 def test_what_an_operator_sees(url: str, shown: str) -> None:
     assert redacted(url) == shown
-
-
-@pytest.mark.parametrize(("url", "shown"), [
-    ("postgresql://u:s3cret@h1,h2:5433/db?sslmode=require", "db on h1:5432,h2:5433 as u"),
-    ("host=/run/pg port=5 dbname=x user=y password=s3cret", "x on /run/pg:5 as y"),
-    ("postgresql://u:s3cret@[::1]:6543/db", "db on ::1:6543 as u"),
-    ("postgresql://u:s3cret@db.example", "u on db.example:5432 as u"),
-])
-def test_where_names_the_database_never_the_password(url: str, shown: str) -> None:
-    assert where(url) == shown
