@@ -402,14 +402,18 @@ def _log_paths() -> dict[str, Any]:
                     "retentionEnabled": {
                         "type": "boolean", "default": True,
                         "description": "false: no age-based drop at all for this queue"},
+                    "maxWaitTimeSeconds": {
+                        "type": "integer", "minimum": 0,
+                        "description": "evict (drop, not dead-letter) messages older than "
+                                       "this that not every consumer group has consumed, "
+                                       "whatever retentionEnabled says (0: never)"},
                     "encryptionEnabled": {
                         "type": "boolean", "enum": [False],
                         "description": "messages are not encrypted at rest; true is a 400 "
                                        "unsupported_option"},
                     **{name: {"description": "accepted, echoed and listed in ignored when "
                                              "not at Queen's default; no effect here"}
-                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries",
-                                    "maxWaitTimeSeconds")}},
+                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries")}},
                     "additionalProperties": {
                         "description": "unknown option names are listed in ignored and "
                                        "unknown"}},

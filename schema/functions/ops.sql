@@ -38,16 +38,20 @@ BEGIN
 END
 $fn$;
 
--- Whether retention may drop a sealed segment of a queue's partition (its newest frame is
--- p_last_offset, written at p_last_created): queen_trio/sql/segments.sql asks it for the oldest
--- segment of each partition and then for each segment of one partition.
+-- Whether retention may drop a run of a queue's partition ending at p_last_offset, whose newest
+-- frame was written at p_last_created: a sealed segment (queen_trio/sql/segments.sql asks it for
+-- the oldest segment of each partition, then for each segment of one partition), or one head
+-- frame (the head is cut by the same rule, frame by frame, so that data not yet sealed is not
+-- kept past its age limit either).
 --
 -- * retentionSeconds and ttl (Queen's message time-to-live: the same thing seen from the
 --   message) are one age limit, the smaller non-zero of the two; with retainUntilConsumed the
---   segment must also be committed by every consumer group of the partition (none: nobody).
--- * completedRetentionSeconds drops a segment every consumer group has committed past once it
+--   run must also be committed by every consumer group of the partition (none: nobody).
+-- * completedRetentionSeconds drops a run every consumer group has committed past once it
 --   is that old, with or without retentionSeconds.
--- * retentionEnabled = false turns all of it off for the queue.
+-- * retentionEnabled = false turns all of the above off for the queue.
+-- * maxWaitTimeSeconds (Queen's eviction, which its retentionEnabled does not govern) drops a
+--   run that old that not every consumer group has consumed: the messages have waited too long.
 CREATE OR REPLACE FUNCTION queen.segment_droppable(
     q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamptz)
 RETURNS boolean
@@ -58,15 +62,18 @@ LANGUAGE sql STABLE AS $fn$
                                           WHERE c.partition_id = p_partition), false)
                    AS consumed
     )
-    SELECT q.retention_enabled AND (
+    SELECT (q.retention_enabled AND (
         (lim.age_s IS NOT NULL
          AND p_last_created <= now() - make_interval(secs => lim.age_s)
          AND (NOT q.retain_until_consumed OR lim.consumed))
         OR (q.completed_retention_s > 0
             AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
-            AND lim.consumed))
+            AND lim.consumed)))
+        OR (q.max_wait_s > 0
+            AND p_last_created <= now() - make_interval(secs => q.max_wait_s)
+            AND NOT lim.consumed)
     FROM lim
 $fn$;
 
 COMMENT ON FUNCTION queen.segment_droppable(queen.queues, uuid, bigint, timestamptz) IS
-    'Retention''s rule for one sealed segment: retentionSeconds/ttl, completedRetentionSeconds.';
+    'Retention''s rule for a run of frames: retentionSeconds/ttl, completedRetentionSeconds, maxWaitTimeSeconds.';
