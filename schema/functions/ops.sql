@@ -52,27 +52,31 @@ $fn$;
 -- * retentionEnabled = false turns all of the above off for the queue.
 -- * maxWaitTimeSeconds (Queen's eviction, which its retentionEnabled does not govern) drops a
 --   run that old that not every consumer group has consumed: the messages have waited too long.
+--
+-- PL/pgSQL rather than SQL only because an SQL body is checked against the tables when it is
+-- created: the migrator applies this file after an older subset of migrations too (before the
+-- one adding max_wait_s), and a PL/pgSQL body is checked when it first runs.
 CREATE OR REPLACE FUNCTION queen.segment_droppable(
     q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamptz)
 RETURNS boolean
-LANGUAGE sql STABLE AS $fn$
-    WITH lim AS (
-        SELECT least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0)) AS age_s,
-               coalesce(p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
-                                          WHERE c.partition_id = p_partition), false)
-                   AS consumed
-    )
-    SELECT (q.retention_enabled AND (
-        (lim.age_s IS NOT NULL
-         AND p_last_created <= now() - make_interval(secs => lim.age_s)
-         AND (NOT q.retain_until_consumed OR lim.consumed))
-        OR (q.completed_retention_s > 0
-            AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
-            AND lim.consumed)))
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    v_age_s integer := least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0));
+    v_consumed boolean := coalesce(
+        p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                          WHERE c.partition_id = p_partition), false);
+BEGIN
+    RETURN (q.retention_enabled AND (
+            (v_age_s IS NOT NULL
+             AND p_last_created <= now() - make_interval(secs => v_age_s)
+             AND (NOT q.retain_until_consumed OR v_consumed))
+            OR (q.completed_retention_s > 0
+                AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
+                AND v_consumed)))
         OR (q.max_wait_s > 0
             AND p_last_created <= now() - make_interval(secs => q.max_wait_s)
-            AND NOT lim.consumed)
-    FROM lim
+            AND NOT v_consumed);
+END
 $fn$;
 
 COMMENT ON FUNCTION queen.segment_droppable(queen.queues, uuid, bigint, timestamptz) IS
