@@ -686,8 +686,7 @@ BEGIN
                 AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
                 AND v_consumed)))
         OR (q.max_wait_s > 0
-            AND p_last_created <= now() - make_interval(secs => q.max_wait_s)
-            AND NOT v_consumed);
+            AND p_last_created <= now() - make_interval(secs => q.max_wait_s));
 END
 $$;
 

@@ -405,7 +405,7 @@ def _log_paths() -> dict[str, Any]:
                     "maxWaitTimeSeconds": {
                         "type": "integer", "minimum": 0,
                         "description": "evict (drop, not dead-letter) messages older than "
-                                       "this that not every consumer group has consumed, "
+                                       "this, for every consumer group, "
                                        "whatever retentionEnabled says (0: never)"},
                     "encryptionEnabled": {
                         "type": "boolean", "enum": [False],

@@ -153,8 +153,8 @@ class QueueOptions:
     completed_retention_s: int = 0
     # Queen's retentionEnabled: false stops every age-based drop of the queue.
     retention_enabled: bool = True
-    # Queen's maxWaitTimeSeconds: a message older than this that not every consumer group has
-    # consumed is evicted (dropped, not dead-lettered), whatever retentionEnabled says.
+    # Queen's maxWaitTimeSeconds: a message older than this is evicted (dropped, not
+    # dead-lettered), whatever retentionEnabled says.
     max_wait_s: int = 0
 
     def to_wire(self) -> dict[str, Any]:

@@ -51,7 +51,9 @@ $fn$;
 --   is that old, with or without retentionSeconds.
 -- * retentionEnabled = false turns all of the above off for the queue.
 -- * maxWaitTimeSeconds (Queen's eviction, which its retentionEnabled does not govern) drops a
---   run that old that not every consumer group has consumed: the messages have waited too long.
+--   run that old: its messages have waited too long. Queen keeps the ones every consumer group
+--   has consumed; a log can only drop a prefix, and keeping those would keep every waiting one
+--   behind them, so they go too (no group loses anything: each has had them).
 --
 -- PL/pgSQL rather than SQL only because an SQL body is checked against the tables when it is
 -- created: the migrator applies this file after an older subset of migrations too (before the
@@ -74,8 +76,7 @@ BEGIN
                 AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
                 AND v_consumed)))
         OR (q.max_wait_s > 0
-            AND p_last_created <= now() - make_interval(secs => q.max_wait_s)
-            AND NOT v_consumed);
+            AND p_last_created <= now() - make_interval(secs => q.max_wait_s));
 END
 $fn$;
 

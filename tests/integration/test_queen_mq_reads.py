@@ -230,26 +230,29 @@ async def test_a_pop_never_returns_a_message_older_than_retention_seconds(
     await run(broker, flow)
 
 
-async def test_max_wait_time_evicts_messages_nobody_consumed(broker: BrokerHandle) -> None:
-    """maxWaitTimeSeconds as Queen: a message that has waited longer is dropped (not
-    dead-lettered), unless every consumer group has consumed it."""
-    waiting, consumed = name(), name()
+async def test_max_wait_time_evicts_messages_that_waited_too_long(broker: BrokerHandle) -> None:
+    """maxWaitTimeSeconds as Queen: a message that has waited longer is dropped, not
+    dead-lettered, for every consumer group; a fresh one is served."""
+    q, calm = name(), name()
 
     async def flow(c: Any) -> None:
-        for q in (waiting, consumed):
-            created = await c.queue(q).config({"maxWaitTimeSeconds": 2}).create()
-            assert created["options"]["maxWaitTimeSeconds"] == 2
-            assert "maxWaitTimeSeconds" not in created["ignored"]
-            await c.queue(q).push([{"data": {"n": i}} for i in range(5)])
-        done = await c.queue(consumed).batch(10).wait(False).pop()
-        assert len(done) == 5
-        await c.ack(done, True)
+        created = await c.queue(q).config({"maxWaitTimeSeconds": 2}).create()
+        assert created["options"]["maxWaitTimeSeconds"] == 2
+        assert "maxWaitTimeSeconds" not in created["ignored"]
+        await c.queue(calm).create()  # no maxWaitTimeSeconds: nothing is evicted
+        for queue in (q, calm):
+            await c.queue(queue).push([{"data": {"n": i}} for i in range(5)])
+        fast = await c.queue(q).group("fast").batch(3).wait(False).pop()
+        await c.ack(fast, True, {"group": "fast"})  # fast has had 0-2; slow nothing yet
         await asyncio.sleep(8)
-        assert await c.queue(waiting).batch(10).wait(False).pop() == []
-        assert (await c.queue(waiting).fetch("Default"))["Default"]["logStartOffset"] == 5
-        assert (await c.queue(waiting).dlq().limit(10).get())["messages"] == []
-        kept = (await c.queue(consumed).fetch("Default"))["Default"]
-        assert (kept["logStartOffset"], len(kept["records"])) == (0, 5)
+        await c.queue(q).push([{"data": {"n": "fresh"}}])
+        for group in ("fast", "slow"):
+            got = await c.queue(q).group(group).batch(10).wait(False).pop()
+            assert [m["data"]["n"] for m in got] == ["fresh"], group
+        assert (await c.queue(q).fetch("Default"))["Default"]["logStartOffset"] == 5
+        assert (await c.queue(q).dlq().limit(10).get())["messages"] == []
+        kept = await c.queue(calm).batch(10).wait(False).pop()
+        assert [m["data"]["n"] for m in kept] == [0, 1, 2, 3, 4]
 
     await run(broker, flow)
 
