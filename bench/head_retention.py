@@ -31,7 +31,8 @@ def event(i: int) -> dict[str, Any]:
             "items": [{"sku": f"s-{i % 13}", "qty": 1 + i % 3}], "status": "created"}
 
 
-def pcts(ms: list[float]) -> str:
+def pcts(values: list[float]) -> str:
+    ms = sorted(values)
     return (f"p50 {percentile(ms, 50):6.1f} ms  p90 {percentile(ms, 90):6.1f} ms  "
             f"max {max(ms):6.1f} ms")
 

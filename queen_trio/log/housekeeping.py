@@ -11,8 +11,7 @@ Every ``QUEEN_HOUSEKEEPING_INTERVAL_MS`` one round runs:
   is older than that (and, with ``retainUntilConsumed``, that every consumer group has
   committed past) are dropped whole, after ``log_start`` has moved past them, in one
   transaction that also gives their bytes back to the tenant's storage. Once no segment is
-  left before the head, the head is cut by the same rule, frame by frame
-  (:func:`cut_head`): a part-filled head is sealed only after ``QUEEN_SEGMENT_MAX_AGE_MS``, and
+  left before the head, the head's oldest run is cut by the same rule (:func:`cut_head`): a part-filled head is sealed only after ``QUEEN_SEGMENT_MAX_AGE_MS``, and
   its frames must not outlive their age limit meanwhile. A sealed segment is still never
   changed, only dropped whole. ``maxWaitTimeSeconds`` (Queen's eviction) is one more rule of
   the same retention (``queen.segment_droppable``).
@@ -201,14 +200,26 @@ def cut_head(raw: Raw, partition_id: uuid.UUID,
                        {"partition_id": partition_id, "max_frames": max_frames}).fetchall()
     if not rows or rows[0]["offset"] != rows[0]["log_start"]:
         return None  # sealed meanwhile: segment retention decides
-    frames = size = 0
-    for r in rows:
-        if not r["droppable"]:
-            break
-        frames += 1
-        size += r["size_bytes"]
-    if frames == 0:
+
+    def droppable(i: int) -> bool:  # the run rows[0..i]
+        return bool(one(raw.execute(Q.run_droppable, {
+            "partition_id": partition_id, "offset": rows[i]["offset"],
+            "newest": rows[i]["newest"], "queue_id": rows[0]["queue_id"]}))["droppable"])
+
+    # The verdict holds for a prefix of runs (each condition only gets harder as the run grows:
+    # its newest frame is younger, fewer groups have committed past its end), so the longest
+    # droppable run is found in a few probes: usually one, all of it or none.
+    if droppable(len(rows) - 1):
+        frames = len(rows)
+    elif not droppable(0):
         return None
+    else:
+        lo, hi = 0, len(rows) - 1  # rows[0..lo] droppable, rows[0..hi] not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if droppable(mid) else (lo, mid)
+        frames = lo + 1
+    size = sum(r["size_bytes"] for r in rows[:frames])
     log_start = rows[0]["log_start"] + frames
     raw.execute(Q.advance_log_start, {"partition_id": partition_id, "log_start": log_start})
     raw.execute(Q.drop_head, {"partition_id": partition_id, "log_start": log_start})

@@ -123,22 +123,37 @@ CROSS JOIN LATERAL (
 WHERE ((q.retention_enabled AND (q.retention_s > 0 OR q.ttl_s > 0 OR q.completed_retention_s > 0))
        OR q.max_wait_s > 0)
   AND h."offset" = p.log_start
+  -- No rule drops a frame younger than the queue's shortest limit: most partitions stop here,
+  -- before the function is called.
+  AND h.created_at <= now() - make_interval(secs => least(
+        nullif(q.retention_s, 0), nullif(q.ttl_s, 0), nullif(q.completed_retention_s, 0),
+        nullif(q.max_wait_s, 0)))
   AND queen.segment_droppable(q, p.partition_id, h."offset", h.created_at)
 LIMIT %(limit)s
 
 -- name: droppable_head
--- The head's oldest frames from log_start, each with retention's verdict, under the partition's
--- row lock (log_start changes with it). At most max_frames rows: an offset range.
-SELECT f."offset", f.size_bytes, p.log_start, p.tenant_id,
-       queen.segment_droppable(q, p.partition_id, f."offset", f.created_at) AS droppable
-FROM queen.partitions p
-JOIN queen.queues q USING (queue_id)
+-- The head's oldest frames from log_start, each with the newest creation time of the run up to
+-- it (a run is aged by its newest frame, as a segment is), under the partition's row lock
+-- (log_start changes with it). At most max_frames rows: an offset range.
+WITH p AS (
+    SELECT p.partition_id, p.log_start, p.tenant_id, p.queue_id
+    FROM queen.partitions p
+    WHERE p.partition_id = %(partition_id)s
+    FOR UPDATE
+)
+SELECT f."offset", f.size_bytes, p.log_start, p.tenant_id, p.queue_id,
+       max(f.created_at) OVER (ORDER BY f."offset") AS newest
+FROM p
 JOIN queen.frames f
   ON f.partition_id = p.partition_id
  AND f."offset" >= p.log_start AND f."offset" < p.log_start + %(max_frames)s
-WHERE p.partition_id = %(partition_id)s
 ORDER BY f."offset"
-FOR UPDATE OF p
+
+-- name: run_droppable
+-- Retention's verdict on the head run from log_start to `offset` (queen.segment_droppable).
+SELECT queen.segment_droppable(q, %(partition_id)s, %(offset)s, %(newest)s) AS droppable
+FROM queen.queues q
+WHERE q.queue_id = %(queue_id)s
 
 -- name: drop_head
 DELETE FROM queen.frames

@@ -40,9 +40,9 @@ $fn$;
 
 -- Whether retention may drop a run of a queue's partition ending at p_last_offset, whose newest
 -- frame was written at p_last_created: a sealed segment (queen_trio/sql/segments.sql asks it for
--- the oldest segment of each partition, then for each segment of one partition), or one head
--- frame (the head is cut by the same rule, frame by frame, so that data not yet sealed is not
--- kept past its age limit either).
+-- the oldest segment of each partition, then for each segment of one partition), or the head's
+-- oldest run (cut by the same rule, so that data not yet sealed is not kept past its age limit
+-- either).
 --
 -- * retentionSeconds and ttl (Queen's message time-to-live: the same thing seen from the
 --   message) are one age limit, the smaller non-zero of the two; with retainUntilConsumed the
