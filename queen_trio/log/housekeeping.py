@@ -11,8 +11,9 @@ Every ``QUEEN_HOUSEKEEPING_INTERVAL_MS`` one round runs:
   is older than that (and, with ``retainUntilConsumed``, that every consumer group has
   committed past) are dropped whole, after ``log_start`` has moved past them, in one
   transaction that also gives their bytes back to the tenant's storage. Once no segment is
-  left before the head, the head's oldest run is cut by the same rule (:func:`cut_head`): a part-filled head is sealed only after ``QUEEN_SEGMENT_MAX_AGE_MS``, and
-  its frames must not outlive their age limit meanwhile. A sealed segment is still never
+  left before the head, the head's oldest run is cut by the same rule (:func:`cut_head`): a
+  part-filled head is sealed only after ``QUEEN_SEGMENT_MAX_AGE_MS``, and its frames must not
+  outlive their age limit meanwhile. A sealed segment is still never
   changed, only dropped whole. ``maxWaitTimeSeconds`` (Queen's eviction) is one more rule of
   the same retention (``queen.segment_droppable``).
 
