@@ -657,10 +657,12 @@ CREATE TABLE queen.queues (
     ttl_s integer DEFAULT 0 NOT NULL,
     completed_retention_s integer DEFAULT 0 NOT NULL,
     retention_enabled boolean DEFAULT true NOT NULL,
+    max_wait_s integer DEFAULT 0 NOT NULL,
     CONSTRAINT queues_completed_retention_s_check CHECK ((completed_retention_s >= 0)),
     CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
     CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),
     CONSTRAINT queues_max_size_check CHECK ((max_size >= 0)),
+    CONSTRAINT queues_max_wait_s_check CHECK ((max_wait_s >= 0)),
     CONSTRAINT queues_retention_s_check CHECK ((retention_s >= 0)),
     CONSTRAINT queues_retry_delay_ms_check CHECK ((retry_delay_ms >= 0)),
     CONSTRAINT queues_retry_limit_check CHECK ((retry_limit >= 0)),
@@ -668,25 +670,27 @@ CREATE TABLE queen.queues (
 );
 
 CREATE FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    WITH lim AS (
-        SELECT least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0)) AS age_s,
-               coalesce(p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
-                                          WHERE c.partition_id = p_partition), false)
-                   AS consumed
-    )
-    SELECT q.retention_enabled AND (
-        (lim.age_s IS NOT NULL
-         AND p_last_created <= now() - make_interval(secs => lim.age_s)
-         AND (NOT q.retain_until_consumed OR lim.consumed))
-        OR (q.completed_retention_s > 0
-            AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
-            AND lim.consumed))
-    FROM lim
+DECLARE
+    v_age_s integer := least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0));
+    v_consumed boolean := coalesce(
+        p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                          WHERE c.partition_id = p_partition), false);
+BEGIN
+    RETURN (q.retention_enabled AND (
+            (v_age_s IS NOT NULL
+             AND p_last_created <= now() - make_interval(secs => v_age_s)
+             AND (NOT q.retain_until_consumed OR v_consumed))
+            OR (q.completed_retention_s > 0
+                AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
+                AND v_consumed)))
+        OR (q.max_wait_s > 0
+            AND p_last_created <= now() - make_interval(secs => q.max_wait_s));
+END
 $$;
 
-COMMENT ON FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) IS 'Retention''s rule for one sealed segment: retentionSeconds/ttl, completedRetentionSeconds.';
+COMMENT ON FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) IS 'Retention''s rule for a run of frames: retentionSeconds/ttl, completedRetentionSeconds, maxWaitTimeSeconds.';
 
 CREATE FUNCTION queen.segments_are_immutable() RETURNS trigger
     LANGUAGE plpgsql

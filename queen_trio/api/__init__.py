@@ -19,11 +19,13 @@ from .locks import lock_routes
 from .log import log_routes
 from .ops import ops
 from .origin import HostPolicy, check_request
+from .reads import read_routes
 from .stats import stats_routes
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
 from .ui import ui_routes
+from .unsupported import unsupported_routes
 
 
 class NameConverter(BaseConverter):
@@ -55,6 +57,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     install_error_handlers(app)
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
+    app.register_blueprint(read_routes)
     app.register_blueprint(kv_routes)
     app.register_blueprint(lock_routes)
     app.register_blueprint(transaction_routes)
@@ -62,6 +65,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(admin_routes)
     app.register_blueprint(stats_routes)
     app.register_blueprint(ui_routes)
+    app.register_blueprint(unsupported_routes)
 
     # One hook each way: every hook costs Quart a dispatch (ensure_async, an await), and each
     # `request`/`g` access a context-variable lookup, on every request.

@@ -402,14 +402,18 @@ def _log_paths() -> dict[str, Any]:
                     "retentionEnabled": {
                         "type": "boolean", "default": True,
                         "description": "false: no age-based drop at all for this queue"},
+                    "maxWaitTimeSeconds": {
+                        "type": "integer", "minimum": 0,
+                        "description": "evict (drop, not dead-letter) messages older than "
+                                       "this, for every consumer group, "
+                                       "whatever retentionEnabled says (0: never)"},
                     "encryptionEnabled": {
                         "type": "boolean", "enum": [False],
                         "description": "messages are not encrypted at rest; true is a 400 "
                                        "unsupported_option"},
                     **{name: {"description": "accepted, echoed and listed in ignored when "
                                              "not at Queen's default; no effect here"}
-                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries",
-                                    "maxWaitTimeSeconds")}},
+                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries")}},
                     "additionalProperties": {
                         "description": "unknown option names are listed in ignored and "
                                        "unknown"}},
@@ -509,6 +513,73 @@ def _log_paths() -> dict[str, Any]:
                 "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
             "responses": {"200": _json({"type": "array"}, "New expiry"),
                           **_errors(400, 404, 409)},
+        }},
+        "/api/v1/fetch": {"post": {
+            "summary": "Read records by absolute offset: no lease, no cursor (Queen's fetch)",
+            "description": "Each entry answers its records from offset, highWatermark (the "
+                           "next offset to be assigned) and logStartOffset (the oldest kept), "
+                           "in request order; error OFFSET_OUT_OF_RANGE (below the log start "
+                           "or past the high watermark) or UNKNOWN_TOPIC_OR_PARTITION (no such "
+                           "queue). maxBytes counts payload JSON bytes; the first record of a "
+                           "call always goes. maxWaitMs parks an answer with fewer than "
+                           "minBytes payload bytes.",
+            "operationId": "fetch",
+            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
+                "entries": {"type": "array", "maxItems": 1024, "items": {
+                    "type": "object", "required": ["queue", "offset"],
+                    "additionalProperties": False, "properties": {
+                        "queue": {"type": "string"},
+                        "partition": {"type": ["string", "integer"],
+                                      "description": "default Default; a number names the "
+                                                     "partition of its digits"},
+                        "offset": {"type": "integer", "minimum": 0},
+                        "maxBytes": {"type": "integer",
+                                     "description": "default 1 MiB, clamped to 1..8 MiB"}}}},
+                "maxBytes": {"type": "integer", "description": "the call's budget, at most "
+                                                              "64 MiB"},
+                "maxWaitMs": {"type": "integer", "minimum": 0, "description": "at most 30000"},
+                "minBytes": {"type": "integer", "minimum": 0, "description": "default 1"}}}),
+            "responses": {"200": _json({"type": "object", "properties": {"entries": {
+                "type": "array", "items": {"type": "object", "properties": {
+                    "queue": {"type": "string"}, "partition": {"type": "string"},
+                    "records": {"type": "array", "items": {"type": "object", "properties": {
+                        "offset": {"type": "integer"}, "transactionId": {"type": "string"},
+                        "payload": {}, "ts": {"type": "string", "format": "date-time"}}}},
+                    "highWatermark": {"type": "integer"},
+                    "logStartOffset": {"type": "integer"},
+                    "error": {"type": "string", "enum": ["OFFSET_OUT_OF_RANGE",
+                                                         "UNKNOWN_TOPIC_OR_PARTITION"]}}}}}},
+                "Records and bounds per entry"), **_errors(400)},
+        }},
+        "/api/v1/partitions/changed": {"post": {
+            "summary": "A queue's partitions, or those written since an instant (discovery)",
+            "description": "Per entry (at most 64): every partition by name, or with since "
+                           "those last written at or after it, by (last write, name); limit "
+                           "1..1000 a page, next is the opaque cursor to pass as after (null: "
+                           "the end; BAD_CURSOR: another mode's). safeTime: no write can still "
+                           "land at or before it; pass it as the next since.",
+            "operationId": "partitionsChanged",
+            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
+                "entries": {"type": "array", "maxItems": 64, "items": {
+                    "type": "object", "required": ["queue"], "additionalProperties": False,
+                    "properties": {
+                        "queue": {"type": "string"},
+                        "since": {"type": "string", "format": "date-time"},
+                        "after": {"type": "string"},
+                        "limit": {"type": "integer"}}}}}}),
+            "responses": {"200": _json({"type": "object", "properties": {
+                "safeTime": {"type": "string", "format": "date-time"},
+                "safeTimeDegraded": {"type": "boolean"},
+                "entries": {"type": "array", "items": {"type": "object", "properties": {
+                    "queue": {"type": "string"},
+                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"}, "id": {"type": "string"},
+                        "lastOffset": {"type": "integer"}, "logStart": {"type": "integer"},
+                        "lastWriteAt": {"type": "string", "format": "date-time"}}}},
+                    "next": {"type": ["string", "null"]},
+                    "error": {"type": "string", "enum": ["UNKNOWN_TOPIC_OR_PARTITION",
+                                                         "BAD_CURSOR"]}}}}}},
+                "Partitions per entry, and the watermark"), **_errors(400)},
         }},
         "/api/v1/dlq": {"get": {
             "summary": "List dead letters, oldest first: offset pages (Queen) or cursor pages",

@@ -171,16 +171,19 @@ class BaseClient(Generic[R]):
                   retry_delay: Duration | None = None, ttl: Duration | None = None,
                   completed_retention: Duration | None = None,
                   retention_enabled: bool | None = None,
-                  retain_until_consumed: bool | None = None) -> Any:
+                  retain_until_consumed: bool | None = None,
+                  max_wait: Duration | None = None) -> Any:
         """Create or reconfigure a queue (a :class:`QueueConfig`). Durations are whole
         seconds (ints count seconds), except ``retry_delay``: milliseconds (ints count
         milliseconds, strings such as ``"250ms"`` or ``"2s"`` convert). ``max_size``: the
         most unconsumed messages the queue holds (a push past it is refused, 409
-        ``queue_full``). Omitted options take the broker's defaults."""
+        ``queue_full``). ``max_wait``: messages older than this are evicted (dropped).
+        Omitted options take the broker's defaults."""
         options: dict[str, Any] = {}
         for wire, value in (("leaseTime", lease_time), ("delayedProcessing", delayed_processing),
                             ("retentionSeconds", retention), ("ttl", ttl),
-                            ("completedRetentionSeconds", completed_retention)):
+                            ("completedRetentionSeconds", completed_retention),
+                            ("maxWaitTimeSeconds", max_wait)):
             if value is not None:
                 options[wire] = whole_seconds(value, wire)
         if retry_delay is not None:

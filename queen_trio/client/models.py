@@ -239,6 +239,7 @@ class QueueConfig:
     completed_retention_s: int = 0
     retention_enabled: bool = True
     ignored: tuple[str, ...] = ()  # options sent that the broker does not act on
+    max_wait_s: int = 0  # Queen's maxWaitTimeSeconds: older messages are evicted
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> QueueConfig:
@@ -247,7 +248,7 @@ class QueueConfig:
                    o["delayedProcessing"], o["retentionSeconds"], o["deadLetterQueue"],
                    o.get("maxSize", 0), o.get("retryDelay", 0), o.get("ttl", 0),
                    o.get("completedRetentionSeconds", 0), o.get("retentionEnabled", True),
-                   tuple(w.get("ignored", ())))
+                   tuple(w.get("ignored", ())), o.get("maxWaitTimeSeconds", 0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,7 +10,12 @@ Every ``QUEEN_HOUSEKEEPING_INTERVAL_MS`` one round runs:
 * **retention** — for queues with ``retentionSeconds``, the oldest segments whose newest frame
   is older than that (and, with ``retainUntilConsumed``, that every consumer group has
   committed past) are dropped whole, after ``log_start`` has moved past them, in one
-  transaction that also gives their bytes back to the tenant's storage.
+  transaction that also gives their bytes back to the tenant's storage. Once no segment is
+  left before the head, the head's oldest run is cut by the same rule (:func:`cut_head`): a
+  part-filled head is sealed only after ``QUEEN_SEGMENT_MAX_AGE_MS``, and its frames must not
+  outlive their age limit meanwhile. A sealed segment is still never
+  changed, only dropped whole. ``maxWaitTimeSeconds`` (Queen's eviction) is one more rule of
+  the same retention (``queen.segment_droppable``).
 
 The transactional steps are plain functions of a raw connection (tests call them directly);
 :class:`Housekeeper` only schedules them.
@@ -46,6 +51,7 @@ T = TypeVar("T")
 LOCK_SPACE = 0x5147  # first key of the advisory locks that serialise one partition's housekeeping
 _CANDIDATES_PER_ROUND = 200
 _SEGMENTS_PER_PARTITION_PER_ROUND = 50  # a backlog is worked off over rounds, not in one burst
+_HEAD_CUT_FRAMES = 1000  # head frames one cut looks at (one transaction)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -176,6 +182,52 @@ def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
     return Dropped(partition_id, len(gone), frames, stored, expected)
 
 
+def head_cut_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+    return [r["partition_id"] for r in raw.execute(Q.head_cut_candidates, {"limit": limit})]
+
+
+def cut_head(raw: Raw, partition_id: uuid.UUID,
+             max_frames: int = _HEAD_CUT_FRAMES) -> Dropped | None:
+    """Drop the head's oldest frames that retention allows, advancing log_start, when nothing
+    is retained before the head (no segment left below it).
+
+    The frames are plain rows, deleted in the transaction that moves log_start past them, so
+    the log stays ``[log_start, next_offset)`` with no hole. The sealer takes the same
+    advisory lock, so a frame is never cut and sealed at once.
+    """
+    if not _try_lock(raw, partition_id):
+        return None
+    rows = raw.execute(Q.droppable_head,
+                       {"partition_id": partition_id, "max_frames": max_frames}).fetchall()
+    if not rows or rows[0]["offset"] != rows[0]["log_start"]:
+        return None  # sealed meanwhile: segment retention decides
+
+    def droppable(i: int) -> bool:  # the run rows[0..i]
+        return bool(one(raw.execute(Q.run_droppable, {
+            "partition_id": partition_id, "offset": rows[i]["offset"],
+            "newest": rows[i]["newest"], "queue_id": rows[0]["queue_id"]}))["droppable"])
+
+    # The verdict holds for a prefix of runs (each condition only gets harder as the run grows:
+    # its newest frame is younger, fewer groups have committed past its end), so the longest
+    # droppable run is found in a few probes: usually one, all of it or none.
+    if droppable(len(rows) - 1):
+        frames = len(rows)
+    elif not droppable(0):
+        return None
+    else:
+        lo, hi = 0, len(rows) - 1  # rows[0..lo] droppable, rows[0..hi] not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if droppable(mid) else (lo, mid)
+        frames = lo + 1
+    size = sum(r["size_bytes"] for r in rows[:frames])
+    log_start = rows[0]["log_start"] + frames
+    raw.execute(Q.advance_log_start, {"partition_id": partition_id, "log_start": log_start})
+    raw.execute(Q.drop_head, {"partition_id": partition_id, "log_start": log_start})
+    add_usage(raw, rows[0]["tenant_id"], -size)
+    return Dropped(partition_id, 0, frames, size, log_start)
+
+
 # -- the service ------------------------------------------------------------------------------
 
 
@@ -273,6 +325,7 @@ class Housekeeper:
                 "retention of", pid, functools.partial(self._db.run, apply_retention, pid))
             if d is not None:
                 dropped.append(d)
+        dropped.extend(await self.cut_heads())
         self._rounds += 1
         self._dropped += sum(d.segments for d in dropped)
         if self._metrics is not None:
@@ -280,6 +333,21 @@ class Housekeeper:
                 self._metrics.segments_dropped.inc(d.segments)
                 self._metrics.frames_dropped.inc(d.frames)
         return RoundResult(sealed, dropped)
+
+    async def cut_heads(self) -> list[Dropped]:
+        """Retention of the unsealed heads: every droppable head frame of each candidate,
+        a bounded transaction at a time."""
+        dropped: list[Dropped] = []
+        for pid in await self._db.run(head_cut_candidates):
+            for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
+                d = await self._each_partition(
+                    "retention of the head of", pid, functools.partial(self._db.run, cut_head, pid))
+                if d is None:
+                    break
+                dropped.append(d)
+                if d.frames < _HEAD_CUT_FRAMES:
+                    break
+        return dropped
 
     async def seal_due(self) -> list[Sealed]:
         sealed: list[Sealed] = []

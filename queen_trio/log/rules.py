@@ -153,6 +153,9 @@ class QueueOptions:
     completed_retention_s: int = 0
     # Queen's retentionEnabled: false stops every age-based drop of the queue.
     retention_enabled: bool = True
+    # Queen's maxWaitTimeSeconds: a message older than this is evicted (dropped, not
+    # dead-lettered), whatever retentionEnabled says.
+    max_wait_s: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -167,6 +170,7 @@ class QueueOptions:
             "completedRetentionSeconds": self.completed_retention_s,
             "retentionEnabled": self.retention_enabled,
             "retainUntilConsumed": self.retain_until_consumed,
+            "maxWaitTimeSeconds": self.max_wait_s,
         }
 
     @classmethod
@@ -182,12 +186,10 @@ class QueueOptions:
 #   priority            Queen serves higher-priority queues first; here every queue is equal.
 #   windowBuffer        Queen holds a partition until its newest message is this old.
 #   dlqAfterMaxRetries  here deadLetterQueue alone decides (dead-lettered after retryLimit).
-#   maxWaitTimeSeconds  Queen deletes messages waiting longer; here they stay (see ttl).
 IGNORED_OPTIONS: dict[str, Any] = {
     "priority": 0,
     "windowBuffer": 0,
     "dlqAfterMaxRetries": False,
-    "maxWaitTimeSeconds": 0,
 }
 # encryptionEnabled: false is the truth here and is accepted; true is refused (400), since
 # messages are stored unencrypted and a silently ignored promise of encryption is not safe.
@@ -195,7 +197,7 @@ _INT_MAX = 2_147_483_647
 _APPLIED_OPTIONS = ("leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl",
                     "deadLetterQueue", "delayedProcessing", "retentionSeconds",
                     "completedRetentionSeconds", "retentionEnabled", "retainUntilConsumed",
-                    "encryptionEnabled")
+                    "maxWaitTimeSeconds", "encryptionEnabled")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,6 +237,7 @@ def queue_options(options: Any) -> QueueOptions:
         completed_retention_s=_int_field(options, "completedRetentionSeconds", 0, lo=0,
                                          hi=10 * 365 * 86_400),
         retention_enabled=_bool_field(options, "retentionEnabled", True),
+        max_wait_s=_int_field(options, "maxWaitTimeSeconds", 0, lo=0, hi=10 * 365 * 86_400),
     )
 
 

@@ -5,10 +5,11 @@
 INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
      dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-     completed_retention_s, retention_enabled)
+     completed_retention_s, retention_enabled, max_wait_s)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
         %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s, %(max_size)s,
-        %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s)
+        %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s,
+        %(max_wait_s)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
@@ -21,6 +22,7 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET
     ttl_s = excluded.ttl_s,
     completed_retention_s = excluded.completed_retention_s,
     retention_enabled = excluded.retention_enabled,
+    max_wait_s = excluded.max_wait_s,
     updated_at = now()
 RETURNING queue_id, (xmax = 0) AS created,
           (SELECT p.partition_id FROM queen.partitions p
@@ -376,7 +378,7 @@ WHERE dead_letter_id = %(id)s
 -- name: list_queues
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
        q.retention_s, q.dead_letter_queue, q.retain_until_consumed, q.max_size,
-       q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled,
+       q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled, q.max_wait_s,
        count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
@@ -388,7 +390,7 @@ ORDER BY q.name
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
        dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-       completed_retention_s, retention_enabled
+       completed_retention_s, retention_enabled, max_wait_s
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 

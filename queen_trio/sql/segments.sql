@@ -75,7 +75,8 @@ WHERE partition_id = %(partition_id)s AND "offset" BETWEEN %(first_offset)s AND 
 
 -- name: retention_candidates
 -- Partitions whose oldest segment retention may drop (queen.segment_droppable in
--- schema/functions/ops.sql: retentionSeconds / ttl, completedRetentionSeconds).
+-- schema/functions/ops.sql: retentionSeconds / ttl, completedRetentionSeconds,
+-- maxWaitTimeSeconds).
 SELECT p.partition_id
 FROM queen.queues q
 JOIN queen.partitions p USING (queue_id)
@@ -83,8 +84,8 @@ CROSS JOIN LATERAL (
     SELECT s.last_offset, s.last_created_at FROM queen.segments s
     WHERE s.partition_id = p.partition_id ORDER BY s.first_offset LIMIT 1
 ) oldest
-WHERE q.retention_enabled
-  AND (q.retention_s > 0 OR q.ttl_s > 0 OR q.completed_retention_s > 0)
+WHERE ((q.retention_enabled AND (q.retention_s > 0 OR q.ttl_s > 0 OR q.completed_retention_s > 0))
+       OR q.max_wait_s > 0)
   AND queen.segment_droppable(q, p.partition_id, oldest.last_offset, oldest.last_created_at)
 LIMIT %(limit)s
 
@@ -95,7 +96,6 @@ FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 JOIN queen.segments s ON s.partition_id = p.partition_id
 WHERE p.partition_id = %(partition_id)s
-  AND q.retention_enabled
   AND queen.segment_droppable(q, p.partition_id, s.last_offset, s.last_created_at)
 ORDER BY s.first_offset
 FOR UPDATE OF p
@@ -109,3 +109,52 @@ WHERE partition_id = %(partition_id)s AND log_start < %(log_start)s
 DELETE FROM queen.segments
 WHERE partition_id = %(partition_id)s AND last_offset < %(log_start)s
 RETURNING stored_bytes
+
+-- name: head_cut_candidates
+-- Partitions with nothing retained before their head (every segment dropped, or none yet)
+-- whose oldest head frame retention may drop: data not yet sealed ages out like sealed data.
+SELECT p.partition_id
+FROM queen.queues q
+JOIN queen.partitions p USING (queue_id)
+CROSS JOIN LATERAL (
+    SELECT f."offset", f.created_at FROM queen.frames f
+    WHERE f.partition_id = p.partition_id ORDER BY f."offset" LIMIT 1
+) h
+WHERE ((q.retention_enabled AND (q.retention_s > 0 OR q.ttl_s > 0 OR q.completed_retention_s > 0))
+       OR q.max_wait_s > 0)
+  AND h."offset" = p.log_start
+  -- No rule drops a frame younger than the queue's shortest limit: most partitions stop here,
+  -- before the function is called.
+  AND h.created_at <= now() - make_interval(secs => least(
+        nullif(q.retention_s, 0), nullif(q.ttl_s, 0), nullif(q.completed_retention_s, 0),
+        nullif(q.max_wait_s, 0)))
+  AND queen.segment_droppable(q, p.partition_id, h."offset", h.created_at)
+LIMIT %(limit)s
+
+-- name: droppable_head
+-- The head's oldest frames from log_start, each with the newest creation time of the run up to
+-- it (a run is aged by its newest frame, as a segment is), under the partition's row lock
+-- (log_start changes with it). At most max_frames rows: an offset range.
+WITH p AS (
+    SELECT p.partition_id, p.log_start, p.tenant_id, p.queue_id
+    FROM queen.partitions p
+    WHERE p.partition_id = %(partition_id)s
+    FOR UPDATE
+)
+SELECT f."offset", f.size_bytes, p.log_start, p.tenant_id, p.queue_id,
+       max(f.created_at) OVER (ORDER BY f."offset") AS newest
+FROM p
+JOIN queen.frames f
+  ON f.partition_id = p.partition_id
+ AND f."offset" >= p.log_start AND f."offset" < p.log_start + %(max_frames)s
+ORDER BY f."offset"
+
+-- name: run_droppable
+-- Retention's verdict on the head run from log_start to `offset` (queen.segment_droppable).
+SELECT queen.segment_droppable(q, %(partition_id)s, %(offset)s, %(newest)s) AS droppable
+FROM queen.queues q
+WHERE q.queue_id = %(queue_id)s
+
+-- name: drop_head
+DELETE FROM queen.frames
+WHERE partition_id = %(partition_id)s AND "offset" < %(log_start)s

@@ -38,35 +38,47 @@ BEGIN
 END
 $fn$;
 
--- Whether retention may drop a sealed segment of a queue's partition (its newest frame is
--- p_last_offset, written at p_last_created): queen_trio/sql/segments.sql asks it for the oldest
--- segment of each partition and then for each segment of one partition.
+-- Whether retention may drop a run of a queue's partition ending at p_last_offset, whose newest
+-- frame was written at p_last_created: a sealed segment (queen_trio/sql/segments.sql asks it for
+-- the oldest segment of each partition, then for each segment of one partition), or the head's
+-- oldest run (cut by the same rule, so that data not yet sealed is not kept past its age limit
+-- either).
 --
 -- * retentionSeconds and ttl (Queen's message time-to-live: the same thing seen from the
 --   message) are one age limit, the smaller non-zero of the two; with retainUntilConsumed the
---   segment must also be committed by every consumer group of the partition (none: nobody).
--- * completedRetentionSeconds drops a segment every consumer group has committed past once it
+--   run must also be committed by every consumer group of the partition (none: nobody).
+-- * completedRetentionSeconds drops a run every consumer group has committed past once it
 --   is that old, with or without retentionSeconds.
--- * retentionEnabled = false turns all of it off for the queue.
+-- * retentionEnabled = false turns all of the above off for the queue.
+-- * maxWaitTimeSeconds (Queen's eviction, which its retentionEnabled does not govern) drops a
+--   run that old: its messages have waited too long. Queen keeps the ones every consumer group
+--   has consumed; a log can only drop a prefix, and keeping those would keep every waiting one
+--   behind them, so they go too (no group loses anything: each has had them).
+--
+-- PL/pgSQL rather than SQL only because an SQL body is checked against the tables when it is
+-- created: the migrator applies this file after an older subset of migrations too (before the
+-- one adding max_wait_s), and a PL/pgSQL body is checked when it first runs.
 CREATE OR REPLACE FUNCTION queen.segment_droppable(
     q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamptz)
 RETURNS boolean
-LANGUAGE sql STABLE AS $fn$
-    WITH lim AS (
-        SELECT least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0)) AS age_s,
-               coalesce(p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
-                                          WHERE c.partition_id = p_partition), false)
-                   AS consumed
-    )
-    SELECT q.retention_enabled AND (
-        (lim.age_s IS NOT NULL
-         AND p_last_created <= now() - make_interval(secs => lim.age_s)
-         AND (NOT q.retain_until_consumed OR lim.consumed))
-        OR (q.completed_retention_s > 0
-            AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
-            AND lim.consumed))
-    FROM lim
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    v_age_s integer := least(nullif(q.retention_s, 0), nullif(q.ttl_s, 0));
+    v_consumed boolean := coalesce(
+        p_last_offset <= (SELECT min(c.committed) FROM queen.cursors c
+                          WHERE c.partition_id = p_partition), false);
+BEGIN
+    RETURN (q.retention_enabled AND (
+            (v_age_s IS NOT NULL
+             AND p_last_created <= now() - make_interval(secs => v_age_s)
+             AND (NOT q.retain_until_consumed OR v_consumed))
+            OR (q.completed_retention_s > 0
+                AND p_last_created <= now() - make_interval(secs => q.completed_retention_s)
+                AND v_consumed)))
+        OR (q.max_wait_s > 0
+            AND p_last_created <= now() - make_interval(secs => q.max_wait_s));
+END
 $fn$;
 
 COMMENT ON FUNCTION queen.segment_droppable(queen.queues, uuid, bigint, timestamptz) IS
-    'Retention''s rule for one sealed segment: retentionSeconds/ttl, completedRetentionSeconds.';
+    'Retention''s rule for a run of frames: retentionSeconds/ttl, completedRetentionSeconds, maxWaitTimeSeconds.';

@@ -66,7 +66,7 @@ async def test_configure_echoes_every_queen_option_and_names_what_it_ignores(
                     "completedRetentionSeconds": 3600, "retentionEnabled": True}})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert sorted(body["ignored"]) == sorted(["priority", "windowBuffer", "maxWaitTimeSeconds",
+    assert sorted(body["ignored"]) == sorted(["priority", "windowBuffer",
                                               "dlqAfterMaxRetries", "shardCount", "namespace",
                                               "task"])
     assert body["unknown"] == ["shardCount"]

@@ -183,6 +183,8 @@ async def test_consumer_groups_and_partitions(queen: Client) -> None:
 async def test_configure_extend_lease_and_failed_acks(queen: Client) -> None:
     config = await queen.configure("jobs", lease_time="2s", retry_limit=1)
     assert (config.lease_time_s, config.retry_limit, config.created) == (2, 1, True)
+    evicting = await queen.configure("evicting", max_wait="1h")
+    assert (evicting.max_wait_s, evicting.ignored) == (3600, ())
     await queen.push("jobs", {"job": 1})
     message = await pop_one(queen, "jobs")
     assert message.lease_id is not None

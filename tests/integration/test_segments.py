@@ -450,6 +450,67 @@ async def test_retention_never_drops_a_segment_a_group_still_needs(
     assert detail["partitions"][0]["storage"]["segments"] == 2
 
 
+def cut_head(url: str, queue: str) -> list[housekeeping.Dropped]:
+    out = []
+    with connect(url) as conn:
+        for pid in partition_ids(url, queue):
+            with conn.transaction():
+                dropped = housekeeping.cut_head(conn, pid)
+            if dropped is not None:
+                out.append(dropped)
+    return out
+
+
+def stored_bytes(url: str) -> int:
+    """The default tenant's stored bytes, folded or not."""
+    row = sql(url, "SELECT coalesce((SELECT sum(bytes) FROM queen.usage_deltas), 0) "
+                   "+ coalesce((SELECT sum(stored_bytes) FROM queen.tenant_usage), 0) AS b")
+    return int(row[0]["b"])
+
+
+async def test_retention_cuts_the_head_once_no_segment_is_left_before_it(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
+    await configure(http, "mixed", retentionSeconds=60)
+    await push(http, "mixed", [{"i": i} for i in range(12)])
+    backdate(database_url, "mixed", below_offset=10)
+    assert seal_all(database_url, "mixed", FULL_ONLY) == 2  # 0-4, 5-9; 10-11 stay in the head
+    backdate(database_url, "mixed")  # the head is past retention too
+    # Segments still retained before the head: the head is not cut around them.
+    assert cut_head(database_url, "mixed") == []
+    assert where_frames_are(database_url, "mixed") == (2, [(0, 4), (5, 9)])
+
+    assert [(d.segments, d.log_start) for d in apply_retention(database_url, "mixed")] == \
+        [(2, 10)]
+    assert [(d.segments, d.frames, d.log_start) for d in cut_head(database_url, "mixed")] == \
+        [(0, 2, 12)]
+    assert where_frames_are(database_url, "mixed") == (0, [])
+    assert stored_bytes(database_url) == 0  # every byte pushed was given back
+    assert await pop(http, "mixed", batch=10) is None
+
+
+async def test_the_head_cut_stops_at_the_first_frame_retention_keeps(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
+    await configure(http, "young", retentionSeconds=60)
+    await push(http, "young", [{"i": i} for i in range(10)])
+    backdate(database_url, "young", below_offset=6)
+    assert [(d.frames, d.log_start) for d in cut_head(database_url, "young")] == [(6, 6)]
+    assert cut_head(database_url, "young") == []
+    got = await pop(http, "young", batch=10)
+    assert [m["data"]["i"] for m in got["messages"]] == [6, 7, 8, 9]
+
+    # retainUntilConsumed: only what every group committed.
+    await configure(http, "needed", retentionSeconds=60, retainUntilConsumed=True)
+    await push(http, "needed", [{"i": i} for i in range(10)])
+    await ack_all(http, await pop(http, "needed", consumerGroup="g", batch=3))  # committed 2
+    leased = await pop(http, "needed", consumerGroup="h", batch=1)  # h: nothing committed yet
+    backdate(database_url, "needed")
+    assert cut_head(database_url, "needed") == []
+    await ack_all(http, leased)  # h committed 0
+    assert [(d.frames, d.log_start) for d in cut_head(database_url, "needed")] == [(1, 1)]
+
+
 async def test_without_groups_retain_until_consumed_drops_nothing(
     http: httpx.AsyncClient, database_url: str
 ) -> None:

@@ -512,6 +512,28 @@ async def test_multi_partition_and_subscription_pops_stay_in_their_tenant(
     assert len({m["partition"] for m in everything}) == 3
 
 
+async def test_reads_by_offset_stay_in_their_tenant(
+    http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
+) -> None:
+    """Another tenant's queue reads exactly like one that does not exist."""
+    r = await http_a.post(f"{API}/push", json={"items": [
+        {"queue": "mine", "payload": {"who": "A"}}]})
+    assert r.status_code == 201
+    fetch = {"entries": [{"queue": "mine", "offset": 0}]}
+    own = (await http_a.post(f"{API}/fetch", json=fetch)).json()["entries"][0]
+    assert [rec["payload"] for rec in own["records"]] == [{"who": "A"}]
+    other = (await http_b.post(f"{API}/fetch", json=fetch)).json()["entries"][0]
+    ghost = (await http_b.post(f"{API}/fetch", json={"entries": [
+        {"queue": "ghost", "offset": 0}]})).json()["entries"][0]
+    assert other == {**ghost, "queue": "mine"}
+    assert other["error"] == "UNKNOWN_TOPIC_OR_PARTITION" and other["records"] == []
+    changed = {"entries": [{"queue": "mine"}]}
+    assert (await http_a.post(f"{API}/partitions/changed", json=changed)).json()[
+        "entries"][0]["partitions"][0]["name"] == "Default"
+    assert (await http_b.post(f"{API}/partitions/changed", json=changed)).json()[
+        "entries"] == [{"queue": "mine", "error": "UNKNOWN_TOPIC_OR_PARTITION"}]
+
+
 async def test_ops_routes_take_no_token_and_the_document_says_who_does(
     auth_broker: BrokerHandle,
 ) -> None:

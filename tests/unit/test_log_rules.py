@@ -293,6 +293,7 @@ def test_queue_options_defaults(options: Any) -> None:
         "completedRetentionSeconds": 0,
         "retentionEnabled": True,
         "retainUntilConsumed": False,
+        "maxWaitTimeSeconds": 0,
     }
 
 

@@ -1,0 +1,51 @@
+"""Queen's reads by offset: ``POST /api/v1/fetch`` and ``POST /api/v1/partitions/changed``
+(queen_trio/log/reads.py). Read-only: no lease, no cursor."""
+
+from __future__ import annotations
+
+import trio
+from quart import Blueprint, Response
+
+from ..log import reads
+from .common import broker as _broker
+from .common import json_response as _json
+from .errors import read_json_object
+from .tenancy import current_tenant_id
+
+read_routes = Blueprint("reads", __name__, url_prefix="/api/v1")
+
+# A parked fetch looks at its partitions' bounds this often (one indexed row each) and reads
+# again only when they moved.
+_RECHECK_S = 0.2
+
+
+@read_routes.post("/fetch")
+async def fetch() -> Response:
+    """Records of each (queue, partition) from an absolute offset, with the partition's
+    ``highWatermark`` and ``logStartOffset``; per-entry ``OFFSET_OUT_OF_RANGE`` (below the
+    log start, or above the high watermark) and ``UNKNOWN_TOPIC_OR_PARTITION`` (no such queue).
+    With ``maxWaitMs`` an answer with fewer than ``minBytes`` payload bytes waits for more."""
+    req = reads.fetch_request(await read_json_object())
+    if not req.entries:
+        return _json({"entries": []})
+    broker = _broker()
+    tenant = current_tenant_id()
+    answer = await broker.db.run(reads.fetch, tenant, req, broker.segment_cache)
+    deadline = trio.current_time() + req.max_wait_ms / 1000
+    while not answer.any_error and answer.bytes < req.min_bytes:
+        left = deadline - trio.current_time()
+        if left <= 0:
+            break
+        await trio.sleep(min(_RECHECK_S, left))
+        if await broker.db.run(reads.moved, tenant, req, answer.bounds):
+            answer = await broker.db.run(reads.fetch, tenant, req, broker.segment_cache)
+    return _json(answer.body)
+
+
+@read_routes.post("/partitions/changed")
+async def partitions_changed() -> Response:
+    """Each queue's partitions (by name, or those written at or after ``since`` by last write)
+    a page at a time (``next``), with ``lastOffset``, ``logStart``, ``lastWriteAt``, and the
+    ``safeTime`` to pass as the next ``since``."""
+    entries = reads.changed_request(await read_json_object())
+    return _json(await _broker().db.run(reads.partitions_changed, current_tenant_id(), entries))
