@@ -532,9 +532,12 @@ async def test_ops_routes_take_no_token_and_the_document_says_who_does(
             else:
                 assert op["security"] == [], path
     gated = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
-             if "507" in op["responses"]}
-    # (The timer routes answer the storage gate with Queen's 403.)
-    assert gated == {"kvBatch", "kvPut", "locks", "transaction", "push"}
+             if "storage_full" in op["responses"].get("403", {}).get("description", "")}
+    # Queen's 403 for the storage gate, never 507.
+    assert gated == {"kvBatch", "kvPut", "locks", "transaction", "push", "timersBatch",
+                     "scheduleTimer"}
+    assert not any("507" in op["responses"] for ops in doc["paths"].values()
+                   for op in ops.values())
 
 
 # -- /metrics is the operator's; each tenant has its own figures ------------------------------
