@@ -61,7 +61,8 @@ def assert_unauthorized(r: httpx.Response) -> str:
     body = r.json()
     assert body["ok"] is False
     assert body["error"] == "unauthorized"
-    assert set(body) == {"ok", "error", "message"}  # nothing saying why
+    assert set(body) == {"ok", "error", "message", "detail"}  # nothing saying why
+    assert body["detail"] == body["message"]
     assert r.headers["www-authenticate"].lower().startswith("bearer")
     return body["message"]
 
