@@ -4,6 +4,8 @@
 
     QueenClientError
      ├── BrokerUnreachable     no broker answered (every URL tried, retries spent)
+     ├── LockNotAcquired       ``queen.lock(...)`` did not get the lock within its timeout
+     ├── LockNotHeld           a held lock's token or guard asked of a handle holding none
      └── ApiError              the broker answered with a JSON error: .status, .code, .message
           │                        (.reason: the precise code under a generic one, e.g.
           │                        "duplicate_timer" under "timers_bad_request")
@@ -50,6 +52,22 @@ class BrokerUnreachable(QueenClientError):
         super().__init__(message)
         self.causes = causes
         self.maybe_applied = maybe_applied
+
+
+class LockNotAcquired(QueenClientError):
+    """The lock stayed held by others for the whole ``timeout``; ``.holders`` says by whom
+    (as the last attempt saw them)."""
+
+    def __init__(self, name: str, timeout_s: float | None, holders: Any) -> None:
+        super().__init__(f"lock {name!r} not acquired within {timeout_s}s: held by "
+                         f"{[h.owner for h in holders] or 'others'}")
+        self.name = name
+        self.holders = tuple(holders)
+
+
+class LockNotHeld(QueenClientError):
+    """A handle that holds no permit (never acquired, released, or lost) was asked for its
+    token or guard."""
 
 
 class ApiError(QueenClientError):
