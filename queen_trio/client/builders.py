@@ -13,11 +13,8 @@ to the bundle and returns the transaction builder, so the chain goes on.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
-
-import anyio
 
 from . import calls
 from .calls import TimerSpec
@@ -25,8 +22,7 @@ from .durations import Duration, delay_ms
 from .models import AckStatus, Message, Page, TransactionResult
 
 # A guarded commit that met its own lock's renewal is sent again this many times at most.
-GUARD_ATTEMPTS = 5
-GUARD_PAUSE_S = 0.05
+GUARD_ATTEMPTS = 3
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -173,20 +169,22 @@ class TransactionBuilder(Generic[R]):
                                  self._acked)
 
     def _renewed_under_it(self, result: TransactionResult) -> bool:
-        """Refused by a guard whose lock this very handle still holds, at a newer token."""
+        """Refused by a guard whose permit is still this handle's (same owner) at a newer
+        version: its own renew landed first. The handle takes that version as its token."""
         why = result.precondition
-        owner = why.value.get("owner") if why is not None and isinstance(why.value, dict) \
-            else None
-        return why is not None and why.reason == "version" and any(
-            getattr(g, "owner", None) == owner and getattr(g, "held", False)
-            for g in self._guards)
+        if why is None or why.reason != "version" or not isinstance(why.value, dict):
+            return False
+        mine = [g for g in self._guards if callable(getattr(g, "adopt", None))
+                and g.held and g.owner == why.value.get("owner")]
+        for handle in mine:
+            handle.adopt(why.version)
+        return bool(mine)
 
     async def _commit_guarded_async(self) -> TransactionResult:
         for _ in range(GUARD_ATTEMPTS - 1):
             result: TransactionResult = await self._commit(self._call())  # type: ignore[misc]
             if result.committed or not self._renewed_under_it(result):
                 return result
-            await anyio.sleep(GUARD_PAUSE_S)  # the renew's answer, on its way to the handle
         return await self._commit(self._call())  # type: ignore[misc]
 
     def _commit_guarded_sync(self) -> TransactionResult:
@@ -194,7 +192,6 @@ class TransactionBuilder(Generic[R]):
             result: TransactionResult = self._commit(self._call())  # type: ignore[assignment]
             if result.committed or not self._renewed_under_it(result):
                 return result
-            time.sleep(GUARD_PAUSE_S)
         return self._commit(self._call())  # type: ignore[return-value]
 
     def _op(self, entry: dict[str, Any]) -> TransactionBuilder[R]:

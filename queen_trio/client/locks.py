@@ -18,6 +18,7 @@ you use it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -113,6 +114,14 @@ class _Permit:
         guard = self._holding().guard
         assert guard is not None
         return guard
+
+    def adopt(self, token: int) -> None:
+        """The broker holds this handle's permit at ``token`` (a renew of ours whose answer
+        has not reached us yet, seen by a guarded commit): hold it at that token."""
+        held = self._holding()
+        if token > (held.token or 0) and held.guard is not None:
+            self.granted = dataclasses.replace(held, token=token,
+                                               guard={**held.guard, "expect": token})
 
     def _holding(self) -> LockResult:
         if self.granted is None or self.lost:

@@ -89,6 +89,21 @@ async def test_a_guarded_transaction_commits_nothing_once_the_lock_is_lost(
         assert [m.data for m in batch.messages] == [{"n": 1}, {"n": 3}]  # never n=2
 
 
+async def test_a_guarded_commit_that_meets_its_own_renewal_still_commits(
+    broker: BrokerHandle,
+) -> None:
+    """The token moved under the bundle (a renew of this holder's landed first, its answer not
+    yet read): the bundle is sent again at the new token and commits once."""
+    async with Client(broker.url, retry=FAST_RETRY) as queen:
+        async with queen.lock("guarded", ttl="30s", renew=False) as lock:
+            moved = await queen.locks.renew("guarded", lock.token, ttl="30s", owner=lock.owner)
+            assert moved and moved.token > lock.token  # the handle has not seen it
+            done = await queen.transaction().guard(lock).push("guarded-out", 1).commit()
+            assert done.committed and lock.token == moved.token
+        batch = await queen.pop("guarded-out", batch=10)
+        assert [m.data for m in batch.messages] == [1]
+
+
 async def test_leaving_the_block_by_an_exception_releases_the_lock(
     broker: BrokerHandle,
 ) -> None:
