@@ -1,6 +1,12 @@
 """HTTP errors: one JSON shape; the statuses of the broker's own errors come from one mapping.
 
-Every error answer is ``{"ok": false, "error": "<snake_case_code>", "message": "<text>"}``.
+Every error answer is Queen's shape, ``{"error": "<snake_case_code>", "detail": "<text>"}``
+(with ``reason`` where a generic code carries a precise one), and our own ``ok: false`` and
+``message`` (the text again) beside it, which our SDK and dashboard read. queen-mq takes the
+code from ``error`` and its exception's text from ``detail``. :func:`error_response` is the
+one place that builds these bodies; a 429 or a 503 always carries ``Retry-After`` (both mean
+"not now": a quota, a bound of the moment, a database away), as Queen's clients expect.
+
 A domain error (:mod:`queen_trio.errors`) is answered with the status
 :data:`queen_trio.errors.HTTP_STATUS` gives its class and its stable code; client mistakes get
 a 4xx. Anything unexpected is logged with its traceback and answered 500 ``internal_error``.
@@ -13,7 +19,7 @@ import logging
 from typing import Any
 
 import psycopg
-from quart import Quart, Response, request
+from quart import Blueprint, Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import strict_json
@@ -41,10 +47,27 @@ class ApiError(Exception):
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
-def error_response(http_status: int, code: str, message: str, **extra: Any) -> Response:
-    body = {"ok": False, "error": code, "message": message, **extra}
+#: The statuses that mean "not now": their answer always says when to come back.
+RETRY_LATER = (429, 503)
+DEFAULT_RETRY_AFTER = "1"
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """Queen's ``error`` and ``detail`` (the text, unless ``extra`` gives its own), our ``ok``
+    and ``message``."""
+    return {"ok": False, "error": code, "message": message, "detail": message, **extra}
+
+
+def error_response(http_status: int, code: str, message: str, *,
+                   headers: dict[str, str] | None = None, **extra: Any) -> Response:
     # Compact, like every other answer (jsonify).
-    return Response(_COMPACT.encode(body), status=http_status, content_type="application/json")
+    response = Response(_COMPACT.encode(error_body(code, message, **extra)),
+                        status=http_status, content_type="application/json")
+    if headers:
+        response.headers.update(headers)
+    if http_status in RETRY_LATER and "Retry-After" not in response.headers:
+        response.headers["Retry-After"] = DEFAULT_RETRY_AFTER
+    return response
 
 
 _HTTP_CODES = {
@@ -53,7 +76,6 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
-    507: "storage_full",
     415: "unsupported_media_type",
     429: "too_many_requests",
 }
@@ -81,12 +103,31 @@ async def read_json_object() -> dict[str, Any]:
     return body
 
 
+def install_family_errors(blueprint: Blueprint, bad_request: str) -> None:
+    """Queen's surfaces answer every 400 of theirs with one family code (``timers_bad_request``,
+    ``kv_bad_request``, ``locks_bad_request``) and the precise code as ``reason``: queen-mq
+    raises its family's error (TimerError, KvError, LockError) with both."""
+
+    def answer(status: int, code: str, message: str, extra: dict[str, Any],
+               headers: dict[str, str] | None = None) -> Response:
+        if status == 400 and code != bad_request:
+            extra, code = {**extra, "reason": code}, bad_request
+        return error_response(status, code, message, headers=headers, **extra)
+
+    @blueprint.errorhandler(ClientError)
+    async def _family_client_error(exc: ClientError) -> Response:
+        return answer(exc.status, exc.code, exc.message, exc.extra)
+
+    @blueprint.errorhandler(ApiError)
+    async def _family_api_error(exc: ApiError) -> Response:
+        return answer(exc.status, exc.code, exc.message, exc.extra, exc.headers)
+
+
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
-        response = error_response(exc.status, exc.code, exc.message, **exc.extra)
-        response.headers.update(exc.headers)
-        return response
+        return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
+                              **exc.extra)
 
     @app.errorhandler(ClientError)
     async def _client_error(exc: ClientError) -> Response:

@@ -16,10 +16,11 @@ from ..kv import rules, store
 from ..kv.rules import PreconditionLost, bad
 from .common import broker as _broker
 from .common import json_response
-from .errors import read_json_body
+from .errors import install_family_errors, read_json_body
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
+install_family_errors(kv_routes, "kv_bad_request")
 
 # Ops that can add a row or bytes: refused past the tenant's storage gate.
 _ADDS_STORAGE = frozenset({"put", "putIfAbsent", "incr"})

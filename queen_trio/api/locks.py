@@ -13,10 +13,11 @@ from quart import Blueprint, Response
 from .. import locks
 from .common import broker as _broker
 from .common import json_response
-from .errors import read_json_body
+from .errors import install_family_errors, read_json_body
 from .tenancy import current_tenant_id, enforce_storage_gate
 
 lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
+install_family_errors(lock_routes, "locks_bad_request")
 
 
 @lock_routes.post("")

@@ -17,14 +17,26 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+# A 429 or a 503 always says when to come back (api/errors.py error_response).
+_RETRY_AFTER = {"Retry-After": {"required": True, "description": "whole seconds to wait",
+                                "schema": {"type": "integer", "minimum": 1}}}
+
+
+def _error(status: int, description: str) -> dict[str, Any]:
+    answer = _json(_ERROR, description)
+    if status in (429, 503):
+        answer["headers"] = _RETRY_AFTER
+    return answer
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
     texts = {400: "Invalid input", 401: "Missing or invalid bearer token", 404: "Not found",
              409: "Conflict", 413: "Payload too large",
-             429: "Request-rate quota exhausted, or too many failed authentications from this "
-                  "address"}
-    return {str(s): _json(_ERROR, texts[s]) for s in statuses}
+             429: "rate_limited: request-rate quota exhausted, or too many failed "
+                  "authentications from this address",
+             503: "database_unavailable: the database is unreachable; overloaded: the broker "
+                  "holds as many request bodies as it may"}
+    return {str(s): _error(s, texts[s]) for s in statuses}
 
 
 def _path_param(name: str, description: str) -> dict[str, Any]:
@@ -61,11 +73,11 @@ _POP_PARAMS = [
 ]
 # A pop that would wait past a bound on waiting pops (README: QUEEN_LONGPOLL_MAX_PARKED*).
 _WAIT_REFUSED = {
-    "429": _json(_ERROR, "rate_limited: the tenant's request-rate quota is exhausted; "
+    "429": _error(429, "rate_limited: the tenant's request-rate quota is exhausted; "
                          "too_many_waiting_pops: with wait, the tenant already has "
                          "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT pops waiting (limit; "
                          "Retry-After)"),
-    "503": _json(_ERROR, "broker_waiting_pops_full: with wait, this broker already has "
+    "503": _error(503, "broker_waiting_pops_full: with wait, this broker already has "
                          "QUEEN_LONGPOLL_MAX_PARKED pops waiting (limit; Retry-After); "
                          "database_unavailable"),
 }
@@ -826,8 +838,8 @@ def _no_route_for_odd_names(paths: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
-# Writes that add stored bytes: refused with 507 past the plan's maxStoredBytes
-# (api/tenancy.py enforce_storage_gate); the timer routes answer 403 (in their own paths).
+# Writes that add stored bytes: refused with 403 storage_full past the plan's maxStoredBytes
+# (api/tenancy.py enforce_storage_gate; Queen never answers 507).
 _STORAGE_GATED = {"kvBatch", "kvPut", "locks", "transaction", "push"}
 # Never refused by the quota or the gate (api/tenancy.py never_refused).
 _NEVER_REFUSED = {"cancelTimer"}
@@ -841,14 +853,20 @@ _REFUSED_403 = _json(_ERROR, "host_not_allowed: a Host this broker does not answ
 
 def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
     """Every /api/ operation takes the bearer token (required with QUEEN_AUTH=on, so the
-    security requirement lists "none" too) and may answer 401 and, but for a timer's cancel,
-    429; the writes that add stored bytes may answer 507. /metrics takes a token of the
+    security requirement lists "none" too) and may answer 401, 503 (with Retry-After) and,
+    but for a timer's cancel, 429 (with Retry-After); the writes that add stored bytes may
+    answer 403 storage_full. /metrics takes a token of the
     operator tenant when auth is on (403 for another tenant's). The other ops routes
     (/health, /openapi.json) and the dashboard's files take no token at all. Anything may
     answer 403 for its Host or origin (api/origin.py)."""
     for path, operations in paths.items():
         for operation in operations.values():
             responses = operation["responses"]
+            if operation["operationId"] in _STORAGE_GATED:
+                responses.setdefault("403", _json(_ERROR, "storage_full: the storage gate (the "
+                                                          "tenant's stored bytes are at its "
+                                                          "plan's ceiling); host_not_allowed, "
+                                                          "cross_origin as anywhere"))
             responses.setdefault("403", _REFUSED_403)
             if operation["operationId"] in _OPERATOR_ONLY:
                 operation["security"] = [{"bearer": []}, {}]
@@ -860,11 +878,9 @@ def _tenancy(paths: dict[str, Any]) -> dict[str, Any]:
                 continue
             operation["security"] = [{"bearer": []}, {}]
             responses.setdefault("401", _errors(401)["401"])
+            responses.setdefault("503", _errors(503)["503"])
             if operation["operationId"] not in _NEVER_REFUSED:
                 responses.setdefault("429", _errors(429)["429"])
-            if operation["operationId"] in _STORAGE_GATED:
-                responses.setdefault("507", _json(_ERROR, "Storage gate: the tenant's stored "
-                                                          "bytes are at its plan's ceiling"))
     return paths
 
 
@@ -1089,14 +1105,18 @@ def _document() -> dict[str, Any]:
                             "leaseId": {"type": "string"}, "error": {"type": "string"}}},
                 "Error": {
                     "type": "object",
-                    "required": ["ok", "error", "message"],
+                    "description": "Queen's error shape (error, detail, reason) with our "
+                                   "ok and message beside it",
+                    "required": ["ok", "error", "message", "detail"],
                     "properties": {
                         "ok": {"const": False},
-                        "error": {"type": "string", "description": "stable snake_case code"},
+                        "error": {"type": "string", "description": "stable snake_case code "
+                                  "(queen-mq's code)"},
                         "message": {"type": "string"},
                         "reason": {"type": "string", "description": "the precise code under a "
                                    "generic one (timers_bad_request)"},
-                        "detail": {"type": "string"},
+                        "detail": {"type": "string", "description": "the text (queen-mq's "
+                                   "exception message)"},
                         "field": {"type": "string", "description": (
                             "with invalid_json_value: the path of the value the body may not "
                             "carry (NaN, ±Infinity, a number beyond a double, \\u0000, an "

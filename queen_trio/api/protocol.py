@@ -3,7 +3,7 @@
 h11 refuses a request line with a byte outside printable ASCII (a query string pasted with a
 '…' or a raw non-UTF-8 byte in the path) and hypercorn then answers an empty 400. The answer
 keeps its status and ``Connection: close`` and gains the usual
-``{"ok": false, "error": ..., "message": ...}`` body.
+error body (:func:`queen_trio.api.errors.error_body`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 import h11
 from hypercorn.protocol.h11 import H11Protocol
 
+from .errors import error_body
+
 MESSAGES = {
     400: ("bad_request", "the request is not valid HTTP/1.1: the request line must be printable "
           "ASCII (percent-encode any other byte, e.g. in the query string)"),
@@ -24,7 +26,7 @@ MESSAGES = {
 
 def protocol_error_body(status: int) -> bytes:
     code, message = MESSAGES.get(status, ("http_error", "the request is not valid HTTP/1.1"))
-    return json.dumps({"ok": False, "error": code, "message": message},
+    return json.dumps(error_body(code, message),
                       separators=(",", ":")).encode()
 
 

@@ -5,10 +5,10 @@ bearer token selects the tenant (401 otherwise, with no hint why; 429 with Retry
 any database lookup, for an address whose tokens failed too often); then the tenant's
 request-rate quota applies (429 with Retry-After). ``/metrics`` shows every tenant's figures:
 with auth on it takes a token of the operator tenant (:func:`require_operator`). Handlers that
-add stored bytes call :func:`enforce_storage_gate` (507 past ``maxStoredBytes``; 403 on the
-timer routes). A view decorated with :func:`never_refused` skips quota and gate: cancelling a
-timer must always be possible, or a tenant over its limits could not stop messages it no longer
-wants.
+add stored bytes call :func:`enforce_storage_gate` (403 ``storage_full`` past
+``maxStoredBytes`` on every route, as Queen answers its occupancy quotas). A view decorated
+with :func:`never_refused` skips quota and gate: cancelling a timer must always be possible,
+or a tenant over its limits could not stop messages it no longer wants.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import trio
 from quart import Request, current_app, g, request
 
 from ..context import BrokerContext
+from ..errors import Forbidden
 from ..tenants.directory import AuthThrottled, retry_after_header
 from ..tenants.tokens import bearer
 from .common import broker as _broker
@@ -100,15 +101,14 @@ def current_tenant_id() -> int:
     return g.tenant_id
 
 
-def enforce_storage_gate(status: int = 507) -> None:
-    """Refuse a write that would add storage while the tenant is over its gate.
-
-    ``status``: 507 on the log's routes; the timer routes answer 403, as Queen does (a limit no
-    retry gets past until something changes)."""
+def enforce_storage_gate() -> None:
+    """Refuse a write that would add storage while the tenant is over its gate: a
+    :class:`~queen_trio.errors.Forbidden` (403; Queen never answers 507), a limit no retry gets
+    past until something is consumed or deleted."""
     if not _exempt() and _broker().tenants.over_storage_gate(g.tenant_id):
-        raise ApiError(status, "storage_full",
-                       "the tenant's stored bytes are at its plan's maxStoredBytes; reads, acks "
-                       "and deletes still work")
+        raise Forbidden("storage_full",
+                        "the tenant's stored bytes are at its plan's maxStoredBytes; reads, "
+                        "acks and deletes still work")
 
 
 def message_ceiling() -> int:

@@ -25,37 +25,19 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from ..errors import ClientError, ValidationError
+from ..errors import ValidationError
 from ..log import rules as log_rules
 from ..timers import rules, store
 from ..wire import iso
 from .common import broker as _broker
 from .common import json_response
-from .errors import ApiError, error_response, read_json_body, read_json_object
+from .errors import install_family_errors, read_json_body, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
 timer_routes = Blueprint("timers", __name__, url_prefix="/api/v1/timers")
 
 
-@timer_routes.errorhandler(ClientError)
-async def _timer_client_error(exc: ClientError) -> Response:
-    return _queen_error(exc.status, exc.code, exc.message, exc.extra)
-
-
-@timer_routes.errorhandler(ApiError)
-async def _timer_api_error(exc: ApiError) -> Response:
-    response = _queen_error(exc.status, exc.code, exc.message, exc.extra)
-    response.headers.update(exc.headers)
-    return response
-
-
-def _queen_error(status: int, code: str, message: str, extra: dict[str, Any]) -> Response:
-    """Queen's error shape: a 400 is ``timers_bad_request`` with our own code as ``reason``;
-    ``detail`` repeats the message (queen-mq reads ``error``, ``reason`` and ``detail``)."""
-    if status == 400:
-        return error_response(400, "timers_bad_request", message, reason=code, detail=message,
-                              **extra)
-    return error_response(status, code, message, detail=message, **extra)
+install_family_errors(timer_routes, "timers_bad_request")
 
 
 def payload_ceiling() -> int:
@@ -94,7 +76,7 @@ async def batch() -> Response:
     if any(isinstance(op, rules.Schedule) for op in ops):
         # A batch that schedules is refused whole past the gate; cancels alone never are
         # (and DELETE is the route that cancels whatever the gate says).
-        enforce_storage_gate(status=403)
+        enforce_storage_gate()
     outcomes = await _apply(ops)
     count_outcomes(outcomes, ops)
     return json_response({"results": [outcome_wire(o) for o in outcomes]})
@@ -117,7 +99,7 @@ async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome
 
 @timer_routes.put("/<queue>/<name:key>")
 async def schedule_put(queue: str, key: str) -> Response:
-    enforce_storage_gate(status=403)
+    enforce_storage_gate()
     s = rules.schedule(await read_json_object(), queue, key, horizon_s=_horizon_s(),
                        ceiling=payload_ceiling())
     broker = _broker()

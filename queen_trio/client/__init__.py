@@ -20,6 +20,8 @@ from .errors import (
     BrokerUnreachable,
     Conflict,
     Forbidden,
+    LockNotAcquired,
+    LockNotHeld,
     NotFound,
     PayloadTooLarge,
     QueenClientError,
@@ -28,6 +30,7 @@ from .errors import (
     StorageFull,
     Unauthorized,
 )
+from .locks import Lock, SyncLock
 from .models import (
     AckResult,
     AckStatus,
@@ -38,6 +41,8 @@ from .models import (
     KvPrecondition,
     KvRows,
     KvWrite,
+    LockHolder,
+    LockResult,
     Message,
     Page,
     PushResult,
@@ -57,9 +62,11 @@ from .transport import NO_RETRIES, RetryPolicy
 __all__ = [
     "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest", "Batch",
     "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter", "Forbidden",
-    "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message", "NotFound", "Page",
+    "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Lock", "LockHolder",
+    "LockNotAcquired", "LockNotHeld", "LockResult", "Message", "NotFound", "Page",
     "PayloadTooLarge", "PushResult", "PushStatus", "QueenClientError", "QueueConfig",
     "RateLimited", "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient",
+    "SyncLock",
     "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
     "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
 ]

@@ -16,6 +16,7 @@ from . import calls
 from .builders import Listing, TimerBuilder, TransactionBuilder
 from .calls import Call, TimerSpec
 from .durations import Duration, span_ms, whole_seconds
+from .locks import Locks
 from .models import AckStatus, DeadLetter, Message, Page, TimerInfo
 from .transport import Endpoints, Reply, RetryPolicy, Send, drive, exchange
 
@@ -121,7 +122,7 @@ class BaseClient(Generic[R]):
 
     def transaction(self) -> TransactionBuilder[R]:
         """Acks, pushes, KV writes and timers committed together or not at all."""
-        return TransactionBuilder(self._call)
+        return TransactionBuilder(self._call, _is_async=self.is_async)
 
     # -- the log --------------------------------------------------------------------------
 
@@ -201,6 +202,12 @@ class BaseClient(Generic[R]):
         ``.put_if_absent``, ``.delete``, ``.incr``, ``.check``, ``.get_many``,
         ``.get_prefix``."""
         return Kv(self)
+
+    @property
+    def locks(self) -> Locks[R]:
+        """The raw lock operations: ``queen.locks.acquire(name, ttl=…)``, ``.renew``,
+        ``.release``, ``.get``. ``queen.lock(name, ttl=…)`` holds one for a block."""
+        return Locks(self)
 
     @property
     def dlq(self) -> DeadLetters:

@@ -12,6 +12,7 @@ import httpx
 from . import consumer
 from .api import BaseClient
 from .durations import Duration
+from .locks import Lock
 from .models import Message
 from .transport import Send
 from .wire import Answer, LeanClient
@@ -50,6 +51,17 @@ class Client(BaseClient[Awaitable[Any]]):
 
     async def _sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
+
+    def lock(self, name: str, ttl: Duration, *, limit: int = 1,
+             timeout: Duration | None = None, owner: str | None = None,
+             renew: bool = True) -> Lock:
+        """``async with queen.lock("name", ttl="30s") as lock:`` holds the lock for the block:
+        waits for it up to ``timeout`` (None: as long as it takes; then
+        :class:`LockNotAcquired`), renews it every ``ttl / 3`` while the block runs (unless
+        ``renew`` is False), releases it on the way out, exception or not. ``limit`` N makes
+        it one of N permits (a semaphore). ``lock.token`` is the fencing token;
+        ``queen.transaction().guard(lock)`` commits only while it is held."""
+        return Lock(self, name, ttl, limit=limit, timeout=timeout, owner=owner, renew=renew)
 
     async def consume(
         self, queue: str, handler: Callable[[Message], Awaitable[Any] | Any], *,

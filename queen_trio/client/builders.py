@@ -19,7 +19,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from . import calls
 from .calls import TimerSpec
 from .durations import Duration, delay_ms
-from .models import AckStatus, Message, Page
+from .models import AckStatus, Message, Page, TransactionResult
+
+# A guarded commit that met its own lock's renewal is sent again this many times at most.
+GUARD_ATTEMPTS = 3
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -107,6 +110,8 @@ class TransactionBuilder(Generic[R]):
     _timers: tuple[dict[str, Any], ...] = ()
     _acked: tuple[Message, ...] = ()
     _kv: tuple[dict[str, Any], ...] = ()
+    _guards: tuple[Any, ...] = ()
+    _is_async: bool = True
 
     def ack(self, message: Message, status: AckStatus | str = AckStatus.COMPLETED, *,
             error: str | None = None) -> TransactionBuilder[R]:
@@ -137,11 +142,57 @@ class TransactionBuilder(Generic[R]):
     def timer(self, queue: str) -> TimerBuilder[TransactionBuilder[R]]:
         return TimerBuilder(self, calls._name(queue, "queue"))
 
+    def guard(self, lock: Any) -> TransactionBuilder[R]:
+        """Commit only while ``lock`` (a held ``queen.lock(...)``, or a granted
+        :class:`LockResult`) is still held: its guard goes first in the bundle's KV ops, read
+        at ``commit()`` (a renew changes it). A lost lock commits nothing: ``committed``
+        False, ``precondition.reason`` ``version`` or ``absent``."""
+        if not callable(getattr(lock, "guard", None)) and not isinstance(
+                getattr(lock, "guard", None), dict):
+            raise TypeError("guard() takes a lock from queen.lock() or a granted LockResult")
+        return dataclasses.replace(self, _guards=(*self._guards, lock))
+
     def commit(self) -> R:
         """Send the bundle. Retried after a lost answer only when that is safe: every pushed
-        item carries its own ``txn`` and every ack is ``completed``."""
-        return self._commit(calls.transaction(self._operations, self._kv, self._timers,
-                                              self._acked))
+        item carries its own ``txn`` and every ack is ``completed``. A guarded bundle that
+        met its own lock's renewal (the token moved under it) is sent again with the new
+        guard, a few times: nothing of it had committed."""
+        if not self._guards:
+            return self._commit(self._call())
+        if self._is_async:
+            return self._commit_guarded_async()  # type: ignore[return-value]
+        return self._commit_guarded_sync()  # type: ignore[return-value]
+
+    def _call(self) -> calls.Call[TransactionResult]:
+        guards = tuple(g.guard() if callable(g.guard) else g.guard for g in self._guards)
+        return calls.transaction(self._operations, (*guards, *self._kv), self._timers,
+                                 self._acked)
+
+    def _renewed_under_it(self, result: TransactionResult) -> bool:
+        """Refused by a guard whose permit is still this handle's (same owner) at a newer
+        version: its own renew landed first. The handle takes that version as its token."""
+        why = result.precondition
+        if why is None or why.reason != "version" or not isinstance(why.value, dict):
+            return False
+        mine = [g for g in self._guards if callable(getattr(g, "adopt", None))
+                and g.held and g.owner == why.value.get("owner")]
+        for handle in mine:
+            handle.adopt(why.version)
+        return bool(mine)
+
+    async def _commit_guarded_async(self) -> TransactionResult:
+        for _ in range(GUARD_ATTEMPTS - 1):
+            result: TransactionResult = await self._commit(self._call())  # type: ignore[misc]
+            if result.committed or not self._renewed_under_it(result):
+                return result
+        return await self._commit(self._call())  # type: ignore[misc]
+
+    def _commit_guarded_sync(self) -> TransactionResult:
+        for _ in range(GUARD_ATTEMPTS - 1):
+            result: TransactionResult = self._commit(self._call())  # type: ignore[assignment]
+            if result.committed or not self._renewed_under_it(result):
+                return result
+        return self._commit(self._call())  # type: ignore[return-value]
 
     def _op(self, entry: dict[str, Any]) -> TransactionBuilder[R]:
         return dataclasses.replace(self, _operations=(*self._operations, entry))

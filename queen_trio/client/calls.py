@@ -387,6 +387,24 @@ def kv(op: dict[str, Any]) -> Call[Any]:
                 _repeatable(op), body={"operations": [op]})
 
 
+# -- locks ------------------------------------------------------------------------------------
+# POST /api/v1/locks, Queen's wire. The SDK always sends an owner (minted per handle), which
+# makes acquire and renew safe to repeat after a lost answer: the broker answers the permit
+# that owner already holds.
+
+
+def lock_op(op: str, name: str, **fields: Any) -> dict[str, Any]:
+    """One locks operation as the wire has it (None fields left out)."""
+    return {"op": op, "name": _name(name, "lock name"),
+            **{k: v for k, v in fields.items() if v is not None}}
+
+
+def lock(op: dict[str, Any]) -> Call[m.LockResult]:
+    # A release's repeat would answer "lost" for the permit it released: never retried.
+    return Call("POST", f"{API}/locks", lambda w: m.LockResult.from_wire(w["results"][0]),
+                op["op"] != "release", body={"operations": [op]})
+
+
 # -- bundles ----------------------------------------------------------------------------------
 
 

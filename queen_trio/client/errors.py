@@ -4,18 +4,21 @@
 
     QueenClientError
      ├── BrokerUnreachable     no broker answered (every URL tried, retries spent)
+     ├── LockNotAcquired       ``queen.lock(...)`` did not get the lock within its timeout
+     ├── LockNotHeld           a held lock's token or guard asked of a handle holding none
      └── ApiError              the broker answered with a JSON error: .status, .code, .message
           │                        (.reason: the precise code under a generic one, e.g.
           │                        "duplicate_timer" under "timers_bad_request")
           ├── BadRequest          400  the request was malformed or out of range
           ├── Unauthorized        401  missing or unknown bearer token
           ├── Forbidden           403  a limit no retry gets past (a timer beyond the horizon)
-          │    └── StorageFull    403 / 507  the tenant's storage gate (code storage_full)
+          │    └── StorageFull    403  the tenant's storage gate (code storage_full)
           ├── NotFound            404  no such message, lease, key, dead letter …
           ├── Conflict            409  the resource's state forbids it
           ├── PayloadTooLarge     413  above the message or timer payload ceiling
-          ├── RateLimited         429  the tenant's request quota (``.retry_after`` seconds)
-          └── ServerError         5xx  the broker or its database is in trouble
+          ├── RateLimited         429  a quota or bound of the moment (``.retry_after`` seconds)
+          └── ServerError         5xx  the broker or its database is in trouble (a 503 has
+                                       ``.retry_after`` too)
 
 Answers that are verdicts rather than failures are values, never exceptions: a cancel that
 finds nothing is ``TimerStatus.ABSENT``, one that came too late is ``TimerStatus.TOO_LATE``,
@@ -51,8 +54,25 @@ class BrokerUnreachable(QueenClientError):
         self.maybe_applied = maybe_applied
 
 
+class LockNotAcquired(QueenClientError):
+    """The lock stayed held by others for the whole ``timeout``; ``.holders`` says by whom
+    (as the last attempt saw them)."""
+
+    def __init__(self, name: str, timeout_s: float | None, holders: Any) -> None:
+        super().__init__(f"lock {name!r} not acquired within {timeout_s}s: held by "
+                         f"{[h.owner for h in holders] or 'others'}")
+        self.name = name
+        self.holders = tuple(holders)
+
+
+class LockNotHeld(QueenClientError):
+    """A handle that holds no permit (never acquired, released, or lost) was asked for its
+    token or guard."""
+
+
 class ApiError(QueenClientError):
-    """The broker refused the request; ``code`` is its stable snake_case error code."""
+    """The broker refused the request; ``code`` is its stable snake_case error code (the
+    body's ``error``), ``message`` its text (``message``, else Queen's ``detail``)."""
 
     def __init__(self, status: int, code: str, message: str, body: dict[str, Any]) -> None:
         super().__init__(f"{status} {code}: {message}")
@@ -62,6 +82,12 @@ class ApiError(QueenClientError):
         self.body = body
         reason = body.get("reason")
         self.reason: str | None = reason if isinstance(reason, str) else None
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the broker asked us to wait (its ``Retry-After``), if it said."""
+        value = self.body.get("retryAfter")
+        return float(value) if isinstance(value, int | float) else None
 
 
 class BadRequest(ApiError):
@@ -89,11 +115,7 @@ class PayloadTooLarge(ApiError):
 
 
 class RateLimited(ApiError):
-    @property
-    def retry_after(self) -> float | None:
-        """Seconds the broker asked us to wait, if it said."""
-        value = self.body.get("retryAfter")
-        return float(value) if isinstance(value, int | float) else None
+    pass
 
 
 class StorageFull(Forbidden):
@@ -106,7 +128,7 @@ class ServerError(ApiError):
 
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-    413: PayloadTooLarge, 429: RateLimited, 507: StorageFull,
+    413: PayloadTooLarge, 429: RateLimited,
 }
 
 
@@ -128,9 +150,11 @@ def error_from_response(response: Reply) -> ApiError:
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
     error = body.get("error")
     code = error if isinstance(error, str) else f"http_{status}"
-    if code == "storage_full":  # the storage gate: 507 on the log's routes, 403 on timers'
+    if code == "storage_full" and status == 403:  # the storage gate
         cls = StorageFull
     message = body.get("message")
+    if not isinstance(message, str):
+        message = body.get("detail")
     if not isinstance(message, str):
         message = response.reason_phrase
     return cls(status, code, message, body)

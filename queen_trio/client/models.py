@@ -339,6 +339,55 @@ def kv_result(namespace: str, w: dict[str, Any]) -> KvEntry | KvWrite | KvRows |
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class LockHolder:
+    """Who holds one permit of a lock (``token``, ``since`` and ``expires_at`` from ``get``)."""
+
+    slot: int
+    owner: str | None
+    token: int | None = None
+    since: datetime | None = None
+    expires_at: datetime | None = None
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> LockHolder:
+        return cls(w["slot"], w.get("owner"), w.get("token"), parse_time(w.get("since")),
+                   parse_time(w.get("expiresAt")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockResult:
+    """One locks operation's verdict; truthy when it did what it was asked (acquired,
+    renewed, released; for ``get``: the lock is held).
+
+    A granted permit has its ``slot``, its fencing ``token`` (only rises on a lock; a renew
+    answers a new one) and its ``guard``, the KV check that makes a transaction commit only
+    while the permit is still held. Otherwise ``reason`` says why (``held``, ``contended``,
+    ``lost``) and ``holders`` who has it."""
+
+    op: str
+    name: str
+    ok: bool
+    slot: int | None = None
+    token: int | None = None
+    guard: dict[str, Any] | None = None
+    reason: str | None = None
+    holders: tuple[LockHolder, ...] = ()
+    already: bool = False
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def from_wire(cls, w: dict[str, Any]) -> LockResult:
+        flag = {"acquire": "acquired", "renew": "renewed", "release": "released",
+                "get": "held"}[w["op"]]
+        return cls(w["op"], w["name"], bool(w[flag]), w.get("slot"), w.get("token"),
+                   w.get("guard"), w.get("reason"),
+                   tuple(LockHolder.from_wire(h) for h in w.get("holders", ())),
+                   bool(w.get("already", False)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class KvPrecondition:
     """Why a transaction committed nothing: its ``required`` KV op at ``failed_index`` (in the
     flat ``results`` space: pushed items and acks first, then the kv ops) did not apply, for

@@ -14,6 +14,8 @@ from .async_client import Client
 from .blocking import iterate_blocking, run_blocking
 from .calls import Call
 from .consumer import ConsumeStats, InThread
+from .durations import Duration
+from .locks import SyncLock
 from .models import Message, Page
 from .transport import Send
 
@@ -56,6 +58,13 @@ class SyncClient(BaseClient[Any]):
 
     async def _sleep(self, seconds: float) -> None:  # blocks; never suspends
         time.sleep(seconds)  # noqa: ASYNC251 - the point: this coroutine never suspends
+
+    def lock(self, name: str, ttl: Duration, *, limit: int = 1,
+             timeout: Duration | None = None, owner: str | None = None,
+             renew: bool = True) -> SyncLock:
+        """:meth:`Client.lock` for ``with``: renewed by a thread of its own meanwhile."""
+        return SyncLock(self, name, ttl, limit=limit, timeout=timeout, owner=owner,
+                        renew=renew)
 
     def consume(self, queue: str, handler: Callable[[Message], Any], **options: Any
                 ) -> ConsumeStats:

@@ -10,7 +10,8 @@ What is retried:
 * 429: the broker refused before doing anything; retried after its Retry-After if that is
   within ``RetryPolicy.max_wait_s``;
 * other transport errors (read timeout, connection dropped mid-answer) and 502/503/504: the
-  request may have been applied, so only idempotent calls are retried.
+  request may have been applied, so only idempotent calls are retried (after a 503's
+  Retry-After when it gives one within ``max_wait_s``, else the backoff).
 """
 
 from __future__ import annotations
@@ -157,7 +158,9 @@ def exchange(
                 continue
         if status in _GATEWAY and call.idempotent and not last:
             endpoints.rotate(index)
-            yield Sleep(policy.backoff(attempt))
+            asked = error.retry_after  # a 503 says when to come back
+            yield Sleep(asked if asked is not None and asked <= policy.max_wait_s
+                        else policy.backoff(attempt))
             continue
         raise error
     raise AssertionError("unreachable: the last attempt returns or raises")

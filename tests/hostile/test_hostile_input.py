@@ -28,7 +28,7 @@ from ..pgserver import Databases
 from .conftest import start_broker
 
 API = "/api/v1"
-ERROR_KEYS = {"ok", "error", "message"}
+ERROR_KEYS = {"ok", "error", "message", "detail"}
 
 json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
                 | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40))

@@ -187,7 +187,9 @@ def test_a_body_that_is_not_utf8_is_malformed_json(http: httpx.Client, body: byt
                                                    why: str) -> None:
     key = uuid.uuid4().hex
     r = http.put(f"{API}/kv/sj/{key}", content=body)
-    assert r.status_code == 400 and r.json()["error"] == "malformed_json", (why, r.text[:300])
+    assert r.status_code == 400, (why, r.text[:300])
+    # Queen's KV family code, the precise one as reason.
+    assert (r.json()["error"], r.json()["reason"]) == ("kv_bad_request", "malformed_json"), why
     assert kv_absent(http, f"sj/{key}")
 
 

@@ -105,7 +105,8 @@ async def test_unknown_route_and_wrong_method_are_json_errors(http: httpx.AsyncC
     r = await http.get("/api/v1/nothing-here")
     assert r.status_code == 404
     assert r.json() == {
-        "ok": False, "error": "not_found", "message": "no route for GET /api/v1/nothing-here"
+        "ok": False, "error": "not_found", "message": "no route for GET /api/v1/nothing-here",
+        "detail": "no route for GET /api/v1/nothing-here",
     }
     r = await http.delete("/health")
     assert r.status_code == 405

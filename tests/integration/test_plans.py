@@ -159,27 +159,27 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
             pushed += 1
             await trio.sleep(0.05)
     assert pushed >= 3  # 3 x 100 bytes are needed to reach 300
-    body = assert_error(r, 507, "storage_full")
+    body = assert_error(r, 403, "storage_full")
     assert "maxStoredBytes" in body["message"]
 
     # Every write that adds storage is refused, whatever the route.
-    assert_error(await push(http, "other", 1), 507, "storage_full")
+    assert_error(await push(http, "other", 1), 403, "storage_full")
     assert_error(await http.put(f"{API}/kv/saga/k2", json={"value": 1, "forever": True}),
-                 507, "storage_full")
+                 403, "storage_full")
     assert_error(await http.put(f"{API}/kv/saga/k1", json={"value": "w", "forever": True}),
-                 507, "storage_full")
+                 403, "storage_full")
     assert_error(await http.post(f"{API}/kv", json=[
         {"op": "incr", "ns": "saga", "key": "n", "delta": 1, "forever": True}]),
-        507, "storage_full")
+        403, "storage_full")
     assert_error(await http.post(f"{API}/locks", json=[
-        {"op": "acquire", "name": "job", "ttlSeconds": 30}]), 507, "storage_full")
+        {"op": "acquire", "name": "job", "ttlSeconds": 30}]), 403, "storage_full")
     r = await http.post(f"{API}/transaction", json={"operations": [
         {"type": "push", "items": [{"queue": "big", "payload": 1}]}]})
-    assert_error(r, 507, "storage_full")
+    assert_error(r, 403, "storage_full")
     r = await http.post(f"{API}/transaction", json={"kv": [
         {"op": "delete", "ns": "saga", "key": "nothing"},
         {"op": "put", "ns": "saga", "key": "k3", "value": 1, "forever": True}]})
-    assert_error(r, 507, "storage_full")
+    assert_error(r, 403, "storage_full")
 
     # Reads, acks and deletes still work.
     r = await http.get(f"{API}/resources/queues")
@@ -218,7 +218,7 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
 
     async def reopened() -> bool:
         r = await push(http, "small", 1)
-        assert r.status_code in (201, 507), r.text
+        assert r.status_code in (201, 403), r.text
         return r.status_code == 201
 
     await eventually(reopened, timeout=3.0)
@@ -229,7 +229,7 @@ async def test_the_storage_gate_refuses_writes_but_not_reads_acks_or_deletes(
     # A gate of 0 refuses every write; -1 (through the CLI) removes the gate.
     set_plan(database_url, max_stored_bytes=0, set_stored=True)
     await plan_loaded(broker, max_stored_bytes=0)
-    assert_error(await push(http, "small", 2), 507, "storage_full")
+    assert_error(await push(http, "small", 2), 403, "storage_full")
     rc, out, err = await run_cli(database_url, "plan", "default", "--max-stored-bytes", "-1")
     assert rc == 0, err
     assert '"max_stored_bytes": null' in out
@@ -363,7 +363,7 @@ async def test_a_never_refused_route_passes_a_full_storage_gate(
     await plan_loaded(broker, max_stored_bytes=0)
 
     r = await client.post("/api/v1/probe/normal")
-    assert r.status_code == 507
+    assert r.status_code == 403
     assert (await r.get_json())["error"] == "storage_full"
     r = await client.post("/api/v1/probe/exempt")
     assert r.status_code == 200, await r.get_data()

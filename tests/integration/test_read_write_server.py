@@ -274,6 +274,7 @@ async def test_a_read_only_spell_is_503_for_clients_and_costs_timers_no_attempt(
             assert r.status_code == 503
             body: dict[str, Any] = r.json()
             assert (body["ok"], body["error"]) == (False, "database_unavailable")
+            assert r.headers["retry-after"] == "1"  # trouble of the moment: come back
         r = await http.get("/health")
         assert r.status_code == 503
         assert r.json()["server"] is None and "read-only" in r.json()["message"]

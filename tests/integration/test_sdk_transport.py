@@ -177,7 +177,7 @@ async def test_a_full_storage_gate_refuses_writes_but_never_a_cancel(
         await plan_loaded(broker, max_stored_bytes=0)
         with pytest.raises(StorageFull) as full:
             await queen.push("gated", 1)
-        assert (full.value.status, full.value.code) == (507, "storage_full")
+        assert (full.value.status, full.value.code) == (403, "storage_full")
         cancelled = await queen.timer("gated").key("k").cancel()
         assert cancelled.status is TimerStatus.CANCELLED
 

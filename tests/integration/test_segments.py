@@ -583,7 +583,7 @@ async def test_the_storage_gate_trips_and_clears_on_real_bytes(
     raw = await usage()
     assert raw == recount(database_url) > 40_000
     r = await http.post(f"{API}/push", json={"items": [{"queue": "gate", "payload": event}]})
-    assert (r.status_code, r.json()["error"]) == (507, "storage_full")
+    assert (r.status_code, r.json()["error"]) == (403, "storage_full")
 
     # Sealing replaces raw bytes by compressed ones: the same messages now fit under the gate.
     backdate(database_url, "gate")

@@ -61,7 +61,8 @@ def assert_unauthorized(r: httpx.Response) -> str:
     body = r.json()
     assert body["ok"] is False
     assert body["error"] == "unauthorized"
-    assert set(body) == {"ok", "error", "message"}  # nothing saying why
+    assert set(body) == {"ok", "error", "message", "detail"}  # nothing saying why
+    assert body["detail"] == body["message"]
     assert r.headers["www-authenticate"].lower().startswith("bearer")
     return body["message"]
 
@@ -554,9 +555,12 @@ async def test_ops_routes_take_no_token_and_the_document_says_who_does(
             else:
                 assert op["security"] == [], path
     gated = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()
-             if "507" in op["responses"]}
-    # (The timer routes answer the storage gate with Queen's 403.)
-    assert gated == {"kvBatch", "kvPut", "locks", "transaction", "push"}
+             if "storage_full" in op["responses"].get("403", {}).get("description", "")}
+    # Queen's 403 for the storage gate, never 507.
+    assert gated == {"kvBatch", "kvPut", "locks", "transaction", "push", "timersBatch",
+                     "scheduleTimer"}
+    assert not any("507" in op["responses"] for ops in doc["paths"].values()
+                   for op in ops.values())
 
 
 # -- /metrics is the operator's; each tenant has its own figures ------------------------------

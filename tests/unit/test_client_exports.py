@@ -13,10 +13,12 @@ def test_the_exported_names() -> None:
     assert set(sdk.__all__) == {
         "DEFAULT_URL", "NO_RETRIES", "AckResult", "AckStatus", "ApiError", "BadRequest",
         "Batch", "BrokerUnreachable", "Client", "Conflict", "ConsumeStats", "DeadLetter",
-        "Forbidden", "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Message",
+        "Forbidden", "KvEntry", "KvPage", "KvPrecondition", "KvRows", "KvWrite", "Lock",
+        "LockHolder", "LockNotAcquired", "LockNotHeld", "LockResult", "Message",
         "NotFound", "Page", "PayloadTooLarge",
         "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
-        "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "TimerInfo",
+        "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "SyncLock",
+        "TimerInfo",
         "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
         "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
     }

@@ -12,10 +12,12 @@ import pytest
 
 from queen_trio.client import (
     BrokerUnreachable,
+    Forbidden,
     NotFound,
     RateLimited,
     RetryPolicy,
     ServerError,
+    StorageFull,
 )
 from queen_trio.client.blocking import run_blocking
 from queen_trio.client.calls import Call
@@ -127,6 +129,23 @@ def test_gateway_errors_are_retried_elsewhere_only_when_idempotent() -> None:
     with pytest.raises(ServerError) as caught:
         run.feed(json(503, body))
     assert (caught.value.status, caught.value.code) == (503, "database_unavailable")
+
+
+def test_a_503_retry_waits_for_its_retry_after() -> None:
+    body = {"ok": False, "error": "overloaded", "detail": "retry"}
+    run = Run(call(), ["http://a"])
+    assert run.feed(json(503, body, **{"Retry-After": "3"})) == Sleep(3.0)
+    run.feed(None)
+    run.feed(json(200, [1]))
+    assert run.result == [1]
+
+
+def test_the_storage_gate_is_a_403_storage_full_and_detail_is_the_text() -> None:
+    run = Run(call(), ["http://a"])
+    with pytest.raises(StorageFull) as caught:
+        run.feed(json(403, {"error": "storage_full", "detail": "at maxStoredBytes"}))
+    assert (caught.value.status, caught.value.message) == (403, "at maxStoredBytes")
+    assert isinstance(caught.value, Forbidden)
 
 
 def test_other_errors_are_raised_with_their_code_at_once() -> None:
