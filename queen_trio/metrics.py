@@ -55,7 +55,7 @@ FIRE_LAG_BUCKETS = (
 
 # The services counted in queen_background_errors_total{service} (each shown from the start).
 BACKGROUND_SERVICES = ("sweeper", "housekeeping", "kv_purger", "analyzer", "tenants",
-                       "pending_gauge", "listener")
+                       "pending_gauge", "listener", "switches")
 
 
 @dataclasses.dataclass(slots=True)
@@ -304,6 +304,11 @@ class BrokerMetrics:
         self.timers_pending = Gauge(
             "queen_timers_pending", "Pending timers in the database (refreshed every 5 s)",
             registry=self.registry,
+        )
+        self.switch_enabled = Gauge(
+            "queen_switch_enabled",
+            "1 while a runtime switch is on, 0 while an operator has it paused "
+            "(queen-trio switches)", ["switch"], registry=self.registry,
         )
         self.sweeper_wakeups = Counter(
             "queen_sweeper_wakeups", "Why the sweeper woke up", ["reason"], registry=self.registry

@@ -340,6 +340,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.notify_switches() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('queen_switches', '');
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     AS $$
@@ -996,6 +1005,13 @@ CREATE TABLE queen.retries (
     last_error text
 );
 
+CREATE TABLE queen.runtime_switches (
+    name text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT runtime_switches_name_check CHECK ((name = ANY (ARRAY['kv_enabled'::text, 'timers_schedule_enabled'::text, 'timers_fire_enabled'::text])))
+);
+
 CREATE TABLE queen.schema_functions (
     name text NOT NULL,
     checksum text NOT NULL,
@@ -1133,6 +1149,9 @@ ALTER TABLE ONLY queen.queues
 ALTER TABLE ONLY queen.retries
     ADD CONSTRAINT retries_pkey PRIMARY KEY (partition_id, consumer_group, "offset");
 
+ALTER TABLE ONLY queen.runtime_switches
+    ADD CONSTRAINT runtime_switches_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY queen.schema_functions
     ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
 
@@ -1179,6 +1198,8 @@ CREATE INDEX timers_claim_token ON queen.timers USING btree (claim_token) WHERE 
 CREATE INDEX timers_visible ON queen.timers USING btree (visible_at);
 
 CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
+
+CREATE TRIGGER runtime_switches_notify AFTER INSERT OR DELETE OR UPDATE ON queen.runtime_switches FOR EACH STATEMENT EXECUTE FUNCTION queen.notify_switches();
 
 CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
 

@@ -20,6 +20,7 @@ from .log import log_routes
 from .ops import ops
 from .origin import HostPolicy, check_request
 from .stats import stats_routes
+from .switches import switch_routes
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
@@ -61,6 +62,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)
     app.register_blueprint(stats_routes)
+    app.register_blueprint(switch_routes)
     app.register_blueprint(ui_routes)
 
     # One hook each way: every hook costs Quart a dispatch (ensure_async, an await), and each

@@ -17,6 +17,7 @@ from ..kv.rules import PreconditionLost, bad
 from .common import broker as _broker
 from .common import json_response
 from .errors import read_json_body
+from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
@@ -52,6 +53,7 @@ async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any
 
 @kv_routes.post("")
 async def batch() -> Response:
+    require_kv()
     body = await read_json_body()
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
@@ -98,12 +100,14 @@ async def _one(op: dict[str, Any]) -> Response:
 
 @kv_routes.get("/<namespace>/<name:key>")
 async def get(namespace: str, key: str) -> Response:
+    require_kv()
     _no_query()
     return await _one({"op": "get", "ns": namespace, "key": key})
 
 
 @kv_routes.put("/<namespace>/<name:key>")
 async def put(namespace: str, key: str) -> Response:
+    require_kv()
     _no_query()
     body = await _path_body(frozenset({"value", "ttlSeconds", "forever", "expect", "required"}))
     return await _one({**body, "op": "put", "ns": namespace, "key": key})
@@ -111,6 +115,7 @@ async def put(namespace: str, key: str) -> Response:
 
 @kv_routes.delete("/<namespace>/<name:key>")
 async def delete(namespace: str, key: str) -> Response:
+    require_kv()
     _no_query()
     body = await _path_body(frozenset({"expect", "required"}))
     return await _one({**body, "op": "delete", "ns": namespace, "key": key})

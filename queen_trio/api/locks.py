@@ -14,6 +14,7 @@ from .. import locks
 from .common import broker as _broker
 from .common import json_response
 from .errors import read_json_body
+from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate
 
 lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
@@ -21,6 +22,7 @@ lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
 
 @lock_routes.post("")
 async def batch() -> Response:
+    require_kv()  # a permit is a KV row: the KV switch pauses locks too (as Queen's)
     body = await read_json_body()
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]

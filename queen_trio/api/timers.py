@@ -32,6 +32,7 @@ from ..wire import iso
 from .common import broker as _broker
 from .common import json_response
 from .errors import ApiError, error_response, read_json_body, read_json_object
+from .switches import require_timers_schedule
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
 timer_routes = Blueprint("timers", __name__, url_prefix="/api/v1/timers")
@@ -92,6 +93,9 @@ async def batch() -> Response:
     ops = rules.operations(await read_json_body(), horizon_s=_horizon_s(),
                            ceiling=payload_ceiling())
     if any(isinstance(op, rules.Schedule) for op in ops):
+        # Paused by an operator: refused whole, as Queen does (cancels alone never are, and
+        # DELETE cancels whatever the switches say).
+        require_timers_schedule()
         # A batch that schedules is refused whole past the gate; cancels alone never are
         # (and DELETE is the route that cancels whatever the gate says).
         enforce_storage_gate(status=403)
@@ -117,6 +121,7 @@ async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome
 
 @timer_routes.put("/<queue>/<name:key>")
 async def schedule_put(queue: str, key: str) -> Response:
+    require_timers_schedule()
     enforce_storage_gate(status=403)
     s = rules.schedule(await read_json_object(), queue, key, horizon_s=_horizon_s(),
                        ceiling=payload_ceiling())
