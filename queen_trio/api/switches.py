@@ -34,7 +34,7 @@ _PAUSED = {
 def paused(name: str, *, status: int = 503) -> ApiError:
     code, message = _PAUSED[name]
     headers = {"Retry-After": str(switches.RETRY_AFTER_S)} if status == 503 else None
-    return ApiError(status, code, message, headers=headers, reason=code, detail=message)
+    return ApiError(status, code, message, headers=headers, reason=code)
 
 
 def require_kv() -> None:
