@@ -4,13 +4,13 @@ while the broker keeps running (Queen's kill switches, PLAN_KV_TIMERS.md §12.1)
 Three rows of ``queen.runtime_switches``: ``kv_enabled``, ``timers_schedule_enabled`` and
 ``timers_fire_enabled``, born on (a missing row counts as on). The operator flips them with
 ``queen-trio switches pause|resume`` or ``POST /api/v1/system/kv-timers``; both write the
-table, whose trigger NOTIFYs ``queen_switches`` at the commit.
+table and NOTIFY ``queen_switches`` in the same transaction.
 
 Every broker keeps the three values in memory and every call reads them there (an attribute
 read: nothing on the hot path waits for the database). :meth:`RuntimeSwitches.run` re-reads the
 table at once on the NOTIFY (milliseconds after the commit, on every broker of the database)
 and at least every :data:`POLL_S` anyway, so a NOTIFY missed while the LISTEN connection was
-down, or a row changed by hand with the trigger disabled, is seen within a second.
+down, or a row changed by hand in psql, is seen within a second.
 
 What a pause does (Queen's answers):
 
@@ -75,7 +75,7 @@ def read(raw: Raw) -> dict[str, bool]:
 
 
 def set_switches(raw: Raw, changes: dict[str, bool]) -> dict[str, bool]:
-    """Set some switches (one transaction; the trigger tells every broker at its commit) and
+    """Set some switches (in the caller's transaction: every broker is told at its commit) and
     answer them all."""
     for name, enabled in changes.items():
         if name not in NAMES:

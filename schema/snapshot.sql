@@ -340,15 +340,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.notify_switches() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM pg_notify('queen_switches', '');
-    RETURN NULL;
-END
-$$;
-
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     AS $$
@@ -1198,8 +1189,6 @@ CREATE INDEX timers_claim_token ON queen.timers USING btree (claim_token) WHERE 
 CREATE INDEX timers_visible ON queen.timers USING btree (visible_at);
 
 CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
-
-CREATE TRIGGER runtime_switches_notify AFTER INSERT OR DELETE OR UPDATE ON queen.runtime_switches FOR EACH STATEMENT EXECUTE FUNCTION queen.notify_switches();
 
 CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
 

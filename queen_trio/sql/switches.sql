@@ -5,7 +5,11 @@
 SELECT name, enabled, updated_at FROM queen.runtime_switches ORDER BY name
 
 -- name: set
--- The trigger on the table NOTIFYs queen_switches at the commit.
-INSERT INTO queen.runtime_switches AS s (name, enabled) VALUES (%(name)s, %(enabled)s)
-ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
-WHERE s.enabled IS DISTINCT FROM excluded.enabled
+-- A change tells every broker (LISTEN queen_switches) at its commit; they re-read the table.
+WITH changed AS (
+    INSERT INTO queen.runtime_switches AS s (name, enabled) VALUES (%(name)s, %(enabled)s)
+    ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
+    WHERE s.enabled IS DISTINCT FROM excluded.enabled
+    RETURNING name
+)
+SELECT pg_notify('queen_switches', name) FROM changed

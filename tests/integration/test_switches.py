@@ -321,3 +321,22 @@ async def test_queen_mq_meets_a_paused_surface_as_it_expects(
         nursery.start_soon(resume_soon)
         put = await trio.to_thread.run_sync(asyncio.run, retried())
     assert put["value"] == {"v": 1}
+
+
+async def test_a_switch_changed_by_hand_in_psql_is_seen_within_a_second(
+    broker: BrokerHandle, http: httpx.AsyncClient, database_url: str,
+) -> None:
+    """No NOTIFY is sent then: the broker's half-second re-read finds it."""
+    async def kv_status() -> int:
+        return (await http.get("/api/v1/kv/n/k")).status_code
+
+    sql(database_url, "UPDATE queen.runtime_switches SET enabled = false "
+                      "WHERE name = 'kv_enabled' RETURNING name")
+    await _until(lambda: _is(kv_status, 503), within=1.0)
+    sql(database_url, "DELETE FROM queen.runtime_switches WHERE name = 'kv_enabled' "
+                      "RETURNING name")
+    await _until(lambda: _is(kv_status, 200), within=1.0)  # no row: on
+
+
+async def _is(status: Any, expected: int) -> bool:
+    return await status() == expected
