@@ -39,9 +39,11 @@ def precondition_answer(lost: PreconditionLost, failed_index: int) -> dict[str, 
 
 async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any]:
     """Apply a validated call: its results, or the precondition answer."""
+    broker = _broker()
+    require_kv(broker)  # paused by an operator: every KV route answers 503
     if any(op.kind in _ADDS_STORAGE for op in ops):
         enforce_storage_gate()
-    db = _broker().db
+    db = broker.db
     if len(ops) == 1 and ops[0].kind in rules.READS:
         # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
         return await db.run_statement(store.apply, current_tenant_id(), ops)
@@ -53,7 +55,6 @@ async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any
 
 @kv_routes.post("")
 async def batch() -> Response:
-    require_kv()
     body = await read_json_body()
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
@@ -100,14 +101,12 @@ async def _one(op: dict[str, Any]) -> Response:
 
 @kv_routes.get("/<namespace>/<name:key>")
 async def get(namespace: str, key: str) -> Response:
-    require_kv()
     _no_query()
     return await _one({"op": "get", "ns": namespace, "key": key})
 
 
 @kv_routes.put("/<namespace>/<name:key>")
 async def put(namespace: str, key: str) -> Response:
-    require_kv()
     _no_query()
     body = await _path_body(frozenset({"value", "ttlSeconds", "forever", "expect", "required"}))
     return await _one({**body, "op": "put", "ns": namespace, "key": key})
@@ -115,7 +114,6 @@ async def put(namespace: str, key: str) -> Response:
 
 @kv_routes.delete("/<namespace>/<name:key>")
 async def delete(namespace: str, key: str) -> Response:
-    require_kv()
     _no_query()
     body = await _path_body(frozenset({"expect", "required"}))
     return await _one({**body, "op": "delete", "ns": namespace, "key": key})

@@ -22,14 +22,15 @@ lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
 
 @lock_routes.post("")
 async def batch() -> Response:
-    require_kv()  # a permit is a KV row: the KV switch pauses locks too (as Queen's)
     body = await read_json_body()
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     ops = locks.parse_call(body)
+    broker = _broker()
+    require_kv(broker)  # a permit is a KV row: the KV switch pauses locks too (as Queen's)
     if any(op.kind == "acquire" for op in ops):  # the one operation that adds a row
         enforce_storage_gate()
-    db, tenant_id = _broker().db, current_tenant_id()
+    db, tenant_id = broker.db, current_tenant_id()
 
     def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         return db.run(locks.kv_call, tenant_id, op)

@@ -14,6 +14,7 @@ from typing import Any
 from quart import Blueprint, Response, request
 
 from .. import switches
+from ..context import BrokerContext
 from ..switches import KV, TIMERS_FIRE, TIMERS_SCHEDULE
 from .common import broker as _broker
 from .common import json_response
@@ -37,15 +38,17 @@ def paused(name: str, *, status: int = 503) -> ApiError:
     return ApiError(status, code, message, headers=headers, reason=code)
 
 
-def require_kv() -> None:
+# The checks take the broker the handler has fetched already: an attribute read, where one
+# more look-up of the app's broker (a context-variable proxy) would cost more than the check.
+def require_kv(broker: BrokerContext) -> None:
     """503 ``kv_disabled`` while the KV surface is paused."""
-    if not _broker().switches.kv:
+    if not broker.switches.kv:
         raise paused(KV)
 
 
-def require_timers_schedule() -> None:
+def require_timers_schedule(broker: BrokerContext) -> None:
     """503 ``timers_disabled`` while scheduling timers is paused."""
-    if not _broker().switches.timers_schedule:
+    if not broker.switches.timers_schedule:
         raise paused(TIMERS_SCHEDULE)
 
 
