@@ -47,6 +47,7 @@ examples:
   QUEEN_DATABASE_URL=postgresql://app@db/queen queen-trio migrate
   queen-trio timers schedule reminders trial-ending:42 --delay 72h --payload '{"id": 42}'
   queen-trio timers cancel reminders trial-ending:42
+  queen-trio switches pause timers-fire     pause firing timers on every broker (resume: same)
 """
 
 
