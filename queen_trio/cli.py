@@ -49,6 +49,7 @@ examples:
   QUEEN_DATABASE_URL=postgresql://app@db/queen queen-trio migrate
   queen-trio timers schedule reminders trial-ending:42 --delay 72h --payload '{"id": 42}'
   queen-trio timers cancel reminders trial-ending:42
+  queen-trio switches pause timers-fire     pause firing timers on every broker (resume: same)
 """
 
 
@@ -114,8 +115,56 @@ def _parser() -> argparse.ArgumentParser:
                       help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
     plan.add_argument("--requests-per-second", type=int, metavar="N",
                       help="request-rate quota per broker; -1 removes the quota")
+    _add_switches(commands)
     cli_client.add_commands(commands)  # timers, push, pop, dlq, kv: talk to a running broker
     return parser
+
+
+SWITCHES_HELP = """\
+switches (NAME): kv, timers-schedule, timers-fire (or kv_enabled, timers_schedule_enabled,
+timers_fire_enabled, as stored in queen.runtime_switches). Every broker on the database applies a
+change within a second. While one is paused:
+  kv               KV and locks routes answer 503 kv_disabled (Retry-After: 1); a transaction
+                   with a kv rider 403
+  timers-schedule  schedules answer 503 timers_disabled (a transaction scheduling one 403);
+                   cancels and timer reads are never paused
+  timers-fire      no timer fires; due ones stay pending, nothing is lost, and they fire (each
+                   once) at the resume
+
+Prints the database it works on as one line on stderr. exit codes:
+  0  done
+  2  usage error (an unknown switch; no database here)
+  5  the database cannot be reached (or the embedded one cannot start)
+"""
+
+
+def _add_switches(commands: Any) -> None:
+    switches = commands.add_parser(
+        "switches", help="show, pause or resume the runtime switches (kv, timers-schedule, "
+                         "timers-fire)",
+        description="Pause a surface of every broker on the database while they keep running, "
+                    "and resume it. Works on the database, with or without a running broker.",
+        epilog=SWITCHES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    switches.add_argument("--json", action="store_true", help="print the switches as JSON")
+    sub = switches.add_subparsers(dest="switches_command", metavar="ACTION")
+    for action, help in (("pause", "turn switches off"), ("resume", "turn switches back on")):
+        p = sub.add_parser(action, help=help, epilog=SWITCHES_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("names", nargs="+", type=_switch_name, metavar="NAME")
+        p.add_argument("--json", action="store_true", help="print the switches as JSON")
+    sub.add_parser("show", help="print the switches (the default)").add_argument(
+        "--json", action="store_true", help="print the switches as JSON")
+
+
+def _switch_name(text: str) -> str:
+    from .switches import NAMES
+
+    name = text.strip().lower().replace("-", "_")
+    name = name if name.endswith("_enabled") else f"{name}_enabled"
+    if name not in NAMES:
+        raise argparse.ArgumentTypeError(
+            f"no switch {text!r}: kv, timers-schedule or timers-fire")
+    return name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    quiet = args.command == "tenants" and "QUEEN_LOG_LEVEL" not in os.environ
+    quiet = args.command in ("tenants", "switches") and "QUEEN_LOG_LEVEL" not in os.environ
     logging.basicConfig(
         level=logging.WARNING if quiet else settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -145,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             return _with_database(settings, _migrate)
         if args.command == "tenants":
-            return _tenants_command(settings, args)
+            return _database_command(settings, args, _tenants)
+        if args.command == "switches":
+            return _database_command(settings, args, _switches)
         # From here on SIGINT/SIGTERM are noted, never fatal: trio turns them into a graceful
         # shutdown while the broker runs, and before or after that (embedded PostgreSQL starting
         # or stopping) a repeated signal must not kill us and orphan the server.
@@ -197,22 +248,24 @@ def _with_database(settings: Settings, command: Callable[[Settings], int]) -> in
                 signal.signal(sig, handler)
 
 
-def _tenants_command(settings: Settings, args: argparse.Namespace) -> int:
-    """``tenants …``: say which database, refuse to invent an embedded one, exit 0/2/4/5."""
+def _database_command(settings: Settings, args: argparse.Namespace,
+                      command: Callable[[Settings, argparse.Namespace], int]) -> int:
+    """``tenants …``, ``switches …``: say which database, refuse to invent an embedded one,
+    exit 0/2/4/5."""
     if settings.database_url is not None:
         from .db.conninfo import redacted
 
         print(f"queen-trio: database: {redacted(settings.database_url)}", file=sys.stderr)
-        return _tenants(settings, args)
+        return command(settings, args)
     data_dir = settings.data_dir.resolve()
-    if not (data_dir / "pg" / "PG_VERSION").exists() and not args.init:
+    if not (data_dir / "pg" / "PG_VERSION").exists() and not getattr(args, "init", False):
         print(f"queen-trio: no embedded database in {data_dir}: set QUEEN_DATA_DIR to your "
               "broker's data directory or QUEEN_DATABASE_URL to its database "
               "(or pass --init to create one here)", file=sys.stderr)
         return EXIT_USAGE
     print(f"queen-trio: database: embedded PostgreSQL in {data_dir}", file=sys.stderr)
     try:
-        return _with_database(settings, lambda s: _tenants(s, args))
+        return _with_database(settings, lambda s: command(s, args))
     except QueenError as exc:  # the embedded server would not start, a migration failed
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -288,6 +341,44 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
     except QueenError as exc:  # a failed migration
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+def _switches(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from . import switches
+    from .db.migrations import apply_migrations
+
+    assert settings.database_url is not None
+    action = args.switches_command or "show"
+    try:
+        url = settings.database_conninfo()
+        apply_migrations(url)
+        with psycopg.connect(url, row_factory=dict_row) as raw:
+            if action == "show":
+                state = switches.read(raw)
+            else:
+                state = switches.set_switches(
+                    raw, dict.fromkeys(args.names, action == "resume"))
+    except psycopg.OperationalError as exc:
+        print(_unreachable(exc), file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except QueenError as exc:  # a failed migration
+        print(f"queen-trio: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if args.json:
+        print(json.dumps(state))
+    else:
+        for name, enabled in state.items():
+            effect = "" if enabled else f"  {switches.EFFECTS[name]}"
+            print(f"{name:<24} {'on' if enabled else 'PAUSED'}{effect}")
+    if action != "show":
+        print("queen-trio: every broker on this database applies it within a second",
+              file=sys.stderr)
     return EXIT_OK
 
 

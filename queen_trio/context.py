@@ -10,6 +10,7 @@ from .db import Database, Listener
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
+from .switches import RuntimeSwitches
 from .tenants.directory import TenantDirectory
 from .timers.batcher import ScheduleBatcher
 
@@ -24,6 +25,8 @@ class BrokerContext:
     wakeups: QueueWakeups
     # Schedules of PUT and POST /api/v1/timers, sent to PostgreSQL in shared statements.
     schedules: ScheduleBatcher
+    # kv_enabled, timers_schedule_enabled, timers_fire_enabled: read on every call.
+    switches: RuntimeSwitches
     # name -> "is it alive right now?"; every long-lived service registers itself here and
     # /health reports them all.
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)

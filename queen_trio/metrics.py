@@ -65,7 +65,7 @@ GC_PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 # The services counted in queen_background_errors_total{service} (each shown from the start).
 BACKGROUND_SERVICES = ("sweeper", "housekeeping", "kv_purger", "analyzer", "tenants",
-                       "pending_gauge", "listener")
+                       "pending_gauge", "listener", "switches")
 
 
 @dataclasses.dataclass(slots=True)
@@ -314,6 +314,11 @@ class BrokerMetrics:
         self.timers_pending = Gauge(
             "queen_timers_pending", "Pending timers in the database (refreshed every 5 s)",
             registry=self.registry,
+        )
+        self.switch_enabled = Gauge(
+            "queen_switch_enabled",
+            "1 while a runtime switch is on, 0 while an operator has it paused "
+            "(queen-trio switches)", ["switch"], registry=self.registry,
         )
         self.sweeper_wakeups = Counter(
             "queen_sweeper_wakeups", "Why the sweeper woke up", ["reason"], registry=self.registry

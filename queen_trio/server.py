@@ -48,6 +48,8 @@ from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .sweeper import Sweeper, run_pending_gauge
+from .switches import CHANNEL as SWITCHES_CHANNEL
+from .switches import RuntimeSwitches
 from .tenants import store as tenant_store
 from .tenants.directory import TenantDirectory
 from .timers import store as timer_store
@@ -64,7 +66,8 @@ _HTTP_LOG.addFilter(lambda record: not str(record.msg).startswith("Running on"))
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 # Every NOTIFY channel the broker uses; the listener subscribes to all of them at connect.
-NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL, timer_store.NOTIFY_CHANNEL)
+NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL, timer_store.NOTIFY_CHANNEL,
+                   SWITCHES_CHANNEL)
 TENANTS = queries.load("tenants")
 
 
@@ -125,8 +128,11 @@ async def run_broker(
                                   auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
+        switches = RuntimeSwitches(
+            db, count_error=count_error,
+            on_change=lambda name, on: metrics.switch_enabled.labels(name).set(int(on)))
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
-                                segment_cache=segment_cache)
+                                switches, segment_cache=segment_cache)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         metrics.watch_segment_cache(segment_cache.statistics)
         async with trio.open_nursery() as nursery:
@@ -135,6 +141,7 @@ async def run_broker(
             context.services["listener"] = lambda: listener.connected
             await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
+            await nursery.start(switches.run, listener)  # the operator's runtime switches
             await nursery.start(  # expired KV keys
                 functools.partial(kv_store.run_purger, db, count_error=count_error))
             # Plans made while a table was small are dropped once it has grown.
@@ -147,7 +154,7 @@ async def run_broker(
                                   log_store.wake_key(timer.tenant_id, timer.queue),
                                   timer.partition,
                                   timer.due, due_local),
-                              look_up_db=db)
+                              look_up_db=db, switches=switches)
             await nursery.start(sweeper.run)  # claims due timers and fires them
             await nursery.start(run_pending_gauge, db, metrics)  # queen_timers_pending
             context.services["sweeper"] = lambda: sweeper.alive

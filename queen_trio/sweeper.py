@@ -50,6 +50,7 @@ from .log import store as log_store
 from .log.rules import PopRequest
 from .log.wakeups import ParkedPop
 from .metrics import BrokerMetrics
+from .switches import RuntimeSwitches
 from .timers import store
 from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
 
@@ -73,7 +74,8 @@ RETRY_FIRST_S = 0.05
 
 
 #: Why a cycle starts when it does. "deadline", "max_sleep" and "notify" are the reasons counted
-#: in ``queen_sweeper_wakeups``; "min_sleep", "backlog" and "start" are never waited out.
+#: in ``queen_sweeper_wakeups`` (with "resume": the fire's runtime switch came back on);
+#: "min_sleep", "backlog" and "start" are never waited out.
 Reason = Literal["deadline", "max_sleep", "notify", "min_sleep", "backlog", "start"]
 
 
@@ -153,8 +155,11 @@ class Sweeper:
         ceiling_for: Callable[[int], int],
         announce_fire: Callable[[store.NextDue, float], ParkedPop | None] | None = None,
         look_up_db: Database | None = None,
+        switches: RuntimeSwitches | None = None,
     ) -> None:
         self._db = db
+        # timers_fire_enabled: while an operator has it off, this sweeper fires nothing.
+        self._switches = switches
         self._listener = listener
         self._settings = settings
         self._metrics = metrics
@@ -211,6 +216,13 @@ class Sweeper:
             plan = floored(plan, last_start, self._min_sleep)
             start_at = plan.start_at
             await trio.sleep_until(start_at - _EARLY_SEND_S)
+            if self._switches is not None and not self._switches.timers_fire:
+                # Paused by an operator: due timers stay pending (nothing is lost), and the
+                # sweeper waits for the resume rather than wake for them. Then it sweeps at once.
+                await self._switches.wait_fire_enabled()
+                self._metrics.sweeper_wakeups.labels("resume").inc()
+                plan = _FIRST
+                continue
             now = trio.current_time()
             last_start = max(start_at, now)
             self._last_cycle_at = last_start

@@ -52,10 +52,14 @@ class Bundle:
     kv: list[kv_rules.Op] = dataclasses.field(default_factory=list)
     required_leases: tuple[uuid.UUID, ...] = ()
 
+    def schedules(self) -> bool:
+        """Whether the ``timers`` rider schedules (or reschedules) a timer."""
+        return any(isinstance(t, timer_rules.Schedule) for t in self.timers)
+
     def adds_storage(self) -> bool:
         return (any(op.type == "push" for op in self.operations)
                 or any(op.kind in ("put", "putIfAbsent", "incr") for op in self.kv)
-                or any(isinstance(t, timer_rules.Schedule) for t in self.timers))
+                or self.schedules())
 
     @property
     def kv_base(self) -> int:

@@ -1000,6 +1000,13 @@ CREATE TABLE queen.retries (
     last_error text
 );
 
+CREATE TABLE queen.runtime_switches (
+    name text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT runtime_switches_name_check CHECK ((name = ANY (ARRAY['kv_enabled'::text, 'timers_schedule_enabled'::text, 'timers_fire_enabled'::text])))
+);
+
 CREATE TABLE queen.schema_functions (
     name text NOT NULL,
     checksum text NOT NULL,
@@ -1136,6 +1143,9 @@ ALTER TABLE ONLY queen.queues
 
 ALTER TABLE ONLY queen.retries
     ADD CONSTRAINT retries_pkey PRIMARY KEY (partition_id, consumer_group, "offset");
+
+ALTER TABLE ONLY queen.runtime_switches
+    ADD CONSTRAINT runtime_switches_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY queen.schema_functions
     ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);

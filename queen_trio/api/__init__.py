@@ -21,6 +21,7 @@ from .ops import ops
 from .origin import HostPolicy, check_request
 from .reads import read_routes
 from .stats import stats_routes
+from .switches import switch_routes
 from .tenancy import admit_request
 from .timers import timer_routes
 from .transaction import transaction_routes
@@ -64,6 +65,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     app.register_blueprint(timer_routes)
     app.register_blueprint(admin_routes)
     app.register_blueprint(stats_routes)
+    app.register_blueprint(switch_routes)
     app.register_blueprint(ui_routes)
     app.register_blueprint(unsupported_routes)
 

@@ -17,6 +17,7 @@ from ..kv.rules import PreconditionLost, bad
 from .common import broker as _broker
 from .common import json_response
 from .errors import install_family_errors, read_json_body
+from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 kv_routes = Blueprint("kv", __name__, url_prefix="/api/v1/kv")
@@ -39,9 +40,11 @@ def precondition_answer(lost: PreconditionLost, failed_index: int) -> dict[str, 
 
 async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any]:
     """Apply a validated call: its results, or the precondition answer."""
+    broker = _broker()
+    require_kv(broker)  # paused by an operator: every KV route answers 503
     if any(op.kind in _ADDS_STORAGE for op in ops):
         enforce_storage_gate()
-    db = _broker().db
+    db = broker.db
     if len(ops) == 1 and ops[0].kind in rules.READS:
         # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
         return await db.run_statement(store.apply, current_tenant_id(), ops)

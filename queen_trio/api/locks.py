@@ -14,6 +14,7 @@ from .. import locks
 from .common import broker as _broker
 from .common import json_response
 from .errors import install_family_errors, read_json_body
+from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate
 
 lock_routes = Blueprint("locks", __name__, url_prefix="/api/v1/locks")
@@ -26,9 +27,11 @@ async def batch() -> Response:
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     ops = locks.parse_call(body)
+    broker = _broker()
+    require_kv(broker)  # a permit is a KV row: the KV switch pauses locks too (as Queen's)
     if any(op.kind == "acquire" for op in ops):  # the one operation that adds a row
         enforce_storage_gate()
-    db, tenant_id = _broker().db, current_tenant_id()
+    db, tenant_id = broker.db, current_tenant_id()
 
     def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         return db.run(locks.kv_call, tenant_id, op)

@@ -845,7 +845,7 @@ _STORAGE_GATED = {"kvBatch", "kvPut", "locks", "transaction", "push"}
 _NEVER_REFUSED = {"cancelTimer"}
 
 
-_OPERATOR_ONLY = {"metrics", "metricsPrometheus"}
+_OPERATOR_ONLY = {"metrics", "metricsPrometheus", "switches", "setSwitches"}
 _REFUSED_403 = _json(_ERROR, "host_not_allowed: a Host this broker does not answer to (auth "
                              "off: localhost, IP addresses, QUEEN_ALLOWED_HOSTS); cross_origin "
                              "(/api/ only): sent by another origin's web page")
@@ -903,9 +903,70 @@ def _ui_paths() -> dict[str, Any]:
     }
 
 
+# Surfaces an operator can pause (api/switches.py): 503 with Retry-After: 1, and the code.
+_PAUSABLE = {
+    "kvBatch": "kv_disabled", "kvPut": "kv_disabled", "kvGet": "kv_disabled",
+    "kvDelete": "kv_disabled", "locks": "kv_disabled",
+    "timersBatch": "timers_disabled (a batch that schedules or reschedules; cancels alone "
+                   "never are)",
+    "scheduleTimer": "timers_disabled",
+}
+
+
+def _paused(paths: dict[str, Any]) -> dict[str, Any]:
+    """What a surface paused by an operator's runtime switch answers (README: Runtime
+    switches): 503 on its routes, 403 on a transaction whose rider uses it. Timer cancels and
+    reads are never paused."""
+    for operations in paths.values():
+        for operation in operations.values():
+            code = _PAUSABLE.get(operation["operationId"])
+            if code is not None:
+                operation["responses"]["503"] = {
+                    **_json(_ERROR, f"{code}: paused by an operator's runtime switch "
+                                    "(error and reason carry the code); retry later"),
+                    "headers": {"Retry-After": {"schema": {"type": "integer"},
+                                                "description": "1 (seconds)"}}}
+            if operation["operationId"] == "transaction":
+                operation["responses"]["403"] = _json(_ERROR, (
+                    "kv_disabled: a kv rider while an operator has paused KV; "
+                    "timers_disabled: a timers rider that schedules while scheduling is "
+                    "paused (permanent: not to be retried in a loop; the code is in error and "
+                    "reason, nothing is written); host_not_allowed, cross_origin as anywhere"))
+    return paths
+
+
+def _switch_paths() -> dict[str, Any]:
+    state = _json({"type": "object", "required": [
+        "kvEnabled", "timersScheduleEnabled", "timersFireEnabled", "switches"], "properties": {
+        "kvEnabled": {"type": "boolean"}, "timersScheduleEnabled": {"type": "boolean"},
+        "timersFireEnabled": {"type": "boolean"},
+        "switches": {"type": "object", "additionalProperties": {"type": "boolean"},
+                     "description": "by their names in queen.runtime_switches"},
+        "message": {"type": "string"}}}, "The switches as the database has them")
+    return {"/api/v1/system/kv-timers": {
+        "get": {"summary": "The runtime switches (with QUEEN_AUTH=on, a token of "
+                           "QUEEN_OPERATOR_TENANT)",
+                "operationId": "switches", "responses": {"200": state}},
+        "post": {"summary": "Pause or resume KV, the scheduling of timers or their fire, on "
+                            "every broker of the database within a second (Queen's kill "
+                            "switches; the CLI: queen-trio switches)",
+                 "operationId": "setSwitches",
+                 "requestBody": _body({"type": "object", "minProperties": 1,
+                                       "additionalProperties": False, "properties": {
+                                           "kv": {"type": "boolean"},
+                                           "timersSchedule": {"type": "boolean"},
+                                           "timersFire": {"type": "boolean"}},
+                                       "description": "each field optional and independent: "
+                                                      "an omitted one is left as it is"}),
+                 "responses": {"200": state, **_errors(400)}},
+    }}
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     document = _document()
+    document["paths"].update(_switch_paths())
+    _paused(document["paths"])
     _no_route_for_odd_names(document["paths"])
     _tenancy(document["paths"])
     return document

@@ -25,6 +25,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules as log_rules
 from ..timers import rules, store
@@ -32,6 +33,7 @@ from ..wire import iso
 from .common import broker as _broker
 from .common import json_response
 from .errors import install_family_errors, read_json_body, read_json_object
+from .switches import require_timers_schedule
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
 timer_routes = Blueprint("timers", __name__, url_prefix="/api/v1/timers")
@@ -73,17 +75,22 @@ def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rul
 async def batch() -> Response:
     ops = rules.operations(await read_json_body(), horizon_s=_horizon_s(),
                            ceiling=payload_ceiling())
+    broker = _broker()
     if any(isinstance(op, rules.Schedule) for op in ops):
+        # Paused by an operator: refused whole, as Queen does (cancels alone never are, and
+        # DELETE cancels whatever the switches say).
+        require_timers_schedule(broker)
         # A batch that schedules is refused whole past the gate; cancels alone never are
         # (and DELETE is the route that cancels whatever the gate says).
         enforce_storage_gate()
-    outcomes = await _apply(ops)
+    outcomes = await _apply(broker, ops)
     count_outcomes(outcomes, ops)
     return json_response({"results": [outcome_wire(o) for o in outcomes]})
 
 
-async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome]:
-    broker, tenant_id = _broker(), current_tenant_id()
+async def _apply(broker: BrokerContext, ops: list[rules.Schedule | rules.Cancel]
+                 ) -> list[store.Outcome]:
+    tenant_id = current_tenant_id()
     if not ops:
         return []
     schedules = [op for op in ops if isinstance(op, rules.Schedule)]
@@ -99,10 +106,11 @@ async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome
 
 @timer_routes.put("/<queue>/<name:key>")
 async def schedule_put(queue: str, key: str) -> Response:
+    broker = _broker()
+    require_timers_schedule(broker)
     enforce_storage_gate()
     s = rules.schedule(await read_json_object(), queue, key, horizon_s=_horizon_s(),
                        ceiling=payload_ceiling())
-    broker = _broker()
     outcome = await broker.schedules.schedule(current_tenant_id(), s)
     broker.metrics.timers_scheduled.labels(outcome.status).inc()
     return json_response(outcome_wire(outcome))

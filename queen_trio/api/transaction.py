@@ -17,10 +17,12 @@ from .. import transactions
 from ..context import BrokerContext
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
+from ..switches import KV, TIMERS_SCHEDULE
 from .common import json_response
 from .errors import read_json_object
 from .kv import precondition_answer
 from .log import ack_to_wire, appended_to_wire
+from .switches import paused
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 from .timers import count_outcomes, outcome_wire
 
@@ -45,6 +47,27 @@ def _flat_results(bundle: transactions.Bundle, results: list[Any],
     return flat
 
 
+def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Response | None:
+    """403 for a bundle whose rider uses a surface an operator has paused: a ``kv`` rider
+    while ``kv_enabled`` is off, a ``timers`` rider that schedules while
+    ``timers_schedule_enabled`` is off (cancels are never paused). Permanent on purpose, as
+    Queen's: a bundle carries messages, and one retried in a loop against a paused broker is a
+    storm on the hot path. The code is in ``error`` and in ``reason`` (where Queen's clients
+    read a transaction's)."""
+    switches = broker.switches
+    if bundle.kv and not switches.kv:
+        name = KV
+    elif not switches.timers_schedule and bundle.schedules():
+        name = TIMERS_SCHEDULE
+    else:
+        return None
+    refusal = paused(name, status=403)
+    return json_response({"ok": False, "success": False,
+                          "transactionId": log_rules.new_transaction_id(),
+                          "error": refusal.code, "message": refusal.message, **refusal.extra,
+                          "results": []}, status=403)
+
+
 @transaction_routes.post("/transaction")
 async def transaction() -> Response:
     body = await read_json_object()
@@ -58,6 +81,9 @@ async def transaction() -> Response:
         notify_within_ms=settings.sweeper_max_sleep_ms,
     )
     bundle = transactions.parse(body, limits)
+    refused = _paused_rider(bundle, broker)
+    if refused is not None:
+        return refused
     if bundle.adds_storage():
         enforce_storage_gate()
     transaction_id = log_rules.new_transaction_id()

@@ -1,0 +1,180 @@
+"""Runtime switches: an operator pauses the KV surface, the scheduling of timers or their fire,
+while the broker keeps running (Queen's kill switches, PLAN_KV_TIMERS.md §12.1).
+
+Three rows of ``queen.runtime_switches``: ``kv_enabled``, ``timers_schedule_enabled`` and
+``timers_fire_enabled``, born on (a missing row counts as on). The operator flips them with
+``queen-trio switches pause|resume`` or ``POST /api/v1/system/kv-timers``; both write the
+table and NOTIFY ``queen_switches`` in the same transaction.
+
+Every broker keeps the three values in memory and every call reads them there (an attribute
+read: nothing on the hot path waits for the database). :meth:`RuntimeSwitches.run` re-reads the
+table at once on the NOTIFY (milliseconds after the commit, on every broker of the database)
+and at least every :data:`POLL_S` anyway, so a NOTIFY missed while the LISTEN connection was
+down, or a row changed by hand in psql, is seen within a second.
+
+What a pause does (Queen's answers):
+
+- ``kv_enabled`` off: every KV route and ``POST /api/v1/locks`` answer 503 ``kv_disabled`` with
+  ``Retry-After: 1``; a transaction with a ``kv`` rider answers 403 ``kv_disabled`` (permanent
+  on purpose: a bundle carries messages, and retrying it in a loop against a paused cell is a
+  storm on the hot path). Stored keys are untouched.
+- ``timers_schedule_enabled`` off: schedules (``POST /api/v1/timers`` with a schedule or
+  reschedule, ``PUT``) answer 503 ``timers_disabled``; a transaction scheduling in its
+  ``timers`` rider answers 403. Cancels and timer reads are never paused: a tenant must always
+  be able to stop a message it no longer wants and to see whether it is still pending.
+- ``timers_fire_enabled`` off: the sweepers fire nothing; due timers stay pending, nothing is
+  lost, and on resume every sweeper wakes at once and fires them, each once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+import psycopg
+import trio
+
+from .db import Database, Listener, queries
+from .db.transient import TRANSIENT_ERRORS, CountError, backoff_s, survived
+
+log = logging.getLogger(__name__)
+Q = queries.load("switches")
+
+CHANNEL: Final = "queen_switches"
+KV: Final = "kv_enabled"
+TIMERS_SCHEDULE: Final = "timers_schedule_enabled"
+TIMERS_FIRE: Final = "timers_fire_enabled"
+NAMES: Final = (KV, TIMERS_SCHEDULE, TIMERS_FIRE)
+# The longest a broker goes without re-reading the table, NOTIFY or not.
+POLL_S: Final = 0.5
+# What a paused route answers in Retry-After (seconds), as Queen does.
+RETRY_AFTER_S: Final = 1
+
+# What each switch stops, for the log line of its flip and the CLI.
+EFFECTS: Final = {
+    KV: "every KV and locks route answers 503 kv_disabled; a transaction's kv rider is "
+        "refused (403); stored keys are untouched",
+    TIMERS_SCHEDULE: "new timers are refused (503 timers_disabled; 403 in a transaction); "
+                     "pending ones still fire; cancels and reads are never paused",
+    TIMERS_FIRE: "due timers are NOT being fired: nothing is lost (they stay pending) and they "
+                 "fire, each once, when it is resumed",
+}
+
+Raw = psycopg.Connection[dict[str, Any]]
+
+
+def read(raw: Raw) -> dict[str, bool]:
+    """Every switch's state (a switch without a row is on)."""
+    state = dict.fromkeys(NAMES, True)
+    for row in raw.execute(Q.read).fetchall():
+        if row["name"] in state:
+            state[row["name"]] = row["enabled"]
+    return state
+
+
+def set_switches(raw: Raw, changes: dict[str, bool]) -> dict[str, bool]:
+    """Set some switches (in the caller's transaction: every broker is told at its commit) and
+    answer them all."""
+    for name, enabled in changes.items():
+        if name not in NAMES:
+            raise ValueError(f"no runtime switch {name!r} (one of {', '.join(NAMES)})")
+        raw.execute(Q.set, {"name": name, "enabled": enabled})
+    return read(raw)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SwitchStatistics:
+    state: dict[str, bool]
+    refreshes: int
+    last_refresh_at: float | None  # trio clock
+
+
+class RuntimeSwitches:
+    """This broker's copy of the switches. Start with ``await nursery.start(switches.run,
+    listener)``; until then (and in tests that never start it) every switch reads as on."""
+
+    def __init__(self, db: Database, *, count_error: CountError | None = None,
+                 on_change: Callable[[str, bool], None] | None = None) -> None:
+        self._db = db
+        self._count_error = count_error
+        self._state = dict.fromkeys(NAMES, True)
+        self._changed = trio.Event()  # a fresh one per change (an Event is never cleared)
+        self._refreshes = 0
+        self._last_refresh_at: float | None = None
+        # Told (name, enabled) of every switch at start and at each flip (the metrics gauge).
+        self._on_change = on_change
+
+    # -- what every call reads ---------------------------------------------------------------
+
+    @property
+    def kv(self) -> bool:
+        return self._state[KV]
+
+    @property
+    def timers_schedule(self) -> bool:
+        return self._state[TIMERS_SCHEDULE]
+
+    @property
+    def timers_fire(self) -> bool:
+        return self._state[TIMERS_FIRE]
+
+    def state(self) -> dict[str, bool]:
+        return dict(self._state)
+
+    async def wait_fire_enabled(self) -> None:
+        """Return once the fire is on (at once if it is)."""
+        while not self._state[TIMERS_FIRE]:
+            await self._changed.wait()
+
+    def statistics(self) -> SwitchStatistics:
+        return SwitchStatistics(self.state(), self._refreshes, self._last_refresh_at)
+
+    # -- the service -------------------------------------------------------------------------
+
+    async def run(self, listener: Listener, *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Subscribed before the first read: a flip committed in between is not missed.
+        with listener.subscribe(CHANNEL) as changes:
+            await self.refresh()
+            if self._on_change is not None:
+                for name, enabled in self._state.items():
+                    self._on_change(name, enabled)
+            task_status.started()
+            failures = 0
+            while True:
+                with trio.move_on_after(POLL_S):
+                    await changes.receive()  # a switch changed (or MISSED): read now
+                try:
+                    await self.refresh()
+                    failures = 0
+                except TRANSIENT_ERRORS as exc:
+                    # The last values stand; the next poll tries again.
+                    log.warning("runtime switches not refreshed: %s", str(exc).strip())
+                except Exception as exc:
+                    failures += 1
+                    survived(log, "switches", "the refresh of the runtime switches", exc,
+                             self._count_error)
+                    await trio.sleep(backoff_s(failures, POLL_S) - POLL_S)
+
+    async def refresh(self) -> None:
+        self.adopt(await self._db.run_statement(read))
+        self._refreshes += 1
+        self._last_refresh_at = trio.current_time()
+
+    def adopt(self, state: dict[str, bool]) -> None:
+        """Take ``state`` as the switches' values; log and announce each flip."""
+        flipped = {n: v for n, v in state.items() if n in self._state and self._state[n] != v}
+        if not flipped:
+            return
+        self._state.update(flipped)
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()  # wakes wait_fire_enabled (the sweeper, on resume)
+        for name, enabled in flipped.items():
+            if enabled:
+                log.warning("runtime switch %s is on again", name)
+            else:
+                log.warning("runtime switch %s is OFF: %s", name, EFFECTS[name])
+            if self._on_change is not None:
+                self._on_change(name, enabled)
