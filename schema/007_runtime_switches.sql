@@ -1,4 +1,4 @@
--- 006 runtime switches: an operator pauses the KV surface, the scheduling of timers or their
+-- 007 runtime switches: an operator pauses the KV surface, the scheduling of timers or their
 -- fire while the broker keeps running (Queen's kill switches, PLAN_KV_TIMERS.md §12.1). One row
 -- per switch; every broker reads them (queen_trio/switches.py), at once on the NOTIFY a change
 -- through the CLI or the HTTP route sends (channel queen_switches) and at least every half

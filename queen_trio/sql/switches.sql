@@ -1,4 +1,4 @@
--- The runtime switches (schema/006_runtime_switches.sql): read by every broker, set by the CLI
+-- The runtime switches (schema/007_runtime_switches.sql): read by every broker, set by the CLI
 -- and the operator's HTTP route.
 
 -- name: read
