@@ -38,7 +38,7 @@ def fast(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:
         return FALLBACK
     try:
         return decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return FALLBACK
 
 
