@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from flask.json.provider import DefaultJSONProvider
 from quart import Response, current_app, jsonify
 
 from ..context import BrokerContext
+from ..models import codec
 
 
 def broker() -> BrokerContext:
@@ -33,3 +35,12 @@ def json_response(body: Any, status: int = 200) -> Response:
         return response
     return app.response_class(_COMPACT.encode(body) + "\n", status=status,
                               mimetype=app.json.mimetype)
+
+
+def model_response(model: Any, status: int = 200) -> Response:
+    """An answer declared by a wire model (:mod:`queen_trio.models`), encoded by msgspec."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    body = codec.encode(model)
+    if app.debug:  # indented, as jsonify does then
+        body = msgspec.json.format(body, indent=2)
+    return app.response_class(body + b"\n", status=status, mimetype=app.json.mimetype)

@@ -1,4 +1,6 @@
-"""The OpenAPI 3.1 description of the HTTP API, written by hand next to the routes.
+"""The OpenAPI 3.1 description of the HTTP API, written by hand next to the routes; the
+schemas of the answers and bodies declared as wire models (queen_trio/models) are generated
+from them.
 
 Each area adds its paths here when its routes land; a test checks that every route the app
 serves is described.
@@ -10,6 +12,8 @@ from functools import cache
 from typing import Any
 
 from .. import __version__
+from ..models import schema
+from ..models import timers as models
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -129,26 +133,20 @@ def _timer_paths() -> dict[str, Any]:
             "partition": {"type": "string"},
             "txn": {"type": "string", "description": "default: the broker makes one"}},
         "additionalProperties": False}
-    result = {"$ref": "#/components/schemas/TimerResult"}
+    result = schema.ref(models.TimerResult)
     answer = _json(result, "scheduled | rescheduled | cancelled | absent | too_late")
     refused = {**_errors(400, 413), "403": _json(_ERROR, "timer_horizon_exceeded: beyond the "
                                                  "horizon; storage_full: the storage gate; "
                                                  "host_not_allowed, cross_origin as anywhere")}
-    row = {"$ref": "#/components/schemas/TimerRow"}
     return {
         "/api/v1/timers": {"post": {
             "summary": "Schedule, reschedule and cancel timers in one transaction (Queen's "
                        "batch: at most 256 operations, each timer at most once)",
             "operationId": "timersBatch",
             "requestBody": _body({"oneOf": [
-                {"type": "object", "required": ["operations"], "additionalProperties": False,
-                 "properties": {"operations": {"type": "array", "maxItems": 256,
-                                               "items": {"$ref": "#/components/schemas/TimerOp"}}}},
-                {"type": "array", "maxItems": 256,
-                 "items": {"$ref": "#/components/schemas/TimerOp"}}]}),
-            "responses": {"200": _json({"type": "object", "required": ["results"],
-                                        "properties": {"results": {"type": "array",
-                                                                   "items": result}}},
+                schema.ref(models.TimerBatch),
+                {"type": "array", "maxItems": 256, "items": schema.ref(models.TimerOp)}]}),
+            "responses": {"200": _json(schema.ref(models.TimerResults),
                                        "One result per operation, in input order"),
                           **refused},
         }},
@@ -174,16 +172,8 @@ def _timer_paths() -> dict[str, Any]:
                 "operationId": "peekTimer",
                 "parameters": key_params,
                 "responses": {"200": _json({"oneOf": [
-                    {"type": "object", "required": ["found", "queue", "timerKey"],
-                     "properties": {"found": {"const": False}, "queue": {"type": "string"},
-                                    "timerKey": {"type": "string"}}},
-                    {"allOf": [row, {"type": "object", "properties": {
-                        "found": {"const": True},
-                        "payload": {"type": "string",
-                                    "description": "base64 of the stored bytes (zstd when "
-                                                   "payloadZstd)"},
-                        "data": {"description": "the payload decoded: the message's data"}}}]},
-                ]}, "The pending timer, or found: false"), **_errors(400)},
+                    schema.ref(models.TimerMissing), schema.ref(models.TimerFound)]},
+                    "The pending timer, or found: false"), **_errors(400)},
             },
         },
         "/api/v1/timers/{queue}": {"get": {
@@ -199,13 +189,7 @@ def _timer_paths() -> dict[str, Any]:
                            _query("prefix", {"type": "string"},
                                   "mode=count: count the keys starting with it (1-128 bytes)")],
             "responses": {"200": _json({"oneOf": [
-                {"type": "object", "required": ["rows", "truncated", "nextAfter"],
-                 "properties": {"rows": {"type": "array", "items": row},
-                                "truncated": {"type": "boolean"},
-                                "nextAfter": {"type": ["string", "null"]}}},
-                {"type": "object", "required": ["queue", "prefix", "count"],
-                 "properties": {"queue": {"type": "string"}, "prefix": {"type": "string"},
-                                "count": {"type": "integer"}}},
+                schema.ref(models.TimerPage), schema.ref(models.TimerCount),
             ]}, "A page of timers, or a count"), **_errors(400)},
         }},
     }
@@ -348,7 +332,7 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                     "type": "object", "required": ["type"], "properties": {
                         "type": {"enum": ["push", "ack"]}}}},
                 "kv": {"type": "array", "maxItems": 64, "items": _KV_OP},
-                "timers": {"type": "array", "items": {"$ref": "#/components/schemas/TimerOp"}},
+                "timers": {"type": "array", "items": schema.ref(models.TimerOp)},
                 "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
             "responses": {
                 "200": _json({"anyOf": [{"type": "object", "properties": {
@@ -1037,40 +1021,7 @@ def _document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
-                "TimerOp": {"type": "object", "required": ["op", "queue", "timerKey"],
-                            "properties": {
-                    "op": {"enum": ["schedule", "reschedule", "cancel"]},
-                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
-                    "payload": {"type": "string", "description": "schedules: base64 of the "
-                                "JSON document the message will carry"},
-                    "payloadZstd": {"type": "boolean", "description": "the base64 bytes are "
-                                    "zstd-compressed"},
-                    "delayMs": {"type": "integer", "description": "schedules: relative ms"},
-                    "txn": {"type": "string", "description": "schedules: required, minted by "
-                            "the client; cancels: echoed back when absent"},
-                    "partition": {"type": "string"}, "encrypted": {"const": False}},
-                    "additionalProperties": False,
-                    "description": "server-owned fields (messageId, producerSub, tenant, "
-                                   "deliverAt, attempts, any name starting with '_') are "
-                                   "refused by name"},
-                "TimerResult": {"type": "object", "required": ["ok", "status"], "properties": {
-                    "ok": {"type": "boolean"},
-                    "status": {"enum": ["scheduled", "rescheduled", "cancelled", "absent",
-                                        "too_late"]},
-                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
-                    "txn": {"type": ["string", "null"]},
-                    "messageId": {"type": "string", "description": "schedules: the id the "
-                                  "fired message will carry"},
-                    "partition": {"type": "string"}, "deliverAt": {"type": "string"}}},
-                "TimerRow": {"type": "object", "properties": {
-                    "queue": {"type": "string"}, "timerKey": {"type": "string"},
-                    "partition": {"type": "string"}, "deliverAt": {"type": "string"},
-                    "txn": {"type": "string"}, "messageId": {"type": "string"},
-                    "payloadZstd": {"type": "boolean"}, "encrypted": {"type": "boolean"},
-                    "producerSub": {"type": ["string", "null"]},
-                    "attempts": {"type": "integer"}, "lastError": {"type": ["string", "null"]},
-                    "claimed": {"type": "boolean", "description": "a sweeper is firing it"},
-                    "createdAt": {"type": "string"}, "updatedAt": {"type": "string"}}},
+                **schema.components(),  # timers: declared once in queen_trio/models
                 "Pushed": {"type": "object", "properties": {
                     "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
                     "transactionId": {"type": "string"}, "partitionId": {"type": "string"},

@@ -23,16 +23,18 @@ import base64
 from collections import Counter
 from typing import Any
 
+import msgspec
 from quart import Blueprint, Response, request
 
 from ..context import BrokerContext
 from ..errors import ValidationError
 from ..log import rules as log_rules
+from ..models import timers as models
 from ..timers import rules, store
 from ..wire import iso
 from .common import broker as _broker
-from .common import json_response
-from .errors import install_family_errors, read_json_body, read_json_object
+from .common import model_response
+from .errors import install_family_errors, parse_json_body, read_json_object
 from .switches import require_timers_schedule
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
 
@@ -50,14 +52,20 @@ def _horizon_s() -> int:
     return _broker().settings.timers_max_horizon_s
 
 
-def outcome_wire(o: store.Outcome) -> dict[str, Any]:
+def outcome_model(o: store.Outcome) -> models.TimerResult:
     """One result of Queen's timer wire (a batch, a bundle, a PUT or a DELETE)."""
-    wire: dict[str, Any] = {"ok": o.ok, "status": o.status, "queue": o.queue,
-                            "timerKey": o.key, "txn": o.txn}
     if o.status in ("scheduled", "rescheduled"):
-        wire["messageId"] = str(o.message_id)
-        wire["deliverAt"] = iso(o.deliver_at)
-        wire["partition"] = o.partition
+        return models.TimerResult(ok=o.ok, status=o.status,  # type: ignore[arg-type]
+                                  queue=o.queue, timer_key=o.key, txn=o.txn,
+                                  message_id=o.message_id, deliver_at=iso(o.deliver_at),
+                                  partition=o.partition)
+    return models.TimerResult(ok=o.ok, status=o.status,  # type: ignore[arg-type]
+                              queue=o.queue, timer_key=o.key, txn=o.txn)
+
+
+def outcome_wire(o: store.Outcome) -> dict[str, Any]:
+    """:func:`outcome_model` as a dict (a transaction's flat results add to it)."""
+    wire: dict[str, Any] = msgspec.to_builtins(outcome_model(o))
     return wire
 
 
@@ -73,8 +81,12 @@ def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rul
 
 @timer_routes.post("")
 async def batch() -> Response:
-    ops = rules.operations(await read_json_body(), horizon_s=_horizon_s(),
-                           ceiling=payload_ceiling())
+    raw = await request.get_data(as_text=False)
+    horizon_s, ceiling = _horizon_s(), payload_ceiling()
+    ops = rules.operations_from_bytes(raw.encode() if isinstance(raw, str) else raw,
+                                      horizon_s=horizon_s, ceiling=ceiling)
+    if ops is None:  # not a clean body: the strict decoder and the rules say what is wrong
+        ops = rules.operations(parse_json_body(raw), horizon_s=horizon_s, ceiling=ceiling)
     broker = _broker()
     if any(isinstance(op, rules.Schedule) for op in ops):
         # Paused by an operator: refused whole, as Queen does (cancels alone never are, and
@@ -85,7 +97,7 @@ async def batch() -> Response:
         enforce_storage_gate()
     outcomes = await _apply(broker, ops)
     count_outcomes(outcomes, ops)
-    return json_response({"results": [outcome_wire(o) for o in outcomes]})
+    return model_response(models.TimerResults([outcome_model(o) for o in outcomes]))
 
 
 async def _apply(broker: BrokerContext, ops: list[rules.Schedule | rules.Cancel]
@@ -113,7 +125,7 @@ async def schedule_put(queue: str, key: str) -> Response:
                        ceiling=payload_ceiling())
     outcome = await broker.schedules.schedule(current_tenant_id(), s)
     broker.metrics.timers_scheduled.labels(outcome.status).inc()
-    return json_response(outcome_wire(outcome))
+    return model_response(outcome_model(outcome))
 
 
 @timer_routes.delete("/<queue>/<name:key>")
@@ -127,17 +139,17 @@ async def cancel(queue: str, key: str) -> Response:
         store.cancel, current_tenant_id(), log_rules.queue_name(queue), rules.timer_key(key), txn
     )
     broker.metrics.timers_cancelled.labels(outcome.status).inc()
-    return json_response(outcome_wire(outcome))
+    return model_response(outcome_model(outcome))
 
 
-def _timer_row(queue: str, row: dict[str, Any]) -> dict[str, Any]:
+def _timer_fields(queue: str, row: dict[str, Any]) -> dict[str, Any]:
     return {
-        "queue": queue, "timerKey": row["timer_key"], "partition": row["partition"],
-        "deliverAt": iso(row["deliver_at"]), "txn": row["txn"],
-        "messageId": str(row["message_id"]), "payloadZstd": row["payload_zstd"],
-        "encrypted": False, "producerSub": None, "attempts": row["attempts"],
-        "lastError": row["last_error"], "claimed": row["claimed"],
-        "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"]),
+        "queue": queue, "timer_key": row["timer_key"], "partition": row["partition"],
+        "deliver_at": iso(row["deliver_at"]), "txn": row["txn"],
+        "message_id": row["message_id"], "payload_zstd": row["payload_zstd"],
+        "encrypted": False, "producer_sub": None, "attempts": row["attempts"],
+        "last_error": row["last_error"], "claimed": row["claimed"],
+        "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
     }
 
 
@@ -146,14 +158,14 @@ async def peek(queue: str, key: str) -> Response:
     q, k = log_rules.queue_name(queue), rules.timer_key(key)
     row = await _broker().db.run_statement(store.peek, current_tenant_id(), q, k)
     if row is None:
-        return json_response({"found": False, "queue": q, "timerKey": k})
+        return model_response(models.TimerMissing(found=False, queue=q, timer_key=k))
     blob = bytes(row["payload"])
     try:  # (our extension: the payload decoded, as a popped message's data will be)
-        data = rules.unpack(blob, row["payload_zstd"])
+        data = msgspec.Raw(rules.unpack_text(blob, row["payload_zstd"]).encode())
     except ValueError:
-        data = None
-    return json_response({"found": True, **_timer_row(q, row),
-                          "payload": base64.b64encode(blob).decode(), "data": data})
+        data = msgspec.Raw(b"null")
+    return model_response(models.TimerFound(found=True, **_timer_fields(q, row),
+                                            payload=base64.b64encode(blob).decode(), data=data))
 
 
 @timer_routes.get("/<queue>")
@@ -167,13 +179,12 @@ async def list_timers(queue: str) -> Response:
             raise ValidationError("invalid_parameter", "mode=count takes no after or limit")
         prefix = rules.count_prefix(args.get("prefix"))
         n = await db.run_statement(store.count_timers, tenant_id, q, prefix)
-        return json_response({"queue": q, "prefix": prefix, "count": n})
+        return model_response(models.TimerCount(q, prefix, n))
     if mode != "list":
         raise ValidationError("invalid_parameter", f"mode must be list or count, not {mode!r}")
     after = rules.timer_key(args["after"], "after") if args.get("after") else ""
     limit = rules.list_limit(args.get("limit"))
     rows, truncated = await db.run_statement(store.list_timers, tenant_id, q, after, limit)
-    return json_response({
-        "rows": [_timer_row(q, r) for r in rows], "truncated": truncated,
-        "nextAfter": rows[-1]["timer_key"] if truncated else None,
-    })
+    return model_response(models.TimerPage(
+        [models.TimerRow(**_timer_fields(q, r)) for r in rows], truncated,
+        rows[-1]["timer_key"] if truncated else None))

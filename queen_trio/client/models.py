@@ -14,7 +14,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, overload
 
+import msgspec
 import zstandard
+
+from ..models import timers as wire_timers
 
 T = TypeVar("T")
 
@@ -75,8 +78,9 @@ class TimerResult:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> TimerResult:
-        return cls(w["ok"], TimerStatus(w["status"]), w["queue"], w["timerKey"], w.get("txn"),
-                   w.get("partition"), parse_time(w.get("deliverAt")), w.get("messageId"))
+        r = msgspec.convert(w, wire_timers.TimerResult)  # the broker's own model of it
+        return cls(r.ok, TimerStatus(r.status), r.queue, r.timer_key, r.txn, r.partition,
+                   parse_time(r.deliver_at), None if r.message_id is None else str(r.message_id))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,10 +100,11 @@ class TimerInfo:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> TimerInfo:
-        state = TimerState.CLAIMED if w.get("claimed") else TimerState.PENDING
-        return cls(w["queue"], w["timerKey"], w["partition"], w["txn"],
-                   parse_time(w["deliverAt"]), state, w["attempts"], w.get("lastError"),
-                   _timer_payload(w), w.get("messageId"))
+        """From a list's row or a peek (the row's fields, and the payload)."""
+        r = msgspec.convert(w, wire_timers.TimerRow)  # the broker's own model of it
+        state = TimerState.CLAIMED if r.claimed else TimerState.PENDING
+        return cls(r.queue, r.timer_key, r.partition, r.txn, parse_time(r.deliver_at), state,
+                   r.attempts, r.last_error, _timer_payload(w), str(r.message_id))
 
 
 def _timer_payload(w: dict[str, Any]) -> Any:

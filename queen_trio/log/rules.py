@@ -103,10 +103,14 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+# json.dumps with any keyword builds a new encoder per call (a timer batch makes 256 of them).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def payload_json(payload: Any, ceiling: int, where: str) -> str:
     """The payload as the compact JSON text that is stored, checked against the ceiling (the
     store writes this text rather than serialize the payload again)."""
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    text = _COMPACT.encode(payload)
     try:
         size = len(text.encode())
     except UnicodeEncodeError:

@@ -22,11 +22,14 @@ import threading
 import uuid
 from typing import Any
 
+import msgspec
 import zstandard
 
 from .. import strict_json
 from ..errors import Forbidden, PayloadTooLarge, ValidationError
 from ..log import rules as log_rules
+from ..models import codec
+from ..models.timers import BATCH_DECODER, MAX_OPS_PER_CALL, TimerBatch, TimerOp
 from ..text import utf8_name
 
 MAX_KEY_BYTES = 512
@@ -34,7 +37,6 @@ MAX_BACKOFF_MS = 60_000
 MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
 MAX_COUNT_PREFIX_BYTES = 128
-MAX_OPS_PER_CALL = 256  # Queen's ceiling on the operations of one POST /api/v1/timers
 # Below this, zstd's frame header alone outweighs what it could save.
 MIN_COMPRESSED_BYTES = 64
 # How much of a payload jsonb refused its dead letter shows (rules.undecodable).
@@ -51,6 +53,7 @@ SERVER_OWNED = frozenset({
 _OP_FIELDS = {"op", "queue", "timerKey", "payload", "payloadZstd", "delayMs", "txn", "partition",
               "encrypted"}
 _CANCEL_FIELDS = {"op", "queue", "timerKey", "txn"}
+_ABSENT: Any = msgspec.UNSET  # a field the operation does not carry
 
 # zstandard's (de)compressor objects must not be shared between threads, and the database
 # work that packs and unpacks payloads runs in the event loop's thread and in the pool's
@@ -131,9 +134,12 @@ def schedule(
 
 
 def _delay(body: dict[str, Any], prefix: str, horizon_s: int) -> int:
-    if "delayMs" not in body:
+    return _delay_value(body.get("delayMs", _ABSENT), prefix, horizon_s)
+
+
+def _delay_value(delay: Any, prefix: str, horizon_s: int) -> int:
+    if delay is _ABSENT:
         raise ValidationError("missing_field", f"{prefix}delayMs is required")
-    delay = body["delayMs"]
     if isinstance(delay, bool) or not isinstance(delay, int):
         raise ValidationError(
             "invalid_delay", f"{prefix}delayMs must be an integer number of milliseconds"
@@ -150,6 +156,25 @@ def _delay(body: dict[str, Any], prefix: str, horizon_s: int) -> int:
 
 
 # -- Queen's operations -----------------------------------------------------------------------
+
+
+def operations_from_bytes(raw: bytes, *, horizon_s: int, ceiling: int
+                          ) -> list[Schedule | Cancel] | None:
+    """:func:`operations` of a body as sent, decoded into the wire's models
+    (:class:`~queen_trio.models.timers.TimerOp`); None if the body is not a clean one (not
+    JSON, a value strict JSON refuses, a field of the wrong type or unknown, a null): the
+    caller then decodes it with the strict decoder and calls :func:`operations`, whose answer
+    names what is wrong."""
+    decoded = codec.fast(raw, BATCH_DECODER)
+    if decoded is codec.FALLBACK:
+        return None
+    ops = decoded.operations if isinstance(decoded, TimerBatch) else decoded
+    if len(ops) > MAX_OPS_PER_CALL:
+        return None
+    parsed = [typed_operation(op, f"operations[{i}]", horizon_s=horizon_s, ceiling=ceiling)
+              for i, op in enumerate(ops)]
+    check_distinct(parsed, "operations")
+    return parsed
 
 
 def operations(body: Any, *, horizon_s: int, ceiling: int) -> list[Schedule | Cancel]:
@@ -214,27 +239,60 @@ def operation(entry: Any, where: str, *, horizon_s: int, ceiling: int) -> Schedu
         raise ValidationError(
             "unknown_field", f"{where}: unknown field(s) for {kind}: {', '.join(sorted(unknown))}"
         )
-    queue = log_rules.queue_name(entry.get("queue"), f"{where}.queue")
-    key = timer_key(entry.get("timerKey"), f"{where}.timerKey")
-    txn = entry.get("txn")
+    get = entry.get
+    return _operation(kind, get("queue"), get("timerKey"), get("txn"), get("encrypted"),
+                      get("delayMs", _ABSENT), get("payloadZstd", False), get("payload"),
+                      get("partition"), where, horizon_s, ceiling)
+
+
+def typed_operation(op: TimerOp, where: str, *, horizon_s: int, ceiling: int
+                    ) -> Schedule | Cancel:
+    """:func:`operation` of an operation already decoded into the wire's model (its shape
+    and field types checked; the fields it does not carry are UNSET)."""
+    if op.op == "cancel" and not (op.payload is op.payload_zstd is op.delay_ms is op.partition
+                                  is op.encrypted is _ABSENT):
+        raise ValidationError("unknown_field", f"{where}: unknown field(s) for cancel: "
+                              + ", ".join(sorted(_present(op) - _CANCEL_FIELDS)))
+    return _operation(op.op, op.queue, op.timer_key, _or_none(op.txn), _or_none(op.encrypted),
+                      op.delay_ms, False if op.payload_zstd is _ABSENT else op.payload_zstd,
+                      _or_none(op.payload), _or_none(op.partition), where, horizon_s, ceiling)
+
+
+def _present(op: TimerOp) -> set[str]:
+    return {f for f, name in (("payload", "payload"), ("payloadZstd", "payload_zstd"),
+                              ("delayMs", "delay_ms"), ("partition", "partition"),
+                              ("encrypted", "encrypted"), ("op", "op"), ("queue", "queue"),
+                              ("timerKey", "timer_key"), ("txn", "txn"))
+            if getattr(op, name) is not _ABSENT}
+
+
+def _or_none(value: Any) -> Any:
+    return None if value is _ABSENT else value
+
+
+def _operation(kind: str, queue_name: Any, key_name: Any, txn: Any, encrypted: Any, delay_ms: Any,
+               zstd: Any, encoded: Any, partition: Any, where: str, horizon_s: int, ceiling: int
+               ) -> Schedule | Cancel:
+    """The rules of one operation, whichever way it was decoded."""
+    queue = log_rules.queue_name(queue_name, f"{where}.queue")
+    key = timer_key(key_name, f"{where}.timerKey")
     if kind == "cancel":
         return Cancel(queue, key, None if txn is None else
                       log_rules.transaction_id(txn, f"{where}.txn"))
     if txn is None:
         raise ValidationError("missing_field", f"{where}.txn is required: the client mints it")
-    if entry.get("encrypted") not in (None, False):
+    if encrypted not in (None, False):
         raise ValidationError(
             "encryption_unsupported",
             f"{where}: encrypted payloads are not supported by this broker",
         )
-    delay = _delay(entry, f"{where}.", horizon_s)
-    zstd = entry.get("payloadZstd", False)
+    delay = _delay_value(delay_ms, f"{where}.", horizon_s)
     if not isinstance(zstd, bool):
         raise ValidationError("invalid_payload", f"{where}.payloadZstd must be a boolean")
-    payload, raw = payload_value(entry.get("payload"), zstd, ceiling, where)
+    payload, raw = payload_value(encoded, zstd, ceiling, where)
     return Schedule(
         queue=queue, key=key, delay_ms=delay, payload=payload,
-        partition=log_rules.partition_name(entry.get("partition"), f"{where}.partition"),
+        partition=log_rules.partition_name(partition, f"{where}.partition"),
         txn=log_rules.transaction_id(txn, f"{where}.txn"), json_bytes=raw,
     )
 
@@ -259,6 +317,11 @@ def payload_value(encoded: Any, zstd: bool, ceiling: int, where: str) -> tuple[A
             f"{where}: payload is {len(raw)} bytes, above the {ceiling}-byte timer payload "
             "ceiling",
         )
+    value = codec.fast(raw, codec.ANY)
+    if value is not codec.FALLBACK:
+        compact = codec.encode(value)
+        if len(compact) <= ceiling:
+            return value, compact
     try:
         value = strict_json.loads(raw, what=f"{where}.payload")
     except strict_json.JsonRefused as exc:

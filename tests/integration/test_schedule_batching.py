@@ -160,3 +160,33 @@ async def test_two_tenants_scheduling_one_name_at_once_get_a_timer_each(
         FROM queen.timers t JOIN queen.tenants tn USING (tenant_id)
         WHERE t.queue = 'shared' AND t.timer_key = 'same-key' ORDER BY 1""")
     assert [(r["name"], r["sent_by"]) for r in rows] == [("alpha", "A"), ("beta", "B")]
+
+
+async def test_large_batches_each_go_alone_and_are_answered_in_full(
+    broker: BrokerHandle, database_url: str,
+) -> None:
+    """A batch of batcher.ALONE (64) timers or more is its own statement, sent at once:
+    concurrent 100-op batches are never merged into one statement (each would then wait for
+    all the others' timers to be written), and each is answered its own results."""
+    size, count = 100, 8
+    answers: dict[int, httpx.Response] = {}
+
+    async def post(b: int) -> None:
+        answers[b] = await many.post(TIMERS, json={"operations": [
+            timer_op("alone", f"a{b}-{i}", 60_000, {"i": i}) for i in range(size)]})
+
+    batcher = broker.context.schedules
+    before, scheduled_before = batcher.batches, batcher.scheduled
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30,
+                                 limits=httpx.Limits(max_connections=count)) as many:
+        async with trio.open_nursery() as nursery:
+            for b in range(count):
+                nursery.start_soon(post, b)
+    for b, r in answers.items():
+        assert r.status_code == 200, r.text
+        assert [t["timerKey"] for t in r.json()["results"]] == [f"a{b}-{i}" for i in range(size)]
+        assert {t["status"] for t in r.json()["results"]} == {"scheduled"}
+    (row,) = sql(database_url, "SELECT count(*) AS n FROM queen.timers WHERE queue = 'alone'")
+    assert row["n"] == size * count
+    assert batcher.scheduled - scheduled_before == size * count
+    assert batcher.batches - before == count  # one statement each, none merged

@@ -10,6 +10,7 @@ import threading
 import pytest
 import zstandard
 
+from queen_trio import strict_json
 from queen_trio.errors import ClientError, PayloadTooLarge, ValidationError
 from queen_trio.timers import rules
 
@@ -164,3 +165,64 @@ def test_what_a_dead_letter_holds_for_a_payload_jsonb_cannot_hold(
     described = rules.undecodable(blob, compressed)
     assert described == expected
     assert "\\u0000" not in json.dumps(described)  # jsonb takes it
+
+
+def _op(**fields: object) -> dict:
+    base = {"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1000, "txn": "t",
+            "payload": _b64(b'{"a": [1, 2.5, "\\u00e9"]}')}
+    return {**base, **fields}
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("body", [
+    {"operations": [_op(), _op(timerKey="k2", payloadZstd=False, partition="p")]},
+    [_op(), _op(op="cancel", timerKey="k3", txn="x", payload=_DROP, delayMs=_DROP)],
+    [_op(op="cancel", timerKey="k3", delayMs=_DROP)],  # a cancel carrying a payload
+    [_op(delayMs=None)], [_op(delayMs=_DROP)], [_op(txn=None)], [_op(payloadZstd=None)],
+    [_op(payloadZstd=1)], [_op(encrypted=True)], [_op(encrypted=False)], [_op(messageId="m")],
+    [_op(_x=1)], [_op(op="fire")], [_op(queue="")], [_op(timerKey="a\u0000b")],
+    [_op(delayMs=10**400)], [_op(delayMs=2.0)], [_op(delayMs=True)], [_op(payload="%%")],
+    [_op(payload=_b64(b"NaN"))], [_op(payload=_b64(b'"\\u0000"'))],
+    [_op(payload=_b64(b"1" + b"0" * 400))], [_op(payload=_b64(b'"\\ud800"'))],
+    [_op(payload=_b64(b"\xef\xbb\xbf[1]"))], [_op(payload=_b64(b"null"))],
+    [_op(delayMs=10**12)], [_op(), _op()], [_op(timerKey=f"k{i}") for i in range(257)],
+    {"operations": [_op(timerKey=f"k{i}") for i in range(257)]},
+    {"operations": [_op()], "extra": 1}, {"operations": None}, "text",
+])
+def test_the_models_fast_path_decides_as_the_rules_do(body: object) -> None:
+    """A body the wire models decode (queen_trio/models) is judged exactly as the strict
+    decoder and the rules judge it: the same operations, or the same refusal; whatever the
+    models cannot take falls back to the rules (None)."""
+    def clean(v: object) -> object:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not _DROP}
+        return [clean(x) for x in v] if isinstance(v, list) else v
+
+    raw = json.dumps(clean(body)).encode()
+
+    def judged(decide: object) -> object:
+        try:
+            ops = decide()  # type: ignore[operator]
+        except (ClientError, strict_json.JsonRefused) as exc:
+            return (type(exc), exc.code, exc.message)
+        return None if ops is None else [
+            (type(op), op.queue, op.key, op.txn, getattr(op, "json_bytes", None) and
+             json.loads(op.json_bytes), getattr(op, "delay_ms", None)) for op in ops]
+
+    kw = {"horizon_s": 3600, "ceiling": 1024}
+    fast = judged(lambda: rules.operations_from_bytes(raw, **kw))
+    precise = judged(lambda: rules.operations(strict_json.loads(raw), **kw))
+    assert fast is None or fast == precise
+
+
+def test_a_clean_batch_takes_the_models_fast_path() -> None:
+    body = [{k: v for k, v in op.items() if v is not _DROP}
+            for op in (_op(), _op(timerKey="k2", op="cancel", txn="x", payload=_DROP,
+                                  delayMs=_DROP))]
+    ops = rules.operations_from_bytes(json.dumps(body).encode(), horizon_s=3600, ceiling=1024)
+    assert ops is not None
+    assert [type(op) for op in ops] == [rules.Schedule, rules.Cancel]
+    assert ops[0].payload == {"a": [1, 2.5, "é"]}
+    assert ops[0].json_bytes == '{"a":[1,2.5,"é"]}'.encode()

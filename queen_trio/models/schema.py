@@ -1,0 +1,27 @@
+"""JSON Schemas of the wire models for the OpenAPI document (components/schemas)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from . import timers
+
+REF = "#/components/schemas/{name}"
+# The models whose schemas /openapi.json carries (and the ones they refer to).
+MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult,
+                           timers.TimerResults, timers.TimerRow, timers.TimerFound,
+                           timers.TimerMissing, timers.TimerPage, timers.TimerCount)
+
+
+def components() -> dict[str, Any]:
+    """The schemas of :data:`MODELS`, by name, referring to each other by ``$ref``."""
+    _, schemas = msgspec.json.schema_components(MODELS, ref_template=REF)
+    for schema in schemas.values():
+        schema.pop("title", None)  # (the name already says it)
+    return schemas
+
+
+def ref(model: type) -> dict[str, str]:
+    return {"$ref": REF.format(name=model.__name__)}
