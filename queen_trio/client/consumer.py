@@ -50,7 +50,7 @@ _PASSING = (BrokerUnreachable, ServerError, RateLimited)  # waited out, never fa
 @dataclasses.dataclass(frozen=True, slots=True)
 class ConsumeStats:
     handled: int = 0          # handler calls that finished (returned or raised)
-    completed: int = 0        # acked completed by the loop
+    completed: int = 0        # acked completed by the loop (taken, or found done)
     failed: int = 0           # handler raised; acked failed
     settled_by_handler: int = 0  # the handler acked them itself
     ack_errors: int = 0       # the loop's ack was refused (e.g. lease lost) or not delivered
@@ -142,7 +142,9 @@ class _Loop:
         if not entries:
             return
         if answer is not None:
-            self.count(completed=answer.acks["completed"])
+            # A completion the broker found committed already (an offset commit past it, e.g.
+            # by a handler's own transaction acking a later message) is done all the same.
+            self.count(completed=answer.acks["completed"] + answer.acks.get("alreadyAcked", 0))
             if not answer.refused:
                 return
             # Refused (the lease was lost, say): those messages come back, which is what
@@ -355,8 +357,7 @@ class _Worker:
         except (ApiError, BrokerUnreachable) as exc:
             self.loop.settled(owed, None, exc)
         else:
-            done = sum(1 for r in results if r.status == "completed" and not r.already_acked
-                       and r.refused is None)
+            done = sum(1 for r in results if r.status == "completed" and r.refused is None)
             self.loop.settled(owed, SettledPop(Batch(), {"completed": done},
                                                tuple(r for r in results if r.refused)))
         finally:
