@@ -251,3 +251,31 @@ async def test_each_abandons_the_batch_after_a_nack(broker: BrokerHandle) -> Non
     assert seen == {f"{q}-tx-1": 1, f"{q}-tx-2": 2, f"{q}-tx-3": 1, f"{q}-tx-4": 1,
                     f"{q}-tx-5": 1}
     assert dead == 1
+
+
+async def test_a_nack_in_a_multi_partition_pop_releases_only_its_partition(
+    broker: BrokerHandle,
+) -> None:
+    """queen-mq's each() after a nack skips only the rest of that message's partition: the
+    nack released that partition alone, and the other partition's messages are still held by
+    this consumer and handled now (not after the lease runs out)."""
+    q = name()
+
+    async def flow(c: Any) -> dict[str, int]:
+        await c.queue(q).config({"lease_time": 30, "retry_limit": 3}).create()
+        await c.queue(q).partition("a").push([{"data": {"n": n}, "transactionId": f"a{n}"}
+                                              for n in (1, 2)])
+        await c.queue(q).partition("b").push([{"data": {"n": 1}, "transactionId": "b1"}])
+        seen: dict[str, int] = {}
+
+        async def handler(msg: Any) -> None:
+            txn = msg["transactionId"]
+            seen[txn] = seen.get(txn, 0) + 1
+            if txn == "a1" and seen[txn] == 1:
+                raise RuntimeError("first try fails")
+
+        await (c.queue(q).partitions(2).batch(3).wait(False).idle_millis(1500).each()
+               .consume(handler))
+        return seen
+
+    assert await run(broker, flow) == {"a1": 2, "a2": 1, "b1": 1}
