@@ -30,6 +30,8 @@ from .test_queen_mq import _quiet_signals, name, run  # noqa: F401 (its autouse 
 pytest.importorskip("queen")
 
 API = "/api/v1"
+# Leases that must outlive a few requests on a loaded machine, and expire within a test.
+LEASE_S = 3
 
 
 async def push_numbered(c: Any, q: str, count: int) -> None:
@@ -57,13 +59,14 @@ async def test_acking_a_message_commits_everything_handed_out_before_it(
     q = name()
 
     async def flow(c: Any) -> list[Any]:
-        await c.queue(q).config({"lease_time": 1}).create()
+        await c.queue(q).config({"lease_time": LEASE_S}).create()
         await push_numbered(c, q, 5)
         msgs = await pop_all(c, q, 5)
         assert len(msgs) == 5
         mid = await c.ack(msgs[2])  # only the third: an offset commit up to it
         assert (mid["success"], mid["noop"], mid["leaseReleased"]) == (True, False, False)
-        await asyncio.sleep(1.5)  # the lease expires: only what is past the commit comes back
+        # The lease expires: only what is past the commit comes back.
+        await asyncio.sleep(LEASE_S + 0.5)
         return await pop_all(c, q, 10)
 
     again = await run(broker, flow)
@@ -128,13 +131,13 @@ async def test_a_nack_below_the_cursor_changes_nothing(broker: BrokerHandle) -> 
     q = name()
 
     async def flow(c: Any) -> tuple[list[Any], int]:
-        await c.queue(q).config({"lease_time": 1, "retry_limit": 0}).create()
+        await c.queue(q).config({"lease_time": LEASE_S, "retry_limit": 0}).create()
         await push_numbered(c, q, 2)
         msgs = await pop_all(c, q, 2)
         await c.ack(msgs[1])  # everything committed, the lease released
         late = await c.ack(msgs[0], "dlq", {"error": "too late"})
         assert late["success"] is False
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(LEASE_S + 0.5)
         return await pop_all(c, q, 10), await dlq_count(c, q)
 
     assert await run(broker, flow) == ([], 0)  # no redelivery, no dead letter
@@ -146,10 +149,11 @@ async def test_a_batch_ack_under_a_stale_lease_answers_per_item_results(
     q = name()
 
     async def flow(c: Any) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-        await c.queue(q).config({"lease_time": 1}).create()
+        await c.queue(q).config({"lease_time": LEASE_S}).create()
         await push_numbered(c, q, 2)
         first = await pop_all(c, q, 2)
-        await asyncio.sleep(1.3)  # the lease expires; another consumer takes the messages
+        # The lease expires; another consumer takes the messages.
+        await asyncio.sleep(LEASE_S + 0.5)
         second = await pop_all(c, q, 2)
         assert txns(q, second) == txns(q, first) and second[0]["leaseId"] != first[0]["leaseId"]
         stale = await c.ack(first)
@@ -168,11 +172,11 @@ async def test_a_stale_lease_ack_is_a_200_on_the_wire(broker: BrokerHandle) -> N
     """The same, as raw HTTP: 200 (not 409), and nothing of the stale batch is committed."""
     async with httpx.AsyncClient(base_url=broker.url) as http:
         await http.post(f"{API}/configure", json={"queue": "stale",
-                                                  "options": {"leaseTime": 1}})
+                                                  "options": {"leaseTime": LEASE_S}})
         await http.post(f"{API}/push", json={"items": [
             {"queue": "stale", "payload": n} for n in (1, 2)]})
         first = (await http.get(f"{API}/pop/queue/stale", params={"batch": 2})).json()
-        await trio.sleep(1.3)
+        await trio.sleep(LEASE_S + 0.5)
         second = (await http.get(f"{API}/pop/queue/stale", params={"batch": 1})).json()
         r = await http.post(f"{API}/ack/batch", json={"acknowledgments": [
             {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
