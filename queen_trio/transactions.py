@@ -190,6 +190,8 @@ def execute(
                 results.append(log_store.append(raw, tenant_id, op.args))
             else:
                 (result,) = log_store.ack(raw, tenant_id, [op.args])
+                if result.refused is not None:
+                    raise result.refused  # a bundle commits whole or not at all
                 results.append(result)
         except ClientError as exc:
             raise _at(op.index, exc) from None

@@ -18,13 +18,17 @@ DECLARE
     v_queue text;
     v_pname text;
 BEGIN
-    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to INTO cur
+    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+           c.lease_expires_at > now() AS lease_live INTO cur
     FROM queen.cursors c
     WHERE c.partition_id = p_partition AND c.consumer_group = p_group
       AND c.tenant_id = p_tenant
     FOR UPDATE;
+    -- An ack under a lease that is not live (expired, released, another's) gets its verdict
+    -- from the general ack.
     IF NOT FOUND OR cur.leased_to IS NULL
-       OR (p_lease IS NOT NULL AND cur.lease_id IS DISTINCT FROM p_lease) THEN
+       OR (p_lease IS NOT NULL
+           AND (cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE)) THEN
         RETURN QUERY SELECT 'fallback', NULL::text, NULL::text, NULL::bigint, NULL::bigint[],
                             NULL::bigint, NULL::text, NULL::bigint;
         RETURN;
@@ -44,14 +48,17 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Move the cursor over the offsets done out of order that now touch it.
-    v_ahead := ARRAY(SELECT DISTINCT o FROM unnest(cur.acked_ahead || v_offsets) AS o ORDER BY o);
-    v_committed := cur.committed;
-    FOREACH v_o IN ARRAY v_ahead LOOP
+    -- An offset commit (Queen's ack): the cursor moves to the highest acked offset, which
+    -- completes everything handed out before it, then over the offsets done out of order
+    -- that now touch it.
+    v_committed := (SELECT max(o) FROM unnest(v_offsets) AS o);
+    FOREACH v_o IN ARRAY ARRAY(SELECT o FROM unnest(cur.acked_ahead) AS o
+                               WHERE o > v_committed ORDER BY o) LOOP
         EXIT WHEN v_o <> v_committed + 1;
         v_committed := v_o;
     END LOOP;
-    v_ahead := ARRAY(SELECT o FROM unnest(v_ahead) AS o WHERE o > v_committed ORDER BY o);
+    v_ahead := ARRAY(SELECT o FROM unnest(cur.acked_ahead) AS o WHERE o > v_committed
+                     ORDER BY o);
 
     UPDATE queen.cursors c
     SET committed = v_committed, acked_ahead = v_ahead,
@@ -59,11 +66,9 @@ BEGIN
                                 ELSE c.lease_expires_at END,
         updated_at = now()
     WHERE c.partition_id = p_partition AND c.consumer_group = p_group;
-    IF v_committed > cur.committed THEN
-        DELETE FROM queen.retries r
-        WHERE r.partition_id = p_partition AND r.consumer_group = p_group
-          AND r."offset" <= v_committed;
-    END IF;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition AND r.consumer_group = p_group
+      AND r."offset" <= v_committed;
 
     SELECT q.name, p.name INTO v_queue, v_pname
     FROM queen.partitions p JOIN queen.queues q USING (queue_id)

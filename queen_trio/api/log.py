@@ -9,7 +9,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, request
 
-from ..errors import ClientError, ValidationError
+from ..errors import ValidationError
 from ..log import admin as log_admin
 from ..log import rules, store
 from ..log.wakeups import (
@@ -132,8 +132,9 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     """A pop that first settles what the consumer finished (``acknowledgments``, as for
     ``/ack/batch``, where a top-level ``partitionId`` and ``leaseId`` stand in for the ones
     an entry leaves out): one round trip per batch instead of an ack and a pop. The acks
-    commit first, all or nothing, at the pop's commit level; refused acks (a lost lease, an
-    unknown message) do not stop the pop and come back as ``ackError``. The answer is always
+    commit first, at the pop's commit level, each with its verdict as on ``/ack/batch``;
+    refused ones (a lost lease, an unknown message) do not stop the pop and come back in
+    ``ackRefused`` (:func:`ack_to_wire`, the others are only counted). The answer is always
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
     req = rules.pop_request(queue, partition, dict(request.args))
@@ -143,12 +144,11 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     broker = _broker()
     extra: dict[str, Any] = {"acks": ack_summary([])}
     if acks:
-        try:
-            results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
-            extra["acks"] = ack_summary(results)
-        except ClientError as exc:
-            extra["ackError"] = {"status": exc.status, "error": exc.code,
-                                 "message": exc.message, **exc.extra}
+        results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
+        extra["acks"] = ack_summary(results)
+        refused = [ack_to_wire(r) for r in results if r.refused is not None]
+        if refused:
+            extra["ackRefused"] = refused
     try:
         batches = await _pop_batches(req)
     except WaitRefused as refused:
@@ -381,12 +381,15 @@ def skip_to_wire(skip: store.Skip | None) -> dict[str, int] | None:
 
 def ack_summary(results: list[store.AckResult]) -> dict[str, Any]:
     """What a pop's acknowledgements did, counted (the client knows which it sent, in order):
-    newly applied ones by status, repeats, dead letters, and whether the lease was released."""
+    newly applied ones by status, repeats (``alreadyAcked``), refused ones, dead letters, and
+    whether a lease was released."""
     out: dict[str, Any] = {"count": len(results), **dict.fromkeys(rules.ACK_STATUSES, 0),
-                           "alreadyAcked": 0, "deadLettered": 0,
+                           "alreadyAcked": 0, "refused": 0, "deadLettered": 0,
                            "leaseReleased": any(r.lease_released for r in results)}
     for r in results:
-        if r.already_acked:
+        if r.refused is not None:
+            out["refused"] += 1
+        elif r.already_acked:
             out["alreadyAcked"] += 1
         else:
             out[r.status] += 1
@@ -394,32 +397,47 @@ def ack_summary(results: list[store.AckResult]) -> dict[str, Any]:
     return out
 
 
+# Queen's words for a refused acknowledgement (its clients read ``error``): one for a lease
+# that is not live, one for everything else it cannot resolve or honour.
+_QUEEN_ACK_ERRORS = {"lease_lost": "invalid or expired lease"}
+_QUEEN_ACK_STALE = ("transaction is unresolvable, already committed, or acknowledgment is "
+                    "stale")
+
+
 def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
+    """One acknowledgement's verdict, as Queen answers it (``success``, ``error``,
+    ``leaseReleased``, ``dlq``, ``noop``), with ``code`` and ``detail`` saying precisely why
+    a refused one was refused."""
+    refused = r.refused
     return {
         "index": r.index,
         "transactionId": r.transaction_id,
         "partitionId": str(r.partition_id),
         "status": r.status,
-        "success": True,
-        "error": None,
+        "success": refused is None,
+        "error": None if refused is None
+        else _QUEEN_ACK_ERRORS.get(refused.code, _QUEEN_ACK_STALE),
+        "code": None if refused is None else refused.code,
+        "detail": None if refused is None else refused.message,
         "queueName": r.queue,
         "partitionName": r.partition,
         "leaseReleased": r.lease_released,
         "dlq": r.dead_lettered,
+        "noop": r.already_acked,
         "alreadyAcked": r.already_acked,
     }
 
 
 async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[store.AckResult]:
-    """Apply acknowledgements, all or nothing: the common case in one statement, the rest
-    through the general ack."""
+    """Apply acknowledgements, each with its verdict: the common case in one statement, the
+    rest through the general ack."""
     broker = _broker()
     tenant = current_tenant_id()
     results = await broker.db.run_statement(store.ack_head, tenant, acks,
                                             sync_commit=sync_commit)
     if results is None:
         results = await broker.db.run(store.ack, tenant, acks)
-    broker.metrics.count_acks(tenant, (r.status for r in results if not r.already_acked))
+    broker.metrics.count_acks(tenant, (r.status for r in results if r.applied))
     for r in results:
         if r.dead_lettered:
             broker.metrics.dead_lettered.inc()
@@ -428,6 +446,7 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
 
 @log_routes.post("/ack")
 async def ack() -> Response:
+    """Always 200 once the body is valid: each acknowledgement says whether it was taken."""
     body = await read_json_object()
     return _json([ack_to_wire(r) for r in await settle([rules.ack(body, 0)])])
 
@@ -440,15 +459,23 @@ async def ack_batch() -> Response:
 
 @log_routes.post("/lease/<lease_id>/extend")
 async def extend_lease(lease_id: str) -> Response:
+    """Queen's answer, 200 whether or not anything was renewed: ``renewed`` counts the
+    partitions held under the lease that were extended, and ``success`` is false (with
+    ``error``) when none was: the lease expired, was released by an ack or nack, or never
+    existed."""
     lease = rules.lease_id(lease_id)
     raw = await request.get_data()
     body = await read_json_object() if raw.strip() else {}
     seconds = body.get("seconds", 60)
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 86_400:
         raise ValidationError("invalid_parameter", "seconds must be an integer from 1 to 86400")
-    expires = await _broker().db.run(store.extend_lease, current_tenant_id(), lease, seconds)
-    return _json([{"index": 0, "leaseId": str(lease), "success": True, "error": None,
-                   "expiresAt": iso(expires)}])
+    renewal = await _broker().db.run(store.extend_lease, current_tenant_id(), lease, seconds)
+    expires = iso(renewal.expires_at)
+    error = {"lease_expired": "lease expired or was released by an ack or nack",
+             "lease_not_found": "no such lease"}.get(renewal.reason or "")
+    return _json({"leaseId": str(lease), "success": renewal.renewed > 0,
+                  "renewed": renewal.renewed, "newExpiresAt": expires, "expiresAt": expires,
+                  "lease_expires_at": expires, "error": error, "code": renewal.reason})
 
 
 # -- dead letters -----------------------------------------------------------------------------

@@ -91,11 +91,23 @@ _POP_RESPONSES = {
     **_errors(400), **_WAIT_REFUSED,
 }
 
+_ACK_AS_COMMIT = (
+    "An acknowledgement is an offset commit, as in Queen: completing a message commits the "
+    "group's cursor up to it (what was handed out before it is done too). A failed, retry or "
+    "dlq in the same call is never skipped by a later completion: the cursor stops below it, "
+    "the lease is released, and the messages from it on come back (a dead letter, or a "
+    "failure past retryLimit, settles its message and the call goes on past it). Always 200 "
+    "once the body is valid: each acknowledgement says success, or is refused with Queen's "
+    "error text and a code: lease_lost (the lease is not live), unresolvable (no such "
+    "message), already_committed (a nack at or below the committed offset), not_delivered "
+    "(never handed out to the group). A completion at or below the committed offset is a "
+    "success with noop: true.")
 _SETTLE_AND_POP = (
-    "The acknowledgements (as for /ack/batch) are applied first, all or nothing, and "
+    "The acknowledgements (as for /ack/batch) are applied first, each with its verdict, and "
     "committed as a pop commits (QUEEN_POP_COMMIT); then the pop runs with the query's "
-    "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: they "
-    "come back as ackError {status, error, message}. A top-level partitionId and leaseId "
+    "parameters, long-polling if asked. Refused acknowledgements do not stop the pop: their "
+    "verdicts come back in ackRefused (as /ack/batch answers them). A top-level partitionId "
+    "and leaseId "
     "stand in for the ones an entry leaves out. Always 200 once acknowledgements were "
     "sent: messages is empty when nothing was ready; acks counts what the acknowledgements "
     "did; waitRefused says why it did not wait, past a bound on waiting pops.")
@@ -105,10 +117,9 @@ _SETTLE_AND_POP_RESPONSES = {
             "acks": {"type": "object", "description": "what the acknowledgements did",
                      "properties": {k: {"type": "integer"} for k in (
                          "count", "completed", "failed", "retry", "dlq", "alreadyAcked",
-                         "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
-            "ackError": {"type": "object", "properties": {
-                "status": {"type": "integer"}, "error": {"type": "string"},
-                "message": {"type": "string"}}},
+                         "refused", "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
+            "ackRefused": {"type": "array", "items": {"$ref": "#/components/schemas/AckResult"},
+                           "description": "the verdicts of the refused acknowledgements"},
             "waitRefused": {"type": "object", "description": "the acknowledgements committed "
                             "but the pop found nothing and could not wait (a bound on "
                             "waiting pops: the 429 or 503 it would have answered)",
@@ -350,7 +361,8 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
 
 def _log_paths() -> dict[str, Any]:
     ack_schema = {"$ref": "#/components/schemas/Ack"}
-    ack_results = _json({"type": "array", "items": {"type": "object"}}, "One result per ack")
+    ack_results = _json({"type": "array", "items": {"$ref": "#/components/schemas/AckResult"}},
+                        "One verdict per acknowledgement, in order")
     settle_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {
             "consumerGroup": {"type": "string"}, "partitionId": {"type": "string"},
@@ -488,27 +500,38 @@ def _log_paths() -> dict[str, Any]:
         },
         "/api/v1/ack": {"post": {
             "summary": "Acknowledge one message (completed, failed, dlq or retry)",
+            "description": _ACK_AS_COMMIT,
             "operationId": "ack",
             "requestBody": _body(ack_schema),
-            "responses": {"200": ack_results, **_errors(400, 404, 409)},
+            "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/ack/batch": {"post": {
-            "summary": "Acknowledge several messages in one transaction (all or nothing)",
+            "summary": "Acknowledge several messages, each with its verdict",
+            "description": _ACK_AS_COMMIT,
             "operationId": "ackBatch",
             "requestBody": _body({"type": "object", "required": ["acknowledgments"],
                                   "properties": {"consumerGroup": {"type": "string"},
                                                  "acknowledgments": {"type": "array",
                                                                      "items": ack_schema}}}),
-            "responses": {"200": ack_results, **_errors(400, 404, 409)},
+            "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/lease/{lease_id}/extend": {"post": {
-            "summary": "Extend a live partition lease",
+            "summary": "Extend a live lease (every partition it holds)",
+            "description": "200 whether or not anything was renewed, as Queen answers: "
+                           "renewed counts the partitions extended; success is false (with "
+                           "error, and code lease_expired or lease_not_found) when none was.",
             "operationId": "extendLease",
             "parameters": [_path_param("lease_id", "lease id from a pop")],
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
-            "responses": {"200": _json({"type": "array"}, "New expiry"),
-                          **_errors(400, 404, 409)},
+            "responses": {"200": _json({"type": "object", "properties": {
+                "leaseId": {"type": "string"}, "success": {"type": "boolean"},
+                "renewed": {"type": "integer"},
+                "newExpiresAt": {"type": ["string", "null"]},
+                "expiresAt": {"type": ["string", "null"]},
+                "lease_expires_at": {"type": ["string", "null"]},
+                "error": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}},
+                "What was renewed"), **_errors(400)},
         }},
         "/api/v1/fetch": {"post": {
             "summary": "Read records by absolute offset: no lease, no cursor (Queen's fetch)",
@@ -710,7 +733,8 @@ def _admin_paths() -> dict[str, Any]:
             "delete": {
                 "summary": "Delete a group on every queue: its cursors and redelivery counts",
                 "description": "Dead letters stay. A consumer still holding one of its leases "
-                               "has its acks refused (409); the next pop starts the group "
+                               "has its acks refused (not_delivered); the next pop starts "
+                               "the group "
                                "afresh.",
                 "operationId": "deleteConsumerGroup",
                 "parameters": [_GROUP, delete_metadata],
@@ -732,7 +756,7 @@ def _admin_paths() -> dict[str, Any]:
                            "past the end: 400). partition limits the seek to one partition "
                            "(offset: default 'Default'). Cursors are created where the group "
                            "had none. A live lease is cleared, as Queen does: its holder's "
-                           "acks then answer 409 lease_lost and its messages are handed out "
+                           "acks are then refused (lease_lost) and its messages are handed out "
                            "again from the new position. Out-of-order acks and redelivery "
                            "counts are cleared too.",
             "operationId": "seekConsumerGroup",
@@ -1115,6 +1139,27 @@ def _document() -> dict[str, Any]:
                                                 "retry"]},
                             "consumerGroup": {"type": "string"},
                             "leaseId": {"type": "string"}, "error": {"type": "string"}}},
+                "AckResult": {
+                    "type": "object",
+                    "required": ["index", "transactionId", "success", "error", "leaseReleased",
+                                 "dlq", "noop"],
+                    "properties": {
+                        "index": {"type": "integer"}, "transactionId": {"type": "string"},
+                        "partitionId": {"type": "string"}, "status": {"type": "string"},
+                        "success": {"type": "boolean",
+                                    "description": "false: the broker did not take it"},
+                        "error": {"type": ["string", "null"],
+                                  "description": "Queen's text for a refused one"},
+                        "code": {"enum": [None, "lease_lost", "unresolvable",
+                                          "already_committed", "not_delivered"]},
+                        "detail": {"type": ["string", "null"]},
+                        "queueName": {"type": ["string", "null"]},
+                        "partitionName": {"type": ["string", "null"]},
+                        "leaseReleased": {"type": "boolean"}, "dlq": {"type": "boolean"},
+                        "noop": {"type": "boolean", "description": "a completion at or below "
+                                 "the committed offset: nothing to do"},
+                        "alreadyAcked": {"type": "boolean", "description": "noop, as "
+                                         "earlier versions of this broker named it"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from .. import strict_json
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
+from .errors import Conflict, NotFound
 
 T = TypeVar("T")
 API = "/api/v1"
@@ -236,7 +237,8 @@ def ack_entry(message: m.Message, status: m.AckStatus | str, error: str | None) 
 
 
 def ack_batch(entries: Sequence[dict[str, Any]]) -> Call[tuple[m.AckResult, ...]]:
-    # All or nothing; safe to repeat only when every entry completes (see ack).
+    # Each entry gets its verdict (AckResult.refused); safe to repeat only when every entry
+    # completes (see ack).
     return Call("POST", f"{API}/ack/batch",
                 lambda w: tuple(m.AckResult.from_wire(r) for r in w),
                 all(e["status"] == "completed" for e in entries),
@@ -246,13 +248,36 @@ def ack_batch(entries: Sequence[dict[str, Any]]) -> Call[tuple[m.AckResult, ...]
 def ack(message: m.Message, status: m.AckStatus | str, error: str | None) -> Call[m.AckResult]:
     entry = ack_entry(message, status, error)
     # Completing twice is answered alreadyAcked; a repeated "failed" would spend a retry.
-    return Call("POST", f"{API}/ack", lambda w: m.AckResult.from_wire(w[0]),
+    return Call("POST", f"{API}/ack", lambda w: _taken(m.AckResult.from_wire(w[0]), w[0]),
                 entry["status"] == "completed", body=entry, settles=(message,))
+
+
+# The broker answers a refused acknowledgement as a verdict (200, Queen's wire); one ack on
+# its own is refused as an error, as the SDK raises for every refusal.
+_REFUSED_STATUS = {"unresolvable": 404}
+
+
+def _taken(result: m.AckResult, w: dict[str, Any]) -> m.AckResult:
+    if result.refused is None:
+        return result
+    status = _REFUSED_STATUS.get(result.refused, 409)
+    cls = NotFound if status == 404 else Conflict
+    raise cls(status, result.refused, result.detail or w.get("error") or "", w)
 
 
 def extend_lease(lease_id: str, seconds: int) -> Call[Any]:
     return Call("POST", f"{API}/lease/{segment(_name(lease_id, 'lease_id'))}/extend",
-                lambda w: m.parse_time(w[0]["expiresAt"]), True, body={"seconds": seconds})
+                _renewed, True, body={"seconds": seconds})
+
+
+def _renewed(w: dict[str, Any]) -> Any:
+    """The new expiry; a lease that renewed nothing (Queen answers that with 200) raises
+    :class:`Conflict` ``lease_expired`` or :class:`NotFound` ``lease_not_found``."""
+    if not w["success"]:
+        code = w.get("code") or "lease_expired"
+        cls = NotFound if code == "lease_not_found" else Conflict
+        raise cls(404 if cls is NotFound else 409, code, w.get("error") or code, w)
+    return m.parse_time(w["newExpiresAt"])
 
 
 def configure(queue: str, options: dict[str, Any]) -> Call[m.QueueConfig]:

@@ -50,7 +50,7 @@ _PASSING = (BrokerUnreachable, ServerError, RateLimited)  # waited out, never fa
 @dataclasses.dataclass(frozen=True, slots=True)
 class ConsumeStats:
     handled: int = 0          # handler calls that finished (returned or raised)
-    completed: int = 0        # acked completed by the loop
+    completed: int = 0        # acked completed by the loop (taken, or found done)
     failed: int = 0           # handler raised; acked failed
     settled_by_handler: int = 0  # the handler acked them itself
     ack_errors: int = 0       # the loop's ack was refused (e.g. lease lost) or not delivered
@@ -141,14 +141,23 @@ class _Loop:
         """Count what the broker made of a worker's settlements."""
         if not entries:
             return
-        if answer is not None and answer.ack_error is None:
-            self.count(completed=answer.acks["completed"])
+        if answer is not None:
+            # A completion the broker found committed already (an offset commit past it, e.g.
+            # by a handler's own transaction acking a later message) is done all the same.
+            self.count(completed=answer.acks["completed"] + answer.acks.get("alreadyAcked", 0))
+            if not answer.refused:
+                return
+            # Refused (the lease was lost, say): those messages come back, which is what
+            # at-least-once delivery means.
+            first = answer.refused[0]
+            log.warning("consume %s: the broker refused %d of %d settlements: %s (%s)",
+                        self.queue, len(answer.refused), len(entries), first.refused,
+                        first.detail)
+            self.count(ack_errors=sum(1 for r in answer.refused if r.status != "retry"))
             return
-        # The lease was lost or the broker is gone: the messages come back after their lease
-        # expires, which is what at-least-once delivery means.
-        why = error if error is not None else (answer.ack_error if answer else None)
+        # The broker is gone: the messages come back after their lease expires.
         log.warning("consume %s: settling %d messages failed: %s", self.queue, len(entries),
-                    why)
+                    error)
         self.count(ack_errors=sum(1 for e in entries if e["status"] != "retry"))
 
 
@@ -348,8 +357,9 @@ class _Worker:
         except (ApiError, BrokerUnreachable) as exc:
             self.loop.settled(owed, None, exc)
         else:
-            done = sum(1 for r in results if r.status == "completed" and not r.already_acked)
-            self.loop.settled(owed, SettledPop(Batch(), {"completed": done}, None))
+            done = sum(1 for r in results if r.status == "completed" and r.refused is None)
+            self.loop.settled(owed, SettledPop(Batch(), {"completed": done},
+                                               tuple(r for r in results if r.refused)))
         finally:
             self.loop.count(requests=1)
 

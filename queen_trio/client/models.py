@@ -200,33 +200,42 @@ class Batch:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AckResult:
+    """One acknowledgement's verdict. ``refused`` is the broker's code when it did not take
+    it (``lease_lost``, ``unresolvable``, ``already_committed``, ``not_delivered``), with
+    ``detail`` saying why; ``already_acked`` a completion at or below the committed offset,
+    which changed nothing."""
+
     transaction_id: str
     partition_id: str
     status: AckStatus
     lease_released: bool
     dead_lettered: bool
     already_acked: bool
+    refused: str | None = None
+    detail: str | None = None
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> AckResult:
         return cls(w["transactionId"], w["partitionId"], AckStatus(w["status"]),
-                   w["leaseReleased"], w["dlq"], w["alreadyAcked"])
+                   w["leaseReleased"], w["dlq"], w["noop"],
+                   None if w["success"] else w["code"], w.get("detail"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SettledPop:
     """The answer to a pop that carried acknowledgements: what the acks did (``acks``: counts
-    by status of those newly applied, plus ``alreadyAcked``, ``deadLettered`` and
-    ``leaseReleased``; or ``ack_error`` when the broker refused them all: they are all or
-    nothing), then the batch."""
+    by status of those newly applied, plus ``alreadyAcked``, ``refused``, ``deadLettered``
+    and ``leaseReleased``; ``refused``: the verdicts of those the broker did not take), then
+    the batch."""
 
     batch: Batch
     acks: dict[str, Any]
-    ack_error: dict[str, Any] | None
+    refused: tuple[AckResult, ...] = ()
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> SettledPop:
-        return cls(Batch.from_wire(w), w["acks"], w.get("ackError"))
+        return cls(Batch.from_wire(w), w["acks"],
+                   tuple(AckResult.from_wire(r) for r in w.get("ackRefused", ())))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -143,10 +143,12 @@ def exchange(
         assert response is not None
         status = response.status_code
         if status < 300:
-            _record_settled(call)
             if status == 204 and call.empty is not None:
-                return call.empty()
-            return call.parse(strict_json.loads(response.content))
+                result = call.empty()
+            else:  # (parse raises for a verdict that refuses, e.g. a refused ack)
+                result = call.parse(strict_json.loads(response.content))
+            _record_settled(call)
+            return result
         error = error_from_response(response)
         if error.code in call.none_on:
             return None

@@ -5,8 +5,8 @@ read (or was seeked on), holding ``committed`` (the last offset done), the offse
 order and the partition lease. Each function takes a raw connection inside a transaction, as
 those of :mod:`.store` do; SQL text lives in ``queen_trio/sql/groups.sql``.
 
-Seeking clears a live lease rather than refusing (as Queen does): the holder's acks then answer
-409 ``lease_lost`` and its messages are handed out again from the new position.
+Seeking clears a live lease rather than refusing (as Queen does): the holder's acks are then
+refused (``lease_lost``) and its messages are handed out again from the new position.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None, *,
     """Forget the group (on one queue, or everywhere): its cursors and redelivery counts,
     and with ``metadata`` its subscription records (a ``subscriptionMode=new`` group then
     subscribes afresh). Returns the number of cursors deleted. A consumer still holding a
-    lease of the group then has its acks refused (409 ``not_delivered``); a later pop starts
+    lease of the group then has its acks refused (``not_delivered``); a later pop starts
     the group afresh."""
     key = {"tenant_id": tenant_id, "group": group, "queue": queue}
     rows = raw.execute(Q.delete_group, key).fetchall()

@@ -19,7 +19,7 @@ import psycopg
 
 from ..db import queries
 from ..db.rows import one
-from ..errors import Conflict, NotFound
+from ..errors import ClientError, Conflict, NotFound
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -554,6 +554,22 @@ def _dead_letter(
 
 
 # -- ack --------------------------------------------------------------------------------------
+#
+# An acknowledgement is an offset commit, as in Queen: acking a message commits the group's
+# cursor up to it, which completes every message before it that the consumer was handed (a
+# gap it said nothing about was done). An explicit signal (``failed``, ``retry``, ``dlq``) is
+# never skipped by a later success in the same call: the cursor stops below the lowest one,
+# the lease is released, and everything from the signal on is delivered again (unless the
+# signal settled its message: a dead letter, or ``failed`` with the retry budget spent, moves
+# the cursor past it and the call's later acks go on from there).
+#
+# Each acknowledgement gets its own verdict: one the broker cannot honour is answered as
+# refused (``AckResult.refused``) and the others still apply; a transaction raises the first
+# refusal instead, and rolls back.
+
+# Strength of a status at one offset: a dead letter beats a failure beats a retry beats a
+# completion (Queen's tie-break).
+_RANK = {"dlq": 0, "failed": 1, "retry": 2, "completed": 3}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -562,20 +578,25 @@ class AckResult:
     transaction_id: str
     partition_id: uuid.UUID
     status: str
-    queue: str
-    partition: str
+    queue: str | None
+    partition: str | None
     lease_released: bool
     dead_lettered: bool
+    # A completion at or below the committed offset: nothing to do (Queen's ``noop``).
     already_acked: bool
+    # Why the broker did not take it (None: taken): its code says which rule refused it.
+    refused: ClientError | None = None
+
+    @property
+    def applied(self) -> bool:
+        """Whether this acknowledgement changed something (not a repeat, not refused)."""
+        return self.refused is None and not self.already_acked
 
 
 def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
-    """Apply acknowledgements, all or nothing: any unknown message, foreign lease or
-    undelivered frame raises and the caller's transaction rolls back.
-
-    Acks are grouped per (partition, consumer group): one lookup of their frames, one lock of
-    the cursor, one write of it, whatever the batch size.
-    """
+    """Apply acknowledgements in the caller's transaction, each with its own verdict (see the
+    top of this section). Acks are grouped per (partition, consumer group): one lookup of
+    their frames, one lock of the cursor, one write of it, whatever the batch size."""
     groups: dict[tuple[uuid.UUID, str], list[tuple[int, Ack]]] = {}
     for position, a in enumerate(acks):
         groups.setdefault((a.partition_id, a.group), []).append((position, a))
@@ -583,7 +604,7 @@ def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
     for (partition_id, group), items in groups.items():
         results.update(_ack_partition(raw, tenant_id, partition_id, group, items))
     ordered = [results[position] for position in range(len(acks))]
-    for queue in {r.queue for r in ordered if r.lease_released}:
+    for queue in {r.queue for r in ordered if r.lease_released and r.queue is not None}:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, queue)})
     return ordered
 
@@ -592,8 +613,8 @@ def ack_head(raw: Raw, tenant_id: int, acks: Sequence[Ack], *,
              sync_commit: bool = True) -> list[AckResult] | None:
     """The common acknowledgement in one statement (it may run in autocommit): ``completed``
     for frames of one partition and group, each still in the head and open under the
-    group's lease. None when the case needs :func:`ack` (then nothing was changed).
-    ``sync_commit`` as for :func:`pop_head`."""
+    group's live lease (or given without a lease). None when the case needs :func:`ack`
+    (then nothing was changed). ``sync_commit`` as for :func:`pop_head`."""
     first = acks[0]
     if any(a.status != "completed" or a.partition_id != first.partition_id
            or a.group != first.group or a.lease_id != first.lease_id for a in acks):
@@ -607,17 +628,14 @@ def ack_head(raw: Raw, tenant_id: int, acks: Sequence[Ack], *,
     head = rows[0]
     if head["outcome"] == "fallback":
         return None
-    # Label each acknowledgement as the general ack does: released once the cursor, moved
-    # over the acks so far in their order, has passed everything the lease handed out.
-    offset_of = {r["transaction_id"]: r["offset"] for r in rows}
-    committed, ahead = head["committed_before"], list(head["acked_ahead_before"])
-    results = []
-    for a in acks:
-        committed, ahead = advance(committed, [*ahead, offset_of[a.transaction_id]])
-        results.append(AckResult(a.index, a.transaction_id, a.partition_id, a.status,
-                                 head["queue"], head["partition"],
-                                 committed >= head["leased_to"], False, False))
-    return results
+    # The cursor moved to the highest acked offset (and over what was done out of order
+    # right after it); the lease is released when that covers everything it handed out.
+    top = max(r["offset"] for r in rows)
+    committed, _ = advance(max(head["committed_before"], top), head["acked_ahead_before"])
+    released = committed >= head["leased_to"]
+    return [AckResult(a.index, a.transaction_id, a.partition_id, a.status, head["queue"],
+                      head["partition"], released, False, False)
+            for a in acks]
 
 
 def _where(a: Ack) -> str:
@@ -635,105 +653,149 @@ def _ack_partition(
     offsets: dict[str, list[int]] = {}
     for row in rows:
         offsets.setdefault(row["transaction_id"], []).append(row["offset"])
-    for _, a in items:
-        if a.transaction_id not in offsets:
-            raise NotFound(
-                "message_not_found",
-                f"{_where(a)}: no message with transactionId {a.transaction_id!r} in partition "
-                f"{a.partition_id}",
-                index=a.index,
-            )
-    info = rows[0]
-    cursor = raw.execute(Q.lock_cursor, key).fetchone()
-    if cursor is None:
-        a = items[0][1]
-        raise Conflict(
-            "not_delivered",
-            f"{_where(a)}: consumer group {group!r} has never popped this partition",
-            index=a.index,
-        )
-    start = committed = cursor["committed"]
-    ahead = set(cursor["acked_ahead"])
-    leased_to = cursor["leased_to"] if cursor["leased_to"] is not None else committed
-    release = False
-    hold = False
+    info = rows[0] if rows else None
+    cursor = raw.execute(Q.lock_cursor, key).fetchone() if rows else None
     out: dict[int, AckResult] = {}
 
-    for position, a in items:
-        def result(*, released: bool = False, dlq: bool = False, already: bool = False,
-                   a: Ack = a) -> AckResult:
-            return AckResult(a.index, a.transaction_id, partition_id, a.status, info["queue"],
-                             info["partition"], released, dlq, already)
+    def refuse(position: int, a: Ack, exc: ClientError) -> None:
+        out[position] = AckResult(
+            a.index, a.transaction_id, partition_id, a.status,
+            None if info is None else info["queue"],
+            None if info is None else info["partition"], False, False, False, exc)
 
+    # -- each acknowledgement: the offset it names, or its verdict now
+    named: dict[int, tuple[int, Ack]] = {}  # position -> (offset, ack)
+    for position, a in items:
+        mine = offsets.get(a.transaction_id)
+        if mine is None:
+            refuse(position, a, NotFound(
+                "unresolvable",
+                f"{_where(a)}: no message with transactionId {a.transaction_id!r} in partition "
+                f"{a.partition_id}", index=a.index))
+            continue
+        if cursor is None:
+            refuse(position, a, Conflict(
+                "not_delivered",
+                f"{_where(a)}: consumer group {group!r} has never popped this partition",
+                index=a.index))
+            continue
         if a.lease_id is not None and a.lease_id != cursor["lease_id"]:
-            raise Conflict(
-                "lease_lost",
-                f"{_where(a)}: lease {a.lease_id} is no longer this partition's lease (it "
-                "expired and the messages were handed out again)",
-                index=a.index,
-            )
-        mine = offsets[a.transaction_id]
-        open_offsets = [o for o in mine if committed < o <= leased_to and o not in ahead]
-        if not open_offsets:
-            if any(o <= committed or o in ahead for o in mine):
-                out[position] = result(already=True)  # acks are idempotent
-                continue
-            raise Conflict(
+            refuse(position, a, _lease_lost(a))
+            continue
+        committed, leased_to = cursor["committed"], cursor["leased_to"]
+        leased_to = committed if leased_to is None else leased_to
+        open_offsets = [o for o in mine
+                        if committed < o <= leased_to and o not in cursor["acked_ahead"]]
+        if open_offsets and (a.lease_id is None or cursor["lease_live"]):
+            named[position] = (open_offsets[0], a)
+        elif any(o <= committed or o in cursor["acked_ahead"] for o in mine):
+            # Below the cursor: a completion is a repeat; a signal can no longer be honoured.
+            if a.status == "completed":
+                assert info is not None
+                out[position] = AckResult(a.index, a.transaction_id, partition_id, a.status,
+                                          info["queue"], info["partition"], False, False, True)
+            else:
+                refuse(position, a, Conflict(
+                    "already_committed",
+                    f"{_where(a)}: message {a.transaction_id!r} is at or below the committed "
+                    f"offset of group {group!r}; a {a.status!r} can no longer be honoured",
+                    index=a.index))
+        elif a.lease_id is not None:
+            refuse(position, a, _lease_lost(a))  # named under a lease that expired or ended
+        else:
+            refuse(position, a, Conflict(
                 "not_delivered",
                 f"{_where(a)}: message {a.transaction_id!r} has not been delivered to group "
-                f"{group!r}",
-                index=a.index,
-            )
-        offset = open_offsets[0]
-        dead = False
-        if a.status == "retry":
-            release = True
-            out[position] = result(released=True)
-            continue
-        if a.status == "failed":
-            count = one(raw.execute(
-                Q.bump_retry, {**key, "offset": offset, "error": a.error}))["retry_count"]
-            if count <= info["retry_limit"]:
-                release = True  # redelivered from the cursor on the next pop
-                hold = info["retry_delay_ms"] > 0  # ... no sooner than retryDelay
-                out[position] = result(released=True)
-                continue
-            dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset, count,
-                                a.error or "retries exhausted")
-        elif a.status == "dlq":
-            counted = raw.execute(Q.retry_count, {**key, "offset": offset}).fetchone()
-            dead = _dead_letter(raw, tenant_id, info, partition_id, group, offset,
-                                counted["retry_count"] if counted else 0,
-                                a.error or "sent to dead letters")
-        ahead.add(offset)
-        committed, remaining = advance(committed, ahead)
-        ahead = set(remaining)
-        done = committed >= leased_to
-        release |= done
-        out[position] = result(released=done, dlq=dead)
+                f"{group!r}", index=a.index))
+    if not named:
+        return out
+    assert info is not None and cursor is not None
 
-    raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": sorted(ahead),
+    # -- the commit
+    start = cursor["committed"]
+    leased_to = start if cursor["leased_to"] is None else cursor["leased_to"]
+    strongest: dict[int, tuple[str, Ack | None]] = {}
+    for offset, a in named.values():
+        held = strongest.get(offset)
+        if held is None or _RANK[a.status] < _RANK[held[0]]:
+            strongest[offset] = (a.status, a)
+    signals = [o for o, (s, _) in strongest.items() if s != "completed"]
+    completions = [o for o, (s, _) in strongest.items() if s == "completed"]
+    head = min(signals, default=None)
+    committed = max([start, *(o for o in completions if head is None or o < head)])
+    release = head is not None
+    hold = False
+    dead_at: set[int] = set()
+    if head is not None:
+        # From the lowest signal up: settle what this call settles, stop at the first
+        # message that must come back.
+        top_completion = max(completions, default=-1)
+        p = head
+        while p <= leased_to:
+            status, named_by = strongest.get(p, ("completed" if p < top_completion else "", None))
+            if status in ("", "retry"):
+                break
+            if status == "failed":
+                assert named_by is not None
+                count = one(raw.execute(
+                    Q.bump_retry, {**key, "offset": p, "error": named_by.error}))["retry_count"]
+                if count <= info["retry_limit"]:
+                    hold = info["retry_delay_ms"] > 0  # redelivered no sooner than retryDelay
+                    break
+                if _dead_letter(raw, tenant_id, info, partition_id, group, p, count,
+                                named_by.error or "retries exhausted"):
+                    dead_at.add(p)
+            elif status == "dlq":
+                assert named_by is not None
+                counted = raw.execute(Q.retry_count, {**key, "offset": p}).fetchone()
+                if _dead_letter(raw, tenant_id, info, partition_id, group, p,
+                                counted["retry_count"] if counted else 0,
+                                named_by.error or "sent to dead letters"):
+                    dead_at.add(p)
+            committed = p
+            p += 1
+    committed, ahead = advance(committed, cursor["acked_ahead"])
+    release |= committed >= leased_to
+    raw.execute(Q.save_cursor, {**key, "committed": committed, "acked_ahead": ahead,
                                 "release": release})
     if hold:
         raw.execute(Q.hold_for_retry, {**key, "delay_ms": info["retry_delay_ms"]})
     if committed > start:
         raw.execute(Q.forget_retries, {**key, "committed": committed})
+    for position, (offset, a) in named.items():
+        out[position] = AckResult(a.index, a.transaction_id, partition_id, a.status,
+                                  info["queue"], info["partition"], release,
+                                  offset in dead_at and strongest[offset][1] is a, False)
     return out
+
+
+def _lease_lost(a: Ack) -> Conflict:
+    return Conflict(
+        "lease_lost",
+        f"{_where(a)}: lease {a.lease_id} is no longer live on this partition (it expired, "
+        "was released, or the messages were handed out again)", index=a.index)
 
 
 # -- leases -----------------------------------------------------------------------------------
 
 
-def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) -> datetime:
-    row = raw.execute(
-        Q.extend_lease, {"lease_id": lease_id, "tenant_id": tenant_id, "seconds": seconds}
-    ).fetchone()
-    if row is not None:
-        return row["lease_expires_at"]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renewal:
+    """What extending a lease did: how many partitions it holds were renewed (a pop over
+    several partitions holds them under one lease), and the earliest new expiry."""
+    renewed: int
+    expires_at: datetime | None
+    # Why nothing was renewed: "lease_not_found", or "lease_expired" (ended or released).
+    reason: str | None = None
+
+
+def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) -> Renewal:
+    row = one(raw.execute(
+        Q.extend_lease, {"lease_id": lease_id, "tenant_id": tenant_id, "seconds": seconds}))
+    if row["renewed"]:
+        return Renewal(row["renewed"], row["expires_at"])
     exists = raw.execute(Q.lease_exists, {"lease_id": lease_id, "tenant_id": tenant_id}).fetchone()
-    if exists:
-        raise Conflict("lease_expired", f"lease {lease_id} has expired or was released")
-    raise NotFound("lease_not_found", f"no lease {lease_id}")
+    return Renewal(0, None, "lease_expired" if exists else "lease_not_found")
 
 
 # -- dead letters -----------------------------------------------------------------------------

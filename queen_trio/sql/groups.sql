@@ -83,7 +83,7 @@ WHERE partition_id = %(partition_id)s AND created_at > %(at)s AND "offset" >= %(
 
 -- name: set_cursor
 -- Move (or create) a group's cursor: nothing done ahead, no lease (a live one is cleared: its
--- holder's acks then answer lease_lost), no redelivery counts. Returns whether a live lease
+-- holder's acks are then refused: lease_lost), no redelivery counts. Returns whether a live lease
 -- was cleared.
 WITH old AS (
     SELECT lease_expires_at > now() AS leased

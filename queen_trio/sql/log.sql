@@ -347,10 +347,17 @@ WHERE p.partition_id = %(partition_id)s
 RETURNING size_bytes
 
 -- name: extend_lease
-UPDATE queen.cursors
-SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(seconds)s))
-WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s AND lease_expires_at > now()
-RETURNING lease_expires_at
+-- Every partition the lease holds (a pop over several partitions holds them under one lease),
+-- as long as it is live; a renewal never shortens it. The earliest expiry is what a client
+-- schedules its next renewal by.
+WITH renewed AS (
+    UPDATE queen.cursors
+    SET lease_expires_at = greatest(lease_expires_at,
+                                    now() + make_interval(secs => %(seconds)s))
+    WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s AND lease_expires_at > now()
+    RETURNING lease_expires_at
+)
+SELECT count(*)::int AS renewed, min(lease_expires_at) AS expires_at FROM renewed
 
 -- name: live_leases
 -- The leases of a transaction's requiredLeases that are still live.

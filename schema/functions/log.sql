@@ -168,15 +168,17 @@ $fn$;
 -- A consumer that keeps up completes messages it was just handed: frames still in the head,
 -- each found once in its lease's open range (after the group's cursor, up to leased_to, not
 -- already done out of order). queen.ack_head serves exactly that case in one statement (run
--- in autocommit): lock the group's cursor, find the frames by transactionId in the head, move
--- the cursor over them, release the lease when all it handed out is done, and wake the
--- queue's long polls. Anything else (another lease, a transactionId not found in that range or
--- found twice, a repeated ack, frames sealed into segments) answers 'fallback' having changed
--- nothing, and the broker runs its general ack (queen_trio/log/store.py) instead, which looks
--- in sealed segments too and reports every error.
+-- in autocommit): lock the group's cursor, find the frames by transactionId in the head,
+-- commit the cursor up to the highest of them (an offset commit, as Queen's ack: what was
+-- handed out before it is done too), release the lease when all it handed out is done, and
+-- wake the queue's long polls. Anything else (a lease that is not live or not the cursor's, a
+-- transactionId not found in that range or found twice, a repeated ack, frames sealed into
+-- segments) answers 'fallback' having changed nothing, and the broker runs its general ack
+-- (queen_trio/log/store.py) instead, which looks in sealed segments too and gives every
+-- acknowledgement its verdict.
 --
--- The caller replays the cursor's move over the returned offsets to label each
--- acknowledgement (leaseReleased), so the previous cursor is returned with them.
+-- The caller replays the cursor's move to label the acknowledgements (leaseReleased), so the
+-- previous cursor is returned with them.
 
 CREATE OR REPLACE FUNCTION queen.ack_head(
     p_tenant integer, p_partition uuid, p_group text, p_lease uuid, p_txns text[])
@@ -195,13 +197,17 @@ DECLARE
     v_queue text;
     v_pname text;
 BEGIN
-    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to INTO cur
+    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+           c.lease_expires_at > now() AS lease_live INTO cur
     FROM queen.cursors c
     WHERE c.partition_id = p_partition AND c.consumer_group = p_group
       AND c.tenant_id = p_tenant
     FOR UPDATE;
+    -- An ack under a lease that is not live (expired, released, another's) gets its verdict
+    -- from the general ack.
     IF NOT FOUND OR cur.leased_to IS NULL
-       OR (p_lease IS NOT NULL AND cur.lease_id IS DISTINCT FROM p_lease) THEN
+       OR (p_lease IS NOT NULL
+           AND (cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE)) THEN
         RETURN QUERY SELECT 'fallback', NULL::text, NULL::text, NULL::bigint, NULL::bigint[],
                             NULL::bigint, NULL::text, NULL::bigint;
         RETURN;
@@ -221,14 +227,17 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Move the cursor over the offsets done out of order that now touch it.
-    v_ahead := ARRAY(SELECT DISTINCT o FROM unnest(cur.acked_ahead || v_offsets) AS o ORDER BY o);
-    v_committed := cur.committed;
-    FOREACH v_o IN ARRAY v_ahead LOOP
+    -- An offset commit (Queen's ack): the cursor moves to the highest acked offset, which
+    -- completes everything handed out before it, then over the offsets done out of order
+    -- that now touch it.
+    v_committed := (SELECT max(o) FROM unnest(v_offsets) AS o);
+    FOREACH v_o IN ARRAY ARRAY(SELECT o FROM unnest(cur.acked_ahead) AS o
+                               WHERE o > v_committed ORDER BY o) LOOP
         EXIT WHEN v_o <> v_committed + 1;
         v_committed := v_o;
     END LOOP;
-    v_ahead := ARRAY(SELECT o FROM unnest(v_ahead) AS o WHERE o > v_committed ORDER BY o);
+    v_ahead := ARRAY(SELECT o FROM unnest(cur.acked_ahead) AS o WHERE o > v_committed
+                     ORDER BY o);
 
     UPDATE queen.cursors c
     SET committed = v_committed, acked_ahead = v_ahead,
@@ -236,11 +245,9 @@ BEGIN
                                 ELSE c.lease_expires_at END,
         updated_at = now()
     WHERE c.partition_id = p_partition AND c.consumer_group = p_group;
-    IF v_committed > cur.committed THEN
-        DELETE FROM queen.retries r
-        WHERE r.partition_id = p_partition AND r.consumer_group = p_group
-          AND r."offset" <= v_committed;
-    END IF;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition AND r.consumer_group = p_group
+      AND r."offset" <= v_committed;
 
     SELECT q.name, p.name INTO v_queue, v_pname
     FROM queen.partitions p JOIN queen.queues q USING (queue_id)

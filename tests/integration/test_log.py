@@ -268,20 +268,24 @@ async def test_an_expired_lease_over_the_first_frame_counts_as_a_delivery(
 
 async def test_lease_expiry_redelivers_with_a_higher_retry_count(http: httpx.AsyncClient) -> None:
     await configure(http, "slow", leaseTime=1)
-    await push(http, "slow", ["x", "y"])
-    first = await pop(http, "slow", batch=2)
-    assert [m["retryCount"] for m in first["messages"]] == [0, 0]
-    await ack(http, first["messages"][1])  # acked out of order; "x" stays open
-    assert await pop(http, "slow", batch=2) is None
+    await push(http, "slow", ["x", "y", "z"])
+    first = await pop(http, "slow", batch=3)
+    assert [m["retryCount"] for m in first["messages"]] == [0, 0, 0]
+    # An offset commit: acking "y" completes "x" too; "z" stays open under the lease.
+    assert (await ack(http, first["messages"][1]))["leaseReleased"] is False
+    assert await pop(http, "slow", batch=3) is None
     await trio.sleep(1.1)
-    again = await pop(http, "slow", batch=2)
-    assert [(m["data"], m["retryCount"]) for m in again["messages"]] == [("x", 1)]
+    again = await pop(http, "slow", batch=3)
+    assert [(m["data"], m["retryCount"]) for m in again["messages"]] == [("z", 1)]
     assert again["leaseId"] != first["leaseId"]
+    # The expired lease is refused, as a verdict (Queen's answer: 200, success false).
     r = await http.post(f"{API}/ack", json={
-        "transactionId": first["messages"][0]["transactionId"],
-        "partitionId": first["messages"][0]["partitionId"], "leaseId": first["leaseId"],
+        "transactionId": first["messages"][2]["transactionId"],
+        "partitionId": first["messages"][2]["partitionId"], "leaseId": first["leaseId"],
     })
-    assert (r.status_code, r.json()["error"]) == (409, "lease_lost")
+    assert r.status_code == 200
+    assert [(v["success"], v["code"], v["error"]) for v in r.json()] == [
+        (False, "lease_lost", "invalid or expired lease")]
     assert (await ack(http, again["messages"][0]))["leaseReleased"] is True
     assert await pop(http, "slow") is None
 
@@ -317,8 +321,10 @@ async def test_failures_retry_then_dead_letter_and_replay(http: httpx.AsyncClien
 async def test_dlq_status_and_listing_filters(http: httpx.AsyncClient) -> None:
     await push(http, "a", [1, 2, 3])
     got = await pop(http, "a", batch=3, consumerGroup="g1")
-    for m in got["messages"]:
-        await ack(http, m, "dlq", error="bad")
+    r = await http.post(f"{API}/ack/batch", json={"consumerGroup": "g1", "acknowledgments": [
+        {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+         "leaseId": m["leaseId"], "status": "dlq", "error": "bad"} for m in got["messages"]]})
+    assert [(v["success"], v["dlq"]) for v in r.json()] == [(True, True)] * 3
     page = (await http.get(f"{API}/dlq", params={"queue": "a", "limit": 2})).json()
     assert [d["data"] for d in page["messages"]] == [1, 2]
     rest = (await http.get(f"{API}/dlq", params={"queue": "a", "cursor": page["next"]})).json()
@@ -327,7 +333,7 @@ async def test_dlq_status_and_listing_filters(http: httpx.AsyncClient) -> None:
     assert (none["messages"], none["next"], none["total"]) == ([], None, 0)
 
 
-async def test_ack_errors_apply_nothing(http: httpx.AsyncClient) -> None:
+async def test_each_acknowledgement_gets_its_verdict(http: httpx.AsyncClient) -> None:
     await push(http, "acks", [1, 2])
     got = await pop(http, "acks", batch=2)
     m1, m2 = got["messages"]
@@ -335,12 +341,14 @@ async def test_ack_errors_apply_nothing(http: httpx.AsyncClient) -> None:
         {"transactionId": m1["transactionId"], "partitionId": m1["partitionId"]},
         {"transactionId": "ghost", "partitionId": m1["partitionId"]},
     ]})
-    assert r.status_code == 404
-    assert r.json()["error"] == "message_not_found" and r.json()["index"] == 1
-    # The first ack was rolled back with the batch: both are still open.
-    result = await ack(http, m1)
-    assert result["alreadyAcked"] is False
-    assert (await ack(http, m1))["alreadyAcked"] is True  # idempotent
+    assert r.status_code == 200
+    taken, ghost = r.json()
+    assert (taken["success"], taken["error"], taken["noop"]) == (True, None, False)
+    assert (ghost["success"], ghost["code"], ghost["index"]) == (False, "unresolvable", 1)
+    assert "unresolvable" in ghost["error"] and "'ghost'" in ghost["detail"]
+    # The refusal did not stop the other: m1 is committed, a repeat is a noop.
+    assert (await ack(http, m1))["noop"] is True
+    assert (await ack(http, m2))["noop"] is False
     await push(http, "acks", [3])
     r = await http.post(f"{API}/ack", json={
         "transactionId": "x", "partitionId": "not-a-uuid"})
@@ -349,12 +357,14 @@ async def test_ack_errors_apply_nothing(http: httpx.AsyncClient) -> None:
     assert (r.status_code, r.json()["error"]) == (400, "missing_field")
 
 
-async def test_acking_a_frame_never_delivered_is_a_conflict(http: httpx.AsyncClient) -> None:
+async def test_acking_a_frame_never_delivered_is_refused(http: httpx.AsyncClient) -> None:
     results = await push(http, "nd", [1, 2])
     await pop(http, "nd", batch=1)
     r = await http.post(f"{API}/ack", json={
         "transactionId": results[1]["transactionId"], "partitionId": results[1]["partitionId"]})
-    assert (r.status_code, r.json()["error"]) == (409, "not_delivered")
+    assert r.status_code == 200
+    assert [(v["success"], v["code"]) for v in r.json()] == [(False, "not_delivered")]
+    assert (await pop(http, "nd", batch=1)) is None  # still leased: nothing was committed
 
 
 async def test_lease_extension(http: httpx.AsyncClient) -> None:
@@ -363,16 +373,23 @@ async def test_lease_extension(http: httpx.AsyncClient) -> None:
     got = await pop(http, "ext")
     r = await http.post(f"{API}/lease/{got['leaseId']}/extend", json={"seconds": 30})
     assert r.status_code == 200
-    assert r.json()[0]["success"] is True
+    body = r.json()
+    assert (body["leaseId"], body["success"], body["renewed"]) == (got["leaseId"], True, 1)
+    assert body["newExpiresAt"] == body["expiresAt"] is not None
     await trio.sleep(1.2)
     assert await pop(http, "ext") is None  # still leased thanks to the extension
+    # Nothing renewed is answered as Queen does: 200, success false, renewed 0.
     r = await http.post(f"{API}/lease/00000000-0000-0000-0000-000000000000/extend")
-    assert (r.status_code, r.json()["error"]) == (404, "lease_not_found")
+    assert r.status_code == 200
+    assert (r.json()["success"], r.json()["renewed"], r.json()["code"]) == (
+        False, 0, "lease_not_found")
     r = await http.post(f"{API}/lease/nope/extend")
     assert (r.status_code, r.json()["error"]) == (400, "invalid_lease_id")
-    await ack(http, got["messages"][0])
+    await ack(http, got["messages"][0])  # releases the lease
     r = await http.post(f"{API}/lease/{got['leaseId']}/extend")
-    assert (r.status_code, r.json()["error"]) == (409, "lease_expired")
+    assert r.status_code == 200
+    assert (r.json()["success"], r.json()["renewed"], r.json()["newExpiresAt"],
+            r.json()["code"]) == (False, 0, None, "lease_expired")
 
 
 # -- delayedProcessing and long-poll ----------------------------------------------------------

@@ -357,7 +357,7 @@ async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
                        "Default", 0, None, "__QUEUE_MODE__", 1, datetime.now(UTC), 0)
     with pytest.raises(NotFound) as unknown:
         await queen.ack(stranger)
-    assert unknown.value.code == "message_not_found"
+    assert unknown.value.code == "unresolvable"
 
     await queen.configure("leases", lease_time=1)
     await queen.push("leases", 1)

@@ -358,8 +358,8 @@ async def test_settle_and_pop_reports_refused_acks_and_still_pops(
                             json={"acknowledgments": [entry]})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["acks"]["count"] == 0 and body["ackError"]["status"] == 409
-        assert body["ackError"]["error"] == "lease_lost"
+        assert (body["acks"]["count"], body["acks"]["refused"]) == (1, 1)
+        assert [(v["success"], v["code"]) for v in body["ackRefused"]] == [(False, "lease_lost")]
         assert body["messages"] == [] and body["partition"] is None  # leased to the other
         # The other consumer settles through the same route (partition and lease said once
         # at the top) and gets nothing more.
@@ -368,9 +368,9 @@ async def test_settle_and_pop_reports_refused_acks_and_still_pops(
                                   "leaseId": again.lease_id,
                                   "acknowledgments": [{"transactionId": again.transaction_id}]})
         assert r.json()["acks"] == {"count": 1, "completed": 1, "failed": 0, "retry": 0,
-                                    "dlq": 0, "alreadyAcked": 0, "deadLettered": 0,
-                                    "leaseReleased": True}
-        assert "ackError" not in r.json() and r.json()["messages"] == []
+                                    "dlq": 0, "alreadyAcked": 0, "refused": 0,
+                                    "deadLettered": 0, "leaseReleased": True}
+        assert "ackRefused" not in r.json() and r.json()["messages"] == []
         # A body that is not acknowledgements is the client's mistake: 400, nothing done.
         await queen.push("refused", "second")
         r = await http.post("/api/v1/pop/queue/refused", json={"acknowledgments": "all"})

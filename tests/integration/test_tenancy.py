@@ -260,30 +260,32 @@ async def test_two_tenants_never_see_each_other(
     a_leased = a["leased"]
     assert a_leased["partitionId"] != b["leased"]["partitionId"]
 
-    # Acking A's message with A's ids, one by one or in a batch: not found for B.
+    # Acking A's message with A's ids, one by one or in a batch: unknown to B (refused).
     for body in (ack_body(a_leased), ack_body(a_leased, leaseId=None),
                  ack_body(a_leased, status="failed"), ack_body(a_leased, status="dlq")):
         r = await http_b.post(f"{API}/ack", json={k: v for k, v in body.items() if v is not None})
-        assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
+        assert r.status_code == 200, r.text
+        assert [(v["success"], v["code"]) for v in r.json()] == [(False, "unresolvable")]
     r = await http_b.post(f"{API}/ack/batch", json={"acknowledgments": [
         ack_body(b["leased"]), ack_body(a_leased)]})
-    assert (r.status_code, r.json()["error"]) == (404, "message_not_found")
+    assert [(v["success"], v["code"]) for v in r.json()] == [(True, None),
+                                                             (False, "unresolvable")]
     # A's message in B's own partition is just as unknown (and vice versa).
     r = await http_b.post(f"{API}/ack", json={"transactionId": a_leased["transactionId"],
                                               "partitionId": b["leased"]["partitionId"]})
-    assert r.status_code == 404
+    assert r.json()[0]["code"] == "unresolvable"
 
     # ... nor riding B's own pop (settle-and-pop): refused, and the pop sees only B's.
     r = await http_b.post(f"{API}/pop/queue/orders", params={"consumerGroup": "riders"},
                           json={"acknowledgments": [ack_body(a_leased)]})
-    assert r.status_code == 200 and r.json()["acks"]["count"] == 0
-    assert (r.json()["ackError"]["status"], r.json()["ackError"]["error"]) == (
-        404, "message_not_found")
+    assert r.status_code == 200 and r.json()["acks"]["refused"] == 1
+    assert [v["code"] for v in r.json()["ackRefused"]] == ["unresolvable"]
     assert all(m["data"]["who"] == "B" for m in r.json()["messages"])
 
     # Extending A's lease: not found for B.
     r = await http_b.post(f"{API}/lease/{a_leased['leaseId']}/extend", json={"seconds": 600})
-    assert (r.status_code, r.json()["error"]) == (404, "lease_not_found")
+    assert (r.json()["success"], r.json()["renewed"], r.json()["code"]) == (
+        False, 0, "lease_not_found")
 
     # Replaying A's dead letter: not found for B.
     r = await http_b.post(f"{API}/dlq/{a['dead']['id']}/replay")
@@ -333,7 +335,7 @@ async def test_two_tenants_never_see_each_other(
         {"op": "put", "ns": "saga", "key": "k1", "value": "overwritten", "forever": True},
         {"op": "delete", "ns": "saga", "key": "only-B"},
     ]})
-    assert (r.status_code, r.json()["error"]) == (404, "message_not_found"), r.text
+    assert (r.status_code, r.json()["error"]) == (404, "unresolvable"), r.text
     assert r.json()["operation"] == 1
     r = await http_b.post(f"{API}/transaction", json={"operations": [
         {"type": "ack", "transactionId": a["dead"]["transactionId"],

@@ -60,14 +60,14 @@ async def test_a_failing_last_operation_leaves_no_trace(http: httpx.AsyncClient)
                "forever": True}]})
     assert r.status_code == 404
     body = r.json()
-    assert (body["ok"], body["error"], body["operation"]) == (False, "message_not_found", 2)
+    assert (body["ok"], body["error"], body["operation"]) == (False, "unresolvable", 2)
     assert body["message"].startswith("operations[2]:")
     # Nothing happened: no audit message, the KV value is unchanged, the ack was undone.
     assert await pop(http, "audit") is None
     assert (await http.get(f"{API}/kv/saga/b2")).json()["value"] == {"step": "old"}
     r = await http.post(f"{API}/ack", json={
         "transactionId": message["transactionId"], "partitionId": message["partitionId"]})
-    assert r.json()[0]["alreadyAcked"] is False
+    assert r.json()[0]["noop"] is False
 
 
 async def test_a_top_level_kv_gate_that_loses_commits_nothing(http: httpx.AsyncClient) -> None:
