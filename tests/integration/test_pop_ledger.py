@@ -37,7 +37,6 @@ async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
             r = await http.post(f"{API}/push", json={"items": [
                 {"queue": QUEUE, "partition": rng.choice(PARTITIONS), "payload": {"id": n}}]})
             assert r.status_code == 201, r.text
-            await trio.sleep(0)
 
     async def consumer(me: int, done: trio.Event) -> None:
         while not done.is_set():
