@@ -293,6 +293,7 @@ def test_queue_options_defaults(options: Any) -> None:
         "completedRetentionSeconds": 0,
         "retentionEnabled": True,
         "retainUntilConsumed": False,
+        "windowBuffer": 0,
     }
 
 
@@ -330,7 +331,7 @@ def test_queen_options_are_applied_ignored_by_name_or_refused() -> None:
     assert name == "q"
     assert req.options == QueueOptions(lease_time_s=10, max_size=10000, retry_delay_ms=250,
                                        ttl_s=60)
-    # windowBuffer at Queen's default changes nothing, so it is not "ignored".
+    # windowBuffer is applied (here at its default); priority is not.
     assert (req.ignored, req.unknown) == (["priority", "colour"], ["colour"])
     assert (req.echo["priority"], req.echo["windowBuffer"], req.echo["encryptionEnabled"]) == (
         5, 0, False)
