@@ -33,9 +33,11 @@ async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
     lease_sizes: list[int] = []
 
     async def pusher(first: int) -> None:
-        for n in range(first, TOTAL, 3):
+        ids = list(range(first, TOTAL, 3))
+        for i in range(0, len(ids), 4):
             r = await http.post(f"{API}/push", json={"items": [
-                {"queue": QUEUE, "partition": rng.choice(PARTITIONS), "payload": {"id": n}}]})
+                {"queue": QUEUE, "partition": rng.choice(PARTITIONS), "payload": {"id": n}}
+                for n in ids[i:i + 4]]})
             assert r.status_code == 201, r.text
 
     async def consumer(me: int, done: trio.Event) -> None:
