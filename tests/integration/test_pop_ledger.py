@@ -18,7 +18,7 @@ from .test_log import API, configure
 QUEUE = "ledger"
 GROUP = "g"
 PARTITIONS = [f"p{i}" for i in range(6)]
-TOTAL = 600
+TOTAL = 360
 
 
 async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
