@@ -440,6 +440,9 @@ def _pop_partition(
     log_start, and whether a new cursor started past the partition's end (a subscription)."""
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
+    if req.partitions > 1 and raw.execute(Q.share_partition_unless_pushed,
+                                          {"partition_id": pid}).fetchone() is None:
+        return None, None, None, False  # a push holds it (see the query): not this time
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
     if cursor is None:
         committed = _start_after(raw, tenant_id, req, cand, cache)

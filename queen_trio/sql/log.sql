@@ -142,8 +142,19 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (q.window_buffer_s = 0
        OR queen.newest_frame_at(p.partition_id, p.next_offset)
           <= now() - make_interval(secs => q.window_buffer_s))
-ORDER BY c.updated_at NULLS FIRST
+-- (partition_id breaks ties: pops creating several new cursors create them in one order, so
+-- two of them never wait for each other's new cursor.)
+ORDER BY c.updated_at NULLS FIRST, p.partition_id
 LIMIT %(limit)s
+
+-- name: share_partition_unless_pushed
+-- A pop over several partitions takes each partition's key-share lock (what the cursor's and
+-- retries' foreign keys take) without waiting: a push holding the partition (pushes lock
+-- partitions in partition_id order) would otherwise wait for a partition this pop holds while
+-- the pop waits for it, a deadlock. No row: a push holds it; the pop goes on to another.
+SELECT 1 AS held FROM queen.partitions
+WHERE partition_id = %(partition_id)s
+FOR KEY SHARE SKIP LOCKED
 
 -- name: next_look
 -- For a long poll that found nothing: in how many seconds a partition of the queue with frames
