@@ -345,6 +345,17 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT f.created_at FROM queen.frames f
+         WHERE f.partition_id = p_partition AND f."offset" = p_next_offset - 1),
+        (SELECT s.last_created_at FROM queen.segments s
+         WHERE s.partition_id = p_partition ORDER BY s.last_offset DESC LIMIT 1),
+        '-infinity')
+$$;
+
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     AS $$
@@ -366,7 +377,7 @@ BEGIN
     -- The same candidates, in the same order, as the general pop (pop_candidates).
     FOR cand IN
         SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
         FROM queen.queues q
         JOIN queen.partitions p ON p.queue_id = q.queue_id
         LEFT JOIN queen.cursors c
@@ -379,7 +390,7 @@ BEGIN
         ORDER BY c.updated_at NULLS FIRST
         LIMIT 8
     LOOP
-        IF cand.delayed_processing_s > 0 THEN
+        IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
         END IF;
@@ -663,6 +674,7 @@ CREATE TABLE queen.queues (
     completed_retention_s integer DEFAULT 0 NOT NULL,
     retention_enabled boolean DEFAULT true NOT NULL,
     max_wait_s integer DEFAULT 0 NOT NULL,
+    window_buffer_s integer DEFAULT 0 NOT NULL,
     CONSTRAINT queues_completed_retention_s_check CHECK ((completed_retention_s >= 0)),
     CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
     CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),
@@ -671,7 +683,8 @@ CREATE TABLE queen.queues (
     CONSTRAINT queues_retention_s_check CHECK ((retention_s >= 0)),
     CONSTRAINT queues_retry_delay_ms_check CHECK ((retry_delay_ms >= 0)),
     CONSTRAINT queues_retry_limit_check CHECK ((retry_limit >= 0)),
-    CONSTRAINT queues_ttl_s_check CHECK ((ttl_s >= 0))
+    CONSTRAINT queues_ttl_s_check CHECK ((ttl_s >= 0)),
+    CONSTRAINT queues_window_buffer_s_check CHECK ((window_buffer_s >= 0))
 );
 
 CREATE FUNCTION queen.segment_droppable(q queen.queues, p_partition uuid, p_last_offset bigint, p_last_created timestamp with time zone) RETURNS boolean
@@ -1179,7 +1192,7 @@ ALTER TABLE ONLY queen.tenants
 ALTER TABLE ONLY queen.timers
     ADD CONSTRAINT timers_pkey PRIMARY KEY (tenant_id, queue, timer_key);
 
-CREATE UNIQUE INDEX cursors_lease ON queen.cursors USING btree (lease_id) WHERE (lease_id IS NOT NULL);
+CREATE INDEX cursors_lease ON queen.cursors USING btree (lease_id) WHERE (lease_id IS NOT NULL);
 
 CREATE INDEX dead_letters_listing ON queen.dead_letters USING btree (tenant_id, queue_id, consumer_group, dead_letter_id);
 

@@ -137,7 +137,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     ``ackRefused`` (:func:`ack_to_wire`, the others are only counted). The answer is always
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
-    req = rules.pop_request(queue, partition, dict(request.args))
+    req = _sized(rules.pop_request(queue, partition, dict(request.args)))
     raw = await request.get_data()
     body = await read_json_object() if raw.strip() else {}
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
@@ -160,19 +160,45 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
                                 "message": refused.message, **refused.extra}
         batches = []
     if not batches:
-        return _json({"success": True, "queue": req.queue, "partition": None,
-                      "partitionId": None, "leaseId": None, "leaseExpiresAt": None,
-                      "consumerGroup": req.group, "messages": [], "skipped": None,
-                      **({"partitions": []} if req.partitions > 1 else {}), **extra})
+        return _json({**empty_answer(req), **extra})
     return _json({**batches_to_wire(req, batches), **extra})
 
 
 async def _pop(queue: str, partition: str | None) -> Response:
-    req = rules.pop_request(queue, partition, dict(request.args))
+    req = _sized(rules.pop_request(queue, partition, dict(request.args)))
     batches = await _pop_batches(req)
     if not batches:
+        if req.conflation:  # Queen says so on empty answers too: its clients check every one
+            return _json(empty_answer(req))
         return Response(b"", status=204)
     return _json(batches_to_wire(req, batches))
+
+
+def _sized(req: rules.PopRequest) -> rules.PopRequest:
+    """Pop autopilot: the dimensions the client left to the broker (rules.autopilot_sizing),
+    shared among the pops of the same lane waiting here."""
+    if not (req.auto_batch or req.auto_partitions):
+        return req
+    key = store.wake_key(current_tenant_id(), req.queue)
+    return rules.autopilot_sizing(req, _broker().wakeups.pops_in_lane(key, req))
+
+
+def empty_answer(req: rules.PopRequest) -> dict[str, Any]:
+    return {"success": True, "queue": req.queue, "partition": None, "partitionId": None,
+            "leaseId": None, "leaseExpiresAt": None, "consumerGroup": req.group,
+            "messages": [], "skipped": None,
+            **({"partitions": []} if req.partitions > 1 else {}), **pop_echo(req)}
+
+
+def pop_echo(req: rules.PopRequest) -> dict[str, Any]:
+    """What a pop answer says of how it was served: Queen's ``autopilot`` (the sizes the
+    broker chose) and ``conflation`` (present, true, only when the pop conflated)."""
+    echo: dict[str, Any] = {}
+    if req.auto_batch or req.auto_partitions:
+        echo["autopilot"] = {"partitions": req.partitions, "batch": req.batch}
+    if req.conflation:
+        echo["conflation"] = True
+    return echo
 
 
 async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
@@ -196,7 +222,7 @@ async def _look(tenant: int, req: rules.PopRequest,
     frame in PostgreSQL."""
     broker = _broker()
     sync_commit = broker.settings.pop_commit_sync
-    if req.partitions > 1:
+    if not _head_served(req):
         outcome = None
     elif fire is not None:
         fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
@@ -242,7 +268,7 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
                 if handed is not None and handed.batch is not None:
                     waiter.served = True
                     return handed
-            fire = wakeups.claim_fire(key) if waiter.parked else None
+            fire = wakeups.claim_fire(key) if waiter.parked and _head_served(req) else None
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
                 fire = None
@@ -263,7 +289,7 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
             if not waiter.parked:
                 _park(waiter)
                 metrics.longpoll_waiters.inc()
-            if parked is None and req.partitions == 1:
+            if parked is None and _head_served(req):
                 parked = ParkedPop(tenant, req, deadline, waiter=waiter)
                 wakeups.offer(key, parked)
             if known_empty:
@@ -287,6 +313,12 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
             wakeups.withdraw(parked)
         if waiter.parked:
             metrics.longpoll_waiters.dec()
+
+
+def _head_served(req: rules.PopRequest) -> bool:
+    """Whether the one-statement pop (queen.pop_head, which the sweeper's hand-over uses too)
+    can serve this pop: one partition, the queue's lease, no conflation."""
+    return req.partitions == 1 and not req.conflation and req.lease_s is None
 
 
 class WaitRefused(ApiError):
@@ -333,18 +365,21 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
 
 def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch]) -> dict[str, Any]:
     """A pop's answer. A pop asking for several partitions (``partitions`` above 1) lists
-    them in ``partitions``, each with its own lease; every message carries its partitionId and
-    leaseId, which is what acks and lease extensions use. The top-level partition and lease
-    are those of the only partition when there is one, null when there are several (Queen
-    gives them one shared lease; here each partition keeps its own)."""
+    them in ``partitions``; as in Queen, all of them are held under one lease (the top-level
+    ``leaseId``, also on every message), which one extension renews and whose acks act on
+    each partition. Every message carries its partitionId, which acks name. The top-level
+    partition is that of the only partition when there is one, null when there are several."""
     if req.partitions == 1:
-        return batch_to_wire(batches[0])
-    wire = batch_to_wire(batches[0]) if len(batches) == 1 else {
+        return {**batch_to_wire(batches[0]), **pop_echo(req)}
+    first = batches[0]
+    wire = batch_to_wire(first) if len(batches) == 1 else {
         "success": True, "queue": req.queue, "partition": None, "partitionId": None,
-        "leaseId": None, "leaseExpiresAt": None, "consumerGroup": req.group,
+        "leaseId": None if first.lease_id is None else str(first.lease_id),
+        "leaseExpiresAt": iso(first.lease_expires_at), "consumerGroup": req.group,
         "messages": [message_to_wire(b, m) for b in batches for m in b.messages],
         "skipped": None,
     }
+    wire.update(pop_echo(req))
     wire["partitions"] = [
         {"partition": b.partition, "partitionId": str(b.partition_id),
          "leaseId": None if b.lease_id is None else str(b.lease_id),

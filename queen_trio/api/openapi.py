@@ -64,8 +64,17 @@ _POP_PARAMS = [
     _query("timeout", {"type": "integer", "minimum": 0, "maximum": 300000}, "long-poll ms"),
     _query("autoAck", {"type": "boolean"}, "advance the cursor at delivery; no lease"),
     _query("partitions", {"type": "integer", "minimum": 1, "maximum": 100},
-           "take up to this many partitions in one pop, each under its own lease, sharing "
-           "batch; listed in the answer's partitions (the partition route takes one)"),
+           "take up to this many partitions in one pop, all under one lease, sharing batch; "
+           "listed in the answer's partitions (the partition route takes one)"),
+    _query("leaseSeconds", {"type": "integer", "minimum": 0, "maximum": 86400},
+           "this pop's lease in seconds; 0 or absent: the queue's leaseTime"),
+    _query("autopilot", {"type": "boolean"},
+           "the broker sizes what is not given: batch 100, and partitions up to 64 shared "
+           "among this broker's waiting pops of the same group; echoed in autopilot"),
+    _query("conflation", {"type": "boolean"},
+           "last-value delivery (needs consumerGroup, not with autoAck): each partition "
+           "delivers only its newest message, and acking it retires everything behind it; "
+           "every answer, empty ones too, carries conflation: true"),
     _query("subscriptionMode", {"type": "string", "enum": ["all", "new", "new-only"]},
            "where a consumer group starts on a partition it has never popped: all (the "
            "beginning, the default) or new (what is pushed after the group's first pop with "
@@ -1067,12 +1076,15 @@ def _document() -> dict[str, Any]:
                     "consumerGroup": {"type": "string"},
                     "messages": {"type": "array",
                                  "items": {"$ref": "#/components/schemas/Message"}},
+                    "autopilot": {"type": "object", "description": "with autopilot: the "
+                                  "partitions and batch the broker chose"},
+                    "conflation": {"type": "boolean", "description": "true when conflating"},
                     "partitions": {
                         "type": "array",
                         "description": "only when partitions > 1 was asked: the partitions "
-                                       "this pop took, each under its own lease (top-level "
-                                       "partition and leaseId are null when there are "
-                                       "several; every message carries its own)",
+                                       "this pop took, all under the one lease of the pop "
+                                       "(top-level leaseId; the top-level partition is null "
+                                       "when there are several)",
                         "items": {"type": "object", "properties": {
                             "partition": {"type": "string"},
                             "partitionId": {"type": "string"},

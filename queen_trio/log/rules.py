@@ -29,6 +29,8 @@ MAX_POP_TIMEOUT_MS = 300_000
 DEFAULT_POP_TIMEOUT_MS = 30_000
 MAX_TRANSACTION_ID_LENGTH = 256
 MAX_POP_PARTITIONS = 100
+MAX_LEASE_SECONDS = 86_400  # a pop's leaseSeconds, as the queue's leaseTime
+CONFLATION_MAX_PARTITIONS = 64  # Queen's ceiling on a conflating pop's width
 SUBSCRIBE_NOW = "now"
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
@@ -160,6 +162,9 @@ class QueueOptions:
     # Queen's maxWaitTimeSeconds: a message older than this is evicted (dropped, not
     # dead-lettered), whatever retentionEnabled says.
     max_wait_s: int = 0
+    # Queen's windowBuffer (s): a partition is not handed out until its newest message is this
+    # old (a debounce: a burst is delivered whole once it has settled).
+    window_buffer_s: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -175,6 +180,7 @@ class QueueOptions:
             "retentionEnabled": self.retention_enabled,
             "retainUntilConsumed": self.retain_until_consumed,
             "maxWaitTimeSeconds": self.max_wait_s,
+            "windowBuffer": self.window_buffer_s,
         }
 
     @classmethod
@@ -188,11 +194,9 @@ class QueueOptions:
 # sent with a value other than that default, which is the only value whose meaning this broker
 # honours (README: Compatibility with Queen).
 #   priority            Queen serves higher-priority queues first; here every queue is equal.
-#   windowBuffer        Queen holds a partition until its newest message is this old.
 #   dlqAfterMaxRetries  here deadLetterQueue alone decides (dead-lettered after retryLimit).
 IGNORED_OPTIONS: dict[str, Any] = {
     "priority": 0,
-    "windowBuffer": 0,
     "dlqAfterMaxRetries": False,
 }
 # encryptionEnabled: false is the truth here and is accepted; true is refused (400), since
@@ -201,7 +205,8 @@ _INT_MAX = 2_147_483_647
 _APPLIED_OPTIONS = ("leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl",
                     "deadLetterQueue", "delayedProcessing", "retentionSeconds",
                     "completedRetentionSeconds", "retentionEnabled", "retainUntilConsumed",
-                    "maxWaitTimeSeconds", "encryptionEnabled")
+                    "maxWaitTimeSeconds", "windowBuffer",
+                    "encryptionEnabled")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -242,6 +247,7 @@ def queue_options(options: Any) -> QueueOptions:
                                          hi=10 * 365 * 86_400),
         retention_enabled=_bool_field(options, "retentionEnabled", True),
         max_wait_s=_int_field(options, "maxWaitTimeSeconds", 0, lo=0, hi=10 * 365 * 86_400),
+        window_buffer_s=_int_field(options, "windowBuffer", 0, lo=0, hi=7 * 86_400),
     )
 
 
@@ -330,12 +336,21 @@ class PopRequest:
     wait: bool
     timeout_ms: int
     auto_ack: bool
-    # Up to this many partitions in one pop, each under its own lease, sharing ``batch``.
+    # Up to this many partitions in one pop, all under one lease, sharing ``batch``.
     partitions: int = 1
     # Where a consumer group starts on a partition it has never popped: None, the beginning
     # of the log; SUBSCRIBE_NOW, the group's subscription instant (its first pop with this
     # mode); a datetime, the first message created at or after it. Never for queue mode.
     subscribe_from: datetime | str | None = None
+    # The lease in seconds (Queen's ``leaseSeconds``); None: the queue's leaseTime.
+    lease_s: int | None = None
+    # Queen's pop autopilot: the broker sizes what the client left unset (``batch`` and
+    # ``partitions`` absent with ``autopilot=true``); see api/log.py ``_autopilot``.
+    auto_batch: bool = False
+    auto_partitions: bool = False
+    # Queen's conflation: each partition delivers only its newest message, and the lease
+    # covers everything behind it (acking it retires them all).
+    conflation: bool = False
 
 
 def query_bool(args: dict[str, str], key: str) -> bool:
@@ -424,23 +439,65 @@ def subscription(args: dict[str, str]) -> datetime | str | None:
 def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopRequest:
     group = consumer_group(args.get("consumerGroup"))
     since = subscription(args)
+    auto_ack = query_bool(args, "autoAck")
+    autopilot = query_bool(args, "autopilot")
+    conflation = query_bool(args, "conflation")
+    if conflation and group == QUEUE_MODE_GROUP:
+        raise ValidationError("conflation_requires_consumer_group",
+                              "conflation is a policy of a consumer group: give consumerGroup")
+    if conflation and auto_ack:
+        raise ValidationError("conflation_with_auto_ack",
+                              "conflation and autoAck cannot be combined: a conflated message "
+                              "retires everything behind it, so it must be acknowledged")
+    batch_given = args.get("batch") not in (None, "")
+    partitions_given = args.get("partitions") not in (None, "")
+    batch = query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH)
     partitions = query_int(args, "partitions", 1, lo=1, hi=MAX_POP_PARTITIONS)
+    if conflation and not partitions_given:
+        # A conflating pop yields at most one message per partition: the batch is the width.
+        partitions = min(batch, CONFLATION_MAX_PARTITIONS)
+    lease = query_int(args, "leaseSeconds", 0, lo=0, hi=MAX_LEASE_SECONDS)
     return PopRequest(
         queue=queue_name(queue),
         partition=None if partition is None else partition_name(partition),
         group=group,
-        batch=query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH),
+        batch=batch,
         wait=query_bool(args, "wait"),
         timeout_ms=query_int(
             args, "timeout", DEFAULT_POP_TIMEOUT_MS, lo=0, hi=MAX_POP_TIMEOUT_MS
         ),
-        auto_ack=query_bool(args, "autoAck"),
+        auto_ack=auto_ack,
         # One partition when the route names it (as Queen caps it there).
         partitions=1 if partition is not None else partitions,
         # Queue mode distributes work: starting it anywhere but the beginning would lose
         # messages, so only consumer groups subscribe (the parameters are still validated).
         subscribe_from=None if group == QUEUE_MODE_GROUP else since,
+        lease_s=lease or None,  # 0, as in Queen: the queue's leaseTime
+        auto_batch=autopilot and not batch_given,
+        auto_partitions=autopilot and not partitions_given and partition is None,
+        conflation=conflation,
     )
+
+
+# Pop autopilot (Queen's): the batch given to a pop that left it to the broker, and the widest
+# sweep it chooses (Queen's measured checkout ceiling).
+AUTOPILOT_BATCH = 100
+AUTOPILOT_MAX_PARTITIONS = 64
+
+
+def autopilot_sizing(req: PopRequest, lane_pops: int) -> PopRequest:
+    """Size the dimensions a pop left to the broker (``autopilot=true``): the batch is
+    AUTOPILOT_BATCH, and the width is the sweep ceiling shared among the pops of the same
+    lane waiting on this broker (one consumer alone takes every ready partition, up to the
+    batch). A dimension the client set is never changed."""
+    if not (req.auto_batch or req.auto_partitions):
+        return req
+    batch = AUTOPILOT_BATCH if req.auto_batch else req.batch
+    width = req.partitions
+    if req.auto_partitions:
+        width = max(1, min(AUTOPILOT_MAX_PARTITIONS // max(1, lane_pops), batch,
+                           MAX_POP_PARTITIONS))
+    return dataclasses.replace(req, batch=batch, partitions=width)
 
 
 ACK_STATUSES = ("completed", "failed", "dlq", "retry")

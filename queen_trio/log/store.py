@@ -357,11 +357,13 @@ def pop(raw: Raw, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None, *, sync_commit: bool = True) -> PopOutcome:
     """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`).
 
-    With ``req.partitions`` above 1 it goes on to further candidates, each partition under its
-    own lease, until it holds that many partitions or ``req.batch`` messages in all."""
+    With ``req.partitions`` above 1 it goes on to further candidates until it holds that many
+    partitions or ``req.batch`` messages in all, every partition under the one lease of this
+    pop (as Queen leases a pop: acks, extensions and expiry act on all of them)."""
     if not sync_commit:
         raw.execute(Q.pop_commit_level, {"synchronous_commit": _commit_level(sync_commit)})
     limit = max(8, 2 * req.partitions)
+    lease_id = uuid.uuid4() if req.partitions > 1 and not req.auto_ack else None
     batches: list[PopBatch] = []
     retry_in: float | None = None
     skipped = 0
@@ -379,7 +381,7 @@ def pop(raw: Raw, tenant_id: int, req: PopRequest,
         for cand in candidates:
             part_req = req if left == req.batch else dataclasses.replace(req, batch=left)
             batch, matures_in, skip, past = _pop_partition(raw, tenant_id, part_req, queue, cand,
-                                                           cache)
+                                                           cache, lease_id)
             subscribed_past |= past
             skipped += skip.count if skip else 0
             if batch is not None:
@@ -432,28 +434,32 @@ def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip 
 
 def _pop_partition(
     raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
-    cache: SegmentCache | None,
+    cache: SegmentCache | None, lease_id: uuid.UUID | None = None,
 ) -> tuple[PopBatch | None, float | None, Skip | None, bool]:
     """One partition's part of a pop: its batch, when a held-back frame matures, the skip over
     log_start, and whether a new cursor started past the partition's end (a subscription)."""
     pid = cand["partition_id"]
     key = {"partition_id": pid, "group": req.group, "tenant_id": tenant_id}
+    if req.partitions > 1 and raw.execute(Q.share_partition_unless_pushed,
+                                          {"partition_id": pid}).fetchone() is None:
+        return None, None, None, False  # a push holds it (see the query): not this time
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
     if cursor is None:
         committed = _start_after(raw, tenant_id, req, cand, cache)
         cursor = raw.execute(Q.create_cursor, {**key, "committed": committed}).fetchone()
         if cursor is not None and committed >= cand["log_start"]:
             batch, matures_in, skip = _pop_cursor(raw, tenant_id, req, queue, cand, cache,
-                                                  key, cursor)
+                                                  key, cursor, lease_id)
             return batch, matures_in, skip, batch is None
     if cursor is None:
         return None, None, None, False  # another consumer of the group holds (or is taking) it
-    return (*_pop_cursor(raw, tenant_id, req, queue, cand, cache, key, cursor), False)
+    return (*_pop_cursor(raw, tenant_id, req, queue, cand, cache, key, cursor, lease_id), False)
 
 
 def _pop_cursor(
     raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
     cache: SegmentCache | None, key: dict[str, Any], cursor: dict[str, Any],
+    lease_id: uuid.UUID | None = None,
 ) -> tuple[PopBatch | None, float | None, Skip | None]:
     pid = cand["partition_id"]
     # A group behind log_start resumes there (start_after): retention took what it skipped.
@@ -469,6 +475,13 @@ def _pop_cursor(
             {**key, "from_offset": committed + 1, "to_offset": cursor["leased_to"],
              "acked_ahead": sorted(ahead)},
         )
+    if req.conflation and cand["next_offset"] - 1 > committed + 1:
+        # Conflation: only the newest message is delivered; what lies behind it is retired
+        # (the cursor moves up to it now, as Queen's ack of the tail would move it).
+        committed, ahead = cand["next_offset"] - 2, set()
+        req = dataclasses.replace(req, batch=1)
+    elif req.conflation:
+        req = dataclasses.replace(req, batch=1)
 
     frames = log_frames.read(
         raw, pid, committed + 1, req.batch + len(ahead), group=req.group,
@@ -503,7 +516,8 @@ def _pop_cursor(
         # (take_lease also turns off the synchronous commit of this transaction.)
         lease = one(raw.execute(
             Q.take_lease,
-            {**cursor_key, "lease_s": queue["lease_time_s"], "leased_to": picked[-1].offset}))
+            {**cursor_key, "lease_s": req.lease_s or queue["lease_time_s"],
+             "leased_to": picked[-1].offset, "lease_id": lease_id}))
         batch = PopBatch(req.queue, cand["name"], pid, req.group, lease["lease_id"],
                          lease["lease_expires_at"], picked, skip)
         return batch, None, skip

@@ -231,6 +231,12 @@ class QueueWakeups:
         finally:
             self._leave(waiter)
 
+    def pops_in_lane(self, key: str, req: PopRequest) -> int:
+        """How many pops of ``req``'s lane are waiting on this broker now (pop autopilot
+        shares the sweep among them)."""
+        lane = self._lanes.get(key, {}).get((req.group, req.partition))
+        return 0 if lane is None else len(lane.waiters)
+
     def park(self, waiter: Waiter) -> None:
         """The pop found nothing and will wait: count it, or raise :class:`ParkLimit`."""
         if waiter.parked:

@@ -5,11 +5,12 @@
 INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
      dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-     completed_retention_s, retention_enabled, max_wait_s)
+     completed_retention_s, retention_enabled, max_wait_s,
+     window_buffer_s)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
         %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s, %(max_size)s,
         %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s,
-        %(max_wait_s)s)
+        %(max_wait_s)s, %(window_buffer_s)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
@@ -23,6 +24,7 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET
     completed_retention_s = excluded.completed_retention_s,
     retention_enabled = excluded.retention_enabled,
     max_wait_s = excluded.max_wait_s,
+    window_buffer_s = excluded.window_buffer_s,
     updated_at = now()
 RETURNING queue_id, (xmax = 0) AS created,
           (SELECT p.partition_id FROM queen.partitions p
@@ -126,9 +128,10 @@ SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)
 -- name: pop_candidates
 -- Partitions of the queue with frames past the group's cursor and no live lease for the group,
 -- least recently served first, each with the queue's options (no row: nothing to pop, or no
--- such queue: the same answer).
-SELECT p.partition_id, p.name, p.log_start, q.queue_id, q.lease_time_s, q.retry_limit,
-       q.delayed_processing_s, q.dead_letter_queue
+-- such queue: the same answer). windowBuffer holds a partition back until its newest frame is
+-- that old (queen.newest_frame_at).
+SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
+       q.retry_limit, q.delayed_processing_s, q.dead_letter_queue
 FROM queen.queues q
 JOIN queen.partitions p ON p.queue_id = q.queue_id
 LEFT JOIN queen.cursors c
@@ -138,8 +141,22 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
   AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
-ORDER BY c.updated_at NULLS FIRST
+  AND (q.window_buffer_s = 0
+       OR queen.newest_frame_at(p.partition_id, p.next_offset)
+          <= now() - make_interval(secs => q.window_buffer_s))
+-- (partition_id breaks ties: pops creating several new cursors create them in one order, so
+-- two of them never wait for each other's new cursor.)
+ORDER BY c.updated_at NULLS FIRST, p.partition_id
 LIMIT %(limit)s
+
+-- name: share_partition_unless_pushed
+-- A pop over several partitions takes each partition's key-share lock (what the cursor's and
+-- retries' foreign keys take) without waiting: a push holding the partition (pushes lock
+-- partitions in partition_id order) would otherwise wait for a partition this pop holds while
+-- the pop waits for it, a deadlock. No row: a push holds it; the pop goes on to another.
+SELECT 1 AS held FROM queen.partitions
+WHERE partition_id = %(partition_id)s
+FOR KEY SHARE SKIP LOCKED
 
 -- name: next_look
 -- For a long poll that found nothing: in how many seconds a partition of the queue with frames
@@ -153,7 +170,10 @@ SELECT extract(epoch FROM min(coalesce(greatest(
            (SELECT f.created_at + make_interval(secs => q.delayed_processing_s)
             FROM queen.frames f
             WHERE q.delayed_processing_s > 0 AND f.partition_id = p.partition_id
-              AND f."offset" = greatest(c.committed + 1, p.log_start))),
+              AND f."offset" = greatest(c.committed + 1, p.log_start)),
+           CASE WHEN q.window_buffer_s > 0  -- windowBuffer: when the newest frame is old enough
+                THEN queen.newest_frame_at(p.partition_id, p.next_offset)
+                     + make_interval(secs => q.window_buffer_s) END),
        now())) - now())::float8 AS in_s
 FROM queen.queues q
 JOIN queen.partitions p ON p.queue_id = q.queue_id
@@ -266,7 +286,8 @@ WHERE partition_id = %(partition_id)s AND first_offset = ANY(%(firsts)s::bigint[
 -- name: take_lease
 UPDATE queen.cursors
 SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
-    lease_id = gen_random_uuid(),
+    -- One lease for every partition of one pop (the caller's id), else a new one.
+    lease_id = coalesce(%(lease_id)s::uuid, gen_random_uuid()),
     lease_expires_at = now() + make_interval(secs => %(lease_s)s),
     leased_to = %(leased_to)s,
     updated_at = now()
@@ -386,6 +407,7 @@ WHERE dead_letter_id = %(id)s
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
        q.retention_s, q.dead_letter_queue, q.retain_until_consumed, q.max_size,
        q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled, q.max_wait_s,
+       q.window_buffer_s,
        count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
@@ -397,7 +419,7 @@ ORDER BY q.name
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
        dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-       completed_retention_s, retention_enabled, max_wait_s
+       completed_retention_s, retention_enabled, max_wait_s, window_buffer_s
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 

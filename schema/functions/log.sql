@@ -21,6 +21,20 @@ $$;
 COMMENT ON FUNCTION queen.read_frames(uuid, bigint, integer) IS
     'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
+-- When a partition's newest frame was pushed (windowBuffer holds the partition back until it is
+-- old enough): the head's last frame, else (all sealed) the last segment's newest; -infinity for
+-- an empty partition.
+CREATE OR REPLACE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT f.created_at FROM queen.frames f
+         WHERE f.partition_id = p_partition AND f."offset" = p_next_offset - 1),
+        (SELECT s.last_created_at FROM queen.segments s
+         WHERE s.partition_id = p_partition ORDER BY s.last_offset DESC LIMIT 1),
+        '-infinity')
+$$;
+
 -- frames has no foreign key to partitions (the per-row check cost more than the insert: see
 -- queen.frames in schema/001_baseline.sql). What the key did besides, the cascade when a
 -- partition (queue, tenant) is deleted, is kept by this one statement-level trigger.
@@ -44,7 +58,7 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- partition, lock the group's cursor, read the frames, take the lease (or, with autoAck,
 -- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
 -- with frames it handed out, frames sealed into segments or with a retry history,
--- delayedProcessing, a cursor behind log_start) answers 'fallback' having changed nothing,
+-- delayedProcessing or windowBuffer, a cursor behind log_start) answers 'fallback' having changed nothing,
 -- and the broker runs its general pop (queen_trio/log/store.py) instead.
 CREATE OR REPLACE FUNCTION queen.pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
@@ -71,7 +85,7 @@ BEGIN
     -- The same candidates, in the same order, as the general pop (pop_candidates).
     FOR cand IN
         SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
         FROM queen.queues q
         JOIN queen.partitions p ON p.queue_id = q.queue_id
         LEFT JOIN queen.cursors c
@@ -84,7 +98,7 @@ BEGIN
         ORDER BY c.updated_at NULLS FIRST
         LIMIT 8
     LOOP
-        IF cand.delayed_processing_s > 0 THEN
+        IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
         END IF;

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 import trio
 
-from .test_log import API, ack, pop, push
+from .test_log import API, ack, configure, pop, push
 
 
 async def pop_all(http: httpx.AsyncClient, queue: str, **params: object) -> list[dict]:
@@ -140,30 +141,90 @@ async def test_bad_pop_parameters_are_400(
 # -- multi-partition pop ----------------------------------------------------------------------
 
 
-async def test_one_pop_takes_several_partitions_each_under_its_own_lease(
-    http: httpx.AsyncClient,
+async def test_one_pop_takes_several_partitions_under_one_lease(
+    http: httpx.AsyncClient, database_url: str,
 ) -> None:
     for p in ("a", "b", "c"):
         await push(http, "mp", [{"p": p, "i": i} for i in range(3)], partition=p)
     answer = await pop(http, "mp", consumerGroup="g", batch=100, partitions=3)
     messages = answer["messages"]
     assert len(messages) == 9
-    assert answer["leaseId"] is None and answer["partitionId"] is None
+    assert answer["partitionId"] is None
+    lease = answer["leaseId"]
     parts = {e["partition"]: e for e in answer["partitions"]}
     assert sorted(parts) == ["a", "b", "c"] and all(e["messages"] == 3 for e in parts.values())
-    assert len({e["leaseId"] for e in parts.values()}) == 3
+    # Queen's shape: one lease for the whole pop, on every message and every partition
+    assert lease and {m["leaseId"] for m in messages} == {lease}
+    assert {e["leaseId"] for e in parts.values()} == {lease}
+    assert len({e["leaseExpiresAt"] for e in parts.values()}) == 1
     for p in ("a", "b", "c"):
         mine = [m for m in messages if m["partition"] == p]
         assert [m["data"]["i"] for m in mine] == [0, 1, 2]  # order within a partition
-        assert {m["leaseId"] for m in mine} == {parts[p]["leaseId"]}
         assert {m["partitionId"] for m in mine} == {parts[p]["partitionId"]}
-    # every lease can be extended on its own, and every message acked with its own lease
-    for e in parts.values():
-        r = await http.post(f"{API}/lease/{e['leaseId']}/extend", json={"seconds": 60})
-        assert (r.json()["success"], r.json()["renewed"]) == (True, 1)
+    # one extension renews every partition the lease holds
+    r = await http.post(f"{API}/lease/{lease}/extend", json={"seconds": 600})
+    assert r.status_code == 200 and _first(r.json())["success"] is True, r.text
+    assert _lease_rows(database_url, lease) == {"a": True, "b": True, "c": True}
+    with psycopg.connect(database_url) as conn:
+        left = conn.execute(
+            "SELECT min(lease_expires_at - now()) FROM queen.cursors WHERE lease_id = %s",
+            (lease,)).fetchone()[0]
+    assert left > dt.timedelta(seconds=500)
+    # acks under the lease act on each partition; a finished partition is released alone
     for m in messages:
-        assert (await ack(http, m))["success"] is True
+        if m["partition"] != "c":
+            assert (await ack(http, m))["success"] is True
+    assert _lease_rows(database_url, lease) == {"a": False, "b": False, "c": True}
     assert await pop(http, "mp", consumerGroup="g", partitions=3) is None
+    # a nack (retry) under the lease releases its partition for redelivery
+    c0 = next(m for m in messages if m["partition"] == "c")
+    assert (await ack(http, c0, "retry"))["success"] is True
+    again = await pop(http, "mp", consumerGroup="g", batch=100, partitions=3)
+    assert [m["data"]["i"] for m in again["messages"]] == [0, 1, 2]
+    assert again["leaseId"] != lease
+
+
+def _first(body: Any) -> dict:
+    """The (first) item of an answer that is a list of items or one object."""
+    return body[0] if isinstance(body, list) else body
+
+
+def _lease_rows(database_url: str, lease: str) -> dict[str, bool]:
+    """Partition name -> whether the lease is live there, for every cursor holding it."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT p.name, c.lease_expires_at > now() FROM queen.cursors c "
+            "JOIN queen.partitions p USING (partition_id) WHERE c.lease_id = %s",
+            (lease,)).fetchall()
+    return {name: bool(live) for name, live in rows}
+
+
+async def test_a_multi_partition_lease_expires_for_every_partition(
+    http: httpx.AsyncClient,
+) -> None:
+    await configure(http, "mpx", leaseTime=1)
+    for p in ("a", "b"):
+        await push(http, "mpx", [{"p": p}], partition=p)
+    first = await pop(http, "mpx", consumerGroup="g", batch=10, partitions=2)
+    assert len(first["messages"]) == 2
+    assert await pop(http, "mpx", consumerGroup="g", batch=10, partitions=2) is None
+    await trio.sleep(1.5)
+    # the lease ran out: both partitions are handed out again, under a new lease
+    second = await pop(http, "mpx", consumerGroup="g", batch=10, partitions=2)
+    assert sorted(m["partition"] for m in second["messages"]) == ["a", "b"]
+    assert second["leaseId"] != first["leaseId"]
+    assert {m["retryCount"] for m in second["messages"]} == {1}
+    # the expired lease can no longer be extended, nor ack anything
+    r = await http.post(f"{API}/lease/{first['leaseId']}/extend", json={"seconds": 60})
+    assert r.status_code >= 400 or _first(r.json())["success"] is False, r.text
+    stale = await http.post(f"{API}/ack", json={
+        "transactionId": first["messages"][0]["transactionId"],
+        "partitionId": first["messages"][0]["partitionId"],
+        "leaseId": first["leaseId"], "consumerGroup": "g"})
+    assert stale.status_code == 409 or _first(stale.json())["success"] is False, stale.text
+    for m in second["messages"]:
+        assert (await ack(http, m))["success"] is True
+    assert await pop(http, "mpx", consumerGroup="g", batch=10, partitions=2) is None
 
 
 async def test_the_batch_is_shared_and_one_partition_answers_as_before(

@@ -66,7 +66,7 @@ async def test_configure_echoes_every_queen_option_and_names_what_it_ignores(
                     "completedRetentionSeconds": 3600, "retentionEnabled": True}})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert sorted(body["ignored"]) == sorted(["priority", "windowBuffer",
+    assert sorted(body["ignored"]) == sorted(["priority",
                                               "dlqAfterMaxRetries", "shardCount", "namespace",
                                               "task"])
     assert body["unknown"] == ["shardCount"]
@@ -82,6 +82,7 @@ async def test_configure_echoes_every_queen_option_and_names_what_it_ignores(
     assert (detail["completedRetentionSeconds"], detail["retentionEnabled"]) == (3600, True)
     listed = {q["name"]: q for q in (await http.get(f"{API}/resources/queues")).json()["queues"]}
     assert listed["fancy"]["options"]["maxSize"] == 10
+    assert (detail["windowBuffer"], listed["fancy"]["options"]["windowBuffer"]) == (5, 5)
     assert listed["plain"]["options"]["retryDelay"] == 0
 
 
@@ -92,6 +93,8 @@ async def test_configure_echoes_every_queen_option_and_names_what_it_ignores(
         ({"maxSize": "10"}, "invalid_option"),
         ({"retryDelay": 1.5}, "invalid_option"),
         ({"ttl": -5}, "invalid_option"),
+        ({"windowBuffer": -1}, "invalid_option"),
+        ({"windowBuffer": "2"}, "invalid_option"),
         ({"completedRetentionSeconds": True}, "invalid_option"),
         ({"retentionEnabled": "yes"}, "invalid_option"),
         ({"priority": "high"}, "invalid_option"),

@@ -294,6 +294,7 @@ def test_queue_options_defaults(options: Any) -> None:
         "retentionEnabled": True,
         "retainUntilConsumed": False,
         "maxWaitTimeSeconds": 0,
+        "windowBuffer": 0,
     }
 
 
@@ -331,7 +332,7 @@ def test_queen_options_are_applied_ignored_by_name_or_refused() -> None:
     assert name == "q"
     assert req.options == QueueOptions(lease_time_s=10, max_size=10000, retry_delay_ms=250,
                                        ttl_s=60)
-    # windowBuffer at Queen's default changes nothing, so it is not "ignored".
+    # windowBuffer is applied (here at its default); priority is not.
     assert (req.ignored, req.unknown) == (["priority", "colour"], ["colour"])
     assert (req.echo["priority"], req.echo["windowBuffer"], req.echo["encryptionEnabled"]) == (
         5, 0, False)
@@ -910,3 +911,35 @@ def test_partitions_parameter() -> None:
     assert rules.pop_request("q", "p", {"partitions": "7"}).partitions == 1  # the route names one
     for raw in ("0", "101", "x", "-1"):
         assert _fails(rules.pop_request, "q", None, {"partitions": raw}).code == "invalid_parameter"
+
+
+def test_pop_autopilot_sizes_only_what_the_client_left_unset() -> None:
+    both = rules.pop_request("q", None, {"autopilot": "true"})
+    assert (both.auto_batch, both.auto_partitions) == (True, True)
+    sized = rules.autopilot_sizing(both, lane_pops=1)
+    assert (sized.batch, sized.partitions) == (100, 64)
+    # the sweep is shared among the pops of the lane waiting here, never below one
+    assert rules.autopilot_sizing(both, lane_pops=4).partitions == 16
+    assert rules.autopilot_sizing(both, lane_pops=1000).partitions == 1
+    pinned = rules.pop_request("q", None, {"autopilot": "true", "partitions": "1"})
+    assert (rules.autopilot_sizing(pinned, 1).partitions,
+            rules.autopilot_sizing(pinned, 1).batch) == (1, 100)
+    batch = rules.pop_request("q", None, {"autopilot": "true", "batch": "5"})
+    assert (rules.autopilot_sizing(batch, 1).batch,
+            rules.autopilot_sizing(batch, 1).partitions) == (5, 5)  # width <= batch
+    # the partition route is one partition; without autopilot nothing changes
+    named = rules.pop_request("q", "p", {"autopilot": "true"})
+    assert rules.autopilot_sizing(named, 1).partitions == 1
+    plain = rules.pop_request("q", None, {})
+    assert rules.autopilot_sizing(plain, 1) == plain and plain.batch == 1
+
+
+def test_pop_lease_seconds_and_conflation_width() -> None:
+    assert rules.pop_request("q", None, {"leaseSeconds": "30"}).lease_s == 30
+    assert rules.pop_request("q", None, {"leaseSeconds": "0"}).lease_s is None
+    wide = rules.pop_request("q", None, {"conflation": "true", "consumerGroup": "g",
+                                         "batch": "500"})
+    assert (wide.conflation, wide.partitions) == (True, 64)
+    pinned = rules.pop_request("q", None, {"conflation": "true", "consumerGroup": "g",
+                                           "batch": "500", "partitions": "3"})
+    assert pinned.partitions == 3

@@ -1,0 +1,140 @@
+"""Queen 2's pop semantics through Queen's own client (``queen-mq`` 2.6.0, unchanged): one
+lease for a multi-partition pop, the consume loop on it, pop autopilot (the client's default),
+conflation (the client raises unless every answer says ``"conflation": true``), and the queue
+option ``windowBuffer``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from queen_trio.server import BrokerHandle
+
+from .test_queen_mq import _quiet_signals, name, run
+
+queen = pytest.importorskip("queen")
+
+__all__ = ["_quiet_signals"]  # the autouse fixture, for this module too
+
+
+async def test_consume_across_partitions_under_one_lease(broker: BrokerHandle) -> None:
+    """Queen's own multi-partition consume test, with the lease assertion made exact."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        for p in range(3):
+            await c.queue(q).partition(f"p{p}").push(
+                [{"data": {"p": p, "m": 0}}, {"data": {"p": p, "m": 1}}])
+        received: list[Any] = []
+
+        async def handler(msgs: Any) -> None:
+            received.extend(msgs if isinstance(msgs, list) else [msgs])
+
+        await (c.queue(q).batch(100).partitions(3).wait(False).limit(1).auto_ack(True)
+               .consume(handler))
+        leftover = await c.queue(q).batch(100).partitions(3).wait(False).pop()
+        return [received, leftover]
+
+    received, leftover = await run(broker, flow)
+    assert len(received) == 6 and len({m["partitionId"] for m in received}) == 3
+    assert len({m["leaseId"] for m in received}) == 1
+    assert leftover == []  # the batch ack under the one lease settled all three partitions
+
+
+async def test_renew_and_lease_seconds_act_on_every_partition(broker: BrokerHandle) -> None:
+    q = name()
+
+    async def flow(c: Any) -> None:
+        await c.queue(q).config({"lease_time": 2}).create()
+        for p in ("a", "b"):
+            await c.queue(q).partition(p).push([{"data": {"p": p}}])
+        msgs = await c.queue(q).group("g").batch(10).partitions(2).wait(False).pop()
+        assert len(msgs) == 2 and len({m["leaseId"] for m in msgs}) == 1
+        for _ in range(3):  # kept alive past its 2-second lease by renewals of the one lease
+            await asyncio.sleep(1)
+            renewed = await c.renew(msgs)
+            assert len(renewed) == 1 and renewed[0]["success"] is True, renewed
+        assert await c.queue(q).group("g").batch(10).partitions(2).wait(False).pop() == []
+        acked = await c.ack(msgs, True, {"group": "g"})
+        assert acked["success"] is True
+        # not renewed, the lease runs out for both partitions at once: both come back
+        await c.queue(q).partition("a").push([{"data": {"p": "a2"}}])
+        await c.queue(q).partition("b").push([{"data": {"p": "b2"}}])
+        held = await c.queue(q).group("g").batch(10).partitions(2).wait(False).pop()
+        assert len(held) == 2
+        await asyncio.sleep(2.5)
+        back = await c.queue(q).group("g").batch(10).partitions(2).wait(False).pop()
+        assert sorted(m["data"]["p"] for m in back) == ["a2", "b2"]
+        assert back[0]["leaseId"] != held[0]["leaseId"]
+
+    await run(broker, flow)
+
+
+async def test_autopilot_is_the_clients_default_and_the_broker_sizes_the_pop(
+    broker: BrokerHandle,
+) -> None:
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        for p in range(4):
+            await c.queue(q).partition(f"p{p}").push([{"data": {"p": p, "m": m}}
+                                                      for m in range(5)])
+        # Queen's own test: with autopilot on, one consumer takes all four ready partitions
+        res = await c.queue(q).group("g").wait(False).pop_result()
+        pinned = await c.queue(q).group("h").partitions(1).wait(False).pop_result()
+        off = await c.queue(q).group("k").batch(100).autopilot(False).wait(False).pop()
+        return [res, pinned, off]
+
+    res, pinned, off = await run(broker, flow)
+    assert len(res.messages) == 20 and len({m["partitionId"] for m in res.messages}) == 4
+    assert res.autopilot is not None and res.autopilot.batch == 100
+    assert res.autopilot.partitions >= 4
+    assert len({m["leaseId"] for m in res.messages}) == 1
+    assert pinned.autopilot.partitions == 1 and len(pinned.messages) == 5
+    assert len({m["partitionId"] for m in off}) == 1  # autopilot off: one partition
+
+
+async def test_conflation_through_pop_and_consume(broker: BrokerHandle) -> None:
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        # an empty answer says "conflation": true as well, or the client would raise here
+        empty = await c.queue(q).group("w").conflation().wait(False).pop()
+        for key in ("x", "y"):
+            for v in range(20):
+                await c.queue(q).partition(key).push([{"data": {"key": key, "v": v}}])
+        seen: list[Any] = []
+
+        async def handler(msg: Any) -> None:
+            seen.append(msg["data"])
+
+        await c.queue(q).group("w").conflation().wait(False).limit(2).each().consume(handler)
+        after = await c.queue(q).group("w").conflation().wait(False).pop()
+        return [empty, seen, after]
+
+    empty, seen, after = await run(broker, flow)
+    assert empty == []
+    assert sorted((d["key"], d["v"]) for d in seen) == [("x", 19), ("y", 19)]
+    assert after == []  # acking the newest retired everything behind it
+
+
+async def test_window_buffer_through_the_client(broker: BrokerHandle) -> None:
+    """Queen's JS client test pushWindowBuffer, with Queen's Python client."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        created = await c.queue(q).config({"window_buffer": 2}).create()
+        await c.queue(q).push([{"data": {"n": n}} for n in range(3)])
+        early = await c.queue(q).batch(1).wait(False).pop()
+        await asyncio.sleep(2.5)
+        late = await c.queue(q).batch(4).wait(False).pop()
+        return [created, early, late]
+
+    created, early, late = await run(broker, flow)
+    assert created["options"]["windowBuffer"] == 2
+    assert early == [] and [m["data"]["n"] for m in late] == [0, 1, 2]
