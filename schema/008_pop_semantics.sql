@@ -1,4 +1,4 @@
--- 006 pop semantics (Queen 2): one lease for a pop over several partitions, and windowBuffer.
+-- 008 pop semantics (Queen 2): one lease for a pop over several partitions, and windowBuffer.
 
 -- A pop that takes several partitions holds them under ONE lease, as Queen does: every cursor it
 -- leased carries the same lease_id, and acks, extensions and expiry act on all of them. The
