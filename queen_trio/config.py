@@ -85,6 +85,11 @@ class Settings:
     segment_max_age_ms: int = 600_000
     segment_zstd_level: int = 3
     segment_cache_bytes: int = 64 * ONE_MIB
+    # At-rest encryption (queen_trio/sealing.py): the key that seals payloads of queues
+    # configured with encryptionEnabled, and older keys that only open (rotation). Secrets:
+    # kept out of repr.
+    encryption_key: bytes | None = dataclasses.field(default=None, repr=False)
+    encryption_old_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
@@ -140,6 +145,31 @@ def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | 
     if value < lo or (hi is not None and value > hi):
         raise ConfigError(name, raw, expected)
     return value
+
+
+def _keys(env: Mapping[str, str]) -> tuple[bytes | None, tuple[bytes, ...]]:
+    """QUEEN_ENCRYPTION_KEY and QUEEN_ENCRYPTION_OLD_KEYS; a wrong value is named by its
+    length only, never echoed (it is a secret)."""
+    from .sealing import parse_key  # cryptography is imported only when keys are used
+
+    expected = "64 hexadecimal digits (a 32-byte AES-256 key, e.g. `openssl rand -hex 32`)"
+    raw = env.get("QUEEN_ENCRYPTION_KEY", "").strip()
+    key = parse_key(raw) if raw else None
+    if raw and key is None:
+        raise ConfigError("QUEEN_ENCRYPTION_KEY", f"<{len(raw)} characters>", expected)
+    old = []
+    for part in env.get("QUEEN_ENCRYPTION_OLD_KEYS", "").split(","):
+        if not part.strip():
+            continue
+        parsed = parse_key(part)
+        if parsed is None:
+            raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", f"<{len(part.strip())} characters>",
+                              "keys of " + expected + ", separated by commas")
+        old.append(parsed)
+    if old and key is None:
+        raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", "<set>",
+                          "to be set only beside QUEEN_ENCRYPTION_KEY (the current key)")
+    return key, tuple(old)
 
 
 def load_settings(env: Mapping[str, str]) -> Settings:
@@ -216,7 +246,11 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         else None
     )
 
+    encryption_key, encryption_old_keys = _keys(env)
+
     return Settings(
+        encryption_key=encryption_key,
+        encryption_old_keys=encryption_old_keys,
         database_url=url,
         data_dir=data_dir,
         host=host,

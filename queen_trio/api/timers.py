@@ -20,6 +20,7 @@ gate.
 from __future__ import annotations
 
 import base64
+import json
 from collections import Counter
 from typing import Any
 
@@ -112,7 +113,8 @@ async def _apply(ops: list[rules.Schedule | rules.Cancel]) -> list[store.Outcome
     within = broker.settings.sweeper_max_sleep_ms
     if not schedules:
         return await broker.db.run_statement(store.cancel_many, tenant_id, cancels)
-    return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within)
+    return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within,
+                               cipher=broker.cipher)
 
 
 @timer_routes.put("/<queue>/<name:key>")
@@ -140,12 +142,12 @@ async def cancel(queue: str, key: str) -> Response:
     return json_response(outcome_wire(outcome))
 
 
-def _timer_row(queue: str, row: dict[str, Any]) -> dict[str, Any]:
+def _timer_row(queue: str, row: dict[str, Any], encrypted: bool = False) -> dict[str, Any]:
     return {
         "queue": queue, "timerKey": row["timer_key"], "partition": row["partition"],
         "deliverAt": iso(row["deliver_at"]), "txn": row["txn"],
         "messageId": str(row["message_id"]), "payloadZstd": row["payload_zstd"],
-        "encrypted": False, "producerSub": None, "attempts": row["attempts"],
+        "encrypted": encrypted, "producerSub": None, "attempts": row["attempts"],
         "lastError": row["last_error"], "claimed": row["claimed"],
         "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"]),
     }
@@ -157,13 +159,20 @@ async def peek(queue: str, key: str) -> Response:
     row = await _broker().db.run_statement(store.peek, current_tenant_id(), q, k)
     if row is None:
         return json_response({"found": False, "queue": q, "timerKey": k})
-    blob = bytes(row["payload"])
+    blob, zstd = bytes(row["payload"]), row["payload_zstd"]
     try:  # (our extension: the payload decoded, as a popped message's data will be)
-        data = rules.unpack(blob, row["payload_zstd"])
+        data = rules.unpack(blob, zstd)
     except ValueError:
         data = None
-    return json_response({"found": True, **_timer_row(q, row),
-                          "payload": base64.b64encode(blob).decode(), "data": data})
+    # A sealed payload (encryptionEnabled) is shown opened, as its fire will deliver it;
+    # encrypted says it is stored sealed.
+    cipher = _broker().cipher
+    text = None if cipher is None else cipher.open_text(data)
+    if text is not None:
+        blob, zstd, data = text.encode(), False, json.loads(text)
+    return json_response({"found": True, **_timer_row(q, row, encrypted=text is not None),
+                          "payload": base64.b64encode(blob).decode(), "payloadZstd": zstd,
+                          "data": data})
 
 
 @timer_routes.get("/<queue>")

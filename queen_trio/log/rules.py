@@ -153,6 +153,8 @@ class QueueOptions:
     completed_retention_s: int = 0
     # Queen's retentionEnabled: false stops every age-based drop of the queue.
     retention_enabled: bool = True
+    # Queen's encryptionEnabled: payloads are stored sealed (queen_trio/sealing.py).
+    encryption_enabled: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -167,6 +169,7 @@ class QueueOptions:
             "completedRetentionSeconds": self.completed_retention_s,
             "retentionEnabled": self.retention_enabled,
             "retainUntilConsumed": self.retain_until_consumed,
+            "encryptionEnabled": self.encryption_enabled,
         }
 
     @classmethod
@@ -189,8 +192,6 @@ IGNORED_OPTIONS: dict[str, Any] = {
     "dlqAfterMaxRetries": False,
     "maxWaitTimeSeconds": 0,
 }
-# encryptionEnabled: false is the truth here and is accepted; true is refused (400), since
-# messages are stored unencrypted and a silently ignored promise of encryption is not safe.
 _INT_MAX = 2_147_483_647
 _APPLIED_OPTIONS = ("leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl",
                     "deadLetterQueue", "delayedProcessing", "retentionSeconds",
@@ -235,6 +236,7 @@ def queue_options(options: Any) -> QueueOptions:
         completed_retention_s=_int_field(options, "completedRetentionSeconds", 0, lo=0,
                                          hi=10 * 365 * 86_400),
         retention_enabled=_bool_field(options, "retentionEnabled", True),
+        encryption_enabled=_bool_field(options, "encryptionEnabled", False),
     )
 
 
@@ -246,12 +248,6 @@ def configure_request(body: dict[str, Any]) -> tuple[str, ConfigureRequest]:
     raw = body.get("options")
     options = queue_options(raw)
     given: dict[str, Any] = raw or {}
-    if _bool_field(given, "encryptionEnabled", False):
-        raise ValidationError(
-            "unsupported_option",
-            "encryptionEnabled: this broker does not encrypt messages at rest; configure the "
-            "queue with encryptionEnabled false (or omit it)",
-        )
     ignored: list[str] = []
     echo = options.to_wire()
     for key, default in IGNORED_OPTIONS.items():
@@ -260,7 +256,6 @@ def configure_request(body: dict[str, Any]) -> tuple[str, ConfigureRequest]:
         echo[key] = value
         if value != default:
             ignored.append(key)
-    echo["encryptionEnabled"] = False
     unknown = sorted(k for k in given if k not in _APPLIED_OPTIONS and k not in IGNORED_OPTIONS)
     ignored.extend(unknown)
     for key in ("namespace", "task"):

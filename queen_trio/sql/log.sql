@@ -5,10 +5,11 @@
 INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
      dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-     completed_retention_s, retention_enabled)
+     completed_retention_s, retention_enabled, encryption_enabled)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
         %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s, %(max_size)s,
-        %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s)
+        %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s,
+        %(encryption_enabled)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
@@ -21,6 +22,7 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET
     ttl_s = excluded.ttl_s,
     completed_retention_s = excluded.completed_retention_s,
     retention_enabled = excluded.retention_enabled,
+    encryption_enabled = excluded.encryption_enabled,
     updated_at = now()
 RETURNING queue_id, (xmax = 0) AS created,
           (SELECT p.partition_id FROM queen.partitions p
@@ -42,7 +44,8 @@ ON CONFLICT (queue_id, name) DO NOTHING
 -- name: lock_partitions
 -- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
 -- deadlocking each other.
-SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size
+SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size,
+       q.encryption_enabled
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 WHERE q.tenant_id = %(tenant_id)s
@@ -377,7 +380,7 @@ WHERE dead_letter_id = %(id)s
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
        q.retention_s, q.dead_letter_queue, q.retain_until_consumed, q.max_size,
        q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled,
-       count(p.partition_id) AS partitions,
+       q.encryption_enabled, count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
 LEFT JOIN queen.partitions p USING (queue_id)
@@ -388,7 +391,7 @@ ORDER BY q.name
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
        dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-       completed_retention_s, retention_enabled
+       completed_retention_s, retention_enabled, encryption_enabled
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 
