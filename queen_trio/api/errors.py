@@ -63,7 +63,9 @@ async def read_json_body() -> Any:
     """The request body parsed by the broker's one JSON decoder (:mod:`queen_trio.strict_json`),
     or a 400: ``malformed_json`` (not UTF-8, not JSON), or ``invalid_json_value`` with the
     ``field`` path of a value JSON or PostgreSQL cannot carry (NaN, 1e999, "\\u0000"…)."""
-    raw = await request.get_data(as_text=False)
+    # cache=False: the bytes (and their share of the body budget) are given back as soon as
+    # they are parsed; no route reads a body twice after parsing it.
+    raw = await request.get_data(cache=False, as_text=False)
     if not raw:
         raise ApiError(400, "malformed_json", "the request body is empty; a JSON body is required")
     try:

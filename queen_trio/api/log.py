@@ -78,12 +78,12 @@ def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
 @log_routes.post("/push")
 async def push() -> Response:
     enforce_storage_gate()
-    body = await read_json_object()
-    items = rules.push_items(body, message_ceiling())
+    # Only each payload's JSON text is kept past here, not the decoded body: one copy less of
+    # a large message while it travels to PostgreSQL.
     frames = [
-        store.NewFrame(i.queue, i.partition, i.payload, i.transaction_id,
+        store.NewFrame(i.queue, i.partition, None, i.transaction_id,
                        dedupe=i.client_transaction_id, payload_json=i.payload_json)
-        for i in items
+        for i in rules.push_items(await read_json_object(), message_ceiling())
     ]
     broker = _broker()
     tenant = current_tenant_id()

@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
-from ..text import encodable
+from ..text import encodable, utf8_len
 
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
 TIMER_GROUP = "__timer__"  # dead letters of timers that could not be fired
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024  # QUEEN_MAX_MESSAGE_BYTES's default
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # QUEEN_MAX_MESSAGE_BYTES's default (config.py)
 MAX_PUSH_ITEMS = 10_000
 MAX_POP_BATCH = 10_000
 MAX_POP_TIMEOUT_MS = 300_000
@@ -108,7 +108,7 @@ def payload_json(payload: Any, ceiling: int, where: str) -> str:
     store writes this text rather than serialize the payload again)."""
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     try:
-        size = len(text.encode())
+        size = utf8_len(text)
     except UnicodeEncodeError:
         # JSON allows "\ud800" escapes that are not characters; PostgreSQL cannot store them.
         # (Request bodies never get here with one: strict_json refuses them.)

@@ -21,6 +21,7 @@ from ..db import queries
 from ..db.rows import one
 from ..errors import Conflict, NotFound
 from ..sealing import PayloadCipher, is_envelope
+from ..text import utf8_len
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -112,7 +113,7 @@ def append(
             if frame.seal and part["encryption_enabled"]:
                 text = _sealed(cipher, frame.queue, text)
             payloads.append(text)
-            stored_bytes += len(text.encode())
+            stored_bytes += utf8_len(text)
             metas.append(None if frame.meta is None else to_json(frame.meta))
             results[i] = Appended("queued", frame.queue, frame.partition, pid,
                                   frame.transaction_id, next_offset)
