@@ -66,16 +66,20 @@ class PayloadCipher:
         return self._current_id
 
     def seal(self, text: str) -> str:
-        """The envelope (compact JSON text) of a payload's compact JSON text."""
+        """The envelope (compact JSON text) of a payload's compact JSON text. Intermediate
+        copies are dropped as soon as the next exists: a 16 MiB payload is held about three
+        times here, not six."""
         nonce = os.urandom(_NONCE_BYTES)
         sealed = self._current.encrypt(nonce, text.encode(), None)
-        ciphertext = memoryview(sealed)[:-_TAG_BYTES]
-        return (
-            '{"encrypted":"' + base64.b64encode(ciphertext).decode("ascii")
-            + '","iv":"' + base64.b64encode(nonce).decode("ascii")
-            + '","authTag":"' + base64.b64encode(sealed[-_TAG_BYTES:]).decode("ascii")
-            + '","keyId":"' + self._current_id + '"}'
-        )
+        tag = sealed[-_TAG_BYTES:]
+        ciphertext = base64.b64encode(memoryview(sealed)[:-_TAG_BYTES])
+        del sealed
+        return b"".join((
+            b'{"encrypted":"', ciphertext,
+            b'","iv":"', base64.b64encode(nonce),
+            b'","authTag":"', base64.b64encode(tag),
+            b'","keyId":"', self._current_id.encode(), b'"}',
+        )).decode("ascii")
 
     def open_text(self, value: Any) -> str | None:
         """The payload JSON text inside ``value`` if it is an envelope this broker can open;
@@ -89,13 +93,16 @@ class PayloadCipher:
         try:
             nonce = base64.b64decode(value["iv"], validate=True)
             tag = base64.b64decode(value["authTag"], validate=True)
-            ciphertext = base64.b64decode(value["encrypted"], validate=True)
+            if len(nonce) != _NONCE_BYTES or len(tag) != _TAG_BYTES:
+                return None
+            sealed = bytearray(base64.b64decode(value["encrypted"], validate=True))
         except (TypeError, ValueError, binascii.Error):
             return None
-        if len(nonce) != _NONCE_BYTES or len(tag) != _TAG_BYTES:
-            return None
+        sealed += tag  # (AES-GCM takes the tag after the ciphertext)
         try:
-            return aes.decrypt(nonce, ciphertext + tag, None).decode()
+            plain = aes.decrypt(nonce, sealed, None)
+            del sealed
+            return plain.decode()
         except (InvalidTag, UnicodeDecodeError):
             return None
 
