@@ -281,3 +281,21 @@ async def test_key_rotation_reads_old_payloads_and_seals_new_ones_under_the_new_
         "USING (partition_id) JOIN queen.queues q USING (queue_id) WHERE q.name = 'rot' "
         "ORDER BY f.\"offset\""))]
     assert len(set(key_ids)) == 2  # one per key: which key sealed each payload is on record
+
+
+async def test_a_transaction_seals_its_pushes_and_timers(
+    http: httpx.AsyncClient, database_url: str
+) -> None:
+    r = await http.post(f"{API}/configure", json={
+        "queue": "txq", "options": {"encryptionEnabled": True}})
+    assert r.status_code == 200, r.text
+    payload = base64.b64encode(b'{"secret":"%s"}' % SECRET.encode()).decode()
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [{"type": "push", "items": [{"queue": "txq", "payload": {"s": SECRET}}]}],
+        "timers": [{"op": "schedule", "queue": "txq", "timerKey": "k", "payload": payload,
+                    "delayMs": 600_000, "txn": "tx-timer-1"}],
+    })
+    assert r.status_code == 200, r.text
+    assert_only_ciphertext(database_url, "txq", at_least=2)  # the frame and the timer row
+    got = (await http.get(f"{API}/pop/queue/txq")).json()["messages"]
+    assert [m["data"] for m in got] == [{"s": SECRET}]
