@@ -61,10 +61,6 @@ class PayloadCipher:
         self._keys = {key_id(k): AESGCM(k) for k in old}
         self._keys[self._current_id] = self._current
 
-    @property
-    def current_key_id(self) -> str:
-        return self._current_id
-
     def seal(self, text: str) -> str:
         """The envelope (compact JSON text) of a payload's compact JSON text. Intermediate
         copies are dropped as soon as the next exists: a 16 MiB payload is held about three
