@@ -66,7 +66,7 @@ def append(
     """Append frames to their partitions (creating queues and partitions as needed).
 
     Frames for a queue configured with encryptionEnabled are stored sealed with ``cipher``;
-    without one they are refused (409 ``encryption_key_missing``), never stored in clear.
+    without one they are refused (409 ``encryption_unavailable``), never stored in clear.
 
     Offsets are dense per partition: the partition row is locked, offsets are taken from its
     ``next_offset`` and written back in the same transaction. ``usage_offset`` is added to the
@@ -134,7 +134,7 @@ def append(
 def _sealed(cipher: PayloadCipher | None, queue: str, text: str) -> str:
     if cipher is None:
         raise Conflict(
-            "encryption_key_missing",
+            "encryption_unavailable",
             f"queue {queue!r} is configured with encryptionEnabled, and this broker has no "
             "QUEEN_ENCRYPTION_KEY: nothing was stored (every broker needs the key)",
         )

@@ -240,7 +240,7 @@ async def test_a_broker_without_the_key_stores_nothing_for_an_encrypted_queue(
             r = await http.post(f"{API}/push", json={"items": [
                 {"queue": "sealed", "payload": {"secret": SECRET}}]})
             assert r.status_code == 409, r.text
-            assert r.json()["error"] == "encryption_key_missing"
+            assert r.json()["error"] == "encryption_unavailable"
         keyless.shutdown()
     assert stored_texts(database_url, "sealed") == []
 
