@@ -18,6 +18,7 @@ ONE_MIB = 1024 * 1024
 # QUEEN_MAX_MESSAGE_BYTES at most: a message is one JSON value in one row (PostgreSQL's jsonb
 # tops out near 256 MiB) and is read whole into the broker's memory on every push and pop.
 MAX_MESSAGE_BYTES_LIMIT = 64 * ONE_MIB
+DEFAULT_MAX_MESSAGE_BYTES = 16 * ONE_MIB
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,8 +45,8 @@ class Settings:
     # a request body not received within the other is answered 408.
     http_idle_timeout_s: int = 75
     http_body_timeout_s: int = 60
-    # Bytes of request bodies held at once by one broker process (None: 8 × the body limit);
-    # past it a request is answered 503 rather than the broker growing.
+    # Bytes of request bodies held at once by one broker process (None: 2 × the body limit,
+    # at least 64 MiB); past it a request is answered 503 rather than the broker growing.
     http_body_buffer_bytes: int | None = None
     # Broker processes behind one listening socket (``queen-trio serve``); each is a whole
     # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
@@ -74,7 +75,8 @@ class Settings:
     timers_max_payload_bytes: int | None = None
     # The message ceiling of pushes (and KV values, transaction pushes); a tenant plan's
     # maxMessageBytes may lower it. Timer payloads stay within 1 MiB whatever this says.
-    max_message_bytes: int = ONE_MIB
+    # 16 MiB: what a Queen user pushes (Queen has no per-message cap of its own).
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # Log housekeeping: sealing the head into segments, retention.
     housekeeping_interval_ms: int = 1000
     segment_max_frames: int = 1000
@@ -85,6 +87,11 @@ class Settings:
     segment_max_age_ms: int = 600_000
     segment_zstd_level: int = 3
     segment_cache_bytes: int = 64 * ONE_MIB
+    # At-rest encryption (queen_trio/sealing.py): the key that seals payloads of queues
+    # configured with encryptionEnabled, and older keys that only open (rotation). Secrets:
+    # kept out of repr.
+    encryption_key: bytes | None = dataclasses.field(default=None, repr=False)
+    encryption_old_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
@@ -103,8 +110,12 @@ class Settings:
         return max(8 * ONE_MIB, 4 * self.max_message_bytes)
 
     def http_body_budget(self) -> int:
-        """Bytes of request bodies held at once; never below one body at the limit."""
-        return max(self.http_body_buffer_bytes or 8 * self.http_body_limit(),
+        """Bytes of request bodies held at once; never below one body at the limit. The
+        default holds two bodies at the limit (128 MiB at the 16 MiB message ceiling), or 64
+        MiB of small ones: each body held costs the broker a few times its size while its
+        messages travel to PostgreSQL (RELIABILITY.md, "Large messages")."""
+        return max(self.http_body_buffer_bytes
+                   or max(64 * ONE_MIB, 2 * self.http_body_limit()),
                    self.http_body_limit())
 
     def timer_payload_ceiling(self, plan_max_message_bytes: int) -> int:
@@ -140,6 +151,31 @@ def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | 
     if value < lo or (hi is not None and value > hi):
         raise ConfigError(name, raw, expected)
     return value
+
+
+def _keys(env: Mapping[str, str]) -> tuple[bytes | None, tuple[bytes, ...]]:
+    """QUEEN_ENCRYPTION_KEY and QUEEN_ENCRYPTION_OLD_KEYS; a wrong value is named by its
+    length only, never echoed (it is a secret)."""
+    from .sealing import parse_key  # cryptography is imported only when keys are used
+
+    expected = "64 hexadecimal digits (a 32-byte AES-256 key, e.g. `openssl rand -hex 32`)"
+    raw = env.get("QUEEN_ENCRYPTION_KEY", "").strip()
+    key = parse_key(raw) if raw else None
+    if raw and key is None:
+        raise ConfigError("QUEEN_ENCRYPTION_KEY", f"<{len(raw)} characters>", expected)
+    old = []
+    for part in env.get("QUEEN_ENCRYPTION_OLD_KEYS", "").split(","):
+        if not part.strip():
+            continue
+        parsed = parse_key(part)
+        if parsed is None:
+            raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", f"<{len(part.strip())} characters>",
+                              "keys of " + expected + ", separated by commas")
+        old.append(parsed)
+    if old and key is None:
+        raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", "<set>",
+                          "to be set only beside QUEEN_ENCRYPTION_KEY (the current key)")
+    return key, tuple(old)
 
 
 def load_settings(env: Mapping[str, str]) -> Settings:
@@ -216,7 +252,11 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         else None
     )
 
+    encryption_key, encryption_old_keys = _keys(env)
+
     return Settings(
+        encryption_key=encryption_key,
+        encryption_old_keys=encryption_old_keys,
         database_url=url,
         data_dir=data_dir,
         host=host,
@@ -251,7 +291,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             env, "QUEEN_TIMERS_MAX_HORIZON_S", 7_776_000, lo=1, hi=10 * 365 * 86400
         ),
         timers_max_payload_bytes=payload,
-        max_message_bytes=_int(env, "QUEEN_MAX_MESSAGE_BYTES", ONE_MIB, lo=1024,
+        max_message_bytes=_int(env, "QUEEN_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, lo=1024,
                                hi=MAX_MESSAGE_BYTES_LIMIT),
         housekeeping_interval_ms=_int(
             env, "QUEEN_HOUSEKEEPING_INTERVAL_MS", 1000, lo=10, hi=3_600_000

@@ -10,6 +10,7 @@ from .db import Database, Listener
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
+from .sealing import PayloadCipher
 from .switches import RuntimeSwitches
 from .tenants.directory import TenantDirectory
 from .timers.batcher import ScheduleBatcher
@@ -32,3 +33,5 @@ class BrokerContext:
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     # Decoded sealed segments, shared by every read of this broker (QUEEN_SEGMENT_CACHE_BYTES).
     segment_cache: SegmentCache = dataclasses.field(default_factory=lambda: SegmentCache(0))
+    # At-rest encryption (QUEEN_ENCRYPTION_KEY); None: queues cannot be encrypted.
+    cipher: PayloadCipher | None = None

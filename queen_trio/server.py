@@ -47,6 +47,7 @@ from .log.housekeeping import Housekeeper
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
+from .sealing import payload_cipher
 from .sweeper import Sweeper, run_pending_gauge
 from .switches import CHANNEL as SWITCHES_CHANNEL
 from .switches import RuntimeSwitches
@@ -127,12 +128,14 @@ async def run_broker(
                                   count_error=count_error,
                                   auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
-        schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms)
+        cipher = payload_cipher(settings)
+        schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms,
+                                    cipher=cipher)
         switches = RuntimeSwitches(
             db, count_error=count_error,
             on_change=lambda name, on: metrics.switch_enabled.labels(name).set(int(on)))
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
-                                switches, segment_cache=segment_cache)
+                                switches, segment_cache=segment_cache, cipher=cipher)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         metrics.watch_segment_cache(segment_cache.statistics)
         async with trio.open_nursery() as nursery:

@@ -160,7 +160,7 @@ def loads(data: bytes | str, *, what: str = "the JSON text") -> Any:
     except (_Refused, ValueError):  # (ValueError: an integer past Python's 4,300 digits)
         suspect = True
     else:
-        suspect = len(raw) >= _DOUBLE_MAX_DIGITS and _LONG_RUN in raw.translate(_ONE_DIGIT)
+        suspect = _long_digit_run(raw)
     if suspect:
         # Again, slowly: what the fast pass refused, or a run of digits (maybe in a string).
         try:
@@ -171,6 +171,19 @@ def loads(data: bytes | str, *, what: str = "the JSON text") -> Any:
     elif "\\" in text and _SUSPECT_ESCAPE.search(text):  # (the first test is a memchr)
         check(value)
     return value
+
+
+_RUN_CHUNK = 1 << 20
+
+
+def _long_digit_run(raw: bytes) -> bool:
+    """Whether ``raw`` holds a run of 309 digits: looked for a MiB at a time (the pieces
+    overlap by a run's length), so a 16 MiB body costs one more MiB, not 16."""
+    if len(raw) < _DOUBLE_MAX_DIGITS:
+        return False
+    step = _RUN_CHUNK - _DOUBLE_MAX_DIGITS
+    return any(_LONG_RUN in raw[i:i + _RUN_CHUNK].translate(_ONE_DIGIT)
+               for i in range(0, max(1, len(raw) - _DOUBLE_MAX_DIGITS + 1), step))
 
 
 # -- checking and encoding --------------------------------------------------------------------

@@ -19,6 +19,13 @@ def encodable(text: str) -> bool:
     return True
 
 
+def utf8_len(text: str) -> int:
+    """The UTF-8 size of ``text``; ASCII text (most payloads) is measured without a copy,
+    which for a 16 MiB message is 16 MiB less to hold. Raises UnicodeEncodeError for an
+    unpaired surrogate."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def utf8_name(value: Any, field: str, *, code: str, max_bytes: int) -> str:
     """A non-empty string of at most ``max_bytes`` UTF-8 bytes, free of control characters.
 

@@ -28,6 +28,7 @@ from .kv import rules as kv_rules
 from .kv import store as kv_store
 from .log import rules as log_rules
 from .log import store as log_store
+from .sealing import PayloadCipher
 from .timers import rules as timer_rules
 from .timers import store as timer_store
 
@@ -169,7 +170,8 @@ def _parse_one(index: int, op: Any, ceiling: int, default_lease: uuid.UUID | Non
 
 
 def execute(
-    raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits
+    raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits, *,
+    cipher: PayloadCipher | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]], list[timer_store.Outcome]]:
     """Apply the kv ops, every operation and timer in the caller's transaction; any error
     aborts all. Answers (per operation: Appended list or AckResult; the kv results; the timers'
@@ -187,7 +189,7 @@ def execute(
     for op in bundle.operations:
         try:
             if op.type == "push":
-                results.append(log_store.append(raw, tenant_id, op.args))
+                results.append(log_store.append(raw, tenant_id, op.args, cipher=cipher))
             else:
                 (result,) = log_store.ack(raw, tenant_id, [op.args])
                 if result.refused is not None:
@@ -196,7 +198,7 @@ def execute(
         except ClientError as exc:
             raise _at(op.index, exc) from None
     outcomes = timer_store.apply(raw, tenant_id, bundle.timers,
-                                 notify_within_ms=limits.notify_within_ms)
+                                 notify_within_ms=limits.notify_within_ms, cipher=cipher)
     return results, kv_results, outcomes
 
 

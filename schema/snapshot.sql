@@ -675,6 +675,7 @@ CREATE TABLE queen.queues (
     retention_enabled boolean DEFAULT true NOT NULL,
     max_wait_s integer DEFAULT 0 NOT NULL,
     window_buffer_s integer DEFAULT 0 NOT NULL,
+    encryption_enabled boolean DEFAULT false NOT NULL,
     CONSTRAINT queues_completed_retention_s_check CHECK ((completed_retention_s >= 0)),
     CONSTRAINT queues_delayed_processing_s_check CHECK ((delayed_processing_s >= 0)),
     CONSTRAINT queues_lease_time_s_check CHECK ((lease_time_s > 0)),

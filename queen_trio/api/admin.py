@@ -18,6 +18,7 @@ from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
 from ..log import admin, groups, rules
+from ..sealing import opened
 from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
@@ -355,13 +356,15 @@ async def get_message(partition_id: str, transaction_id: str) -> Response:
               else "completed" if cursors and all(c["consumed"] for c in cursors)
               else "processing" if leased else "pending")
     retries = [c["retry_count"] for c in cursors if c["retry_count"] is not None]
+    sealed = broker.cipher is not None and broker.cipher.open_text(frame.payload) is not None
+    data = opened(broker.cipher, frame.payload)
     return _json({
         "id": message_id(str(pid), frame.offset, frame.meta),
         "transactionId": frame.transaction_id,
         "partitionId": str(pid), "queuePath": f"{part['queue']}/{part['name']}",
         "queue": part["queue"], "partition": part["name"], "offset": frame.offset,
         "namespace": None, "task": None, "status": status,
-        "payload": frame.payload, "data": frame.payload, "isEncrypted": False,
+        "payload": data, "data": data, "isEncrypted": sealed,
         "traceId": None, "createdAt": iso(frame.created_at),
         "errorMessage": dead[-1]["error"] if dead else next(
             (c["last_error"] for c in cursors if c["last_error"]), None),

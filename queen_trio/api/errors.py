@@ -85,7 +85,9 @@ async def read_json_body() -> Any:
     """The request body parsed by the broker's one JSON decoder (:mod:`queen_trio.strict_json`),
     or a 400: ``malformed_json`` (not UTF-8, not JSON), or ``invalid_json_value`` with the
     ``field`` path of a value JSON or PostgreSQL cannot carry (NaN, 1e999, "\\u0000"…)."""
-    return parse_json_body(await request.get_data(as_text=False))
+    # cache=False: the bytes (and their share of the body budget) are given back as soon as
+    # they are parsed; no route reads a body twice after parsing it.
+    return parse_json_body(await request.get_data(cache=False, as_text=False))
 
 
 def parse_json_body(raw: bytes | str) -> Any:

@@ -425,9 +425,10 @@ def _log_paths() -> dict[str, Any]:
                                        "this, for every consumer group, "
                                        "whatever retentionEnabled says (0: never)"},
                     "encryptionEnabled": {
-                        "type": "boolean", "enum": [False],
-                        "description": "messages are not encrypted at rest; true is a 400 "
-                                       "unsupported_option"},
+                        "type": "boolean", "default": False,
+                        "description": "payloads stored sealed with AES-256-GCM under "
+                                       "QUEEN_ENCRYPTION_KEY; without a key on the broker "
+                                       "true is a 400 encryption_key_missing"},
                     **{name: {"description": "accepted, echoed and listed in ignored when "
                                              "not at Queen's default; no effect here"}
                        for name in ("priority", "windowBuffer", "dlqAfterMaxRetries")}},

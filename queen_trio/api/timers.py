@@ -20,6 +20,7 @@ gate.
 from __future__ import annotations
 
 import base64
+import json
 from collections import Counter
 from typing import Any
 
@@ -113,7 +114,8 @@ async def _apply(broker: BrokerContext, ops: list[rules.Schedule | rules.Cancel]
     within = broker.settings.sweeper_max_sleep_ms
     if not schedules:
         return await broker.db.run_statement(store.cancel_many, tenant_id, cancels)
-    return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within)
+    return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within,
+                               cipher=broker.cipher)
 
 
 @timer_routes.put("/<queue>/<name:key>")
@@ -142,12 +144,13 @@ async def cancel(queue: str, key: str) -> Response:
     return model_response(outcome_model(outcome))
 
 
-def _timer_fields(queue: str, row: dict[str, Any]) -> dict[str, Any]:
+def _timer_fields(queue: str, row: dict[str, Any], encrypted: bool = False
+                  ) -> dict[str, Any]:
     return {
         "queue": queue, "timer_key": row["timer_key"], "partition": row["partition"],
         "deliver_at": iso(row["deliver_at"]), "txn": row["txn"],
         "message_id": row["message_id"], "payload_zstd": row["payload_zstd"],
-        "encrypted": False, "producer_sub": None, "attempts": row["attempts"],
+        "encrypted": encrypted, "producer_sub": None, "attempts": row["attempts"],
         "last_error": row["last_error"], "claimed": row["claimed"],
         "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
     }
@@ -159,12 +162,21 @@ async def peek(queue: str, key: str) -> Response:
     row = await _broker().db.run_statement(store.peek, current_tenant_id(), q, k)
     if row is None:
         return model_response(models.TimerMissing(found=False, queue=q, timer_key=k))
-    blob = bytes(row["payload"])
+    blob, zstd = bytes(row["payload"]), row["payload_zstd"]
     try:  # (our extension: the payload decoded, as a popped message's data will be)
-        data = msgspec.Raw(rules.unpack_text(blob, row["payload_zstd"]).encode())
+        text: str | None = rules.unpack_text(blob, zstd)
     except ValueError:
-        data = msgspec.Raw(b"null")
-    return model_response(models.TimerFound(found=True, **_timer_fields(q, row),
+        text = None
+    # A sealed payload (encryptionEnabled) is shown opened, as its fire will deliver it;
+    # encrypted says it is stored sealed.
+    cipher = _broker().cipher
+    opened = None if cipher is None or text is None else cipher.open_text(json.loads(text))
+    if opened is not None:
+        blob, zstd, text = opened.encode(), False, opened
+    fields = _timer_fields(q, row, encrypted=opened is not None)
+    fields["payload_zstd"] = zstd
+    data = msgspec.Raw(b"null" if text is None else text.encode())
+    return model_response(models.TimerFound(found=True, **fields,
                                             payload=base64.b64encode(blob).decode(), data=data))
 
 

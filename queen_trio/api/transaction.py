@@ -89,7 +89,7 @@ async def transaction() -> Response:
     transaction_id = log_rules.new_transaction_id()
     try:
         results, kv_results, outcomes = await broker.db.run(
-            transactions.execute, current_tenant_id(), bundle, limits
+            transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher
         )
     except PreconditionLost as lost:
         return json_response({"transactionId": transaction_id,

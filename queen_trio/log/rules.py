@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
-from ..text import encodable
+from ..text import encodable, utf8_len
 
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
 TIMER_GROUP = "__timer__"  # dead letters of timers that could not be fired
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024  # QUEEN_MAX_MESSAGE_BYTES's default
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # QUEEN_MAX_MESSAGE_BYTES's default (config.py)
 MAX_PUSH_ITEMS = 10_000
 MAX_POP_BATCH = 10_000
 MAX_POP_TIMEOUT_MS = 300_000
@@ -114,7 +114,7 @@ def payload_json(payload: Any, ceiling: int, where: str) -> str:
     store writes this text rather than serialize the payload again)."""
     text = _COMPACT.encode(payload)
     try:
-        size = len(text.encode())
+        size = utf8_len(text)
     except UnicodeEncodeError:
         # JSON allows "\ud800" escapes that are not characters; PostgreSQL cannot store them.
         # (Request bodies never get here with one: strict_json refuses them.)
@@ -165,6 +165,8 @@ class QueueOptions:
     # Queen's windowBuffer (s): a partition is not handed out until its newest message is this
     # old (a debounce: a burst is delivered whole once it has settled).
     window_buffer_s: int = 0
+    # Queen's encryptionEnabled: payloads are stored sealed (queen_trio/sealing.py).
+    encryption_enabled: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -181,6 +183,7 @@ class QueueOptions:
             "retainUntilConsumed": self.retain_until_consumed,
             "maxWaitTimeSeconds": self.max_wait_s,
             "windowBuffer": self.window_buffer_s,
+            "encryptionEnabled": self.encryption_enabled,
         }
 
     @classmethod
@@ -199,8 +202,6 @@ IGNORED_OPTIONS: dict[str, Any] = {
     "priority": 0,
     "dlqAfterMaxRetries": False,
 }
-# encryptionEnabled: false is the truth here and is accepted; true is refused (400), since
-# messages are stored unencrypted and a silently ignored promise of encryption is not safe.
 _INT_MAX = 2_147_483_647
 _APPLIED_OPTIONS = ("leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl",
                     "deadLetterQueue", "delayedProcessing", "retentionSeconds",
@@ -248,6 +249,7 @@ def queue_options(options: Any) -> QueueOptions:
         retention_enabled=_bool_field(options, "retentionEnabled", True),
         max_wait_s=_int_field(options, "maxWaitTimeSeconds", 0, lo=0, hi=10 * 365 * 86_400),
         window_buffer_s=_int_field(options, "windowBuffer", 0, lo=0, hi=7 * 86_400),
+        encryption_enabled=_bool_field(options, "encryptionEnabled", False),
     )
 
 
@@ -259,12 +261,6 @@ def configure_request(body: dict[str, Any]) -> tuple[str, ConfigureRequest]:
     raw = body.get("options")
     options = queue_options(raw)
     given: dict[str, Any] = raw or {}
-    if _bool_field(given, "encryptionEnabled", False):
-        raise ValidationError(
-            "unsupported_option",
-            "encryptionEnabled: this broker does not encrypt messages at rest; configure the "
-            "queue with encryptionEnabled false (or omit it)",
-        )
     ignored: list[str] = []
     echo = options.to_wire()
     for key, default in IGNORED_OPTIONS.items():
@@ -273,7 +269,6 @@ def configure_request(body: dict[str, Any]) -> tuple[str, ConfigureRequest]:
         echo[key] = value
         if value != default:
             ignored.append(key)
-    echo["encryptionEnabled"] = False
     unknown = sorted(k for k in given if k not in _APPLIED_OPTIONS and k not in IGNORED_OPTIONS)
     ignored.extend(unknown)
     for key in ("namespace", "task"):

@@ -20,6 +20,8 @@ import psycopg
 from ..db import queries
 from ..db.rows import one
 from ..errors import ClientError, Conflict, NotFound
+from ..sealing import PayloadCipher, is_envelope
+from ..text import utf8_len
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -43,6 +45,8 @@ class NewFrame:
     dedupe: bool = False  # a client-supplied txn already in the partition is not appended twice
     meta: dict[str, Any] | None = None
     payload_json: str | None = None  # the payload already as compact JSON text (timer fires)
+    # False: the payload is already sealed (a replayed dead letter): never sealed twice.
+    seal: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,9 +60,13 @@ class Appended:
 
 
 def append(
-    raw: Raw, tenant_id: int, frames: Sequence[NewFrame], *, usage_offset: int = 0
+    raw: Raw, tenant_id: int, frames: Sequence[NewFrame], *, usage_offset: int = 0,
+    cipher: PayloadCipher | None = None,
 ) -> list[Appended]:
     """Append frames to their partitions (creating queues and partitions as needed).
+
+    Frames for a queue configured with encryptionEnabled are stored sealed with ``cipher``;
+    without one they are refused (409 ``encryption_unavailable``), never stored in clear.
 
     Offsets are dense per partition: the partition row is locked, offsets are taken from its
     ``next_offset`` and written back in the same transaction. ``usage_offset`` is added to the
@@ -102,8 +110,10 @@ def append(
             text = frame.payload_json
             if text is None:
                 text = to_json(frame.payload)
+            if frame.seal and part["encryption_enabled"]:
+                text = _sealed(cipher, frame.queue, text)
             payloads.append(text)
-            stored_bytes += len(text.encode())
+            stored_bytes += utf8_len(text)
             metas.append(None if frame.meta is None else to_json(frame.meta))
             results[i] = Appended("queued", frame.queue, frame.partition, pid,
                                   frame.transaction_id, next_offset)
@@ -119,6 +129,16 @@ def append(
     for name in queue_names:
         raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
     return [r for r in results if r is not None]
+
+
+def _sealed(cipher: PayloadCipher | None, queue: str, text: str) -> str:
+    if cipher is None:
+        raise Conflict(
+            "encryption_unavailable",
+            f"queue {queue!r} is configured with encryptionEnabled, and this broker has no "
+            "QUEEN_ENCRYPTION_KEY: nothing was stored (every broker needs the key)",
+        )
+    return cipher.seal(text)
 
 
 def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],
@@ -815,7 +835,8 @@ def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) ->
 # -- dead letters -----------------------------------------------------------------------------
 
 
-def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int) -> Appended:
+def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int, *,
+                       cipher: PayloadCipher | None = None) -> Appended:
     row = raw.execute(Q.lock_dead_letter, {"id": dead_letter_id, "tenant_id": tenant_id}).fetchone()
     if row is None:
         raise NotFound("dead_letter_not_found", f"no dead letter {dead_letter_id}")
@@ -835,7 +856,8 @@ def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int) -> Appende
     (appended,) = append(
         raw, tenant_id,
         [NewFrame(row["queue"], row["partition"] or DEFAULT_PARTITION, row["payload"], txn,
-                  meta={"replayOf": dead_letter_id})],
+                  meta={"replayOf": dead_letter_id}, seal=not is_envelope(row["payload"]))],
+        cipher=cipher,
     )
     raw.execute(Q.mark_replayed, {"id": dead_letter_id, "transaction_id": txn})
     return appended

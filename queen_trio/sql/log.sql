@@ -6,11 +6,11 @@ INSERT INTO queen.queues AS q
     (tenant_id, name, lease_time_s, retry_limit, delayed_processing_s, retention_s,
      dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
      completed_retention_s, retention_enabled, max_wait_s,
-     window_buffer_s)
+     window_buffer_s, encryption_enabled)
 VALUES (%(tenant_id)s, %(name)s, %(lease_time_s)s, %(retry_limit)s, %(delayed_processing_s)s,
         %(retention_s)s, %(dead_letter_queue)s, %(retain_until_consumed)s, %(max_size)s,
         %(retry_delay_ms)s, %(ttl_s)s, %(completed_retention_s)s, %(retention_enabled)s,
-        %(max_wait_s)s, %(window_buffer_s)s)
+        %(max_wait_s)s, %(window_buffer_s)s, %(encryption_enabled)s)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
     lease_time_s = excluded.lease_time_s,
     retry_limit = excluded.retry_limit,
@@ -25,6 +25,7 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET
     retention_enabled = excluded.retention_enabled,
     max_wait_s = excluded.max_wait_s,
     window_buffer_s = excluded.window_buffer_s,
+    encryption_enabled = excluded.encryption_enabled,
     updated_at = now()
 RETURNING queue_id, (xmax = 0) AS created,
           (SELECT p.partition_id FROM queen.partitions p
@@ -46,7 +47,8 @@ ON CONFLICT (queue_id, name) DO NOTHING
 -- name: lock_partitions
 -- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
 -- deadlocking each other.
-SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size
+SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size,
+       q.encryption_enabled
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 WHERE q.tenant_id = %(tenant_id)s
@@ -407,7 +409,7 @@ WHERE dead_letter_id = %(id)s
 SELECT q.name, q.created_at, q.lease_time_s, q.retry_limit, q.delayed_processing_s,
        q.retention_s, q.dead_letter_queue, q.retain_until_consumed, q.max_size,
        q.retry_delay_ms, q.ttl_s, q.completed_retention_s, q.retention_enabled, q.max_wait_s,
-       q.window_buffer_s,
+       q.window_buffer_s, q.encryption_enabled,
        count(p.partition_id) AS partitions,
        coalesce(sum(p.next_offset - p.log_start), 0)::bigint AS messages
 FROM queen.queues q
@@ -419,7 +421,8 @@ ORDER BY q.name
 -- name: queue_detail
 SELECT queue_id, name, created_at, lease_time_s, retry_limit, delayed_processing_s, retention_s,
        dead_letter_queue, retain_until_consumed, max_size, retry_delay_ms, ttl_s,
-       completed_retention_s, retention_enabled, max_wait_s, window_buffer_s
+       completed_retention_s, retention_enabled, max_wait_s, window_buffer_s,
+       encryption_enabled
 FROM queen.queues
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 

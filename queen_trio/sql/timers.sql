@@ -126,3 +126,8 @@ SELECT tenant_id, queue, partition, extract(epoch FROM visible_at)::float8 AS du
 FROM queen.timers
 ORDER BY visible_at
 LIMIT 1
+
+-- name: encrypted_queues
+-- Which of these queues seal their payloads (encryptionEnabled): their timers are stored sealed.
+SELECT name FROM queen.queues
+WHERE tenant_id = %(tenant_id)s AND name = ANY(%(names)s::text[]) AND encryption_enabled

@@ -31,6 +31,7 @@ import trio
 
 from ..db import Database
 from ..errors import DatabaseUnavailable
+from ..sealing import PayloadCipher
 from . import store
 from .rules import Schedule
 from .store import Outcome
@@ -71,8 +72,10 @@ class _Request:
 class ScheduleBatcher:
     """Start it with ``await nursery.start(batcher.run)``; then ``await batcher.schedule(...)``."""
 
-    def __init__(self, db: Database, *, notify_within_ms: int, max_batch: int = MAX_BATCH):
+    def __init__(self, db: Database, *, notify_within_ms: int, max_batch: int = MAX_BATCH,
+                 cipher: PayloadCipher | None = None):
         self._db = db
+        self._cipher = cipher  # seals the timers of encrypted queues (store.sealed)
         self._notify_within_ms = notify_within_ms
         self._max_batch = max_batch
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
@@ -158,10 +161,12 @@ class ScheduleBatcher:
         self.batches += 1
         if len(schedules) == 1:
             outcomes = [await self._db.run_statement(
-                store.schedule, tenant_id, schedules[0], notify_within_ms=self._notify_within_ms)]
+                store.schedule, tenant_id, schedules[0], notify_within_ms=self._notify_within_ms,
+                cipher=self._cipher)]
         else:
             outcomes = await self._db.run_statement(
-                store.schedule_many, tenant_id, schedules, notify_within_ms=self._notify_within_ms)
+                store.schedule_many, tenant_id, schedules, notify_within_ms=self._notify_within_ms,
+                cipher=self._cipher)
         if len(outcomes) != len(schedules):
             raise RuntimeError(f"{len(outcomes)} answers for {len(schedules)} timers")
         self.scheduled += len(outcomes)

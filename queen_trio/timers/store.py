@@ -21,6 +21,7 @@ from ..db.rows import one
 from ..db.transient import TRANSIENT_ERRORS, describe
 from ..log import rules as log_rules
 from ..log import store as log_store
+from ..sealing import PayloadCipher
 from . import rules
 from .rules import Cancel, Schedule
 
@@ -49,10 +50,35 @@ class Outcome:
         return self.status in ("scheduled", "rescheduled", "cancelled")
 
 
-def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) -> Outcome:
+def sealed(raw: Raw, tenant_id: int, schedules: list[Schedule],
+           cipher: PayloadCipher | None) -> list[Schedule]:
+    """The schedules, with the payloads of timers for queues configured with encryptionEnabled
+    sealed (their rows, their fired frames and their dead letters then hold only ciphertext).
+    A broker without a key leaves them as they are."""
+    if cipher is None or not schedules:
+        return schedules
+    names = sorted({s.queue for s in schedules})
+    encrypted = {r["name"] for r in raw.execute(Q.encrypted_queues,
+                                                {"tenant_id": tenant_id, "names": names})}
+    if not encrypted:
+        return schedules
+    return [
+        dataclasses.replace(s, json_bytes=cipher.seal(_json_text(s)).encode())
+        if s.queue in encrypted else s
+        for s in schedules
+    ]
+
+
+def _json_text(s: Schedule) -> str:
+    return s.json_bytes.decode() if s.json_bytes is not None else log_store.to_json(s.payload)
+
+
+def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int,
+             cipher: PayloadCipher | None = None) -> Outcome:
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
 
-    One statement: it may run in autocommit as its own transaction."""
+    One statement (two for a broker with an encryption key): it may run in autocommit."""
+    (s,) = sealed(raw, tenant_id, [s], cipher)
     blob, size, compressed = rules.pack(s.payload, s.json_bytes)
     row = one(raw.execute(Q.schedule_one, {
         "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
@@ -64,7 +90,8 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int) ->
 
 
 def schedule_many(
-    raw: Raw, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int
+    raw: Raw, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int,
+    cipher: PayloadCipher | None = None,
 ) -> list[Outcome]:
     """Schedule several timers in the caller's transaction, in order, in one statement.
 
@@ -74,6 +101,7 @@ def schedule_many(
     """
     if not schedules:
         return []
+    schedules = sealed(raw, tenant_id, schedules, cipher)
     packed = [rules.pack(s.payload, s.json_bytes) for s in schedules]
     txns = [s.txn or log_rules.new_transaction_id() for s in schedules]
     rows = raw.execute(Q.schedule, {
@@ -130,8 +158,8 @@ def cancel_many(raw: Raw, tenant_id: int, cancels: list[Cancel]) -> list[Outcome
             for c, r in zip(cancels, rows, strict=True)]
 
 
-def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_within_ms: int
-          ) -> list[Outcome]:
+def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_within_ms: int,
+          cipher: PayloadCipher | None = None) -> list[Outcome]:
     """Schedule and cancel distinct timers in the caller's transaction, answering in input
     order: every schedule in one statement, every cancel in another (the keys are distinct, so
     their order does not matter), after the names' locks for all of them, taken in one order."""
@@ -141,7 +169,8 @@ def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_with
         raw.execute(Q.lock_timer_names, {"tenant_id": tenant_id,
                                          "queues": [op.queue for op in ops],
                                          "keys": [op.key for op in ops]})
-    scheduled = iter(schedule_many(raw, tenant_id, schedules, notify_within_ms=notify_within_ms))
+    scheduled = iter(schedule_many(raw, tenant_id, schedules, notify_within_ms=notify_within_ms,
+                                   cipher=cipher))
     cancelled = iter(cancel_many(raw, tenant_id, cancels))
     return [next(scheduled) if isinstance(op, Schedule) else next(cancelled) for op in ops]
 

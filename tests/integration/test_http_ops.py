@@ -140,7 +140,7 @@ async def test_malformed_json_is_a_400_with_a_code(broker: BrokerHandle) -> None
 
 
 async def test_an_oversized_body_is_refused_with_a_json_413(http: httpx.AsyncClient) -> None:
-    body = b'{"items": [{"queue": "q", "payload": "' + b"x" * (9 * 1024 * 1024) + b'"}]}'
+    body = b'{"items": [{"queue": "q", "payload": "' + b"x" * (65 * 1024 * 1024) + b'"}]}'
     r = await http.post("/api/v1/push", content=body,
                         headers={"content-type": "application/json"})
     assert r.status_code == 413

@@ -120,7 +120,8 @@ async def test_concurrent_pushers_get_dense_offsets(
         ({"items": [{"queue": "ok", "payload": 1, "partition": 5}]}, 400, "invalid_partition"),
         ({"items": [{"queue": "ok", "payload": 1, "transactionId": ""}]},
          400, "invalid_transaction_id"),
-        ({"items": [{"queue": "ok", "payload": "x" * (1024 * 1024)}]}, 413, "payload_too_large"),
+        ({"items": [{"queue": "ok", "payload": "x" * (16 * 1024 * 1024)}]}, 413,
+         "payload_too_large"),
     ],
 )
 async def test_a_rejected_push_writes_nothing(

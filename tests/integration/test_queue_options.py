@@ -98,7 +98,7 @@ async def test_configure_echoes_every_queen_option_and_names_what_it_ignores(
         ({"completedRetentionSeconds": True}, "invalid_option"),
         ({"retentionEnabled": "yes"}, "invalid_option"),
         ({"priority": "high"}, "invalid_option"),
-        ({"encryptionEnabled": True}, "unsupported_option"),
+        ({"encryptionEnabled": True}, "encryption_key_missing"),  # this broker has no key
         ({"encryptionEnabled": "no"}, "invalid_option"),
     ],
 )
@@ -270,13 +270,19 @@ def _message(size: int) -> str:
     return "x" * (size - 2)
 
 
-async def test_a_message_over_1_mib_is_refused_by_default(http: httpx.AsyncClient) -> None:
+async def test_a_message_over_16_mib_is_refused_by_default(http: httpx.AsyncClient) -> None:
     r = await http.post(f"{API}/push", json={"items": [
-        {"queue": "big", "payload": _message(2 * ONE_MIB)}]})
+        {"queue": "big", "payload": _message(16 * ONE_MIB + 1)}]})
     assert_error(r, 413, "payload_too_large")
     r = await http.post(f"{API}/push", json={"items": [
-        {"queue": "big", "payload": _message(ONE_MIB)}]})
+        {"queue": "big", "payload": _message(16 * ONE_MIB)}]})
     assert r.status_code == 201, r.text
+    got = await pop(http, "big")
+    assert len(got["messages"][0]["data"]) == 16 * ONE_MIB - 2
+    # A timer's payload stays within min(1 MiB, the plan's ceiling).
+    r = await http.put(f"{API}/timers/big/t1", json={
+        "delayMs": 60_000, "payload": _message(ONE_MIB + 1)})
+    assert_error(r, 413, "payload_too_large")
 
 
 @pytest.fixture

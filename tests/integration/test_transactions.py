@@ -132,7 +132,7 @@ async def test_required_leases_must_be_live(http: httpx.AsyncClient) -> None:
          "kv_in_operations", 0),
         ([{"type": "mystery"}], 400, "invalid_operation", 0),
         (["not an object"], 400, "invalid_operation", 0),
-        ([{"type": "push", "items": [{"queue": "q", "payload": "x" * (1024 * 1024 + 1)}]}],
+        ([{"type": "push", "items": [{"queue": "q", "payload": "x" * (16 * 1024 * 1024 + 1)}]}],
          413, "payload_too_large", 0),
     ],
 )

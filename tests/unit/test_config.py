@@ -100,8 +100,11 @@ def test_bad_values_name_the_variable(variable: str, value: str) -> None:
 
 
 def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
-    assert load_settings({}).max_message_bytes == ONE_MIB
-    assert load_settings({}).http_body_limit() == 8 * ONE_MIB  # as before the setting
+    # 16 MiB: what a Queen user pushes (issue 30); the body limit leaves room for escapes.
+    assert load_settings({}).max_message_bytes == 16 * ONE_MIB
+    assert load_settings({}).http_body_limit() == 64 * ONE_MIB
+    assert load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(ONE_MIB)}
+                         ).http_body_limit() == 8 * ONE_MIB  # never below
     s = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(4 * ONE_MIB)})
     assert s.max_message_bytes == 4 * ONE_MIB
     assert s.http_body_limit() > s.max_message_bytes
@@ -110,13 +113,18 @@ def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
 
 
 def test_the_body_budget_is_settable_and_never_below_one_body_at_the_limit() -> None:
-    assert load_settings({}).http_body_budget() == 64 * ONE_MIB  # 8 bodies at the limit
-    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(32 * ONE_MIB)}
+    assert load_settings({}).http_body_budget() == 128 * ONE_MIB  # 2 bodies at the limit
+    assert load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(ONE_MIB)}
+                         ).http_body_budget() == 64 * ONE_MIB  # the floor: 8 bodies of 8 MiB
+    small = {"QUEEN_MAX_MESSAGE_BYTES": str(ONE_MIB)}  # the body limit is 8 MiB
+    assert load_settings({**small, "QUEEN_HTTP_BODY_BUFFER_BYTES": str(32 * ONE_MIB)}
                          ).http_body_budget() == 32 * ONE_MIB
-    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(2 * ONE_MIB)}
+    assert load_settings({**small, "QUEEN_HTTP_BODY_BUFFER_BYTES": str(2 * ONE_MIB)}
                          ).http_body_budget() == 8 * ONE_MIB  # the body limit
-    bigger = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(4 * ONE_MIB)})
-    assert bigger.http_body_budget() == 8 * bigger.http_body_limit()
+    assert load_settings({"QUEEN_HTTP_BODY_BUFFER_BYTES": str(2 * ONE_MIB)}
+                         ).http_body_budget() == 64 * ONE_MIB  # the default body limit
+    bigger = load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(64 * ONE_MIB)})
+    assert bigger.http_body_budget() == 2 * bigger.http_body_limit()
 
 
 def test_min_sleep_above_max_sleep_is_refused() -> None:

@@ -295,6 +295,7 @@ def test_queue_options_defaults(options: Any) -> None:
         "retainUntilConsumed": False,
         "maxWaitTimeSeconds": 0,
         "windowBuffer": 0,
+        "encryptionEnabled": False,
     }
 
 
@@ -336,8 +337,8 @@ def test_queen_options_are_applied_ignored_by_name_or_refused() -> None:
     assert (req.ignored, req.unknown) == (["priority", "colour"], ["colour"])
     assert (req.echo["priority"], req.echo["windowBuffer"], req.echo["encryptionEnabled"]) == (
         5, 0, False)
-    exc = _fails(rules.configure_request, {"queue": "q", "options": {"encryptionEnabled": True}})
-    assert exc.code == "unsupported_option"
+    _, sealed = rules.configure_request({"queue": "q", "options": {"encryptionEnabled": True}})
+    assert sealed.options.encryption_enabled and sealed.echo["encryptionEnabled"] is True
     exc = _fails(rules.configure_request, {"queue": "q", "options": {"ttl": "x"}})
     assert exc.code == "invalid_option" and "ttl" in exc.message
     exc = _fails(rules.configure_request, {"queue": "q", "namespace": 3})
