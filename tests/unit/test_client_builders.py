@@ -17,6 +17,8 @@ from queen_trio.client.api import BaseClient
 from queen_trio.client.builders import TransactionBuilder
 from queen_trio.client.calls import Call
 
+MID = "0192f1e4-7c3a-7000-8000-000000000001"  # a messageId: a UUID, as the models require
+
 
 class Recorder(BaseClient[Any]):
     is_async = False
@@ -52,10 +54,10 @@ def test_schedule_posts_one_queen_operation(queen: Recorder) -> None:
                   "payload": b64({"accountId": 42}), "delayMs": 259_200_000}
     assert call.idempotent  # an upsert by name
     answer = {"results": [{"ok": True, "status": "scheduled", "queue": "reminders",
-                           "timerKey": "trial-ending:42", "txn": "t", "messageId": "m",
+                           "timerKey": "trial-ending:42", "txn": "t", "messageId": MID,
                            "deliverAt": "2030-01-01T00:00:00.000000Z", "partition": "Default"}]}
     result = call.parse(answer)
-    assert (result.key, result.message_id, result.deliver_at.year) == ("trial-ending:42", "m",
+    assert (result.key, result.message_id, result.deliver_at.year) == ("trial-ending:42", MID,
                                                                        2030)
 
 
@@ -88,11 +90,13 @@ def test_cancel_and_peek(queen: Recorder) -> None:
     assert peek.method == "GET"
     assert peek.parse({"found": False, "queue": "q", "timerKey": "k"}) is None
     hit = peek.parse({"found": True, "queue": "q", "timerKey": "k", "partition": "Default",
-                      "txn": "t", "messageId": "m", "deliverAt": "2030-01-01T00:00:00Z",
-                      "attempts": 0, "lastError": None, "claimed": True,
+                      "txn": "t", "messageId": MID, "deliverAt": "2030-01-01T00:00:00Z",
+                      "attempts": 0, "lastError": None, "claimed": True, "encrypted": False,
+                      "producerSub": None, "createdAt": "2030-01-01T00:00:00Z",
+                      "updatedAt": "2030-01-01T00:00:00Z",
                       "payload": base64.b64encode(zstandard.ZstdCompressor().compress(
                           b'{"v": 1}')).decode(), "payloadZstd": True})
-    assert (hit.payload, hit.state, hit.message_id) == ({"v": 1}, "claimed", "m")
+    assert (hit.payload, hit.state, hit.message_id) == ({"v": 1}, "claimed", MID)
 
 
 def test_list_pages_by_key(queen: Recorder) -> None:
