@@ -24,13 +24,16 @@ made side by side, rounds interleaved (which side goes first alternates):
 4. sweep cost per cycle: from ``pg_stat_statements`` (top-level statements whose text calls
    ``queen.sweep_timers``, per database): calls, mean execution time and shared buffers
    touched per call over phases 2–3. The broker has no sweep-duration metric; this counts
-   the statement inside PostgreSQL, without the round trip.
+   the statement inside PostgreSQL, without the round trip. The mean time includes the
+   statement's own wait for the due instant (``not_before``, up to 100 ms), so the buffers
+   per call are the cost figure; the time is the upper bound.
 5. ``--snapshot-minutes M --churn R`` (on ``full``): a separate connection opens a REPEATABLE
    READ transaction, reads one row (its snapshot is now held) and keeps it open while R
    timers/s (delay 1 s, batches of R/10 through ``POST /api/v1/timers`` every 100 ms) are
    scheduled and consumed by the SDK consumer; lag p50/p99 per minute (by due instant),
    lost/duplicated, and every 10 s the table and index sizes of queen.timers, n_live_tup,
-   n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables.
+   n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables, and the sweep
+   statements run since the last sample with their shared buffers per call.
 6. ``--burst N`` (on ``full``): N timers due at one instant (written as in 1), the drain rate
    from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire to the
    first showing all), per timer; run with 100000 and 1000000 to compare.
@@ -156,9 +159,18 @@ def write_timers(url: str, queue: str, count: int, delay_ms: Callable[[int], int
 
 
 def table_stats(url: str) -> dict[str, Any]:
+    """queen.timers' sizes and pg_stat_user_tables row, with the sweep statements' cumulative
+    calls / ms / shared blocks on this database (pg_stat_statements)."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         row = conn.execute(TABLE_STATS).fetchone() or {}
-    return {"t": round(time.time(), 1), **row}
+        sweep = conn.execute("""
+            SELECT coalesce(sum(calls), 0)::float8 AS sweep_calls,
+                   coalesce(sum(total_exec_time), 0)::float8 AS sweep_ms,
+                   coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8 AS sweep_blocks
+            FROM pg_stat_statements
+            WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
+    return {"t": round(time.time(), 1), **row, **sweep}
 
 
 def sweep_statements(admin_url: str) -> dict[str, dict[str, float]]:
@@ -342,7 +354,9 @@ async def phase_snapshot(side: Side, minutes: float, rate: int,
     for key, copies in delivery.frames.items():
         if key in delivery.expected:
             due = delivery.expected[key][0]
-            per_minute.setdefault(int((due - t0) // 60), []).append(copies[0][0] - due)
+            # by the minute it was scheduled in (due one CHURN_DELAY_MS later)
+            minute = int((due - t0 - CHURN_DELAY_MS / 1000) // 60)
+            per_minute.setdefault(max(0, minute), []).append(copies[0][0] - due)
     if report["lost"] or report["duplicates"]:
         failures.add("snapshot", "exactly-once",
                      f"{report['lost']} lost, {report['duplicates']} duplicated")
@@ -427,12 +441,16 @@ def render(summary: dict[str, Any]) -> str:
             p(f"  minute {m}: lag p50 {d.get('p50')} p99 {d.get('p99')} max {d.get('max')} "
               f"(n {d.get('n')})")
         p(f"  {'t s':>6}{'table MiB':>10}{'index MiB':>10}{'live':>10}{'dead':>10}"
-          f"{'autovac':>8}{'vac':>5}")
+          f"{'autovac':>8}{'vac':>5}{'sweeps':>8}{'blocks/sweep':>13}")
         t0 = s["table_samples"][0]["t"]
+        prev = s["table_samples"][0]
         for r in s["table_samples"]:
+            calls = r["sweep_calls"] - prev["sweep_calls"]
+            blocks = (r["sweep_blocks"] - prev["sweep_blocks"]) / calls if calls else 0
+            prev = r
             p(f"  {r['t'] - t0:>6.0f}{r['table_bytes'] / 2**20:>10.1f}"
               f"{r['index_bytes'] / 2**20:>10.1f}{r['n_live_tup']:>10}{r['n_dead_tup']:>10}"
-              f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}")
+              f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
     if "burst" in summary:
         p("")
         p(f"burst: {summary['burst']}")
