@@ -1,0 +1,555 @@
+"""Timers at scale (issue 31): what N pending timers, a held snapshot and a large burst do to
+the operations a user feels.
+
+One embedded PostgreSQL server (``shared_preload_libraries=pg_stat_statements``) with two
+databases, ``empty`` and ``full``, each served by its own broker subprocess
+(``python -m queen_trio serve``); both brokers run for the whole run, so every comparison is
+made side by side, rounds interleaved (which side goes first alternates):
+
+1. fill: ``full`` gets N far-future timers (30 days + i ms) on the queue ``scale-fill``.
+   They are written by the broker's own ``queen_trio.timers.store.schedule_many`` (the one
+   statement, ``queen.schedule_timers``, that ``POST /api/v1/timers`` and bundles run), 5,000
+   timers a statement on 2 connections: exactly the rows the broker writes, without HTTP's
+   256-operation ceiling per call, so 10^6 take minutes rather than tens of minutes. The
+   table is then ANALYZEd and the fill rate reported.
+2. ops: through the SDK (``queen_trio.SyncClient``, timed in a worker thread around the
+   call): a single schedule (``timer(q).key(k).delay(1h).schedule()``, a new key each
+   time), its peek, the first page (100) of ``timers(q).list()`` for a queue of 100 pending,
+   and a cancel; on ``full`` also a page from the middle of ``scale-fill`` (keyset ``after``).
+   p50/p90/p99/max each and the ratio full / empty.
+3. idle lag: ``Client.consume(queue, handler)`` at its defaults in a subprocess per broker
+   (``bench/sdk_consumer.py``); timers scheduled one at a time (PUT), alternately on each
+   broker, delays 300–1500 ms with due instants kept 25 ms apart across both
+   (``bench.harness.spacing``); lag = handler start − ``deliverAt``.
+4. sweep cost per cycle: from ``pg_stat_statements`` (top-level statements whose text calls
+   ``queen.sweep_timers``, per database): calls, mean execution time and shared buffers
+   touched per call over phases 2–3. The broker has no sweep-duration metric; this counts
+   the statement inside PostgreSQL, without the round trip. The mean time includes the
+   statement's own wait for the due instant (``not_before``, up to 100 ms), so the buffers
+   per call are the cost figure; the time is the upper bound.
+5. ``--snapshot-minutes M --churn R`` (on ``full``): a separate connection opens a REPEATABLE
+   READ transaction, reads one row (its snapshot is now held) and keeps it open while R
+   timers/s (delay 1 s, batches of R/10 through ``POST /api/v1/timers`` every 100 ms) are
+   scheduled and consumed by the SDK consumer; lag p50/p99 per minute (by due instant),
+   lost/duplicated, and every 10 s the table and index sizes of queen.timers, n_live_tup,
+   n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables, and the sweep
+   statements run since the last sample with their shared buffers per call.
+6. ``--burst N`` (on ``full``): N timers due at one instant (written as in 1), the drain rate
+   from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire to the
+   first showing all), per timer; run with 100000 and 1000000 to compare.
+
+Writes bench/results/timer_scale.{txt,json} (``--out-dir``) with the load average at every
+phase. Run from the repository root::
+
+    python -m bench.timer_scale --pending 1000000 --snapshot-minutes 10 --churn 500
+    python -m bench.timer_scale --pending 200 --rounds 20 --idle 20 --snapshot-minutes 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+import queen_trio
+from bench.harness.api import Api
+from bench.harness.brokers import brokers
+from bench.harness.lines import LineProcess
+from bench.harness.pg import Server
+from bench.harness.report import Failures, load, now_iso, save_json, source_revision
+from bench.harness.spacing import SpacedDelays
+from bench.harness.stats import distribution
+from bench.harness.timers import Delivery, new_key, timer_ops
+from queen_trio.client.wire import LeanClient
+from queen_trio.timers import store
+from queen_trio.timers.rules import Schedule
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SIDES = ("empty", "full")
+FILL_QUEUE = "scale-fill"
+OPS_QUEUE = "scale-ops"
+LAG_QUEUE = "scale-lag"
+CHURN_QUEUE = "scale-churn"
+BURST_QUEUE = "scale-burst"
+FILL_BATCH = 5000
+FILL_CONNECTIONS = 2
+FAR_MS = 30 * 86_400_000
+OPS_PENDING = 100  # the listed queue's size on both sides
+IDLE_DELAY_MS = (300, 1500)
+CHURN_DELAY_MS = 1000
+SAMPLE_S = 10.0
+TABLE_STATS = """
+SELECT pg_relation_size('queen.timers') AS table_bytes,
+       pg_indexes_size('queen.timers') AS index_bytes,
+       n_live_tup, n_dead_tup, n_tup_ins, n_tup_del, n_tup_upd, n_tup_hot_upd,
+       vacuum_count, autovacuum_count, analyze_count, autoanalyze_count,
+       last_autovacuum::text AS last_autovacuum
+FROM pg_stat_user_tables WHERE schemaname = 'queen' AND relname = 'timers'"""
+
+
+# -- the server and the fill ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def stats_server() -> Iterator[Server]:
+    """A temporary embedded server that tracks statements (pg_stat_statements)."""
+    import shutil
+    import tempfile
+
+    from queen_trio.embedded import EmbeddedPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-scale-"))
+    server = EmbeddedPostgres(root, database="postgres", server_settings={
+        "shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"})
+    try:
+        server.start()
+        yield Server(server.admin_url, "embedded (temporary), pg_stat_statements", server.pid)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def write_timers(url: str, queue: str, count: int, delay_ms: Callable[[int], int],
+                 prefix: str) -> float:
+    """``count`` timers through the broker's own schedule statement, FILL_BATCH a statement
+    on FILL_CONNECTIONS connections; timers/s."""
+    t0 = time.perf_counter()
+    errors: list[BaseException] = []
+
+    def worker(part: int) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+                tenant = conn.execute("SELECT tenant_id FROM queen.tenants "
+                                      "WHERE name = 'default'").fetchone()["tenant_id"]
+                for start in range(part * FILL_BATCH, count, FILL_BATCH * FILL_CONNECTIONS):
+                    with conn.transaction():
+                        store.schedule_many(conn, tenant, [
+                            Schedule(queue, new_key(prefix, i), delay_ms(i), {"i": i},
+                                     "Default", None)
+                            for i in range(start, min(count, start + FILL_BATCH))],
+                            notify_within_ms=0)
+                    if start % 100_000 == 0 and start:
+                        print(f"  {prefix}: {start:,} of {count:,} written, "
+                              f"{start / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(FILL_CONNECTIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return count / (time.perf_counter() - t0)
+
+
+def table_stats(url: str) -> dict[str, Any]:
+    """queen.timers' sizes and pg_stat_user_tables row, with the sweep statements' cumulative
+    calls / ms / shared blocks on this database (pg_stat_statements)."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute(TABLE_STATS).fetchone() or {}
+        sweep = conn.execute("""
+            SELECT coalesce(sum(calls), 0)::float8 AS sweep_calls,
+                   coalesce(sum(total_exec_time), 0)::float8 AS sweep_ms,
+                   coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8 AS sweep_blocks
+            FROM pg_stat_statements
+            WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
+    return {"t": round(time.time(), 1), **row, **sweep}
+
+
+def sweep_statements(admin_url: str) -> dict[str, dict[str, float]]:
+    """Per database: calls, total ms and shared blocks of the top-level sweep statements."""
+    with psycopg.connect(admin_url, autocommit=True, row_factory=dict_row) as conn:
+        rows = conn.execute("""
+            SELECT d.datname, sum(calls) AS calls, sum(total_exec_time) AS ms,
+                   sum(shared_blks_hit + shared_blks_read) AS blocks
+            FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+            WHERE query LIKE '%queen.sweep_timers%' GROUP BY d.datname""").fetchall()
+    return {r["datname"]: {"calls": float(r["calls"]), "ms": float(r["ms"]),
+                           "blocks": float(r["blocks"])} for r in rows}
+
+
+def sweep_cost(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+               db: str) -> dict[str, Any]:
+    a, b = after.get(db, {}), before.get(db, {})
+    calls = a.get("calls", 0) - b.get("calls", 0)
+    if calls <= 0:
+        return {"calls": 0}
+    return {"calls": int(calls),
+            "mean_ms": round((a["ms"] - b.get("ms", 0)) / calls, 3),
+            "blocks_per_call": round((a["blocks"] - b.get("blocks", 0)) / calls, 1)}
+
+
+# -- the SDK consumer -------------------------------------------------------------------------
+
+
+class Consumer(LineProcess):
+    """``bench/sdk_consumer.py`` (``Client.consume()`` at its defaults) as a child process;
+    each handler start goes to ``delivery`` as a frame-like record."""
+
+    def __init__(self, url: str, queue: str, delivery: Delivery) -> None:
+        super().__init__("bench.sdk_consumer", ["--url", url, "--queue", queue],
+                         what="consumer", log_prefix="queen-bench-scale-consumer-")
+        self.delivery = delivery
+
+    def on_line(self, line: str) -> None:
+        parts = line.split("\t")
+        if len(parts) == 4:
+            key, due, started, created = parts
+            self.delivery.receive([{"timer": {"key": key,
+                                              "deliverAt": due.replace("+00:00", "Z")},
+                                    "createdAt": created.replace("+00:00", "Z")}],
+                                  float(started))
+
+
+def lags(delivery: Delivery) -> list[float]:
+    return [copies[0][0] - delivery.expected[k][0]
+            for k, copies in delivery.frames.items() if k in delivery.expected]
+
+
+# -- one side ---------------------------------------------------------------------------------
+
+
+class Side:
+    def __init__(self, name: str, url: str, db_url: str, failures: Failures) -> None:
+        self.name, self.url, self.db_url = name, url, db_url
+        self.sdk = queen_trio.SyncClient(url)
+        self.api = Api(LeanClient(url), failures)
+        self.ops: dict[str, list[float]] = {}
+        self.lag = Delivery(f"idle-{name}")
+
+    def timed(self, op: str, call: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        result = call()
+        self.ops.setdefault(op, []).append(time.perf_counter() - t0)
+        return result
+
+    def op_round(self, i: int, pending: int) -> None:
+        """One schedule, peek, list page and cancel through the SDK (blocking: a thread)."""
+        key = new_key(f"op-{uuid.uuid4().hex[:6]}", i)
+        timer = self.sdk.timer(OPS_QUEUE).key(key)
+        self.timed("schedule", lambda: timer.delay(3_600_000).payload({"i": i}).schedule())
+        found = self.timed("peek", timer.peek)
+        assert found is not None, f"{self.name}: peek of {key} found nothing"
+        page = self.timed("list", lambda: next(iter(
+            self.sdk.timers(OPS_QUEUE).list(page_size=100).pages())))
+        assert page.items, f"{self.name}: list of {OPS_QUEUE} empty"
+        result = self.timed("cancel", timer.cancel)
+        assert result.status == "cancelled", f"{self.name}: cancel answered {result.status}"
+        if pending:
+            after = new_key("fill", random.randrange(pending))
+            self.timed("list_fill_middle", lambda: self.sdk._call(
+                queen_trio.client.calls.list_timers(FILL_QUEUE, 100, after)))
+
+
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn)
+
+
+# -- phases -----------------------------------------------------------------------------------
+
+
+async def phase_ops_and_lag(sides: dict[str, Side], args: argparse.Namespace,
+                            failures: Failures) -> None:
+    """Op rounds and idle-lag timers, interleaved between the sides."""
+    rng = random.Random(20261204)
+    spaced = SpacedDelays(rng, IDLE_DELAY_MS)
+    for s in sides.values():
+        await in_thread(lambda s=s: [s.sdk.timer(OPS_QUEUE).key(f"standing-{j:04d}")
+                                     .delay(FAR_MS).schedule() for j in range(OPS_PENDING)])
+    for s in sides.values():  # warm-up, not counted
+        await in_thread(lambda s=s: s.op_round(0, 0))
+        s.ops.clear()
+    async with trio.open_nursery() as nursery:
+        for s in sides.values():
+            consumer = Consumer(s.url, LAG_QUEUE, s.lag)
+            await nursery.start(consumer.run)
+        for i in range(max(args.rounds, args.idle)):
+            order = list(sides.values()) if i % 2 == 0 else list(sides.values())[::-1]
+            for s in order:
+                if i < args.idle:
+                    answer = await s.api.put_timer(s.lag.scenario, LAG_QUEUE, new_key("lag", i),
+                                                   spaced.draw(time.time()), {"i": i})
+                    if answer:
+                        s.lag.schedule_answer(answer)
+                if i < args.rounds:
+                    await in_thread(lambda s=s, i=i: s.op_round(
+                        i, args.pending if s.name == "full" else 0))
+            await trio.sleep(0.05)
+        for s in sides.values():
+            s.lag.scheduling_done = True
+        deadline = trio.current_time() + IDLE_DELAY_MS[1] / 1000 + 15
+        while not all(s.lag.complete for s in sides.values()):  # noqa: ASYNC110 - polled
+            if trio.current_time() > deadline:
+                break
+            await trio.sleep(0.1)
+        for s in sides.values():
+            if not s.lag.complete:
+                failures.add(s.lag.scenario, "undelivered",
+                             f"{s.lag.got_expected} of {len(s.lag.expected)} timers handled")
+        nursery.cancel_scope.cancel()
+
+
+async def phase_snapshot(side: Side, minutes: float, rate: int,
+                         failures: Failures) -> dict[str, Any]:
+    """Churn ``rate`` timers/s for ``minutes`` while a REPEATABLE READ snapshot is held."""
+    delivery = Delivery("snapshot")
+    seconds = minutes * 60
+    samples = [table_stats(side.db_url)]
+    holder = await in_thread(lambda: psycopg.connect(side.db_url))
+    await in_thread(lambda: holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ"))
+    await in_thread(lambda: holder.execute("SELECT count(*) FROM queen.tenants").fetchone())
+    xmin = await in_thread(lambda: holder.execute(
+        "SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+    ).fetchone())
+    t0 = time.time()
+    per_tick = max(1, rate // 10)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Consumer(side.url, CHURN_QUEUE, delivery).run)
+
+            async def sample() -> None:
+                while True:
+                    await trio.sleep(SAMPLE_S)
+                    samples.append(await in_thread(lambda: table_stats(side.db_url)))
+
+            nursery.start_soon(sample)
+            start, tick = trio.current_time(), 0
+            while time.time() - t0 < seconds:
+                tick += 1
+                ops = timer_ops(CHURN_QUEUE, [(new_key(f"churn{tick}", j), CHURN_DELAY_MS,
+                                               {"t": tick}) for j in range(per_tick)])
+                for chunk in range(0, len(ops), 256):
+                    for answer in await side.api.batch("snapshot", ops[chunk:chunk + 256]) or []:
+                        delivery.schedule_answer(answer)
+                await trio.sleep_until(start + tick * 0.1)
+            delivery.scheduling_done = True
+            deadline = trio.current_time() + CHURN_DELAY_MS / 1000 + 20
+            while not delivery.complete:  # noqa: ASYNC110 - the consumer's lines, polled
+                if trio.current_time() > deadline:
+                    break
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    finally:
+        await in_thread(holder.close)
+    samples.append(table_stats(side.db_url))
+    report = delivery.report()
+    per_minute: dict[int, list[float]] = {}
+    for key, copies in delivery.frames.items():
+        if key in delivery.expected:
+            due = delivery.expected[key][0]
+            # by the minute it was scheduled in (due one CHURN_DELAY_MS later)
+            minute = int((due - t0 - CHURN_DELAY_MS / 1000) // 60)
+            per_minute.setdefault(max(0, minute), []).append(copies[0][0] - due)
+    if report["lost"] or report["duplicates"]:
+        failures.add("snapshot", "exactly-once",
+                     f"{report['lost']} lost, {report['duplicates']} duplicated")
+    return {"minutes": minutes, "churn_per_s": rate, "snapshot_xmin": xmin[0] if xmin else None,
+            "scheduled": report["scheduled"], "lost": report["lost"],
+            "duplicates": report["duplicates"],
+            "lag_per_minute_ms": {m: distribution(v) for m, v in sorted(per_minute.items())},
+            "table_samples": samples}
+
+
+async def phase_burst(side: Side, n: int, failures: Failures) -> dict[str, Any]:
+    """N timers due at one instant (written as the fill is), drained by the broker."""
+    t_write = time.time()
+    # Every timer due at one instant after the write: estimate it at 5,000/s, then a margin.
+    due = t_write + n / 5000 + 5
+    rate = await in_thread(lambda: write_timers(
+        side.db_url, BURST_QUEUE, n, lambda _: int((due - time.time()) * 1000), "burst"))
+    if time.time() > due:
+        failures.add("burst", "late write", "the burst was written after its due instant")
+    m0 = (await side.api.metrics())
+    base = m0.value("queen_timers_fired_total") if m0 else 0.0
+    first = last = None
+    limit = trio.current_time() + 60 + n / 1000
+    while trio.current_time() < limit:
+        fired = (await side.api.fired_total() or base) - base
+        now = time.time()
+        if fired > 0 and first is None:
+            first = now
+        if fired >= n:
+            last = now
+            break
+        await trio.sleep(0.1)
+    left = await in_thread(lambda: psycopg.connect(side.db_url).execute(
+        "SELECT count(*) FROM queen.timers WHERE queue = %s", (BURST_QUEUE,)).fetchone()[0])
+    if last is None or first is None:
+        failures.add("burst", "not drained", f"{left} timers still pending")
+        return {"timers": n, "write_per_s": round(rate), "left": left}
+    span = max(last - first, 0.1)
+    return {"timers": n, "write_per_s": round(rate), "drain_s": round(span, 2),
+            "drain_per_s": round(n / span), "us_per_timer": round(span / n * 1e6, 1),
+            "last_lag_s": round(last - due, 2), "left": left}
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def ratio(full: Any, empty: Any) -> float | None:
+    return round(full / empty, 2) if isinstance(full, (int, float)) and empty else None
+
+
+def render(summary: dict[str, Any]) -> str:
+    out = io.StringIO()
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"timer_scale  {summary['started']}  checkout {summary['checkout']}  "
+      f"pending N = {summary['pending']:,}")
+    p(f"load average: start {summary['load']['start']}, end {summary['load'].get('end')}")
+    if "fill" in summary:
+        f = summary["fill"]
+        p(f"fill: {f['timers']:,} timers in {f['seconds']} s = {f['per_s']:,}/s "
+          f"({f['method']}); table {f['table_bytes'] / 2**20:.0f} MiB + indexes "
+          f"{f['index_bytes'] / 2**20:.0f} MiB")
+    p("")
+    p(f"{'operation (ms)':<22}{'empty p50/p90/p99/max':>30}{'full p50/p90/p99/max':>30}"
+      f"{'ratio p50 / p99':>18}")
+    for op, row in summary["ops"].items():
+        e, f = row.get("empty", {}), row.get("full", {})
+
+        def cell(d: dict[str, Any]) -> str:
+            return "/".join(f"{d[q]:g}" for q in ("p50", "p90", "p99", "max")) if d.get("n") \
+                else "-"
+        p(f"{op:<22}{cell(e):>30}{cell(f):>30}"
+          f"{str(row.get('ratio_p50'))+' / '+str(row.get('ratio_p99')):>18}")
+    p("")
+    for side, cost in summary["sweep"].items():
+        p(f"sweep statement, {side}: {cost}")
+    if "snapshot" in summary:
+        s = summary["snapshot"]
+        p("")
+        p(f"snapshot held {s['minutes']} min, churn {s['churn_per_s']}/s: scheduled "
+          f"{s['scheduled']:,}, lost {s['lost']}, duplicated {s['duplicates']}")
+        for m, d in s["lag_per_minute_ms"].items():
+            p(f"  minute {m}: lag p50 {d.get('p50')} p99 {d.get('p99')} max {d.get('max')} "
+              f"(n {d.get('n')})")
+        p(f"  {'t s':>6}{'table MiB':>10}{'index MiB':>10}{'live':>10}{'dead':>10}"
+          f"{'autovac':>8}{'vac':>5}{'sweeps':>8}{'blocks/sweep':>13}")
+        t0 = s["table_samples"][0]["t"]
+        prev = s["table_samples"][0]
+        for r in s["table_samples"]:
+            calls = r["sweep_calls"] - prev["sweep_calls"]
+            blocks = (r["sweep_blocks"] - prev["sweep_blocks"]) / calls if calls else 0
+            prev = r
+            p(f"  {r['t'] - t0:>6.0f}{r['table_bytes'] / 2**20:>10.1f}"
+              f"{r['index_bytes'] / 2**20:>10.1f}{r['n_live_tup']:>10}{r['n_dead_tup']:>10}"
+              f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
+    if "burst" in summary:
+        p("")
+        p(f"burst: {summary['burst']}")
+    p("")
+    p(f"failures: {summary['failures']['total']} {summary['failures']['counts']}")
+    return out.getvalue()
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
+              handles: dict[str, Any], summary: dict[str, Any], failures: Failures) -> None:
+    sides = {name: Side(name, handles[name].url, urls[name], failures) for name in SIDES}
+    try:
+        if args.pending:
+            t0 = time.perf_counter()
+            rate = await in_thread(lambda: write_timers(
+                urls["full"], FILL_QUEUE, args.pending, lambda i: FAR_MS + i, "fill"))
+            with psycopg.connect(urls["full"], autocommit=True) as conn:
+                conn.execute("ANALYZE queen.timers")
+            stats = table_stats(urls["full"])
+            summary["fill"] = {
+                "timers": args.pending, "seconds": round(time.perf_counter() - t0, 1),
+                "per_s": round(rate), "table_bytes": stats["table_bytes"],
+                "index_bytes": stats["index_bytes"],
+                "method": f"store.schedule_many, {FILL_BATCH}/statement, "
+                          f"{FILL_CONNECTIONS} connections"}
+            summary["load"]["after_fill"] = load()
+        before = await in_thread(lambda: sweep_statements(server.admin_url))
+        await phase_ops_and_lag(sides, args, failures)
+        after = await in_thread(lambda: sweep_statements(server.admin_url))
+        summary["load"]["after_ops"] = load()
+        ops: dict[str, dict[str, Any]] = {}
+        for name, s in sides.items():
+            for op, samples in s.ops.items():
+                ops.setdefault(op, {})[name] = distribution(samples)
+            ops.setdefault("idle_lag_consume", {})[name] = distribution(lags(s.lag))
+        for row in ops.values():
+            if "empty" in row and "full" in row:
+                row["ratio_p50"] = ratio(row["full"].get("p50"), row["empty"].get("p50"))
+                row["ratio_p99"] = ratio(row["full"].get("p99"), row["empty"].get("p99"))
+        summary["ops"] = ops
+        summary["sweep"] = {
+            "source": "pg_stat_statements (top-level statements calling queen.sweep_timers)",
+            **{name: sweep_cost(before, after, conninfo_to_dict(urls[name])["dbname"])
+               for name in SIDES}}
+        for name, s in sides.items():
+            summary.setdefault("idle_delivery", {})[name] = {
+                k: v for k, v in s.lag.report().items() if k in ("scheduled", "lost",
+                                                                   "duplicates", "early")}
+        if args.snapshot_minutes:
+            summary["snapshot"] = await phase_snapshot(sides["full"], args.snapshot_minutes,
+                                                       args.churn, failures)
+            summary["load"]["after_snapshot"] = load()
+        if args.burst:
+            summary["burst"] = await phase_burst(sides["full"], args.burst, failures)
+            summary["load"]["after_burst"] = load()
+    finally:
+        for s in sides.values():
+            s.sdk.close()
+            await s.api.client.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.timer_scale",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=300, help="op rounds per side")
+    parser.add_argument("--idle", type=int, default=300, help="idle-lag timers per side")
+    parser.add_argument("--snapshot-minutes", type=float, default=0.0)
+    parser.add_argument("--churn", type=int, default=500, help="timers/s while the snapshot")
+    parser.add_argument("--burst", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+
+    failures = Failures()
+    summary: dict[str, Any] = {"started": now_iso(), "checkout": source_revision(),
+                               "argv": sys.argv[1:] if argv is None else argv,
+                               "pending": args.pending, "cpu_count": os.cpu_count(),
+                               "load": {"start": load()}}
+    with stats_server() as server:
+        urls = {name: server.create_database(f"scale_{name}") for name in SIDES}
+        summary["postgresql"] = server.settings()
+        for url in (server.admin_url, *urls.values()):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        with brokers(urls["empty"]) as (empty,), brokers(urls["full"]) as (full,):
+            trio.run(run, args, server, urls, {"empty": empty, "full": full}, summary, failures)
+    summary["load"]["end"] = load()
+    summary["failures"] = {"total": failures.total(), "counts": failures.counts,
+                           "examples": failures.examples}
+    text = render(summary)
+    print(text, end="")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "timer_scale.txt").write_text(text)
+    save_json(args.out_dir / "timer_scale.json", summary)
+    return 1 if failures.total() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
