@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.harness import brokers
 from bench.harness.brokers import REPO, broker_process
 from bench.harness.report import load, now_iso, save_json, source_revision
 
@@ -132,6 +133,10 @@ def run_suite(suite: Suite, root: Path, selection: str | None, log_dir: Path) ->
             except subprocess.TimeoutExpired:
                 code = f"timed out after {SUITE_TIMEOUT_S} s"
         broker_log = broker.log_path.read_text(errors="replace") if broker.log_path else ""
+    # Stopped before the runner stopped it (killed from outside, or crashed): what failed after
+    # that says nothing about the broker's behaviour.
+    died = next((line for line in broker_log.splitlines()
+                 if "received SIG" in line or "queen-trio stopped" in line), "")
     (log_dir / f"{suite.key}.broker.log").write_text(broker_log)
     output = log_path.read_text(errors="replace")
     if suite.kind == "pytest":
@@ -141,7 +146,7 @@ def run_suite(suite: Suite, root: Path, selection: str | None, log_dir: Path) ->
     counts = {s: sum(1 for o in outcomes if o.status == s) for s in ("PASS", "FAIL", "SKIP")}
     return {"key": suite.key, "title": suite.title, "exit": code, "counts": counts,
             "seconds": round(time.monotonic() - started, 1), "log": str(log_path),
-            "broker_errors": broker.log_errors[:5],
+            "broker_errors": broker.log_errors[:5], "broker_stopped_early": died,
             "tests": [dataclasses.asdict(o) for o in outcomes]}
 
 
@@ -164,16 +169,19 @@ def report(summary: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"command: {summary['command']}",
         "each suite: its own broker on a fresh embedded PostgreSQL (default settings)",
         "",
-        f"{'suite':<44} {'pass':>5} {'fail':>5} {'skip':>5}  {'run':>4}  time",
+        f"{'suite':<50} {'pass':>5} {'fail':>5} {'skip':>5}  {'run':>4}  time",
     ]
     for s in summary["suites"]:
         c = s["counts"]
         run = c["PASS"] + c["FAIL"]
-        lines.append(f"{s['key'] + ': ' + s['title']:<44} {c['PASS']:>5} {c['FAIL']:>5} "
+        lines.append(f"{s['key'] + ': ' + s['title']:<50} {c['PASS']:>5} {c['FAIL']:>5} "
                      f"{c['SKIP']:>5}  {run:>4}  {s['seconds']:.0f} s"
                      + ("" if s.get("checkout") == summary["checkout"]
                         else f"  (kept from checkout {s.get('checkout')})")
                      + ("" if s["exit"] in (0, 1) else f"  (exit: {s['exit']})"))
+        if s.get("broker_stopped_early"):
+            lines.append(f"  ! the broker stopped during this suite, not by the runner: "
+                         f"{s['broker_stopped_early']}")
     for s in summary["suites"]:
         changed = changes(previous, s)
         if changed:
@@ -201,6 +209,8 @@ def main() -> None:
                         help="the report, the JSON beside it (default bench/results/"
                              "queen_suites.txt; with -k, queen_suites_partial.txt)")
     args = parser.parse_args()
+    # A fresh embedded PostgreSQL on a loaded 2-core machine can take more than the usual minute.
+    brokers.BROKER_START_TIMEOUT_S = max(brokers.BROKER_START_TIMEOUT_S, 300.0)
     out = args.out or RESULTS / ("queen_suites_partial.txt" if args.selection
                                  else "queen_suites.txt")
     # The broker subprocesses run this checkout's queen_trio, whatever is installed.
