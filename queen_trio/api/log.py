@@ -68,7 +68,9 @@ def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
         "queue": a.queue,
         "partition": a.partition,
         "offset": a.offset,
+        "messageId": a.message_id,
         # Queen v1 spells these in snake_case on push results; its clients read them so.
+        "message_id": a.message_id,
         "transaction_id": a.transaction_id,
         "partition_id": pid,
         "queueName": a.queue,
@@ -85,6 +87,8 @@ async def push() -> Response:
                        dedupe=i.client_transaction_id, payload_json=i.payload_json)
         for i in rules.push_items(await read_json_object(), message_ceiling())
     ]
+    if not frames:
+        return _json([], status=201)  # as Queen answers an empty push
     broker = _broker()
     tenant = current_tenant_id()
     appended = await broker.db.run(store.append, tenant, frames, cipher=broker.cipher)

@@ -75,10 +75,11 @@ _POP_PARAMS = [
            "last-value delivery (needs consumerGroup, not with autoAck): each partition "
            "delivers only its newest message, and acking it retires everything behind it; "
            "every answer, empty ones too, carries conflation: true"),
-    _query("subscriptionMode", {"type": "string", "enum": ["all", "new", "new-only"]},
-           "where a consumer group starts on a partition it has never popped: all (the "
-           "beginning, the default) or new (what is pushed after the group's first pop with "
-           "this mode, in any partition); queue mode ignores it"),
+    _query("subscriptionMode",
+           {"type": "string", "enum": ["all", "from_beginning", "new", "new-only"]},
+           "where a consumer group starts on a partition it has never popped: all or "
+           "from_beginning (the beginning, the default) or new (what is pushed after the "
+           "group's first pop with this mode, in any partition); queue mode ignores it"),
     _query("subscriptionFrom", {"type": "string"},
            "beginning, now (as subscriptionMode=new) or an ISO-8601 instant with a time zone: "
            "a new consumer group starts at the first message created at or after it; wins "
@@ -458,10 +459,11 @@ def _log_paths() -> dict[str, Any]:
                 "Configured"), **_errors(400)},
         }},
         "/api/v1/push": {"post": {
-            "summary": "Append 1..N messages, any mix of queues and partitions, atomically",
+            "summary": "Append 0..N messages, any mix of queues and partitions, atomically "
+                       "(no items: 201 [])",
             "operationId": "push",
             "requestBody": _body({"type": "object", "required": ["items"], "properties": {
-                "items": {"type": "array", "minItems": 1, "items": {
+                "items": {"type": "array", "items": {
                     "type": "object", "required": ["queue", "payload"], "properties": {
                         "queue": {"type": "string"}, "partition": {"type": "string"},
                         "payload": {}, "transactionId": {"type": "string"}}}}}}),
@@ -1060,7 +1062,10 @@ def _document() -> dict[str, Any]:
                     "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
                     "transactionId": {"type": "string"}, "partitionId": {"type": "string"},
                     "queue": {"type": "string"}, "partition": {"type": "string"},
-                    "offset": {"type": ["integer", "null"]}}},
+                    "offset": {"type": ["integer", "null"]},
+                    "message_id": {"type": "string", "description": (
+                        "the message's id, as a pop gives it; for a duplicate, the id of "
+                        "the message that holds the transactionId (also as messageId)")}}},
                 "Message": {"type": "object", "properties": {
                     "id": {"type": "string"}, "transactionId": {"type": "string"},
                     "partitionId": {"type": "string"}, "partition": {"type": "string"},

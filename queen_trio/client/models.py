@@ -136,11 +136,14 @@ class PushResult:
     queue: str
     partition: str
     offset: int | None  # None for a duplicate
+    # The message's id, as its delivery carries it; a duplicate's is the one that won. None
+    # from a broker older than this field.
+    message_id: str | None = None
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> PushResult:
         return cls(PushStatus(w["status"]), w["transactionId"], w["partitionId"], w["queue"],
-                   w["partition"], w.get("offset"))
+                   w["partition"], w.get("offset"), w.get("messageId"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -293,8 +293,8 @@ class PushItem:
 
 def push_items(body: dict[str, Any], ceiling: int) -> list[PushItem]:
     items = body.get("items")
-    if not isinstance(items, list) or not items:
-        raise ValidationError("invalid_items", "items must be a non-empty array")
+    if not isinstance(items, list):  # (empty is fine: Queen answers it 201 [])
+        raise ValidationError("invalid_items", "items must be an array")
     if len(items) > MAX_PUSH_ITEMS:
         raise ValidationError("invalid_items", f"at most {MAX_PUSH_ITEMS} items per push")
     parsed = []
@@ -397,17 +397,22 @@ def timestamp(value: Any, field: str) -> datetime:
         ) from None
 
 
-_SUBSCRIPTION_MODES = {"all": None, "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}
+# Queen's server reads every mode but new/new-only as "all"; its own clients and tests send
+# from_beginning. Only these four are accepted: anything else is a typo, refused.
+_SUBSCRIPTION_MODES = {"all": None, "from_beginning": None,
+                       "new": SUBSCRIBE_NOW, "new-only": SUBSCRIBE_NOW}
 
 
 def subscription(args: dict[str, str]) -> datetime | str | None:
-    """Queen's ``subscriptionMode`` (``all``; ``new`` or its alias ``new-only``) and
-    ``subscriptionFrom`` (``beginning``, ``now`` or an ISO-8601 instant with a time zone).
-    ``subscriptionFrom``, the more precise of the two, wins when both are given."""
+    """Queen's ``subscriptionMode`` (``all`` or its alias ``from_beginning``; ``new`` or its
+    alias ``new-only``) and ``subscriptionFrom`` (``beginning``, ``now`` or an ISO-8601 instant
+    with a time zone). ``subscriptionFrom``, the more precise of the two, wins when both are
+    given."""
     mode = args.get("subscriptionMode") or None
     if mode is not None and mode not in _SUBSCRIPTION_MODES:
         raise ValidationError(
-            "invalid_subscription_mode", "subscriptionMode must be one of all, new, new-only"
+            "invalid_subscription_mode",
+            f"subscriptionMode must be one of {', '.join(_SUBSCRIPTION_MODES)}",
         )
     start = args.get("subscriptionFrom") or None
     if start is None:

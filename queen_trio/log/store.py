@@ -22,6 +22,7 @@ from ..db.rows import one
 from ..errors import ClientError, Conflict, NotFound
 from ..sealing import PayloadCipher, is_envelope
 from ..text import utf8_len
+from ..wire import message_id
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -57,6 +58,7 @@ class Appended:
     partition_id: uuid.UUID
     transaction_id: str
     offset: int | None  # None for a duplicate
+    message_id: str  # as a pop gives it (wire.message_id); a duplicate's: the one that won
 
 
 def append(
@@ -72,6 +74,8 @@ def append(
     ``next_offset`` and written back in the same transaction. ``usage_offset`` is added to the
     stored-bytes change (a timer fire moves bytes from the timer row to the log: net zero).
     """
+    if not frames:
+        return []
     queue_names = sorted({f.queue for f in frames})
     partitions = _lock_partitions(raw, tenant_id, sorted({(f.queue, f.partition) for f in frames}))
 
@@ -88,23 +92,19 @@ def append(
         part = partitions[key]
         pid = part["partition_id"]
         wanted = [frames[i].transaction_id for i in indexes if frames[i].dedupe]
-        seen = set()
-        if wanted:
-            seen = {
-                row["transaction_id"]
-                for row in raw.execute(Q.existing_transactions,
-                                       {"partition_id": pid, "txns": wanted})
-            }
+        # transaction id -> the id of the message holding it (a duplicate answers with it)
+        seen = _holders(raw, pid, wanted) if wanted else {}
         offsets, txns, payloads, metas = [], [], [], []
         next_offset = part["next_offset"]
         for i in indexes:
             frame = frames[i]
             if frame.dedupe and frame.transaction_id in seen:
                 results[i] = Appended("duplicate", frame.queue, frame.partition, pid,
-                                      frame.transaction_id, None)
+                                      frame.transaction_id, None, seen[frame.transaction_id])
                 continue
+            new_id = message_id(str(pid), next_offset, frame.meta)
             if frame.dedupe:
-                seen.add(frame.transaction_id)  # the same txn twice in one push: once
+                seen[frame.transaction_id] = new_id  # the same txn twice in one push: once
             offsets.append(next_offset)
             txns.append(frame.transaction_id)
             text = frame.payload_json
@@ -116,7 +116,7 @@ def append(
             stored_bytes += utf8_len(text)
             metas.append(None if frame.meta is None else to_json(frame.meta))
             results[i] = Appended("queued", frame.queue, frame.partition, pid,
-                                  frame.transaction_id, next_offset)
+                                  frame.transaction_id, next_offset, new_id)
             next_offset += 1
         if offsets:
             inserts.append(
@@ -139,6 +139,24 @@ def _sealed(cipher: PayloadCipher | None, queue: str, text: str) -> str:
             "QUEEN_ENCRYPTION_KEY: nothing was stored (every broker needs the key)",
         )
     return cipher.seal(text)
+
+
+def _holders(raw: Raw, partition_id: uuid.UUID, txns: list[str]) -> dict[str, str]:
+    """The message id holding each of ``txns`` already in the partition, sealed or not (the
+    first, should a transaction id be there twice). A frame's id may come from its ``meta``
+    (a timer's promised id), which a sealed frame keeps in its segment."""
+    holders: dict[str, str] = {}
+    rows = raw.execute(Q.existing_transactions, {"partition_id": partition_id, "txns": txns})
+    for row in sorted(rows, key=lambda r: r["offset"]):
+        txn = row["transaction_id"]
+        if txn in holders:
+            continue
+        meta = row["meta"]
+        if not row["in_head"]:
+            frame = log_frames.read_one(raw, partition_id, row["offset"])
+            meta = frame.meta if frame is not None else None
+        holders[txn] = message_id(str(partition_id), row["offset"], meta)
+    return holders
 
 
 def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],

@@ -57,9 +57,12 @@ ORDER BY p.partition_id
 FOR UPDATE OF p
 
 -- name: existing_transactions
--- Push de-duplication: sealed frames count too.
-SELECT DISTINCT transaction_id
-FROM queen.find_transactions(%(partition_id)s, %(txns)s::text[])
+-- Push de-duplication: sealed frames count too. A duplicate answers with the id of the message
+-- holding its transaction id: a head frame's meta comes along; in_head false, the frame is
+-- sealed (its meta is in the segment).
+SELECT t.transaction_id, t."offset", f.meta, f."offset" IS NOT NULL AS in_head
+FROM queen.find_transactions(%(partition_id)s, %(txns)s::text[]) t
+LEFT JOIN queen.frames f ON f.partition_id = %(partition_id)s AND f."offset" = t."offset"
 
 -- name: lock_queue_capacity
 -- maxSize: pushes into capped queues take turns per queue (a transaction-level advisory lock,

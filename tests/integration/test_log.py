@@ -111,7 +111,6 @@ async def test_concurrent_pushers_get_dense_offsets(
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"items": []}, 400, "invalid_items"),
         ({"items": "nope"}, 400, "invalid_items"),
         ({}, 400, "invalid_items"),
         ({"items": [{"queue": "ok", "payload": 1}, {"queue": "bad/name", "payload": 1}]},

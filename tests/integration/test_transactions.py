@@ -125,7 +125,7 @@ async def test_required_leases_must_be_live(http: httpx.AsyncClient) -> None:
     ("operations", "status", "code", "index"),
     [
         ([{"type": "timer", "queue": "q"}], 400, "timer_in_operations", 0),
-        ([{"type": "push", "items": []}, {"type": "schedule"}], 400, "invalid_items", 0),
+        ([{"type": "push", "items": "nope"}, {"type": "schedule"}], 400, "invalid_items", 0),
         ([{"type": "push", "items": [{"queue": "q", "payload": 1}]},
           {"type": "timer.schedule", "queue": "q"}], 400, "timer_in_operations", 1),
         ([{"type": "kv.put", "namespace": "n", "key": "k", "value": 1}], 400,

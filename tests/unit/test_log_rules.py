@@ -465,13 +465,17 @@ def test_null_transaction_id_means_generated() -> None:
     assert uuid.UUID(item.transaction_id).version == 7
 
 
-@pytest.mark.parametrize("body", [{}, {"items": None}, {"items": []}, {"items": {}},
+@pytest.mark.parametrize("body", [{}, {"items": None}, {"items": {}},
                                   {"items": "x"}, {"items": {"queue": "q", "payload": 1}}])
-def test_items_must_be_a_non_empty_array(body: dict[str, Any]) -> None:
+def test_items_must_be_an_array(body: dict[str, Any]) -> None:
     exc = _fails(rules.push_items, body, CEILING)
     assert exc.code == "invalid_items"
     assert exc.status == 400
     assert "items" in exc.message
+
+
+def test_no_items_is_an_empty_push() -> None:
+    assert rules.push_items({"items": []}, CEILING) == []  # Queen answers it 201 []
 
 
 def test_item_count_is_capped() -> None:
