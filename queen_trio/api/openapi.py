@@ -982,10 +982,44 @@ def _switch_paths() -> dict[str, Any]:
     }}
 
 
+# Queen's surfaces answered with a JSON 404 that says why and what to use instead
+# (api/unsupported.py; README: Compatibility with Queen).
+_UNSUPPORTED = {
+    "ephemeral": ("ephemeral_unsupported: in-memory queues are not supported (every message "
+                  "is stored durably); use an ordinary queue",
+                  ("/api/v1/ephemeral", "/api/v1/ephemeral/{rest}")),
+    "streams": ("streams_unsupported: Queen's streams runtime is not supported; consume with "
+                "pop or POST /api/v1/fetch, keep state in KV",
+                ("/streams/v1", "/streams/v1/{rest}")),
+    "maintenance": ("maintenance_unsupported: there is no maintenance mode; a push is committed "
+                    "or refused (503 while the database is unreachable)",
+                    ("/api/v1/system/maintenance", "/api/v1/system/maintenance/pop")),
+}
+
+
+def _unsupported_paths() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for kind, (why, routes) in _UNSUPPORTED.items():
+        for n, route in enumerate(routes):
+            operations: dict[str, Any] = {}
+            for method in ("get", "post", "put", "patch", "delete"):
+                operation: dict[str, Any] = {
+                    "summary": f"Not supported here: always 404 ({why.split(':')[0]})",
+                    "operationId": f"{kind}Unsupported{n}{method.capitalize()}",
+                    "responses": {"404": _error(404, why)}}
+                if "{rest}" in route:
+                    operation["parameters"] = [{"name": "rest", "in": "path", "required": True,
+                                                "schema": {"type": "string"}}]
+                operations[method] = operation
+            paths[route] = operations
+    return paths
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     document = _document()
     document["paths"].update(_switch_paths())
+    document["paths"].update(_unsupported_paths())
     _paused(document["paths"])
     _no_route_for_odd_names(document["paths"])
     _tenancy(document["paths"])
