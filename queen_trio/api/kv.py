@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from quart import Blueprint, Response, request
 
 from ..kv import rules, store
 from ..kv.rules import PreconditionLost, bad
+from ..models import kv as models
 from .common import broker as _broker
-from .common import json_response
+from .common import model_response
 from .errors import install_family_errors, read_json_body
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
@@ -27,18 +29,26 @@ install_family_errors(kv_routes, "kv_bad_request")
 _ADDS_STORAGE = frozenset({"put", "putIfAbsent", "incr"})
 
 
-def precondition_answer(lost: PreconditionLost, failed_index: int) -> dict[str, Any]:
+def precondition_answer(lost: PreconditionLost, failed_index: int,
+                        transaction_id: str | msgspec.UnsetType = msgspec.UNSET,
+                        ) -> models.KvPreconditionFailed:
     """The 200 answer of a call whose ``required`` op did not apply: nothing was committed,
     and the loser learns what it lost to (``kvReason``, ``version``, ``value``)."""
-    return {"ok": False, "success": False, "reason": "kv_precondition",
-            "error": "kv_precondition_failed",
-            "message": f"a required kv op did not apply ({lost.result['reason']}); "
-                       f"nothing was committed",
-            "results": [], "failedIndex": failed_index, "kvReason": lost.result["reason"],
-            "version": lost.result.get("version", 0), "value": lost.result.get("value")}
+    return models.KvPreconditionFailed(
+        ok=False, success=False, reason="kv_precondition", error="kv_precondition_failed",
+        message=f"a required kv op did not apply ({lost.result['reason']}); "
+                f"nothing was committed",
+        results=[], failed_index=failed_index, kv_reason=lost.result["reason"],
+        version=lost.result.get("version", 0), value=lost.result.get("value"),
+        transaction_id=transaction_id)
 
 
-async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any]:
+def result_models(results: list[dict[str, Any]]) -> list[models.KvResult]:
+    """The store's results as the wire models they are (each picked by its ``op``)."""
+    return msgspec.convert(results, list[models.KvResult])
+
+
+async def apply_ops(ops: list[rules.Op]) -> list[models.KvResult] | models.KvPreconditionFailed:
     """Apply a validated call: its results, or the precondition answer."""
     broker = _broker()
     require_kv(broker)  # paused by an operator: every KV route answers 503
@@ -47,9 +57,9 @@ async def apply_ops(ops: list[rules.Op]) -> list[dict[str, Any]] | dict[str, Any
     db = broker.db
     if len(ops) == 1 and ops[0].kind in rules.READS:
         # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
-        return await db.run_statement(store.apply, current_tenant_id(), ops)
+        return result_models(await db.run_statement(store.apply, current_tenant_id(), ops))
     try:
-        return await db.run(store.apply, current_tenant_id(), ops)
+        return result_models(await db.run(store.apply, current_tenant_id(), ops))
     except PreconditionLost as lost:
         return precondition_answer(lost, lost.result["index"])
 
@@ -62,7 +72,9 @@ async def batch() -> Response:
     if not isinstance(body, list):
         raise bad("kv_bad_body", 'the body is an array of operations, or {"operations": [...]}')
     answer = await apply_ops(rules.parse_call(body, ceiling=message_ceiling()))
-    return json_response(answer if isinstance(answer, dict) else {"results": answer})
+    if isinstance(answer, models.KvPreconditionFailed):
+        return model_response(answer)
+    return model_response(models.KvResults(answer))
 
 
 def _no_query() -> None:
@@ -92,11 +104,11 @@ async def _path_body(allowed: frozenset[str]) -> dict[str, Any]:
 async def _one(op: dict[str, Any]) -> Response:
     parsed = rules.parse_op(0, op, ceiling=message_ceiling(), where="")
     answer = await apply_ops([parsed])
-    result = answer if isinstance(answer, dict) else answer[0]
-    response = json_response(result)
-    if result.get("found"):
+    result = answer if isinstance(answer, models.KvPreconditionFailed) else answer[0]
+    response = model_response(result)
+    if isinstance(result, models.KvGet) and result.found:
         # Saves bandwidth, not the round trip: a conditional write is `expect` in a body.
-        response.headers["ETag"] = f'"{result["version"]}"'
+        response.headers["ETag"] = f'"{result.version}"'
     return response
 
 

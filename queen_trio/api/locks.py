@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
+import msgspec
 from quart import Blueprint, Response
 
 from .. import locks
+from ..models import locks as models
 from .common import broker as _broker
-from .common import json_response
+from .common import model_response
 from .errors import install_family_errors, read_json_body
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate
@@ -39,4 +41,4 @@ async def batch() -> Response:
     # Independent operations, each KV call its own transaction: a call that fails half way
     # may have applied some, and sent again with the same owners it converges.
     results = [await locks.apply(kv, op) for op in ops]
-    return json_response({"results": results})
+    return model_response(models.LockResults(msgspec.convert(results, list[models.LockResult])))

@@ -12,8 +12,11 @@ from functools import cache
 from typing import Any
 
 from .. import __version__
+from ..models import kv as kv_models
+from ..models import locks as lock_models
 from ..models import schema
 from ..models import timers as models
+from ..models import transaction as transaction_models
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -238,18 +241,6 @@ _KV_OP = {"type": "object", "required": ["op", "ns"], "description": (
         "ttlSeconds": {"type": "integer", "minimum": 1}, "forever": {"type": "boolean"},
         "expect": {"type": "integer", "minimum": 0}, "required": {"type": "boolean"},
         "delta": {"type": "number"}, "min": {"type": "number"}, "max": {"type": "number"}}}
-_KV_RESULT = {"type": "object", "required": ["index", "op"], "description": (
-    "Writes and check: {applied, key, value, version}, and when not applied reason (exists | "
-    "absent | version | limit | type) with the value and version a reader sees now (0: no "
-    "live key); a write that stored a value adds expiresAt. get: {found, key, value, "
-    "version, expiresAt, updatedAt} ({found: false, key} on a miss). getMany: {rows, "
-    "missing, truncated}. getPrefix: {rows, truncated, nextAfter} in byte order of the "
-    "keys.")}
-_PRECONDITION = {"type": "object", "description": (
-    "A required op did not apply: nothing committed. {ok: false, success: false, reason: "
-    "kv_precondition, failedIndex, kvReason, version, value, results: []}"), "properties": {
-        "reason": {"const": "kv_precondition"}, "failedIndex": {"type": "integer"},
-        "kvReason": {"type": "string"}, "version": {"type": "integer"}, "value": {}}}
 _LOCK_OP = {"type": "object", "required": ["op", "name"], "description": (
     "acquire {name, ttlSeconds, owner?, limit? (1..1024 slots: a semaphore)} | renew {name, "
     "token, ttlSeconds, slot?, owner?} | release {name, token, slot?} | get {name}. name: "
@@ -266,8 +257,12 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
     kv_body = {"oneOf": [{"type": "array", "items": _KV_OP}, {
         "type": "object", "required": ["operations"], "additionalProperties": False,
         "properties": {"operations": {"type": "array", "maxItems": 256, "items": _KV_OP}}}]}
-    element = _json({"anyOf": [_KV_RESULT, _PRECONDITION]}, "The op's result, or the "
-                     "precondition answer for a required op that did not apply")
+    precondition = schema.ref(kv_models.KvPreconditionFailed)
+
+    def element(*results: type) -> dict[str, Any]:
+        return _json({"anyOf": [*map(schema.ref, results), precondition]}, "The op's result, "
+                     "or the precondition answer for a required op that did not apply")
+
     return {
         "/api/v1/kv": {"post": {
             "summary": "Apply up to 256 KV ops (1,024 keys) in one transaction",
@@ -277,10 +272,8 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                            "field. A key may be written once per call.",
             "operationId": "kvBatch",
             "requestBody": _body(kv_body),
-            "responses": {"200": _json({"anyOf": [
-                {"type": "object", "properties": {"results": {"type": "array",
-                                                              "items": _KV_RESULT}}},
-                _PRECONDITION]}, "One result per op, or the precondition answer"),
+            "responses": {"200": _json({"anyOf": [schema.ref(kv_models.KvResults), precondition]},
+                                       "One result per op, or the precondition answer"),
                 **_errors(400, 413)},
         }},
         "/api/v1/kv/{namespace}/{key}": {
@@ -295,13 +288,13 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                                           "forever": {"type": "boolean"},
                                           "expect": {"type": "integer", "minimum": 0},
                                           "required": {"type": "boolean"}}}),
-                "responses": {"200": element, **_errors(400, 413)},
+                "responses": {"200": element(kv_models.KvPut), **_errors(400, 413)},
             },
             "get": {
                 "summary": "Read a key; a miss is 200 {found: false}",
                 "operationId": "kvGet",
                 "parameters": kv_params,
-                "responses": {"200": {**element, "headers": {"ETag": {
+                "responses": {"200": {**element(kv_models.KvGet), "headers": {"ETag": {
                     "description": 'the version, quoted ("42"), when found',
                     "schema": {"type": "string"}}}}, **_errors(400)},
             },
@@ -313,7 +306,7 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                     "schema": {"type": "object", "additionalProperties": False, "properties": {
                         "expect": {"type": "integer", "minimum": 0},
                         "required": {"type": "boolean"}}}}}},
-                "responses": {"200": element, **_errors(400)},
+                "responses": {"200": element(kv_models.KvDelete), **_errors(400)},
             },
         },
         "/api/v1/locks": {"post": {
@@ -333,9 +326,8 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                 {"type": "object", "required": ["operations"], "additionalProperties": False,
                  "properties": {"operations": {"type": "array", "maxItems": 64,
                                                "items": _LOCK_OP}}}]}),
-            "responses": {"200": _json({"type": "object", "properties": {
-                "results": {"type": "array", "items": {"type": "object"}}}},
-                "One result per op, in order"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(lock_models.LockResults),
+                                       "One result per op, in order"), **_errors(400)},
         }},
         "/api/v1/transaction": {"post": {
             "summary": "Apply pushes, acks, KV ops and timers atomically",
@@ -356,13 +348,9 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                 "timers": {"type": "array", "items": schema.ref(models.TimerOp)},
                 "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
             "responses": {
-                "200": _json({"anyOf": [{"type": "object", "properties": {
-                    "success": {"const": True}, "transactionId": {"type": "string"},
-                    "results": {"type": "array", "items": {"type": "object"},
-                                "description": "every pushed item and ack, then the kv "
-                                               "results, then the timers' (type timer: "
-                                               "too_late and absent are verdicts)"}}},
-                    _PRECONDITION]}, "Committed, or a required KV op did not apply"),
+                "200": _json({"anyOf": [schema.ref(transaction_models.TransactionDone),
+                                        precondition]},
+                             "Committed, or a required KV op did not apply"),
                 **_errors(400, 404, 409, 413),
             },
         }},

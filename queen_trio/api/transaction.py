@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
+from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
-from .common import json_response
+from .common import json_response, model_response
 from .errors import read_json_object
-from .kv import precondition_answer
+from .kv import precondition_answer, result_models
 from .log import ack_to_wire, appended_to_wire
 from .switches import paused
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
@@ -40,7 +42,8 @@ def _flat_results(bundle: transactions.Bundle, results: list[Any],
             flat.append({**ack_to_wire(result), "index": len(flat), "type": "ack",
                          "operation": op.index})
     base = len(flat)
-    flat += [{**r, "index": base + r["index"], "type": "kv"} for r in kv_results]
+    flat += [{**msgspec.to_builtins(r), "index": base + r.index, "type": "kv"}
+             for r in result_models(kv_results)]
     base = len(flat)
     flat += [{**outcome_wire(o), "index": base + i, "type": "timer"}
              for i, o in enumerate(outcomes)]
@@ -92,8 +95,8 @@ async def transaction() -> Response:
             transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher
         )
     except PreconditionLost as lost:
-        return json_response({"transactionId": transaction_id,
-                              **precondition_answer(lost, bundle.kv_base + lost.result["index"])})
+        return model_response(precondition_answer(lost, bundle.kv_base + lost.result["index"],
+                                                  transaction_id))
     operations = bundle.operations
     count_outcomes(outcomes, bundle.timers)
     tenant = current_tenant_id()
@@ -102,8 +105,6 @@ async def transaction() -> Response:
             broker.metrics.count_pushed(tenant, (appended.status for appended in result))
         elif op.type == "ack" and not result.already_acked:
             broker.metrics.count_acks(tenant, (result.status,))
-    return json_response({
-        "success": True,
-        "transactionId": transaction_id,
-        "results": _flat_results(bundle, results, kv_results, outcomes),
-    })
+    return model_response(models.TransactionDone(
+        success=True, transaction_id=transaction_id,
+        results=_flat_results(bundle, results, kv_results, outcomes)))

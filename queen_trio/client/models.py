@@ -17,7 +17,10 @@ from typing import Any, Generic, TypeVar, overload
 import msgspec
 import zstandard
 
+from ..models import kv as wire_kv
+from ..models import locks as wire_locks
 from ..models import timers as wire_timers
+from ..models import transaction as wire_transaction
 
 T = TypeVar("T")
 
@@ -281,9 +284,15 @@ class KvEntry:
     updated_at: datetime | None
 
     @classmethod
-    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvEntry:
-        return cls(namespace, w["key"], w.get("value"), w["version"],
-                   parse_time(w.get("expiresAt")), parse_time(w.get("updatedAt")))
+    def from_model(cls, namespace: str, r: wire_kv.KvEntry | wire_kv.KvGet) -> KvEntry:
+        assert not isinstance(r.version, msgspec.UnsetType)  # (a get that found it)
+        return cls(namespace, r.key, _unset(r.value), r.version,
+                   parse_time(_unset(r.expires_at)), parse_time(_unset(r.updated_at)))
+
+
+def _unset(value: T | msgspec.UnsetType) -> T | None:
+    """A field the wire left out, as None."""
+    return None if isinstance(value, msgspec.UnsetType) else value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -308,9 +317,10 @@ class KvWrite:
         return self.applied
 
     @classmethod
-    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvWrite:
-        return cls(w["op"], namespace, w["key"], w["applied"], w.get("value"), w["version"],
-                   w.get("reason"), parse_time(w.get("expiresAt")))
+    def from_model(cls, namespace: str, r: wire_kv.KvWrite) -> KvWrite:
+        op: str = r.__struct_config__.tag  # type: ignore[assignment]
+        return cls(op, namespace, r.key, r.applied, _unset(r.value), r.version,
+                   _unset(r.reason), parse_time(_unset(r.expires_at)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,9 +333,9 @@ class KvRows:
     truncated: bool = False
 
     @classmethod
-    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvRows:
-        return cls(tuple(KvEntry.from_wire(namespace, r) for r in w["rows"]),
-                   tuple(w["missing"]), w.get("truncated", False))
+    def from_model(cls, namespace: str, r: wire_kv.KvGetMany) -> KvRows:
+        return cls(tuple(KvEntry.from_model(namespace, e) for e in r.rows), tuple(r.missing),
+                   r.truncated)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -338,21 +348,21 @@ class KvPage:
     next_after: str | None
 
     @classmethod
-    def from_wire(cls, namespace: str, w: dict[str, Any]) -> KvPage:
-        return cls(tuple(KvEntry.from_wire(namespace, r) for r in w["rows"]), w["truncated"],
-                   w.get("nextAfter"))
+    def from_model(cls, namespace: str, r: wire_kv.KvGetPrefix) -> KvPage:
+        return cls(tuple(KvEntry.from_model(namespace, e) for e in r.rows), r.truncated,
+                   r.next_after)
 
 
 def kv_result(namespace: str, w: dict[str, Any]) -> KvEntry | KvWrite | KvRows | KvPage | None:
     """One element of a KV answer, typed by its ``op`` (a ``get`` miss is None)."""
-    op = w["op"]
-    if op == "get":
-        return KvEntry.from_wire(namespace, w) if w["found"] else None
-    if op == "getMany":
-        return KvRows.from_wire(namespace, w)
-    if op == "getPrefix":
-        return KvPage.from_wire(namespace, w)
-    return KvWrite.from_wire(namespace, w)
+    r = msgspec.convert(w, wire_kv.KvResult)  # the broker's own model of it
+    if isinstance(r, wire_kv.KvGet):
+        return KvEntry.from_model(namespace, r) if r.found else None
+    if isinstance(r, wire_kv.KvGetMany):
+        return KvRows.from_model(namespace, r)
+    if isinstance(r, wire_kv.KvGetPrefix):
+        return KvPage.from_model(namespace, r)
+    return KvWrite.from_model(namespace, r)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -366,9 +376,9 @@ class LockHolder:
     expires_at: datetime | None = None
 
     @classmethod
-    def from_wire(cls, w: dict[str, Any]) -> LockHolder:
-        return cls(w["slot"], w.get("owner"), w.get("token"), parse_time(w.get("since")),
-                   parse_time(w.get("expiresAt")))
+    def from_model(cls, h: wire_locks.LockHolder) -> LockHolder:
+        return cls(h.slot, h.owner, _unset(h.token), parse_time(_unset(h.since)),
+                   parse_time(_unset(h.expires_at)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -396,12 +406,19 @@ class LockResult:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> LockResult:
-        flag = {"acquire": "acquired", "renew": "renewed", "release": "released",
-                "get": "held"}[w["op"]]
-        return cls(w["op"], w["name"], bool(w[flag]), w.get("slot"), w.get("token"),
-                   w.get("guard"), w.get("reason"),
-                   tuple(LockHolder.from_wire(h) for h in w.get("holders", ())),
-                   bool(w.get("already", False)))
+        r = msgspec.convert(w, wire_locks.LockResult)  # the broker's own model of it
+        holders = tuple(LockHolder.from_model(h) for h in _unset(r.holders) or ())
+        if isinstance(r, wire_locks.LockGet):
+            return cls("get", r.name, r.held, holders=holders)
+        if isinstance(r, wire_locks.LockRelease):
+            return cls("release", r.name, r.released, r.slot, reason=_unset(r.reason),
+                       holders=holders)
+        guard = None if isinstance(r.guard, msgspec.UnsetType) else msgspec.to_builtins(r.guard)
+        if isinstance(r, wire_locks.LockRenew):
+            return cls("renew", r.name, r.renewed, r.slot, _unset(r.token), guard,
+                       _unset(r.reason), holders)
+        return cls("acquire", r.name, r.acquired, _unset(r.slot), _unset(r.token), guard,
+                   _unset(r.reason), holders, r.already is True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -472,12 +489,14 @@ class TransactionResult:
     @classmethod
     def from_wire(cls, w: dict[str, Any], kv: list[dict[str, Any]]) -> TransactionResult:
         if not w.get("success", True):
-            return cls((), (), False, KvPrecondition(w["failedIndex"], w["kvReason"],
-                                                     w["version"], w.get("value")))
-        flat = [r for r in w["results"] if r.get("type") != "timer"]
+            lost = msgspec.convert(w, wire_kv.KvPreconditionFailed)
+            return cls((), (), False, KvPrecondition(lost.failed_index, lost.kv_reason,
+                                                     lost.version, lost.value))
+        done = msgspec.convert(w, wire_transaction.TransactionDone)  # the broker's own model
+        flat = [r for r in done.results if r.get("type") != "timer"]
         base = sum(r.get("type") != "kv" for r in flat)
         return cls(tuple(_flat_result(r, kv, base) for r in flat),
-                   tuple(TimerResult.from_wire(t) for t in w["results"]
+                   tuple(TimerResult.from_wire(t) for t in done.results
                          if t.get("type") == "timer"))
 
 

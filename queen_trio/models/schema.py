@@ -6,13 +6,15 @@ from typing import Any
 
 import msgspec
 
-from . import timers
+from . import kv, locks, timers, transaction
 
 REF = "#/components/schemas/{name}"
 # The models whose schemas /openapi.json carries (and the ones they refer to).
 MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult,
                            timers.TimerResults, timers.TimerRow, timers.TimerFound,
-                           timers.TimerMissing, timers.TimerPage, timers.TimerCount)
+                           timers.TimerMissing, timers.TimerPage, timers.TimerCount,
+                           kv.KvResults, kv.KvPreconditionFailed, locks.LockResults,
+                           transaction.TransactionDone)
 
 
 def components() -> dict[str, Any]:

@@ -80,3 +80,143 @@ async def test_timer_answers_validate_against_the_generated_schemas(
     wrong = {k: v for k, v in cancelled.json().items() if k != "timerKey"}
     assert refuses(document, f"{API}/timers/{{queue}}/{{key}}", "delete", wrong)
     assert refuses(document, f"{API}/timers", "post", {"results": [{"ok": "yes"}]})
+
+
+async def test_kv_answers_validate_against_the_generated_schemas(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    kv = f"{API}/kv"
+    batch = await http.post(kv, json={"operations": [
+        {"op": "put", "ns": "wm", "key": "a", "value": {"n": 1}, "ttlSeconds": 600},
+        {"op": "putIfAbsent", "ns": "wm", "key": "b", "value": [1, None], "forever": True},
+        {"op": "incr", "ns": "wm", "key": "n", "delta": 2, "max": 10, "forever": True},
+        {"op": "delete", "ns": "wm", "key": "never-there"},
+    ]})
+    check(document, kv, "post", batch)
+    assert [(r["op"], r["applied"]) for r in batch.json()["results"]] == [
+        ("put", True), ("putIfAbsent", True), ("incr", True), ("delete", False)]
+    b_version = batch.json()["results"][1]["version"]
+    reads = await http.post(kv, json=[
+        {"op": "get", "ns": "wm", "key": "a"}, {"op": "get", "ns": "wm", "key": "nothing"},
+        {"op": "getMany", "ns": "wm", "keys": ["a", "b", "zz"]},
+        {"op": "getPrefix", "ns": "wm", "prefix": "a", "limit": 1},
+        {"op": "getPrefix", "ns": "wm", "prefix": "b", "keysOnly": True},
+        {"op": "check", "ns": "wm", "key": "b", "expect": b_version},
+        {"op": "putIfAbsent", "ns": "wm", "key": "b", "value": 0, "forever": True},
+        {"op": "incr", "ns": "wm", "key": "n", "delta": 9, "max": 10, "forever": True},
+    ])
+    check(document, kv, "post", reads)
+    got, miss, many, page, keys, checked, exists, limit = reads.json()["results"]
+    assert got["found"] is True and got["value"] == {"n": 1} and got["expiresAt"]
+    assert miss == {"index": 1, "op": "get", "found": False, "key": "nothing"}
+    assert many["missing"] == ["zz"] and [r["key"] for r in many["rows"]] == ["a", "b"]
+    assert many["rows"][1]["expiresAt"] is None  # forever: a null, not left out
+    assert page["truncated"] is False and page["nextAfter"] is None
+    assert "value" not in keys["rows"][0]
+    assert checked["applied"] is True and "value" not in checked
+    assert (exists["reason"], exists["value"]) == ("exists", [1, None])
+    assert (limit["reason"], limit["value"]) == ("limit", 2)
+
+    lost = await http.post(kv, json=[{"op": "check", "ns": "wm", "key": "a", "expect": 99,
+                                      "required": True}])
+    check(document, kv, "post", lost)
+    assert lost.json()["reason"] == "kv_precondition" and lost.json()["kvReason"] == "version"
+
+    path = f"{kv}/{{namespace}}/{{key}}"
+    put = await http.put(f"{kv}/wm/c/d", json={"value": "x", "forever": True})
+    check(document, path, "put", put)
+    assert (put.json()["op"], put.json()["applied"], put.json()["expiresAt"]) == ("put", True,
+                                                                                 None)
+    found = await http.get(f"{kv}/wm/c/d")
+    check(document, path, "get", found)
+    assert found.headers["ETag"] == f'"{found.json()["version"]}"'
+    check(document, path, "get", await http.get(f"{kv}/wm/nothing"))
+    refused = await http.request("DELETE", f"{kv}/wm/c/d",
+                                 json={"expect": 99, "required": True})
+    check(document, path, "delete", refused)
+    assert refused.json()["failedIndex"] == 0
+    deleted = await http.delete(f"{kv}/wm/c/d")
+    check(document, path, "delete", deleted)
+    assert (deleted.json()["applied"], deleted.json()["value"]) == (True, "x")
+
+    # Not vacuous: a result without its key, or a reason Queen's clients do not know.
+    assert refuses(document, kv, "post", {"results": [{"index": 0, "op": "put",
+                                                       "applied": True, "version": 1}]})
+    assert refuses(document, path, "get", {**got, "version": "1"})
+    assert refuses(document, kv, "post", {"results": [{**exists, "reason": "busy"}]})
+
+
+async def test_lock_answers_validate_against_the_generated_schemas(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    locks = f"{API}/locks"
+
+    async def call(*ops: dict[str, Any]) -> list[dict[str, Any]]:
+        r = await http.post(locks, json={"operations": list(ops)})
+        check(document, locks, "post", r)
+        results: list[dict[str, Any]] = r.json()["results"]
+        return results
+
+    (mine,) = await call({"op": "acquire", "name": "wm", "ttlSeconds": 60, "owner": "w1"})
+    assert mine["acquired"] is True and mine["guard"]["op"] == "check"
+    (again,) = await call({"op": "acquire", "name": "wm", "ttlSeconds": 60, "owner": "w1"})
+    taken, sem = await call({"op": "acquire", "name": "wm", "ttlSeconds": 60, "owner": "w2"},
+                            {"op": "acquire", "name": "wm-sem", "ttlSeconds": 60, "limit": 3})
+    assert again["already"] is True and again["token"] == mine["token"]
+    assert (taken["acquired"], taken["reason"]) == (False, "held")
+    assert taken["holders"] == [{"slot": 0, "owner": "w1"}]
+    assert sem["owner"] is None  # none given: a null, not left out
+    (held,) = await call({"op": "get", "name": "wm"})
+    renew = {"op": "renew", "name": "wm", "token": mine["token"], "ttlSeconds": 60}
+    (renewed,) = await call(renew)
+    (stale,) = await call(renew)
+    assert held["held"] is True and held["holders"][0]["token"] == mine["token"]
+    assert renewed["renewed"] is True and renewed["token"] > mine["token"]
+    assert (stale["renewed"], stale["reason"]) == (False, "lost")
+    release = {"op": "release", "name": "wm", "token": renewed["token"]}
+    (released,) = await call(release)
+    (gone,) = await call(release)
+    assert released == {"index": 0, "op": "release", "name": "wm", "released": True,
+                        "slot": 0}
+    assert (gone["released"], gone["reason"], gone["holders"]) == (False, "lost", [])
+
+    assert refuses(document, locks, "post", {"results": [{**mine, "acquired": "yes"}]})
+    assert refuses(document, locks, "post", {"results": [{**held, "op": "steal"}]})
+    assert refuses(document, locks, "post", {"results": [
+        {k: v for k, v in released.items() if k != "slot"}]})
+
+
+async def test_transaction_answers_validate_against_the_generated_schemas(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    path = f"{API}/transaction"
+    done = await http.post(path, json={
+        "operations": [{"type": "push", "items": [{"queue": "wm-audit", "payload": {"a": 1}}]}],
+        "kv": [{"op": "put", "ns": "wm-t", "key": "k", "value": 1, "forever": True},
+               {"op": "get", "ns": "wm-t", "key": "nothing"}],
+        "timers": [timer_op("wm-t", "t", 60_000, {"n": 1})],
+    })
+    check(document, path, "post", done)
+    results = done.json()["results"]
+    assert [(r["index"], r["type"]) for r in results] == [
+        (0, "push"), (1, "kv"), (2, "kv"), (3, "timer")]
+    # The kv items are KV results, the timer's a timer result: each validates against its own.
+    schemas = document["components"]["schemas"]
+    kv_item = {**schemas["KvResults"]["properties"]["results"]["items"],
+               "components": document["components"]}
+    timer_item = {"$ref": "#/components/schemas/TimerResult",
+                  "components": document["components"]}
+    for item in results[1:3]:
+        jsonschema.validate(item, kv_item, cls=jsonschema.Draft202012Validator)
+    jsonschema.validate(results[3], timer_item, cls=jsonschema.Draft202012Validator)
+
+    lost = await http.post(path, json={
+        "operations": [{"type": "push", "items": [{"queue": "wm-audit", "payload": {"a": 2}}]}],
+        "kv": [{"op": "check", "ns": "wm-t", "key": "k", "expect": 99, "required": True}]})
+    check(document, path, "post", lost)
+    assert (lost.json()["success"], lost.json()["failedIndex"]) == (False, 1)
+    assert lost.json()["transactionId"]
+
+    assert refuses(document, path, "post", {**done.json(), "success": "yes"})
+    assert refuses(document, path, "post", {k: v for k, v in lost.json().items()
+                                            if k != "kvReason"})
