@@ -6,13 +6,14 @@ from typing import Any
 
 import msgspec
 
-from . import timers
+from . import log, timers
 
 REF = "#/components/schemas/{name}"
 # The models whose schemas /openapi.json carries (and the ones they refer to).
 MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult,
                            timers.TimerResults, timers.TimerRow, timers.TimerFound,
-                           timers.TimerMissing, timers.TimerPage, timers.TimerCount)
+                           timers.TimerMissing, timers.TimerPage, timers.TimerCount,
+                           log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
 
 
 def components() -> dict[str, Any]:
