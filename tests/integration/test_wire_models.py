@@ -1,6 +1,7 @@
 """The OpenAPI document's schemas are generated from the wire models (queen_trio/models): each
 answer the broker gives on the timer and log routes validates against the schema /openapi.json
-declares for it, and a body the schema declares is one the route takes."""
+declares for it, a body the schema declares is one the route takes, and the SDK decodes the
+log's answers through the same models."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from typing import Any
 
 import httpx
 import jsonschema
+import msgspec
 import pytest
+
+from queen_trio.client import models as sdk
 
 from ..timer_ops import timer_op
 
@@ -152,3 +156,12 @@ async def test_log_answers_validate_against_the_generated_schemas(
     assert refuses(document, f"{API}/ack/batch", "post", [{**batch.json()[1], "code": "odd"}])
     assert refuses(document, f"{API}/lease/{{lease_id}}/extend", "post",
                    {**extended.json(), "renewed": None})
+
+    # The SDK decodes these answers through the same models, and refuses the broken one.
+    assert sdk.PushResult.from_wire(again.json()[0]).message_id == pushed.json()[0]["messageId"]
+    assert [m.data for m in sdk.Batch.from_wire(got)] == [{"n": 0, "p": "a"}, {"n": 1, "p": "a"}]
+    settled_sdk = sdk.SettledPop.from_wire(answer)
+    assert [r.refused for r in settled_sdk.refused] == ["unresolvable"]
+    assert len(settled_sdk.batch) == 1
+    with pytest.raises(msgspec.ValidationError):
+        sdk.Batch.from_wire(broken)
