@@ -138,7 +138,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     an entry leaves out): one round trip per batch instead of an ack and a pop. The acks
     commit first, at the pop's commit level, each with its verdict as on ``/ack/batch``;
     refused ones (a lost lease, an unknown message) do not stop the pop and come back in
-    ``ackRefused`` (:func:`ack_to_wire`, the others are only counted). The answer is always
+    ``ackRefused`` (:func:`ack_result`, the others are only counted). The answer is always
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
     req = _sized(rules.pop_request(queue, partition, dict(request.args)))
@@ -146,7 +146,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     body = await read_json_object() if raw.strip() else {}
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
     broker = _broker()
-    results = []
+    results: list[store.AckResult] = []
     if acks:
         results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
     wait_refused: models.WaitRefused | None = None
