@@ -12,6 +12,10 @@ process's CPU time (so other work on the machine weighs less).
    the broker's JSONEncoder; msgspec: Structs, datetimes and UUIDs encoded natively.
 3. A KV ``getMany`` answer of 100 rows (small JSON values): encode (broker), and decode
    (SDK). today: dicts + JSONEncoder / ``strict_json.loads``; msgspec: Structs both ways.
+4. A pop answer of 100 messages (queen_trio/models/log.py): encode. today: the route's
+   dicts as they were and the broker's JSONEncoder; msgspec: the PopResponse model. Then the
+   same with each payload arriving as its stored JSON text: today decoded, then encoded;
+   msgspec: handed through as ``msgspec.Raw``, never decoded.
 
     python -m bench.wire_codec [--rounds 5]
 """
@@ -34,6 +38,7 @@ from queen_trio import strict_json
 from queen_trio.api.common import _COMPACT
 from queen_trio.client.calls import TimerSpec
 from queen_trio.models import codec
+from queen_trio.models import log as log_models
 from queen_trio.models import timers as models
 from queen_trio.timers import rules
 from queen_trio.timers.store import Outcome
@@ -145,6 +150,43 @@ def kv_encode_models(rows: list[dict[str, Any]]) -> bytes:
 _KV_DECODER = msgspec.json.Decoder(KvAnswer)
 
 
+def pop_messages(n: int) -> list[dict[str, Any]]:
+    at = datetime.datetime.now(datetime.UTC)
+    return [{"offset": i, "transaction_id": str(uuid.uuid4()), "created_at": at,
+             "payload": {"orderId": i, "state": "paid", "lines": [{"sku": "a-1", "qty": 2}]}}
+            for i in range(n)]
+
+
+_PID, _LEASE = str(uuid.uuid4()), str(uuid.uuid4())
+
+
+def pop_encode_today(ms: list[dict[str, Any]], data: Callable[[Any], Any] = lambda d: d) -> bytes:
+    """The route's dicts as they were (api/log.py before models/log.py)."""
+    at = iso(ms[0]["created_at"])
+    return _COMPACT.encode({
+        "success": True, "queue": "orders", "partition": "Default", "partitionId": _PID,
+        "leaseId": _LEASE, "leaseExpiresAt": at, "consumerGroup": "billing",
+        "messages": [{"id": f"{_PID}:{m['offset']}", "transactionId": m["transaction_id"],
+                      "partitionId": _PID, "partition": "Default", "queue": "orders",
+                      "offset": m["offset"], "leaseId": _LEASE, "consumerGroup": "billing",
+                      "data": data(m["payload"]), "createdAt": iso(m["created_at"]),
+                      "retryCount": 0} for m in ms],
+        "skipped": None}).encode()
+
+
+def pop_encode_models(ms: list[dict[str, Any]], data: Callable[[Any], Any] = lambda d: d) -> bytes:
+    at = iso(ms[0]["created_at"])
+    return codec.encode(log_models.PopResponse(
+        success=True, queue="orders", partition="Default", partitionId=_PID, leaseId=_LEASE,
+        leaseExpiresAt=at, consumerGroup="billing",
+        messages=[log_models.Message(
+            id=f"{_PID}:{m['offset']}", transactionId=m["transaction_id"], partitionId=_PID,
+            partition="Default", queue="orders", offset=m["offset"], leaseId=_LEASE,
+            consumerGroup="billing", data=data(m["payload"]),
+            createdAt=iso(m["created_at"]) or "", retryCount=0) for m in ms],
+        skipped=None))
+
+
 def cpu_us(fn: Callable[[], Any], number: int) -> float:
     best = float("inf")
     for _ in range(5):
@@ -166,6 +208,11 @@ def main() -> None:
     assert strict_json.loads(encode_today(os)) == strict_json.loads(encode_models(os))
     kv_body = kv_encode_today(rows)
     assert strict_json.loads(kv_body) == strict_json.loads(kv_encode_models(rows))
+    ms = pop_messages(100)
+    assert strict_json.loads(pop_encode_today(ms)) == strict_json.loads(pop_encode_models(ms))
+    texts = [{**m, "payload": strict_json.dumps(m["payload"])} for m in ms]
+    assert strict_json.loads(pop_encode_today(texts, strict_json.loads)) == \
+        strict_json.loads(pop_encode_models(texts, msgspec.Raw))
     cases: list[tuple[str, str, Callable[[], Any], int]] = [
         ("timer batch, 256 ops: decode + validate", "today", lambda: decode_today(body), 20),
         ("timer batch, 256 ops: decode + validate", "msgspec", lambda: decode_models(body), 20),
@@ -177,6 +224,12 @@ def main() -> None:
          lambda: strict_json.loads(kv_body), 100),
         ("kv getMany answer, 100 rows: decode (SDK)", "msgspec",
          lambda: _KV_DECODER.decode(kv_body), 100),
+        ("pop answer, 100 messages: encode", "today", lambda: pop_encode_today(ms), 100),
+        ("pop answer, 100 messages: encode", "msgspec", lambda: pop_encode_models(ms), 100),
+        ("pop answer, 100 payloads as JSON text", "today",
+         lambda: pop_encode_today(texts, strict_json.loads), 100),
+        ("pop answer, 100 payloads as JSON text", "msgspec",
+         lambda: pop_encode_models(texts, msgspec.Raw), 100),
     ]
     timings: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import trio
+from msgspec import UNSET
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
@@ -22,10 +24,12 @@ from ..log.wakeups import (
     Waiter,
 )
 from ..metrics import BrokerMetrics
+from ..models import log as models
 from ..sealing import opened
 from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
+from .common import model_response
 from .errors import ApiError, read_json_object
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -59,22 +63,18 @@ async def configure() -> Response:
 
 
 def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
+    """:func:`pushed` as a dict (a transaction's answer extends it)."""
+    return msgspec.structs.asdict(pushed(index, a))
+
+
+def pushed(index: int, a: store.Appended) -> models.Pushed:
     pid = str(a.partition_id)
-    return {
-        "index": index,
-        "status": a.status,
-        "transactionId": a.transaction_id,
-        "partitionId": pid,
-        "queue": a.queue,
-        "partition": a.partition,
-        "offset": a.offset,
-        "messageId": a.message_id,
-        # Queen v1 spells these in snake_case on push results; its clients read them so.
-        "message_id": a.message_id,
-        "transaction_id": a.transaction_id,
-        "partition_id": pid,
-        "queueName": a.queue,
-    }
+    return models.Pushed(
+        index=index, status=a.status,  # type: ignore[arg-type]
+        transactionId=a.transaction_id, partitionId=pid, queue=a.queue,
+        partition=a.partition, offset=a.offset, messageId=a.message_id,
+        message_id=a.message_id, transaction_id=a.transaction_id, partition_id=pid,
+        queueName=a.queue)
 
 
 @log_routes.post("/push")
@@ -93,30 +93,23 @@ async def push() -> Response:
     tenant = current_tenant_id()
     appended = await broker.db.run(store.append, tenant, frames, cipher=broker.cipher)
     broker.metrics.count_pushed(tenant, (a.status for a in appended))
-    return _json([appended_to_wire(i, a) for i, a in enumerate(appended)], status=201)
+    return model_response([pushed(i, a) for i, a in enumerate(appended)], status=201)
 
 
 # -- pop --------------------------------------------------------------------------------------
 
 
-def message_to_wire(batch: store.PopBatch, m: store.Message) -> dict[str, Any]:
+def messages_to_wire(batch: store.PopBatch) -> list[models.Message]:
     pid = str(batch.partition_id)
-    wire = {
-        "id": message_id(pid, m.offset, m.meta),
-        "transactionId": m.transaction_id,
-        "partitionId": pid,
-        "partition": batch.partition,
-        "queue": batch.queue,
-        "offset": m.offset,
-        "leaseId": None if batch.lease_id is None else str(batch.lease_id),
-        "consumerGroup": batch.group,
-        "data": opened(_broker().cipher, m.payload),
-        "createdAt": iso(m.created_at),
-        "retryCount": m.retry_count,
-    }
-    if m.meta and "timer" in m.meta:
-        wire["timer"] = m.meta["timer"]
-    return wire
+    lease = None if batch.lease_id is None else str(batch.lease_id)
+    cipher = _broker().cipher
+    return [models.Message(
+        id=message_id(pid, m.offset, m.meta), transactionId=m.transaction_id, partitionId=pid,
+        partition=batch.partition, queue=batch.queue, offset=m.offset, leaseId=lease,
+        consumerGroup=batch.group, data=opened(cipher, m.payload),
+        createdAt=iso(m.created_at), retryCount=m.retry_count,  # type: ignore[arg-type]
+        timer=m.meta["timer"] if m.meta and "timer" in m.meta else UNSET,
+    ) for m in batch.messages]
 
 
 @log_routes.get("/pop/queue/<queue>")
@@ -145,7 +138,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     an entry leaves out): one round trip per batch instead of an ack and a pop. The acks
     commit first, at the pop's commit level, each with its verdict as on ``/ack/batch``;
     refused ones (a lost lease, an unknown message) do not stop the pop and come back in
-    ``ackRefused`` (:func:`ack_to_wire`, the others are only counted). The answer is always
+    ``ackRefused`` (:func:`ack_result`, the others are only counted). The answer is always
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
     req = _sized(rules.pop_request(queue, partition, dict(request.args)))
@@ -153,13 +146,10 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     body = await read_json_object() if raw.strip() else {}
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
     broker = _broker()
-    extra: dict[str, Any] = {"acks": ack_summary([])}
+    results: list[store.AckResult] = []
     if acks:
         results = await settle(acks, sync_commit=broker.settings.pop_commit_sync)
-        extra["acks"] = ack_summary(results)
-        refused = [ack_to_wire(r) for r in results if r.refused is not None]
-        if refused:
-            extra["ackRefused"] = refused
+    wait_refused: models.WaitRefused | None = None
     try:
         batches = await _pop_batches(req)
     except WaitRefused as refused:
@@ -167,12 +157,17 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
             raise
         # The acks have committed: say so (a client must not send them again), and why
         # nothing waited; its next pop, with nothing to settle, is refused outright.
-        extra["waitRefused"] = {"status": refused.status, "error": refused.code,
-                                "message": refused.message, **refused.extra}
+        wait_refused = models.WaitRefused(status=refused.status, error=refused.code,
+                                          message=refused.message, **refused.extra)
         batches = []
-    if not batches:
-        return _json({**empty_answer(req), **extra})
-    return _json({**batches_to_wire(req, batches), **extra})
+    answer = batches_to_wire(req, batches) if batches else empty_answer(req)
+    answer.acks = ack_summary(results)
+    refused_acks = [ack_result(r) for r in results if r.refused is not None]
+    if refused_acks:
+        answer.ackRefused = refused_acks
+    if wait_refused is not None:
+        answer.waitRefused = wait_refused
+    return model_response(answer)
 
 
 async def _pop(queue: str, partition: str | None) -> Response:
@@ -180,9 +175,9 @@ async def _pop(queue: str, partition: str | None) -> Response:
     batches = await _pop_batches(req)
     if not batches:
         if req.conflation:  # Queen says so on empty answers too: its clients check every one
-            return _json(empty_answer(req))
+            return model_response(empty_answer(req))
         return Response(b"", status=204)
-    return _json(batches_to_wire(req, batches))
+    return model_response(batches_to_wire(req, batches))
 
 
 def _sized(req: rules.PopRequest) -> rules.PopRequest:
@@ -194,22 +189,21 @@ def _sized(req: rules.PopRequest) -> rules.PopRequest:
     return rules.autopilot_sizing(req, _broker().wakeups.pops_in_lane(key, req))
 
 
-def empty_answer(req: rules.PopRequest) -> dict[str, Any]:
-    return {"success": True, "queue": req.queue, "partition": None, "partitionId": None,
-            "leaseId": None, "leaseExpiresAt": None, "consumerGroup": req.group,
-            "messages": [], "skipped": None,
-            **({"partitions": []} if req.partitions > 1 else {}), **pop_echo(req)}
+def empty_answer(req: rules.PopRequest) -> models.PopResponse:
+    return pop_echo(req, models.PopResponse(
+        success=True, queue=req.queue, partition=None, partitionId=None, leaseId=None,
+        leaseExpiresAt=None, consumerGroup=req.group, messages=[], skipped=None,
+        partitions=[] if req.partitions > 1 else UNSET))
 
 
-def pop_echo(req: rules.PopRequest) -> dict[str, Any]:
-    """What a pop answer says of how it was served: Queen's ``autopilot`` (the sizes the
-    broker chose) and ``conflation`` (present, true, only when the pop conflated)."""
-    echo: dict[str, Any] = {}
+def pop_echo(req: rules.PopRequest, answer: models.PopResponse) -> models.PopResponse:
+    """``answer`` saying how it was served: Queen's ``autopilot`` (the sizes the broker
+    chose) and ``conflation`` (present, true, only when the pop conflated)."""
     if req.auto_batch or req.auto_partitions:
-        echo["autopilot"] = {"partitions": req.partitions, "batch": req.batch}
+        answer.autopilot = models.Autopilot(req.partitions, req.batch)
     if req.conflation:
-        echo["conflation"] = True
-    return echo
+        answer.conflation = True
+    return answer
 
 
 async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
@@ -374,58 +368,52 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
     return parked.outcome if parked.handed.is_set() else None
 
 
-def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch]) -> dict[str, Any]:
+def batches_to_wire(req: rules.PopRequest,
+                    batches: list[store.PopBatch]) -> models.PopResponse:
     """A pop's answer. A pop asking for several partitions (``partitions`` above 1) lists
     them in ``partitions``; as in Queen, all of them are held under one lease (the top-level
     ``leaseId``, also on every message), which one extension renews and whose acks act on
     each partition. Every message carries its partitionId, which acks name. The top-level
     partition is that of the only partition when there is one, null when there are several."""
     if req.partitions == 1:
-        return {**batch_to_wire(batches[0]), **pop_echo(req)}
+        return pop_echo(req, batch_to_wire(batches[0]))
     first = batches[0]
-    wire = batch_to_wire(first) if len(batches) == 1 else {
-        "success": True, "queue": req.queue, "partition": None, "partitionId": None,
-        "leaseId": None if first.lease_id is None else str(first.lease_id),
-        "leaseExpiresAt": iso(first.lease_expires_at), "consumerGroup": req.group,
-        "messages": [message_to_wire(b, m) for b in batches for m in b.messages],
-        "skipped": None,
-    }
-    wire.update(pop_echo(req))
-    wire["partitions"] = [
-        {"partition": b.partition, "partitionId": str(b.partition_id),
-         "leaseId": None if b.lease_id is None else str(b.lease_id),
-         "leaseExpiresAt": iso(b.lease_expires_at), "messages": len(b.messages),
-         "skipped": skip_to_wire(b.skipped)}
+    wire = batch_to_wire(first) if len(batches) == 1 else models.PopResponse(
+        success=True, queue=req.queue, partition=None, partitionId=None,
+        leaseId=None if first.lease_id is None else str(first.lease_id),
+        leaseExpiresAt=iso(first.lease_expires_at), consumerGroup=req.group,
+        messages=[m for b in batches for m in messages_to_wire(b)], skipped=None)
+    wire.partitions = [
+        models.PopPartition(
+            partition=b.partition, partitionId=str(b.partition_id),
+            leaseId=None if b.lease_id is None else str(b.lease_id),
+            leaseExpiresAt=iso(b.lease_expires_at), messages=len(b.messages),
+            skipped=skip_to_wire(b.skipped))
         for b in batches
     ]
-    return wire
+    return pop_echo(req, wire)
 
 
-def batch_to_wire(batch: store.PopBatch) -> dict[str, Any]:
-    return {
-        "success": True,
-        "queue": batch.queue,
-        "partition": batch.partition,
-        "partitionId": str(batch.partition_id),
-        "leaseId": None if batch.lease_id is None else str(batch.lease_id),
-        "leaseExpiresAt": iso(batch.lease_expires_at),
-        "consumerGroup": batch.group,
-        "messages": [message_to_wire(batch, m) for m in batch.messages],
-        "skipped": skip_to_wire(batch.skipped),
-    }
+def batch_to_wire(batch: store.PopBatch) -> models.PopResponse:
+    return models.PopResponse(
+        success=True, queue=batch.queue, partition=batch.partition,
+        partitionId=str(batch.partition_id),
+        leaseId=None if batch.lease_id is None else str(batch.lease_id),
+        leaseExpiresAt=iso(batch.lease_expires_at), consumerGroup=batch.group,
+        messages=messages_to_wire(batch), skipped=skip_to_wire(batch.skipped))
 
 
-def skip_to_wire(skip: store.Skip | None) -> dict[str, int] | None:
+def skip_to_wire(skip: store.Skip | None) -> models.Skipped | None:
     """Offsets the group never received: retention dropped them before it got there."""
     if skip is None:
         return None
-    return {"fromOffset": skip.from_offset, "toOffset": skip.to_offset, "count": skip.count}
+    return models.Skipped(skip.from_offset, skip.to_offset, skip.count)
 
 
 # -- ack & leases -----------------------------------------------------------------------------
 
 
-def ack_summary(results: list[store.AckResult]) -> dict[str, Any]:
+def ack_summary(results: list[store.AckResult]) -> models.AckSummary:
     """What a pop's acknowledgements did, counted (the client knows which it sent, in order):
     newly applied ones by status, repeats (``alreadyAcked``), refused ones, dead letters, and
     whether a lease was released."""
@@ -440,7 +428,7 @@ def ack_summary(results: list[store.AckResult]) -> dict[str, Any]:
         else:
             out[r.status] += 1
         out["deadLettered"] += r.dead_lettered
-    return out
+    return models.AckSummary(**out)
 
 
 # Queen's words for a refused acknowledgement (its clients read ``error``): one for a lease
@@ -451,27 +439,23 @@ _QUEEN_ACK_STALE = ("transaction is unresolvable, already committed, or acknowle
 
 
 def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
+    """:func:`ack_result` as a dict (a transaction's answer extends it)."""
+    return msgspec.structs.asdict(ack_result(r))
+
+
+def ack_result(r: store.AckResult) -> models.AckResult:
     """One acknowledgement's verdict, as Queen answers it (``success``, ``error``,
     ``leaseReleased``, ``dlq``, ``noop``), with ``code`` and ``detail`` saying precisely why
     a refused one was refused."""
     refused = r.refused
-    return {
-        "index": r.index,
-        "transactionId": r.transaction_id,
-        "partitionId": str(r.partition_id),
-        "status": r.status,
-        "success": refused is None,
-        "error": None if refused is None
-        else _QUEEN_ACK_ERRORS.get(refused.code, _QUEEN_ACK_STALE),
-        "code": None if refused is None else refused.code,
-        "detail": None if refused is None else refused.message,
-        "queueName": r.queue,
-        "partitionName": r.partition,
-        "leaseReleased": r.lease_released,
-        "dlq": r.dead_lettered,
-        "noop": r.already_acked,
-        "alreadyAcked": r.already_acked,
-    }
+    return models.AckResult(
+        index=r.index, transactionId=r.transaction_id, partitionId=str(r.partition_id),
+        status=r.status, success=refused is None,
+        error=None if refused is None else _QUEEN_ACK_ERRORS.get(refused.code, _QUEEN_ACK_STALE),
+        code=None if refused is None else refused.code,  # type: ignore[arg-type]
+        detail=None if refused is None else refused.message,
+        queueName=r.queue, partitionName=r.partition, leaseReleased=r.lease_released,
+        dlq=r.dead_lettered, noop=r.already_acked, alreadyAcked=r.already_acked)
 
 
 async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[store.AckResult]:
@@ -494,13 +478,13 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
 async def ack() -> Response:
     """Always 200 once the body is valid: each acknowledgement says whether it was taken."""
     body = await read_json_object()
-    return _json([ack_to_wire(r) for r in await settle([rules.ack(body, 0)])])
+    return model_response([ack_result(r) for r in await settle([rules.ack(body, 0)])])
 
 
 @log_routes.post("/ack/batch")
 async def ack_batch() -> Response:
     body = await read_json_object()
-    return _json([ack_to_wire(r) for r in await settle(rules.ack_batch(body))])
+    return model_response([ack_result(r) for r in await settle(rules.ack_batch(body))])
 
 
 @log_routes.post("/lease/<lease_id>/extend")
@@ -519,9 +503,10 @@ async def extend_lease(lease_id: str) -> Response:
     expires = iso(renewal.expires_at)
     error = {"lease_expired": "lease expired or was released by an ack or nack",
              "lease_not_found": "no such lease"}.get(renewal.reason or "")
-    return _json({"leaseId": str(lease), "success": renewal.renewed > 0,
-                  "renewed": renewal.renewed, "newExpiresAt": expires, "expiresAt": expires,
-                  "lease_expires_at": expires, "error": error, "code": renewal.reason})
+    return model_response(models.LeaseExtended(
+        leaseId=str(lease), success=renewal.renewed > 0, renewed=renewal.renewed,
+        newExpiresAt=expires, expiresAt=expires, lease_expires_at=expires, error=error,
+        code=renewal.reason))  # type: ignore[arg-type]
 
 
 # -- dead letters -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from .. import __version__
 from ..models import kv as kv_models
 from ..models import locks as lock_models
+from ..models import log as log_models
 from ..models import schema
 from ..models import timers as models
 from ..models import transaction as transaction_models
@@ -99,7 +100,7 @@ _WAIT_REFUSED = {
                          "database_unavailable"),
 }
 _POP_RESPONSES = {
-    "200": _json({"$ref": "#/components/schemas/PopResponse"}, "Messages under a lease"),
+    "200": _json(schema.ref(log_models.PopResponse), "Messages under a lease"),
     "204": {"description": "No message available"},
     **_errors(400), **_WAIT_REFUSED,
 }
@@ -125,22 +126,9 @@ _SETTLE_AND_POP = (
     "sent: messages is empty when nothing was ready; acks counts what the acknowledgements "
     "did; waitRefused says why it did not wait, past a bound on waiting pops.")
 _SETTLE_AND_POP_RESPONSES = {
-    "200": _json({"allOf": [{"$ref": "#/components/schemas/PopResponse"}, {
-        "type": "object", "properties": {
-            "acks": {"type": "object", "description": "what the acknowledgements did",
-                     "properties": {k: {"type": "integer"} for k in (
-                         "count", "completed", "failed", "retry", "dlq", "alreadyAcked",
-                         "refused", "deadLettered")} | {"leaseReleased": {"type": "boolean"}}},
-            "ackRefused": {"type": "array", "items": {"$ref": "#/components/schemas/AckResult"},
-                           "description": "the verdicts of the refused acknowledgements"},
-            "waitRefused": {"type": "object", "description": "the acknowledgements committed "
-                            "but the pop found nothing and could not wait (a bound on "
-                            "waiting pops: the 429 or 503 it would have answered)",
-                            "properties": {
-                                "status": {"type": "integer"}, "error": {"type": "string"},
-                                "message": {"type": "string"},
-                                "limit": {"type": "integer"}}}}}]},
-        "Acknowledgement results, then messages under a lease (possibly none)"),
+    "200": _json(schema.ref(log_models.PopResponse),
+                 "Acknowledgement results (acks, ackRefused, waitRefused), then messages "
+                 "under a lease (possibly none)"),
     **_errors(400), **_WAIT_REFUSED,
 }
 
@@ -359,7 +347,7 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
 
 def _log_paths() -> dict[str, Any]:
     ack_schema = {"$ref": "#/components/schemas/Ack"}
-    ack_results = _json({"type": "array", "items": {"$ref": "#/components/schemas/AckResult"}},
+    ack_results = _json({"type": "array", "items": schema.ref(log_models.AckResult)},
                         "One verdict per acknowledgement, in order")
     settle_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {
@@ -456,7 +444,7 @@ def _log_paths() -> dict[str, Any]:
                         "queue": {"type": "string"}, "partition": {"type": "string"},
                         "payload": {}, "transactionId": {"type": "string"}}}}}}),
             "responses": {
-                "201": _json({"type": "array", "items": {"$ref": "#/components/schemas/Pushed"}},
+                "201": _json({"type": "array", "items": schema.ref(log_models.Pushed)},
                              "One result per item, in order"),
                 **_errors(400, 413),
                 "409": _json(_ERROR, "queue_full: the push would take a queue past its "
@@ -524,14 +512,8 @@ def _log_paths() -> dict[str, Any]:
             "parameters": [_path_param("lease_id", "lease id from a pop")],
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
-            "responses": {"200": _json({"type": "object", "properties": {
-                "leaseId": {"type": "string"}, "success": {"type": "boolean"},
-                "renewed": {"type": "integer"},
-                "newExpiresAt": {"type": ["string", "null"]},
-                "expiresAt": {"type": ["string", "null"]},
-                "lease_expires_at": {"type": ["string", "null"]},
-                "error": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}},
-                "What was renewed"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.LeaseExtended), "What was renewed"),
+                          **_errors(400)},
         }},
         "/api/v1/fetch": {"post": {
             "summary": "Read records by absolute offset: no lease, no cursor (Queen's fetch)",
@@ -1079,64 +1061,7 @@ def _document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
-                **schema.components(),  # timers: declared once in queen_trio/models
-                "Pushed": {"type": "object", "properties": {
-                    "index": {"type": "integer"}, "status": {"enum": ["queued", "duplicate"]},
-                    "transactionId": {"type": "string"}, "partitionId": {"type": "string"},
-                    "queue": {"type": "string"}, "partition": {"type": "string"},
-                    "offset": {"type": ["integer", "null"]},
-                    "message_id": {"type": "string", "description": (
-                        "the message's id, as a pop gives it; for a duplicate, the id of "
-                        "the message that holds the transactionId (also as messageId)")}}},
-                "Message": {"type": "object", "properties": {
-                    "id": {"type": "string"}, "transactionId": {"type": "string"},
-                    "partitionId": {"type": "string"}, "partition": {"type": "string"},
-                    "queue": {"type": "string"}, "offset": {"type": "integer"},
-                    "leaseId": {"type": ["string", "null"]},
-                    "consumerGroup": {"type": "string"}, "data": {},
-                    "createdAt": {"type": "string"}, "retryCount": {"type": "integer"},
-                    "timer": {"type": "object"}}},
-                "PopResponse": {"type": "object", "properties": {
-                    "queue": {"type": "string"},
-                    "partition": {"type": ["string", "null"], "description": "null: no message"},
-                    "partitionId": {"type": ["string", "null"]},
-                    "leaseId": {"type": ["string", "null"]},
-                    "consumerGroup": {"type": "string"},
-                    "messages": {"type": "array",
-                                 "items": {"$ref": "#/components/schemas/Message"}},
-                    "autopilot": {"type": "object", "description": "with autopilot: the "
-                                  "partitions and batch the broker chose"},
-                    "conflation": {"type": "boolean", "description": "true when conflating"},
-                    "partitions": {
-                        "type": "array",
-                        "description": "only when partitions > 1 was asked: the partitions "
-                                       "this pop took, all under the one lease of the pop "
-                                       "(top-level leaseId; the top-level partition is null "
-                                       "when there are several)",
-                        "items": {"type": "object", "properties": {
-                            "partition": {"type": "string"},
-                            "partitionId": {"type": "string"},
-                            "leaseId": {"type": ["string", "null"]},
-                            "leaseExpiresAt": {"type": ["string", "null"]},
-                            "messages": {"type": "integer"},
-                            "skipped": {"oneOf": [
-                                {"type": "null"},
-                                {"$ref": "#/components/schemas/Skipped"}]}}}},
-                    "skipped": {
-                        "oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Skipped"}],
-                        "description": "null, or the offsets this consumer group never "
-                                       "received: retention dropped them before the group "
-                                       "read them, and it resumed at the partition's "
-                                       "log_start (reported once, with the first batch "
-                                       "after the skip; also counted in "
-                                       "queen_messages_skipped_total)"}}},
-                "Skipped": {"type": "object", "required": ["fromOffset", "toOffset", "count"],
-                            "properties": {
-                                "fromOffset": {"type": "integer"},
-                                "toOffset": {"type": "integer", "description": "inclusive"},
-                                "count": {"type": "integer",
-                                          "description": "messages in the range the group "
-                                                         "had not already completed"}}},
+                **schema.components(),  # timers, log answers: declared once in queen_trio/models
                 "PartitionStorage": {
                     "type": "object",
                     "description": "Where a partition's retained messages are stored: the "
@@ -1179,27 +1104,6 @@ def _document() -> dict[str, Any]:
                                                 "retry"]},
                             "consumerGroup": {"type": "string"},
                             "leaseId": {"type": "string"}, "error": {"type": "string"}}},
-                "AckResult": {
-                    "type": "object",
-                    "required": ["index", "transactionId", "success", "error", "leaseReleased",
-                                 "dlq", "noop"],
-                    "properties": {
-                        "index": {"type": "integer"}, "transactionId": {"type": "string"},
-                        "partitionId": {"type": "string"}, "status": {"type": "string"},
-                        "success": {"type": "boolean",
-                                    "description": "false: the broker did not take it"},
-                        "error": {"type": ["string", "null"],
-                                  "description": "Queen's text for a refused one"},
-                        "code": {"enum": [None, "lease_lost", "unresolvable",
-                                          "already_committed", "not_delivered"]},
-                        "detail": {"type": ["string", "null"]},
-                        "queueName": {"type": ["string", "null"]},
-                        "partitionName": {"type": ["string", "null"]},
-                        "leaseReleased": {"type": "boolean"}, "dlq": {"type": "boolean"},
-                        "noop": {"type": "boolean", "description": "a completion at or below "
-                                 "the committed offset: nothing to do"},
-                        "alreadyAcked": {"type": "boolean", "description": "noop, as "
-                                         "earlier versions of this broker named it"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

@@ -13,7 +13,10 @@ from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+import msgspec
+
 from .. import strict_json
+from ..models import log as wire_log
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 from .errors import Conflict, NotFound
@@ -273,11 +276,12 @@ def extend_lease(lease_id: str, seconds: int) -> Call[Any]:
 def _renewed(w: dict[str, Any]) -> Any:
     """The new expiry; a lease that renewed nothing (Queen answers that with 200) raises
     :class:`Conflict` ``lease_expired`` or :class:`NotFound` ``lease_not_found``."""
-    if not w["success"]:
-        code = w.get("code") or "lease_expired"
+    r = msgspec.convert(w, wire_log.LeaseExtended)  # the broker's own model of it
+    if not r.success:
+        code = r.code or "lease_expired"
         cls = NotFound if code == "lease_not_found" else Conflict
-        raise cls(404 if cls is NotFound else 409, code, w.get("error") or code, w)
-    return m.parse_time(w["newExpiresAt"])
+        raise cls(404 if cls is NotFound else 409, code, r.error or code, w)
+    return m.parse_time(r.newExpiresAt)
 
 
 def configure(queue: str, options: dict[str, Any]) -> Call[m.QueueConfig]:

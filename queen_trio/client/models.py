@@ -19,6 +19,7 @@ import zstandard
 
 from ..models import kv as wire_kv
 from ..models import locks as wire_locks
+from ..models import log as wire_log
 from ..models import timers as wire_timers
 from ..models import transaction as wire_transaction
 
@@ -145,8 +146,9 @@ class PushResult:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> PushResult:
-        return cls(PushStatus(w["status"]), w["transactionId"], w["partitionId"], w["queue"],
-                   w["partition"], w.get("offset"), w.get("messageId"))
+        r = msgspec.convert(w, wire_log.Pushed)  # the broker's own model of it
+        return cls(PushStatus(r.status), r.transactionId, r.partitionId, r.queue, r.partition,
+                   r.offset, r.messageId)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -175,11 +177,14 @@ class Message:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> Message:
-        t = w.get("timer")
+        return cls.from_model(msgspec.convert(w, wire_log.Message))
+
+    @classmethod
+    def from_model(cls, r: wire_log.Message) -> Message:
+        t = r.timer or None
         mark = None if t is None else TimerMark(t["key"], parse_time(t.get("deliverAt")))
-        return cls(w["transactionId"], w["partitionId"], w["queue"], w["partition"],
-                   w["offset"], w.get("leaseId"), w["consumerGroup"], w.get("data"),
-                   parse_time(w["createdAt"]), w.get("retryCount", 0), mark, w.get("id"))
+        return cls(r.transactionId, r.partitionId, r.queue, r.partition, r.offset, r.leaseId,
+                   r.consumerGroup, r.data, parse_time(r.createdAt), r.retryCount, mark, r.id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -200,8 +205,12 @@ class Batch:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> Batch:
-        return cls(tuple(Message.from_wire(m) for m in w["messages"]), w["queue"],
-                   w["partition"], w.get("leaseId"), parse_time(w.get("leaseExpiresAt")))
+        return cls.from_model(msgspec.convert(w, wire_log.PopResponse))
+
+    @classmethod
+    def from_model(cls, r: wire_log.PopResponse) -> Batch:
+        return cls(tuple(Message.from_model(m) for m in r.messages), r.queue, r.partition,
+                   r.leaseId, parse_time(r.leaseExpiresAt))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,9 +231,12 @@ class AckResult:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> AckResult:
-        return cls(w["transactionId"], w["partitionId"], AckStatus(w["status"]),
-                   w["leaseReleased"], w["dlq"], w["noop"],
-                   None if w["success"] else w["code"], w.get("detail"))
+        return cls.from_model(msgspec.convert(w, wire_log.AckResult))
+
+    @classmethod
+    def from_model(cls, r: wire_log.AckResult) -> AckResult:
+        return cls(r.transactionId, r.partitionId, AckStatus(r.status), r.leaseReleased, r.dlq,
+                   r.noop, None if r.success else r.code, r.detail)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -240,8 +252,9 @@ class SettledPop:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> SettledPop:
-        return cls(Batch.from_wire(w), w["acks"],
-                   tuple(AckResult.from_wire(r) for r in w.get("ackRefused", ())))
+        r = msgspec.convert(w, wire_log.PopResponse)  # the broker's own model of it
+        return cls(Batch.from_model(r), w["acks"],
+                   tuple(AckResult.from_model(a) for a in r.ackRefused or ()))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

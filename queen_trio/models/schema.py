@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from . import kv, locks, timers, transaction
+from . import kv, locks, log, timers, transaction
 
 REF = "#/components/schemas/{name}"
 # The models whose schemas /openapi.json carries (and the ones they refer to).
@@ -14,7 +14,8 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            timers.TimerResults, timers.TimerRow, timers.TimerFound,
                            timers.TimerMissing, timers.TimerPage, timers.TimerCount,
                            kv.KvResults, kv.KvPreconditionFailed, locks.LockResults,
-                           transaction.TransactionDone)
+                           transaction.TransactionDone,
+                           log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
 
 
 def components() -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """The OpenAPI document's schemas are generated from the wire models (queen_trio/models): each
-answer the broker gives on the timer routes validates against the schema /openapi.json
-declares for it, and a body the schema declares is one the route takes."""
+answer the broker gives on the timer and log routes validates against the schema /openapi.json
+declares for it, a body the schema declares is one the route takes, and the SDK decodes the
+log's answers through the same models."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
 import jsonschema
+import msgspec
 import pytest
+
+from queen_trio.client import models as sdk
 
 from ..timer_ops import timer_op
 
@@ -22,19 +27,21 @@ async def document(http: httpx.AsyncClient) -> dict[str, Any]:
     return r.json()
 
 
-def check(document: dict[str, Any], path: str, method: str, answer: httpx.Response) -> None:
-    """``answer`` validates against the 200 schema ``document`` gives ``method path``, its
-    $refs resolved in the document itself."""
-    assert answer.status_code == 200, answer.text
-    declared = document["paths"][path][method]["responses"]["200"]["content"][
+def check(document: dict[str, Any], path: str, method: str, answer: httpx.Response,
+          status: int = 200) -> None:
+    """``answer`` validates against the ``status`` schema ``document`` gives ``method path``,
+    its $refs resolved in the document itself."""
+    assert answer.status_code == status, answer.text
+    declared = document["paths"][path][method]["responses"][str(status)]["content"][
         "application/json"]["schema"]
     schema = {**declared, "components": document["components"]}
     jsonschema.validate(answer.json(), schema, cls=jsonschema.Draft202012Validator)
 
 
-def refuses(document: dict[str, Any], path: str, method: str, answer: Any) -> bool:
+def refuses(document: dict[str, Any], path: str, method: str, answer: Any,
+            status: int = 200) -> bool:
     try:
-        check(document, path, method, httpx.Response(200, json=answer))
+        check(document, path, method, httpx.Response(status, json=answer), status)
     except jsonschema.ValidationError:
         return True
     return False
@@ -220,3 +227,81 @@ async def test_transaction_answers_validate_against_the_generated_schemas(
     assert refuses(document, path, "post", {**done.json(), "success": "yes"})
     assert refuses(document, path, "post", {k: v for k, v in lost.json().items()
                                             if k != "kvReason"})
+
+
+async def test_log_answers_validate_against_the_generated_schemas(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    items = [{"queue": "wl", "partition": p, "payload": {"n": i, "p": p},
+              "transactionId": f"t-{p}-{i}"} for p in ("a", "b") for i in range(3)]
+    pushed = await http.post(f"{API}/push", json={"items": items})
+    check(document, f"{API}/push", "post", pushed, status=201)
+    again = await http.post(f"{API}/push", json={"items": items[:1]})
+    check(document, f"{API}/push", "post", again, status=201)
+    assert again.json()[0]["status"] == "duplicate"
+    assert again.json()[0]["message_id"] == pushed.json()[0]["messageId"]
+
+    pop_path = f"{API}/pop/queue/{{queue}}"
+    one = await http.get(f"{API}/pop/queue/wl/partition/a",
+                         params={"consumerGroup": "g", "batch": 2})
+    check(document, f"{pop_path}/partition/{{partition}}", "get", one)
+    got = one.json()
+    assert [m["data"] for m in got["messages"]] == [{"n": 0, "p": "a"}, {"n": 1, "p": "a"}]
+
+    several = await http.get(f"{API}/pop/queue/wl", params={
+        "consumerGroup": "h", "partitions": 2, "autopilot": "true"})
+    check(document, pop_path, "get", several)
+    assert len(several.json()["partitions"]) == 2 and "autopilot" in several.json()
+
+    lease = got["leaseId"]
+    extended = await http.post(f"{API}/lease/{lease}/extend", json={"seconds": 30})
+    check(document, f"{API}/lease/{{lease_id}}/extend", "post", extended)
+    assert extended.json()["renewed"] == 1
+    unknown = await http.post(f"{API}/lease/{uuid.uuid4()}/extend", json={})
+    check(document, f"{API}/lease/{{lease_id}}/extend", "post", unknown)
+    assert unknown.json()["code"] == "lease_not_found"
+
+    first, second = got["messages"]
+    acked = await http.post(f"{API}/ack", json={
+        "transactionId": first["transactionId"], "partitionId": first["partitionId"],
+        "leaseId": lease, "consumerGroup": "g", "status": "completed"})
+    check(document, f"{API}/ack", "post", acked)
+    assert acked.json()[0]["success"] is True
+    batch = await http.post(f"{API}/ack/batch", json={"consumerGroup": "g", "acknowledgments": [
+        {"transactionId": first["transactionId"], "partitionId": first["partitionId"],
+         "leaseId": lease, "status": "completed"},
+        {"transactionId": "nope", "partitionId": first["partitionId"], "leaseId": lease,
+         "status": "completed"}]})
+    check(document, f"{API}/ack/batch", "post", batch)
+    assert [r["success"] for r in batch.json()] == [True, False]
+    assert batch.json()[0]["noop"] is True
+
+    settled = await http.post(f"{API}/pop/queue/wl/partition/a", params={
+        "consumerGroup": "g", "batch": 5}, json={"consumerGroup": "g", "acknowledgments": [
+            {"transactionId": second["transactionId"], "partitionId": second["partitionId"],
+             "leaseId": lease, "status": "completed"},
+            {"transactionId": "nope", "partitionId": second["partitionId"], "leaseId": lease,
+             "status": "completed"}]})
+    check(document, f"{pop_path}/partition/{{partition}}", "post", settled)
+    answer = settled.json()
+    assert answer["acks"]["completed"] == 1 and len(answer["ackRefused"]) == 1
+    assert [m["data"]["n"] for m in answer["messages"]] == [2]
+
+    # A broken answer is refused by these schemas.
+    assert refuses(document, f"{API}/push", "post",
+                   [{k: v for k, v in pushed.json()[0].items() if k != "message_id"}],
+                   status=201)
+    broken = {**got, "messages": [{**first, "offset": "1"}]}
+    assert refuses(document, pop_path, "get", broken)
+    assert refuses(document, f"{API}/ack/batch", "post", [{**batch.json()[1], "code": "odd"}])
+    assert refuses(document, f"{API}/lease/{{lease_id}}/extend", "post",
+                   {**extended.json(), "renewed": None})
+
+    # The SDK decodes these answers through the same models, and refuses the broken one.
+    assert sdk.PushResult.from_wire(again.json()[0]).message_id == pushed.json()[0]["messageId"]
+    assert [m.data for m in sdk.Batch.from_wire(got)] == [{"n": 0, "p": "a"}, {"n": 1, "p": "a"}]
+    settled_sdk = sdk.SettledPop.from_wire(answer)
+    assert [r.refused for r in settled_sdk.refused] == ["unresolvable"]
+    assert len(settled_sdk.batch) == 1
+    with pytest.raises(msgspec.ValidationError):
+        sdk.Batch.from_wire(broken)

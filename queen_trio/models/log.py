@@ -1,0 +1,166 @@
+"""Queen's log wire: the answers of push, pop (plain and settle-and-pop), ack, ack/batch and
+lease extend. Fields that are always written (null included) have no default; the few an
+answer carries only sometimes default to UNSET, which msgspec leaves out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+Id = str  # ids travel as strings (a partition's uuid, a lease's uuid)
+
+
+class Pushed(Struct, kw_only=True):
+    """One pushed item's result. Queen v1 spells some fields in snake_case on push results,
+    and its clients read them so: both spellings are written."""
+
+    index: int
+    status: Literal["queued", "duplicate"]
+    transactionId: str
+    partitionId: Id
+    queue: str
+    partition: str
+    offset: Annotated[int | None, Meta(description="null for a duplicate")]
+    messageId: Annotated[str, Meta(description=(
+        "the message's id, as a pop gives it; for a duplicate, the id of the message that "
+        "holds the transactionId"))]
+    message_id: str
+    transaction_id: str
+    partition_id: Id
+    queueName: str
+
+
+class Skipped(Struct):
+    """Offsets a consumer group never received: retention dropped them before it read them."""
+
+    fromOffset: int
+    toOffset: Annotated[int, Meta(description="inclusive")]
+    count: Annotated[int, Meta(description="messages in the range the group had not already "
+                                           "completed")]
+
+
+class Message(Struct, kw_only=True):
+    id: str
+    transactionId: str
+    partitionId: Id
+    partition: str
+    queue: str
+    offset: int
+    leaseId: Id | None
+    consumerGroup: str
+    data: Annotated[Any, Meta(description="the payload pushed")]
+    createdAt: str
+    retryCount: int
+    timer: Annotated[dict[str, Any], Meta(description="a fired timer's key and schedule")] \
+        | UnsetType = UNSET
+
+
+class PopPartition(Struct, kw_only=True):
+    """One partition a multi-partition pop took."""
+
+    partition: str
+    partitionId: Id
+    leaseId: Id | None
+    leaseExpiresAt: str | None
+    messages: Annotated[int, Meta(description="how many of the answer's messages are from it")]
+    skipped: Skipped | None
+
+
+class Autopilot(Struct):
+    """The sizes the broker chose for a pop that left them to it."""
+
+    partitions: int
+    batch: int
+
+
+class AckSummary(Struct, kw_only=True):
+    """What a settle-and-pop's acknowledgements did, counted."""
+
+    count: int
+    completed: int
+    failed: int
+    dlq: int
+    retry: int
+    alreadyAcked: int
+    refused: int
+    deadLettered: int
+    leaseReleased: bool
+
+
+AckCode = Literal["lease_lost", "unresolvable", "already_committed", "not_delivered"]
+
+
+class AckResult(Struct, kw_only=True):
+    """One acknowledgement's verdict, as Queen answers it, with ``code`` and ``detail`` saying
+    precisely why a refused one was refused."""
+
+    index: int
+    transactionId: str
+    partitionId: Id
+    status: str
+    success: Annotated[bool, Meta(description="false: the broker did not take it")]
+    error: Annotated[str | None, Meta(description="Queen's text for a refused one")]
+    code: AckCode | None
+    detail: str | None
+    queueName: str | None
+    partitionName: str | None
+    leaseReleased: bool
+    dlq: bool
+    noop: Annotated[bool, Meta(description="a completion at or below the committed offset: "
+                                           "nothing to do")]
+    alreadyAcked: Annotated[bool, Meta(description="noop, as earlier versions of this broker "
+                                                   "named it")]
+
+
+class WaitRefused(Struct, kw_only=True):
+    """The acknowledgements committed but the pop found nothing and could not wait (a bound
+    on waiting pops: the 429 or 503 it would have answered)."""
+
+    status: int
+    error: str
+    message: str
+    limit: int | UnsetType = UNSET
+
+
+class PopResponse(Struct, kw_only=True):
+    """A pop's answer (a settle-and-pop adds acks, ackRefused and waitRefused)."""
+
+    success: bool
+    queue: str
+    partition: Annotated[str | None, Meta(description="null: no message, or several "
+                                                      "partitions")]
+    partitionId: Id | None
+    leaseId: Id | None
+    leaseExpiresAt: str | None
+    consumerGroup: str
+    messages: list[Message]
+    skipped: Annotated[Skipped | None, Meta(description=(
+        "the offsets this consumer group never received: retention dropped them before the "
+        "group read them, and it resumed at the partition's log_start (reported once, with "
+        "the first batch after the skip; also counted in queen_messages_skipped_total)"))]
+    autopilot: Autopilot | UnsetType = UNSET
+    conflation: Annotated[Literal[True], Meta(description="present when conflating")] \
+        | UnsetType = UNSET
+    partitions: Annotated[list[PopPartition], Meta(description=(
+        "only when partitions > 1 was asked: the partitions this pop took, all under the one "
+        "lease of the pop (top-level leaseId; the top-level partition is null when there are "
+        "several)"))] | UnsetType = UNSET
+    acks: AckSummary | UnsetType = UNSET
+    ackRefused: Annotated[list[AckResult], Meta(description=(
+        "the verdicts of the refused acknowledgements"))] | UnsetType = UNSET
+    waitRefused: WaitRefused | UnsetType = UNSET
+
+
+class LeaseExtended(Struct, kw_only=True):
+    """Queen's answer to a lease extension, 200 whether or not anything was renewed."""
+
+    leaseId: Id
+    success: bool
+    renewed: Annotated[int, Meta(description="the partitions held under the lease that were "
+                                             "extended")]
+    newExpiresAt: str | None
+    expiresAt: str | None
+    lease_expires_at: str | None
+    error: str | None
+    code: Literal["lease_expired", "lease_not_found"] | None
