@@ -921,7 +921,9 @@ def _paused(paths: dict[str, Any]) -> dict[str, Any]:
                     "kv_disabled: a kv rider while an operator has paused KV; "
                     "timers_disabled: a timers rider that schedules while scheduling is "
                     "paused (permanent: not to be retried in a loop; the code is in error and "
-                    "reason, nothing is written); host_not_allowed, cross_origin as anywhere"))
+                    "reason, nothing is written); storage_full: the storage gate (the tenant's "
+                    "stored bytes are at its plan's ceiling); host_not_allowed, cross_origin as "
+                    "anywhere"))
     return paths
 
 
