@@ -10,7 +10,8 @@ from) holds three of them:
 
 Each suite gets its own broker (``python -m queen_trio serve`` from this checkout) on a fresh
 embedded PostgreSQL, so nothing one suite leaves behind is seen by the next (Queen's own
-conftests purge Queen's tables instead). The result, per test PASS / FAIL / SKIP and for each
+conftests purge Queen's tables instead), and with a throwaway ``QUEEN_ENCRYPTION_KEY`` (unless
+one is set) for the suites' encrypted queues. The result, per test PASS / FAIL / SKIP and for each
 failure its first error line, goes to ``bench/results/queen_suites.txt`` (and ``.json``, from
 which the next run lists what changed).
 
@@ -24,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -167,7 +169,8 @@ def report(summary: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"checkout {summary['checkout']}, {summary['finished']}, load average at the start "
         f"{summary['load_at_start']}",
         f"command: {summary['command']}",
-        "each suite: its own broker on a fresh embedded PostgreSQL (default settings)",
+        "each suite: its own broker on a fresh embedded PostgreSQL (default settings, and a "
+        "throwaway QUEEN_ENCRYPTION_KEY)",
         "",
         f"{'suite':<50} {'pass':>5} {'fail':>5} {'skip':>5}  {'run':>4}  time",
     ]
@@ -216,6 +219,9 @@ def main() -> None:
     # The broker subprocesses run this checkout's queen_trio, whatever is installed.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    # Queen's encryption tests assume a broker started with a key (Queen stores plaintext
+    # without one; ours refuses encryptionEnabled instead). A throwaway key per run.
+    os.environ.setdefault("QUEEN_ENCRYPTION_KEY", secrets.token_hex(32))
     wanted = [s for s in SUITES if not args.only or s.key in args.only.split(",")]
     json_path = out.with_suffix(".json")
     previous = json.loads(json_path.read_text()) if json_path.exists() else None
