@@ -37,7 +37,7 @@ import psycopg
 import trio
 
 from .db import Database, Listener, queries
-from .db.transient import TRANSIENT_ERRORS, CountError, backoff_s, survived
+from .db.transient import CountError, refresh_on_notify
 
 log = logging.getLogger(__name__)
 Q = queries.load("switches")
@@ -142,21 +142,10 @@ class RuntimeSwitches:
                 for name, enabled in self._state.items():
                     self._on_change(name, enabled)
             task_status.started()
-            failures = 0
-            while True:
-                with trio.move_on_after(POLL_S):
-                    await changes.receive()  # a switch changed (or MISSED): read now
-                try:
-                    await self.refresh()
-                    failures = 0
-                except TRANSIENT_ERRORS as exc:
-                    # The last values stand; the next poll tries again.
-                    log.warning("runtime switches not refreshed: %s", str(exc).strip())
-                except Exception as exc:
-                    failures += 1
-                    survived(log, "switches", "the refresh of the runtime switches", exc,
-                             self._count_error)
-                    await trio.sleep(backoff_s(failures, POLL_S) - POLL_S)
+            # A switch changed (or MISSED): read now; the last values stand on an error.
+            await refresh_on_notify(changes, self.refresh, period_s=POLL_S, logger=log,
+                                    service="switches", what="the runtime switches",
+                                    count=self._count_error)
 
     async def refresh(self) -> None:
         self.adopt(await self._db.run_statement(read))

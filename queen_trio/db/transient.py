@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import psycopg
 import trio
@@ -86,6 +86,29 @@ def survived(logger: logging.Logger, service: str, what: str, exc: BaseException
                  exc_info=None if answered else exc)
     if count is not None:
         count(service)
+
+
+async def refresh_on_notify(
+    changes: trio.MemoryReceiveChannel[Any], refresh: Callable[[], Awaitable[None]], *,
+    period_s: float, logger: logging.Logger, service: str, what: str,
+    count: CountError | None,
+) -> None:
+    """Call ``refresh`` after each message on ``changes`` (a LISTEN subscription: a NOTIFY, or
+    word that some were missed) and at least every ``period_s``, forever. A transient error
+    keeps the last state until the next try; any other is :func:`survived` and backed off."""
+    failures = 0  # refreshes in a row that failed with something not transient
+    while True:
+        with trio.move_on_after(period_s):
+            await changes.receive()
+        try:
+            await refresh()
+            failures = 0
+        except TRANSIENT_ERRORS as exc:
+            logger.warning("%s not refreshed: %s", what, str(exc).strip())
+        except Exception as exc:
+            failures += 1
+            survived(logger, service, f"the refresh of {what}", exc, count)
+            await trio.sleep(backoff_s(failures, period_s) - period_s)
 
 
 class Shunned:

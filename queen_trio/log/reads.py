@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -101,22 +102,30 @@ def _partition(value: Any, field: str) -> str:
     return value
 
 
-def fetch_request(body: dict[str, Any]) -> FetchRequest:
-    _known_fields(body, ("entries", "maxBytes", "maxWaitMs", "minBytes"), "fetch")
+def _entries(body: dict[str, Any], fields: tuple[str, ...], most: int, per: str
+             ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The body's ``entries``: each an object naming a queue, with only ``fields``; yields
+    each with its path for the error messages."""
     raw = body.get("entries", [])
     if not isinstance(raw, list):
         raise ValidationError("invalid_field", "entries must be an array")
-    if len(raw) > MAX_FETCH_ENTRIES:
-        raise ValidationError("too_many_entries",
-                              f"{len(raw)} entries: at most {MAX_FETCH_ENTRIES} per fetch")
-    entries = []
+    if len(raw) > most:
+        raise ValidationError("too_many_entries", f"{len(raw)} entries: at most {most} {per}")
     for i, e in enumerate(raw):
         where = f"entries[{i}]"
         if not isinstance(e, dict):
             raise ValidationError("invalid_field", f"{where} must be an object")
-        _known_fields(e, ("queue", "partition", "offset", "maxBytes"), where)
+        _known_fields(e, fields, where)
         if not isinstance(e.get("queue"), str) or not e["queue"]:
             raise ValidationError("missing_field", f"{where}.queue is required")
+        yield where, e
+
+
+def fetch_request(body: dict[str, Any]) -> FetchRequest:
+    _known_fields(body, ("entries", "maxBytes", "maxWaitMs", "minBytes"), "fetch")
+    entries = []
+    for where, e in _entries(body, ("queue", "partition", "offset", "maxBytes"),
+                             MAX_FETCH_ENTRIES, "per fetch"):
         if "offset" not in e:
             raise ValidationError("missing_field", f"{where}.offset is required (the bounds "
                                                    "are in every answer: highWatermark, "
@@ -146,20 +155,9 @@ class ChangedEntry:
 
 def changed_request(body: dict[str, Any]) -> list[ChangedEntry]:
     _known_fields(body, ("entries",), "partitions/changed")
-    raw = body.get("entries", [])
-    if not isinstance(raw, list):
-        raise ValidationError("invalid_field", "entries must be an array")
-    if len(raw) > MAX_CHANGED_ENTRIES:
-        raise ValidationError("too_many_entries", f"{len(raw)} entries: at most "
-                                                  f"{MAX_CHANGED_ENTRIES} per call")
     out = []
-    for i, e in enumerate(raw):
-        where = f"entries[{i}]"
-        if not isinstance(e, dict):
-            raise ValidationError("invalid_field", f"{where} must be an object")
-        _known_fields(e, ("queue", "since", "after", "limit"), where)
-        if not isinstance(e.get("queue"), str) or not e["queue"]:
-            raise ValidationError("missing_field", f"{where}.queue is required")
+    for where, e in _entries(body, ("queue", "since", "after", "limit"), MAX_CHANGED_ENTRIES,
+                             "per call"):
         since = e.get("since")
         after = e.get("after")
         if after is not None and not isinstance(after, str):

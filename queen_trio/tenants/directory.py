@@ -18,7 +18,7 @@ import time
 import trio
 
 from ..db import Database, Listener
-from ..db.transient import TRANSIENT_ERRORS, CountError, backoff_s, survived
+from ..db.transient import CountError, refresh_on_notify
 from . import store, tokens
 from .failures import FailedAuthLimiter
 from .store import PLANS_CHANNEL, Plan
@@ -67,23 +67,11 @@ class TenantDirectory:
         await self.refresh()
         with listener.subscribe(PLANS_CHANNEL) as changes:
             task_status.started()
-            failures = 0  # refreshes in a row that failed with something not transient
-            while True:
-                with trio.move_on_after(_REFRESH_S):
-                    await changes.receive()  # a plan changed (or MISSED): reload now
-                try:
-                    await self.refresh()
-                    failures = 0
-                except TRANSIENT_ERRORS as exc:
-                    # Keep serving with the plans we have; the next second tries again.
-                    log.warning("tenant plans not refreshed: %s", str(exc).strip())
-                except Exception as exc:
-                    # The same, after a back-off: a tenant row we cannot load never stops the
-                    # broker.
-                    failures += 1
-                    survived(log, "tenants", "the refresh of tenant plans and usage", exc,
-                             self._count_error)
-                    await trio.sleep(backoff_s(failures, _REFRESH_S) - _REFRESH_S)
+            # A plan changed (or MISSED): reload now. On an error the broker keeps serving with
+            # the plans it has: a tenant row it cannot load never stops it.
+            await refresh_on_notify(changes, self.refresh, period_s=_REFRESH_S, logger=log,
+                                    service="tenants", what="tenant plans and usage",
+                                    count=self._count_error)
 
     async def refresh(self) -> None:
         plans = await self._db.run(store.fold_usage_and_load_plans)
