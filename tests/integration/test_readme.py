@@ -63,6 +63,32 @@ def test_the_readme_has_blocks_to_run() -> None:
     assert len(blocks("text")) <= 3
 
 
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's ids for a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    text = _FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_links_between_the_pages_resolve() -> None:
+    """Every relative link of the README and the docs/ pages names a file that exists, and
+    every #fragment a heading of that file: the reference moved, the links must follow."""
+    broken = []
+    for page in PAGES:
+        for target in _LINK.findall(_FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (fragment and file.suffix == ".md"
+                                     and fragment not in _anchors(file)):
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken
+
+
 def test_the_quick_start_fires_a_timer_into_consume_on_its_first_screen() -> None:
     """A newcomer reading from the top meets, within a screenful of "## Quick start", a block
     that schedules a timer and receives it with consume(), after the command that starts the
