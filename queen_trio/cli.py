@@ -38,11 +38,17 @@ Prints the database it works on as one line on stderr. exit codes:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _EPILOG = """\
-configuration comes from QUEEN_* environment variables (see README.md). The most used:
+configuration comes from QUEEN_* environment variables; a bad value is refused at start-up
+in one line naming it. The most used:
   QUEEN_DATABASE_URL  libpq URL of an existing PostgreSQL; unset = embedded server
   QUEEN_DATA_DIR      where the embedded server keeps its data (default ./.queen)
   QUEEN_HOST/PORT     HTTP bind address (default 127.0.0.1:6632)
   QUEEN_WORKERS       broker processes sharing that address (default 1)
+  QUEEN_AUTH          on: every request needs a tenant's bearer token (queen-trio tenants)
+  QUEEN_ALLOW_OPEN    1: allow a non-loopback QUEEN_HOST with QUEEN_AUTH off
+
+each command has its own help: queen-trio COMMAND --help (queen-trio pop --help…); a running
+broker describes its HTTP API at /openapi.json and shows a dashboard at /ui.
 
 examples:
   queen-trio serve                      start on an embedded PostgreSQL
@@ -50,6 +56,10 @@ examples:
   queen-trio timers schedule reminders trial-ending:42 --delay 72h --payload '{"id": 42}'
   queen-trio timers cancel reminders trial-ending:42
   queen-trio switches pause timers-fire     pause firing timers on every broker (resume: same)
+  queen-trio pop orders --batch 2           then: queen-trio ack TXN PARTITION_ID LEASE_ID
+
+client commands print tables or `field  value` lines (none shown as -); --json prints one
+JSON document instead.
 """
 
 
@@ -115,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
     plan.add_argument("--requests-per-second", type=int, metavar="N",
                       help="request-rate quota per broker; -1 removes the quota")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_switches(commands)
     cli_client.add_commands(commands)  # timers, push, pop, dlq, kv: talk to a running broker
     return parser
@@ -328,7 +339,8 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
                     set_stored=args.max_stored_bytes is not None,
                     set_rate=args.requests_per_second is not None,
                 )
-                print(json.dumps({k: v for k, v in changed.items() if k != "tenant_id"}))
+                cli_client.Output(args.json).record(
+                    {k: v for k, v in changed.items() if k != "tenant_id"})
     except ClientError as exc:
         print(f"queen-trio: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_REFUSED
