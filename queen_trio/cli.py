@@ -196,11 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_USAGE
     quiet = args.command in ("tenants", "switches") and "QUEEN_LOG_LEVEL" not in os.environ
-    logging.basicConfig(
-        level=logging.WARNING if quiet else settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING if quiet else settings.log_level,
+                        handlers=[handler])
     try:
         if args.command == "migrate":
             return _with_database(settings, _migrate)
@@ -290,6 +289,9 @@ def _migrate(settings: Settings) -> int:
     assert settings.database_url is not None
     try:
         applied = apply_migrations(settings.database_conninfo())
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_FAILURE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -347,6 +349,9 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
     except psycopg.errors.CheckViolation:
         print("queen-trio: a plan value is out of range (see --help)", file=sys.stderr)
         return EXIT_USAGE
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_UNREACHABLE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -376,6 +381,9 @@ def _switches(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 state = switches.set_switches(
                     raw, dict.fromkeys(args.names, action == "resume"))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_UNREACHABLE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -429,12 +437,25 @@ class _StopRequests:
 
 def _bind_first(settings: Settings) -> socket.socket | None:
     """The listening socket, bound before anything else starts (None: a socket was passed in,
-    QUEEN_LISTEN_FD)."""
+    QUEEN_LISTEN_FD). Refused when it is reachable from other machines with auth off, unless
+    QUEEN_ALLOW_OPEN=1 says that is meant."""
     if settings.listen_fd is not None:
         return None
+    import ipaddress
+
     from .workers import bind
 
-    return bind(settings)
+    sock = bind(settings)
+    address = sock.getsockname()[0]
+    if not (settings.auth or settings.allow_open
+            or ipaddress.ip_address(address.split("%")[0]).is_loopback):
+        sock.close()
+        raise ListenError(
+            f"refusing to serve {settings.host}:{settings.port} with QUEEN_AUTH off: anyone "
+            "who reaches it could read and write every queue; set QUEEN_AUTH=on (tokens: "
+            "queen-trio tenants), bind QUEEN_HOST=127.0.0.1, or set QUEEN_ALLOW_OPEN=1 if an "
+            "open broker is meant (a private network, a proxy that authenticates)")
+    return sock
 
 
 def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | None) -> int:
@@ -453,6 +474,9 @@ def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | N
         settings = dataclasses.replace(settings, listen_fd=listening.detach())
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_FAILURE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -467,6 +491,11 @@ def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | N
         if unreachable is not None and rest is None:
             print(_unreachable(_first_leaf(unreachable)), file=sys.stderr)
             return EXIT_FAILURE
+        # A role that may not create the schema (the migrations run first thing).
+        refused, rest = group.split(psycopg.errors.InsufficientPrivilege)
+        if refused is not None and rest is None:
+            print(_not_allowed(_first_leaf(refused), settings), file=sys.stderr)
+            return EXIT_FAILURE
         raise
     except ListenError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
@@ -479,10 +508,36 @@ def _unreachable(exc: BaseException) -> str:
     lines of their own)."""
     import psycopg
 
-    text = " ".join(line.strip() for line in str(exc).strip().splitlines())
+    text = one_line(str(exc))
     if isinstance(exc, psycopg.errors.ConnectionTimeout):
         text += " (a host took longer than QUEEN_DB_CONNECT_TIMEOUT_S to answer)"
     return f"queen-trio: cannot reach the database: {text}"
+
+
+def _not_allowed(exc: BaseException, settings: Settings) -> str:
+    """One line for a role that lacks a privilege the migrations need: the broker creates its
+    ``queen`` schema itself, so its role needs CREATE on the database (once, at the first
+    migration; owning the schema after that)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(settings.database_conninfo()) if settings.database_url else {}
+    role, db = info.get("user") or "this role", info.get("dbname") or "the database"
+    return (f"queen-trio: the database refused role {role}: {one_line(str(exc))}; it needs "
+            f"CREATE on database {db} to make the queen schema and its tables (GRANT CREATE ON "
+            f"DATABASE {db} TO {role}; or run `queen-trio migrate` once as the owner)")
+
+
+def one_line(text: str) -> str:
+    """libpq's multi-line messages (one line per host tried, DETAIL/HINT lines) as one."""
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+class OneLineFormatter(logging.Formatter):
+    """Log records stay one line each (a libpq message inside one would spill over several);
+    tracebacks, when logged, still follow on lines of their own."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return one_line(super().formatMessage(record))
 
 
 def _first_leaf(error: BaseException) -> BaseException:
