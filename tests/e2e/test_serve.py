@@ -120,7 +120,8 @@ def test_serve_with_a_database_url_touches_no_embedded_server(
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("QUEEN_PORT", "http"), ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-1"), ("QUEEN_AUTH", "maybe")],
+    [("QUEEN_PORT", "http"), ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-1"), ("QUEEN_AUTH", "maybe"),
+     ("QUEEN_ALLOW_OPEN", "yes")],
 )
 def test_a_bad_setting_stops_start_up_with_one_line(variable: str, value: str) -> None:
     result = subprocess.run(
