@@ -115,8 +115,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
             how.add_argument("--dlq", action="store_true", help="dead-letter it now")
 
     configure = command(commands, "configure",
-                        "create a queue or set its options (options not given take the "
-                        "broker's defaults, as Queen's configure does); prints them all")
+                        "create a queue or change its options (on an existing queue, options "
+                        "not given keep their values; on a new one, the defaults); prints them "
+                        "all")
     configure.add_argument("queue")
     for flag, what in (("--lease-time", "how long a pop's lease lasts, e.g. 5m (default 300s)"),
                        ("--delayed-processing", "hold each message back this long after its "
@@ -252,20 +253,41 @@ def _settle(queen: Any, args: argparse.Namespace, out: Output) -> int:
     return out.record(queen.ack(message, status, error=getattr(args, "error", None)))
 
 
+# The SDK's configure keywords, by the wire name the broker echoes each option under.
+_OPTIONS = {"leaseTime": "lease_time", "delayedProcessing": "delayed_processing",
+            "retentionSeconds": "retention", "completedRetentionSeconds": "completed_retention",
+            "ttl": "ttl", "maxWaitTimeSeconds": "max_wait", "retryDelay": "retry_delay",
+            "retryLimit": "retry_limit", "maxSize": "max_size",
+            "deadLetterQueue": "dead_letter_queue", "retentionEnabled": "retention_enabled",
+            "retainUntilConsumed": "retain_until_consumed"}
+
+
 def _configure(queen: Any, args: argparse.Namespace, out: Output) -> int:
     def flag(value: str | None) -> bool | None:
         return None if value is None else value == "on"
 
-    return out.record(queen.configure(
-        args.queue, lease_time=_seconds(args.lease_time),
-        delayed_processing=_seconds(args.delayed_processing),
-        retention=_seconds(args.retention), completed_retention=_seconds(args.completed_retention),
-        ttl=_seconds(args.ttl), max_wait=_seconds(args.max_wait),
-        retry_delay=None if args.retry_delay is None else _duration(args.retry_delay),
-        retry_limit=args.retry_limit, max_size=args.max_size,
-        dead_letter_queue=flag(args.dead_letter_queue),
-        retention_enabled=flag(args.retention_enabled),
-        retain_until_consumed=flag(args.retain_until_consumed)))
+    given = {
+        "lease_time": _seconds(args.lease_time),
+        "delayed_processing": _seconds(args.delayed_processing),
+        "retention": _seconds(args.retention),
+        "completed_retention": _seconds(args.completed_retention),
+        "ttl": _seconds(args.ttl), "max_wait": _seconds(args.max_wait),
+        "retry_delay": None if args.retry_delay is None else _duration(args.retry_delay),
+        "retry_limit": args.retry_limit, "max_size": args.max_size,
+        "dead_letter_queue": flag(args.dead_letter_queue),
+        "retention_enabled": flag(args.retention_enabled),
+        "retain_until_consumed": flag(args.retain_until_consumed)}
+    # The broker's configure sets every option (those not sent take the defaults, as Queen's
+    # does); on the command line an option not given keeps the queue's current value.
+    current = next((q["options"] for q in queen.queues() if q["name"] == args.queue), None)
+    if current is not None:
+        if current.get("encryptionEnabled") or current.get("windowBuffer"):
+            raise ValueError(f"{args.queue!r} has encryptionEnabled or windowBuffer set, which "
+                             "this command cannot carry over: configure it through the API")
+        for wire, keyword in _OPTIONS.items():
+            if given[keyword] is None and wire in current:
+                given[keyword] = current[wire]
+    return out.record(queen.configure(args.queue, **given))
 
 
 def _queues(queen: Any, args: argparse.Namespace, out: Output) -> int:

@@ -133,8 +133,14 @@ async def test_configure_and_queues(qt: Cli) -> None:
     assert code == 0 and (r["queue"], r["lease_time_s"], r["retry_limit"],
                           r["delayed_processing_s"], r["retry_delay_ms"],
                           r["dead_letter_queue"]) == ("mail", 300, 7, 30, 250, False)
-    code, out, _ = await qt("configure", "mail", "--lease-time", "1.5m")
-    assert code == 2 or code == 4
+    code, _, err = await qt("configure", "mail", "--lease-time", "1.5m")
+    assert code == 2 and "1.5m" in err
+    # Options not given keep their values.
+    code, r = await qt.json("configure", "mail", "--retry-limit", "2")
+    assert code == 0 and (r["lease_time_s"], r["retry_limit"], r["delayed_processing_s"],
+                          r["retry_delay_ms"], r["dead_letter_queue"]) == (300, 2, 30, 250,
+                                                                           False)
+    await qt("configure", "mail", "--retry-limit", "7")
     for n in range(4):
         await qt("push", "inbox", str(n))
     code, _, _ = await qt("pop", "inbox", "--batch", "1", "--auto-ack")
