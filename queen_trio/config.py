@@ -28,6 +28,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 6632
     auth: bool = False
+    # QUEEN_ALLOW_OPEN=1: serve a non-loopback address with auth off (refused otherwise).
+    allow_open: bool = False
     # Host names (besides localhost names, IP addresses and QUEEN_HOST) the broker answers to
     # when auth is off, or whenever this is set; "*": any (see queen_trio/api/origin.py).
     allowed_hosts: tuple[str, ...] = ()
@@ -199,6 +201,10 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     if auth_raw not in ("on", "off"):
         raise ConfigError("QUEEN_AUTH", env["QUEEN_AUTH"], "'on' or 'off'")
 
+    open_raw = env.get("QUEEN_ALLOW_OPEN", "").strip().lower() or "0"
+    if open_raw not in ("0", "1"):
+        raise ConfigError("QUEEN_ALLOW_OPEN", env["QUEEN_ALLOW_OPEN"], "1 or 0")
+
     operator = env.get("QUEEN_OPERATOR_TENANT", "").strip() or None
     if operator is not None:
         from .tenants.store import check_name  # psycopg is heavy: only when it is set
@@ -262,6 +268,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         host=host,
         port=_int(env, "QUEEN_PORT", 6632, lo=0, hi=65535),
         auth=auth_raw == "on",
+        allow_open=open_raw == "1",
         allowed_hosts=_allowed_hosts(env),
         operator_tenant=operator,
         auth_failures_per_s=_int(env, "QUEEN_AUTH_FAILURES_PER_S", 10, lo=1, hi=1_000_000),
