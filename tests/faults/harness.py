@@ -100,7 +100,7 @@ class PgProxy:
     @property
     def url(self) -> str:
         assert self.port is not None, "the proxy is not running"
-        return make_conninfo(**{**self._params, "host": "127.0.0.1", "port": str(self.port)})
+        return make_conninfo("", **{**self._params, "host": "127.0.0.1", "port": str(self.port)})
 
     async def run(self, *, task_status: trio.TaskStatus[PgProxy] = trio.TASK_STATUS_IGNORED):
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")

@@ -58,7 +58,7 @@ def secure(databases: Databases, tenants_db: tuple[str, dict[str, str]]
     url, tokens = tenants_db
     # The server trusts local connections, so the password is never used; the broker must
     # still never print it.
-    with_password = make_conninfo(**{**conninfo_to_dict(url), "password": DB_PASSWORD})
+    with_password = make_conninfo("", **{**conninfo_to_dict(url), "password": DB_PASSWORD})
     # The brute-force timing test measures the database lookups of wrong tokens: the limit on
     # failed lookups (tests/hostile/test_auth_flood.py) is lifted here.
     env = {"QUEEN_AUTH": "on", "QUEEN_LOG_LEVEL": "DEBUG", "QUEEN_OPERATOR_TENANT": "operators",

@@ -14,7 +14,7 @@ import trio
 from .test_log import API, ack, configure, pop, push
 
 
-async def pop_all(http: httpx.AsyncClient, queue: str, **params: object) -> list[dict]:
+async def pop_all(http: httpx.AsyncClient, queue: str, **params: Any) -> list[dict]:
     """Pop (autoAck) until empty: the payloads the group gets."""
     got: list[dict] = []
     while (answer := await pop(http, queue, batch=100, autoAck=True, **params)) is not None:
