@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import httpx
@@ -69,7 +69,7 @@ def secure(databases: Databases, tenants_db: tuple[str, dict[str, str]]
 
 
 def _broker_on(databases: Databases, url: str, env: dict[str, str]
-               ) -> Iterator[BrokerProcess]:
+               ) -> Generator[BrokerProcess]:
     broker = BrokerProcess(url, name="secure", env=env).start()
     try:
         deadline = time.monotonic() + 30

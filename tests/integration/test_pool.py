@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -18,7 +19,7 @@ def _admin(url: str) -> psycopg.Connection:
 
 
 @pytest.fixture
-async def db(database_url: str):
+async def db(database_url: str) -> AsyncIterator[Database]:
     async with Database(database_url, max_size=3) as database:
         async with database.connection() as conn:
             await conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")

@@ -268,6 +268,7 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
             async def parked_pop() -> None:
                 answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "15000"})
 
+            assert settings.database_url is not None
             with connect(settings.database_url) as holder:
                 nursery.start_soon(parked_pop)
                 await trio.sleep(0.1)
@@ -316,6 +317,7 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
             q = "/api/v1/pop/queue/q"
             await _give_the_group_a_cursor(http, q)
             leaving = trio.CancelScope()
+            assert settings.database_url is not None
             with connect(settings.database_url) as holder:
 
                 async def parked_pop() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from queen_trio.db.rows import DictConnection
+from queen_trio.db.rows import DictConnection, one
 from queen_trio.log import housekeeping
 from queen_trio.log import store as log_store
 from queen_trio.log.housekeeping import SealPolicy
@@ -46,8 +46,8 @@ def general_pop(conn: DictConnection, tenant: int, req: PopRequest) -> log_store
 
 
 def cursor(conn: DictConnection) -> dict[str, Any]:
-    return conn.execute("SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to "
-                        "FROM queen.cursors WHERE consumer_group = %s", (GROUP,)).fetchone()
+    return one(conn.execute("SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to "
+                        "FROM queen.cursors WHERE consumer_group = %s", (GROUP,)))
 
 
 def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) -> None:

@@ -111,7 +111,7 @@ async def push(http: httpx.AsyncClient, queue: str, payloads: list[Any], **item:
     return r.json()
 
 
-async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> dict | None:
+async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> Any:  # None on 204
     r = await http.get(f"{API}/pop/queue/{queue}",
                        params={k: str(v).lower() if isinstance(v, bool) else v
                                for k, v in params.items()})

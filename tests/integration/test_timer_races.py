@@ -88,7 +88,7 @@ def fire(conn: DictConnection, token: uuid.UUID, rows: list[store.Claimed]) -> s
 
 
 def claim(conn: DictConnection, token: uuid.UUID, lease_ms: int, batch: int = 1000,
-          broker: str = "test") -> store.ClaimResult:
+          broker: str = "test") -> store.SweepResult:
     with conn.transaction():
         return store.claim(conn, token, broker, batch, lease_ms)
 
@@ -229,6 +229,7 @@ def test_a_locked_row_answers_too_late_at_once_and_never_blocks(
         if how == "fire_uncommitted":
             # The claim itself was committed and is still live: too_late until released.
             assert after == "too_late"
+            assert token is not None
             with a.transaction():
                 assert store.release(a, token) == 1
             with b.transaction():
