@@ -6,6 +6,7 @@ hold on a loaded machine."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -81,6 +82,11 @@ async def test_an_exhausted_pool_answers_503_with_retry_after(settings: Settings
             assert "stayed busy" in body["message"]
             # The connection is back: the same request is served.
             assert (await http.get("/api/v1/resources/queues")).status_code == 200
+            # Operators see it (background work may have been refused meanwhile too).
+            metrics = (await http.get("/metrics")).text
+            exhausted = re.search(r"^queen_db_pool_exhausted_total (\S+)$", metrics, re.M)
+            assert exhausted is not None and float(exhausted[1]) >= 1, metrics[:2000]
+            assert 'queen_db_pool_closed_total{reason="idle"}' in metrics
         broker.shutdown()
 
 
