@@ -325,5 +325,5 @@ def test_serve_help_lists_every_setting_with_its_default() -> None:
     text = serve.format_help()
     for d in declared():
         assert d.env in text
-    assert "QUEEN_SWEEPER_BATCH (default: 500)" in text
-    assert "QUEEN_POP_COMMIT (default: async)" in text
+    assert "QUEEN_SWEEPER_BATCH (default: 500; 1 … 100000)" in text
+    assert "QUEEN_POP_COMMIT (default: async; async, sync)" in text
