@@ -29,7 +29,7 @@ never as lost.
 QUEEN_SWEEPER_MIN_SLEEP_MS in {1, 5, 10, 25} x QUEEN_SWEEPER_BATCH in {100, 500, 2000}.
 
 Writes bench/results/fire_lag.json (merged: a scenario run replaces only its own entry),
-fire_lag_explore.json, the PNG plots, and the generated section of bench/README.md.
+fire_lag_explore.json, the PNG plots, and the generated section of docs/performance.md.
 
     pip install -e '.[bench]'                  # procrastinate + matplotlib (optional)
     python -m bench.fire_lag                   # everything (about 12 minutes here)
@@ -679,7 +679,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "embedded PostgreSQL)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-readme", action="store_true",
-                        help="do not rewrite the generated section of bench/README.md")
+                        help="do not rewrite the generated section of docs/performance.md")
     parser.add_argument("--readme-only", action="store_true",
                         help="redraw plots and the README section from the JSON files")
     return parser.parse_args(argv)

@@ -186,7 +186,7 @@ class Settings:
         None, _database_url, default_text="unset: embedded PostgreSQL",
         allowed="a libpq URL or `key=value` conninfo",
         help="libpq URL (or `key=value` conninfo) of the database; may name several hosts "
-        "(see the README, \"Running it highly available\")")
+        "(see [high-availability.md](high-availability.md))")
     data_dir: Path = value(
         Path(".queen"), lambda text: Path(text.strip()), default_text="`./.queen`",
         allowed="a directory",
@@ -250,7 +250,8 @@ class Settings:
         "it passes the body limit, chunked or not")
     # Each worker is a whole broker with its own nursery.
     workers: int = integer(1, lo=1, hi=64,
-                           help="broker processes sharing the HTTP port (`queen-trio serve`)")
+                           help="broker processes sharing the HTTP port (see "
+                           "[operations.md](operations.md#several-broker-processes-queen_workers))")
     listen_fd: int | None = optional_integer(
         lo=0, hi=1_000_000, default_text="unset",
         help="the listening socket a worker inherits from `queen-trio serve` (or from a "
@@ -260,13 +261,14 @@ class Settings:
         "async", {"async": False, "sync": True}, env="QUEEN_POP_COMMIT",
         help="`async`: a pop's commit (its lease or its cursor move) does not wait for the WAL "
         "flush (a database crash can forget the last moments of pops, which only re-delivers "
-        "those messages); `sync`: as the server is configured")
+        "those messages; see [operations.md](operations.md#what-a-commit-waits-for)); `sync`: "
+        "as the server is configured")
     # queen.pop_head_after in schema/functions/log.sql.
     pop_fire_wait_ms: int = integer(
         10, lo=0, hi=50,
         help="how long past a timer's due instant a parked pop told of its fire waits for it "
         "inside PostgreSQL; `0` also stops the sweeper handing fired frames to parked pops "
-        "(README, \"How a timer fires\")")
+        "(see [internals.md](internals.md#how-a-timer-fires))")
     longpoll_max_parked: int = integer(
         10_000, lo=0, hi=1_000_000,
         help="pops waiting for messages at once on this broker (each holds its connection and "
@@ -308,8 +310,8 @@ class Settings:
         "transaction push (a plan's `--max-message-bytes` may lower it per tenant; over it: "
         "413). Queen has no per-message cap of its own; 16 MiB lets a Queen user push what "
         "Queen takes. The HTTP body limit follows it (4 × this, at least 8 MiB: 64 MiB by "
-        "default). What a 16 MiB message costs the broker's memory: RELIABILITY.md, \"Large "
-        "messages\"")
+        "default). What a 16 MiB message costs the broker's memory: "
+        "[RELIABILITY.md](../RELIABILITY.md), \"Large messages\"")
     # Log housekeeping: sealing the head into segments, retention.
     housekeeping_interval_ms: int = integer(
         1000, lo=10, hi=3_600_000,
@@ -337,13 +339,14 @@ class Settings:
         "the AES-256-GCM key that seals the payloads of queues configured with "
         "`encryptionEnabled`. Unset: such queues cannot be configured (400), and pushes to one "
         "already configured are refused (409 `encryption_unavailable`), never stored in "
-        "clear. Every broker of a database needs the same keys")
+        "clear. Any other value stops start-up with one line naming the setting (the value is "
+        "not echoed). Every broker of a database needs the same keys")
     encryption_old_keys: tuple[bytes, ...] = value(
         (), _old_keys, default_text="unset", secret=True,
         allowed="keys of 64 hexadecimal digits, separated by commas",
         help="earlier keys, same format, separated by commas: they only open payloads sealed "
-        "under them (key rotation, see the README's \"Encryption at rest\"); only beside "
-        "`QUEEN_ENCRYPTION_KEY`")
+        "under them (key rotation, see [operations.md](operations.md#encryption-at-rest)); only "
+        "beside `QUEEN_ENCRYPTION_KEY`")
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
@@ -427,7 +430,11 @@ def load_settings(env: Mapping[str, str]) -> Settings:
 
 
 def _plain(text: str) -> str:
-    return text.replace("`", "")
+    """Markdown to terminal text: no backquotes, a link as its text."""
+    def link(m: re.Match[str]) -> str:  # docs/configuration.md's links are relative to docs/
+        return m[1] if m[2].startswith("../") else f"docs/{m[1]}"
+
+    return re.sub(r"\[([^\]]*)\]\(([^)]*)\)", link, text).replace("`", "")
 
 
 def help_text() -> str:
@@ -448,8 +455,11 @@ REFERENCE_HEADER = """\
      `python -m queen_trio.config > docs/configuration.md`; tests/unit/test_config.py checks
      that this file matches them. Edit the declarations, not this file. -->
 
-All settings are environment variables; unset or blank, a setting takes its default. A bad
-value stops start-up with one line naming the variable (exit code 2).
+All settings are environment variables, read when the broker starts; unset or blank, a
+setting takes its default. A bad value stops start-up with one line naming the variable (exit
+code 2). `queen-trio serve --help` lists them too. How several processes share a port
+(`QUEEN_WORKERS`) and what a commit waits for (`QUEEN_POP_COMMIT`) are explained in
+[operations.md](operations.md).
 
 | variable | default | allowed | meaning |
 |---|---|---|---|

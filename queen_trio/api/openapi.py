@@ -430,7 +430,7 @@ def _log_paths() -> dict[str, Any]:
                                            "applied"},
                 "ignored": {"type": "array", "items": {"type": "string"},
                             "description": "options sent that have no effect here (see "
-                                           "README, Compatibility with Queen)"},
+                                           "docs/http-api.md, Queue options)"},
                 "unknown": {"type": "array", "items": {"type": "string"}}}},
                 "Configured"), **_errors(400)},
         }},
