@@ -242,19 +242,15 @@ class Database:
     async def _acquire(self) -> Connection:
         if self._closed:
             raise DatabaseUnavailable("the connection pool is closed")
-        self._waiting += 1
-        got = False
+        # What Semaphore.acquire does (a checkpoint either way), with a cancel scope bounding
+        # the wait only when there is one: a scope per call costs more than the rest of it.
+        await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            with trio.move_on_after(self._acquire_timeout_s):
-                await self._slots.acquire()
-                got = True
-            if not got:
-                self._exhausted += 1
-                raise PoolExhausted(
-                    f"all {self.max_size} database connections stayed busy for "
-                    f"{self._acquire_timeout_s:g} s; retry")
-        finally:
-            self._waiting -= 1
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._wait_for_a_slot()
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
             self._close_idle()
             while self._idle:
@@ -278,6 +274,18 @@ class Database:
             raise
         self._in_use += 1
         return conn
+
+    async def _wait_for_a_slot(self) -> None:
+        self._waiting += 1
+        try:
+            with trio.move_on_after(self._acquire_timeout_s):
+                await self._slots.acquire()
+                return
+        finally:
+            self._waiting -= 1
+        self._exhausted += 1
+        raise PoolExhausted(f"all {self.max_size} database connections stayed busy for "
+                            f"{self._acquire_timeout_s:g} s; retry")
 
     async def _release(self, conn: Connection) -> None:
         self._in_use -= 1
