@@ -561,7 +561,7 @@ async def ours_unit(unit: str, party: str, urls: list[str], pids: list[int], cpu
     clients = [LeanClient(url, timeout=REQUEST_TIMEOUT_S) for url in urls]
     try:
         apis = [Api(client, failures) for client in clients]
-        ctx = Ctx(apis[0], failures, cpu, uuid.uuid4().hex[:8], False)  # type: ignore[arg-type]
+        ctx = Ctx(apis[0], failures, cpu, uuid.uuid4().hex[:8], False)
         async with trio.open_nursery() as nursery:
             for pid in pids:
                 nursery.start_soon(watchdog, ctx, pid)

@@ -258,7 +258,7 @@ def recommend(grid: list[dict[str, Any]]) -> list[str]:
     """MIN_SLEEP: lowest idle metric p99 averaged over the batches; BATCH: highest burst drain
     averaged over the MIN_SLEEPs. Differences under 10 % are within this VM's noise, so the
     current default (10 / 500) stays unless another value beats it by more."""
-    def mean(values: list[float]) -> float | None:
+    def mean(values: list[Any]) -> float | None:
         values = [v for v in values if isinstance(v, int | float)]
         return sum(values) / len(values) if values else None
 

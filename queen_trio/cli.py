@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__, cli_client
-from .config import Settings, load_settings
+from .config import Settings, help_text, load_settings
 from .errors import ConfigError, ListenError, QueenError
 
 log = logging.getLogger("queen_trio")
@@ -39,7 +39,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _EPILOG = """\
 configuration comes from QUEEN_* environment variables; a bad value is refused at start-up
-in one line naming it. The most used:
+in one line naming it (all of them: `queen-trio serve --help`). The most used:
   QUEEN_DATABASE_URL  libpq URL of an existing PostgreSQL; unset = embedded server
   QUEEN_DATA_DIR      where the embedded server keeps its data (default ./.queen)
   QUEEN_HOST/PORT     HTTP bind address (default 127.0.0.1:6632)
@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the broker. Applies pending migrations first. Without "
         "QUEEN_DATABASE_URL it starts an embedded PostgreSQL under QUEEN_DATA_DIR and stops "
         "it on exit.",
+        epilog=help_text(),  # every setting, from its declaration (queen_trio/config.py)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands.add_parser(
         "migrate",

@@ -242,8 +242,7 @@ def _pop(queen: Any, args: argparse.Namespace, out: Output) -> int:
 
 
 def _settle(queen: Any, args: argparse.Namespace, out: Output) -> int:
-    from .client.models import Message
-    from .log.rules import QUEUE_MODE_GROUP
+    from .client.models import QUEUE_MODE_GROUP, Message
 
     status = ("completed" if args.command == "ack" else "retry" if args.retry
               else "dlq" if args.dlq else "failed")

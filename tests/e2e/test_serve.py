@@ -258,9 +258,7 @@ def _role_without_create(url: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP ROLE IF EXISTS queen_no_create")
         conn.execute("CREATE ROLE queen_no_create LOGIN PASSWORD 's3cret'")
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info.update(user="queen_no_create", password="s3cret")
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo(url, user="queen_no_create", password="s3cret")
 
 
 @pytest.mark.parametrize("command", ["migrate", "serve"])

@@ -144,14 +144,14 @@ async def test_odd_keys_travel_through_the_path(http: httpx.AsyncClient) -> None
         r = await schedule(http, "odd", key, 600_000, key)
         assert r["timerKey"] == key
     for key in keys:
-        r = await http.get(f"{TIMERS}/odd/{key}")
-        assert r.json()["data"] == key
+        got = await http.get(f"{TIMERS}/odd/{key}")
+        assert got.json()["data"] == key
     listed = (await http.get(f"{TIMERS}/odd")).json()["rows"]
     assert sorted(t["timerKey"] for t in listed) == sorted(keys)
     for key in keys:
         assert (await http.delete(f"{TIMERS}/odd/{key}")).json()["status"] == "cancelled"
-    r = await http.put(f"{TIMERS}/odd/" + "k" * 513, json={"delayMs": 1, "payload": 1})
-    assert (r.status_code, r.json()["reason"]) == (400, "invalid_key")
+    refused = await http.put(f"{TIMERS}/odd/" + "k" * 513, json={"delayMs": 1, "payload": 1})
+    assert (refused.status_code, refused.json()["reason"]) == (400, "invalid_key")
 
 
 async def test_a_key_with_a_leading_slash_or_a_line_break_reaches_the_handler(
