@@ -765,6 +765,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--admin-url", default=os.environ.get("QUEEN_DATABASE_URL") or None,
                         help="a server where databases may be created (default: a temporary "
                              "embedded PostgreSQL)")
+    parser.add_argument("--pg-bin", type=Path, default=None,
+                        help="a temporary server of the PostgreSQL installed there (e.g. "
+                             "/usr/lib/postgresql/15/bin; default: the embedded one)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--out", default="peers32", help="result file name, without suffix")
     return parser.parse_args(argv)
@@ -788,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = Failures()
     started = time.monotonic()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with shared_server(args.admin_url) as server:
+    with shared_server(args.admin_url, args.pg_bin) as server:
         info = {"command": command, "checkout": source_revision(),
                 "started_at": now_iso(), "cpu_count": os.cpu_count(),
                 "python": sys.version.split()[0], "postgresql": server.settings(),
