@@ -1,6 +1,7 @@
 // graphile-worker as the peer of bench/peer_graphile.py (see that module's docstring).
 //
-//   node peer.mjs worker --dsn URL --profile default|tuned
+//   node peer.mjs worker --dsn URL --profile default|tuned [--options JSON]
+//       (--options: worker settings over the profile's, for trying other tunings)
 //       Runs one worker (one `run()`), prints READY once it is running, then one line per
 //       job it starts: key<TAB>due epoch ms<TAB>started epoch ms (the handler's first act).
 //   node peer.mjs add --dsn URL --file jobs.json [--warmup B] [--gate]
@@ -43,9 +44,9 @@ function nowMs() {
   return performance.timeOrigin + performance.now();
 }
 
-async function worker(dsn, profile) {
-  const options = PROFILES[profile];
-  if (!options) throw new Error(`unknown profile ${profile}`);
+async function worker(dsn, profile, extra) {
+  if (!PROFILES[profile]) throw new Error(`unknown profile ${profile}`);
+  const options = { ...PROFILES[profile], ...JSON.parse(extra ?? "{}") };
   const out = process.stdout;
   const runner = await run({
     noHandleSignals: true,
@@ -133,11 +134,12 @@ async function clear(dsn) {
 const { positionals, values } = parseArgs({
   allowPositionals: true,
   options: { dsn: { type: "string" }, profile: { type: "string", default: "default" },
+             options: { type: "string" },
              file: { type: "string" }, warmup: { type: "string", default: "0" },
              gate: { type: "boolean", default: false } },
 });
 const command = positionals[0];
-if (command === "worker") await worker(values.dsn, values.profile);
+if (command === "worker") await worker(values.dsn, values.profile, values.options);
 else if (command === "add") {
   await add(values.dsn, values.file, Number(values.warmup), values.gate);
 }
