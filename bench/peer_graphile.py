@@ -248,6 +248,7 @@ def graphile_sql(dsn: str, statement: str) -> int:
 
 class Side(Protocol):
     delivery: Delivery
+    call_s: list[float]
     capped: bool  # waits at most Sizes.wait_capped_s for a backlog
 
     async def calibrate(self) -> float: ...
@@ -278,12 +279,22 @@ async def sdk_bundle(queen: queen_trio.Client, queue: str, entries: Sequence[tup
             for t in result.timers if t.ok and t.deliver_at is not None]
 
 
+async def sdk_one(queen: queen_trio.Client, queue: str, key: str, delay_ms: int
+                  ) -> list[dict[str, Any]]:
+    """One timer through the SDK's single call (``queen.timer(q)….schedule()``)."""
+    t = await queen.timer(queue).key(key).delay(delay_ms).payload({"k": key}).schedule()
+    if not t.ok or t.deliver_at is None:
+        return []
+    return [{"timerKey": t.key, "deliverAt": wire_time(t.deliver_at.timestamp())}]
+
+
 class Ours:
     capped = False
 
     def __init__(self, queen: queen_trio.Client, dsn: str, delivery: Delivery,
                  failures: Failures) -> None:
         self.queen, self.dsn, self.delivery, self.failures = queen, dsn, delivery, failures
+        self.call_s: list[float] = []  # each schedule call's round trip
 
     async def calibrate(self) -> float:
         await self.queen.configure(CALIBRATION_QUEUE)
@@ -299,15 +310,19 @@ class Ours:
         jobs = list(make_jobs())
         i = 0
         while i < len(jobs):
-            if jobs[i][2] is not None:  # paced: alone, at its instant
+            if jobs[i][2] is not None:  # paced: alone, at its instant, as one call
                 key, due, at = jobs[i]
                 await trio.sleep(max(0.0, (at or 0.0) - time.time()))
                 group = [jobs[i]]
+                sent = time.perf_counter()
+                answers = await sdk_one(self.queen, QUEUE, key, round((due - time.time()) * 1000))
             else:
                 group = [j for j in jobs[i:i + BUNDLE] if j[2] is None]
-            now = time.time()
-            entries = [(key, round((due - now) * 1000)) for key, due, _ in group]
-            answers = await sdk_bundle(self.queen, QUEUE, entries)
+                now = time.time()
+                entries = [(key, round((due - now) * 1000)) for key, due, _ in group]
+                sent = time.perf_counter()
+                answers = await sdk_bundle(self.queen, QUEUE, entries)
+            self.call_s.append(time.perf_counter() - sent)
             if len(answers) != len(group):
                 self.failures.add(self.delivery.scenario, "schedule",
                                   f"{len(group) - len(answers)} of {len(group)} not scheduled")
@@ -325,6 +340,7 @@ class Ours:
 class Graphile:
     def __init__(self, dsn: str, delivery: Delivery, capped: bool) -> None:
         self.dsn, self.delivery, self.capped = dsn, delivery, capped
+        self.call_s: list[float] = []  # each addJobs call's round trip
 
     async def calibrate(self) -> float:
         far = time.time() + FAR_DELAY_MS / 1000
@@ -341,7 +357,8 @@ class Graphile:
             made.extend(make_jobs())
             return made
 
-        await graphile_add(self.dsn, keep)
+        stats, _ = await graphile_add(self.dsn, keep)
+        self.call_s += [x / 1000 for x in stats["call_ms"]]
         for key, due, _ in made:  # addJobs answered every one (peer.mjs checks the count)
             self.delivery.schedule_answer({"timerKey": key, "deliverAt": wire_time(
                 round(due * 1000) / 1000)})
@@ -509,6 +526,8 @@ async def scenario_idle(side: Side, cpu: TreeCpu, sizes: Sizes) -> dict[str, Any
     seconds = TreeCpu.seconds(before, cpu.snapshot())
     window = time.perf_counter() - t1
     out["cpu_cores"] = {k: round(v / window, 3) for k, v in seconds.items()}
+    # one timer alone: the SDK's single schedule call, graphile's addJobs of one job
+    out["schedule_call_ms"] = distribution(side.call_s)
     return await finish(side, delivery, why, out)
 
 
@@ -727,6 +746,14 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
         q = {p: lag_by.get(scenario, {}).get(p, {}) for p in PARTIES}
         lines.append(f"| {label} | {' | '.join(lag_cell(q[p]) for p in PARTIES)} | "
                      f"p99 {ratio(q['ours'].get('p99'), q['graphile-tuned'].get('p99'))} |")
+    if "idle" in results:
+        def call_p50(r: dict[str, Any]) -> Any:
+            return (r.get("schedule_call_ms") or {}).get("p50")
+
+        tuned = ratio(med("idle", "ours", call_p50), med("idle", "graphile-tuned", call_p50))
+        lines.append("| idle: one schedule call, p50 ms (SDK single call / addJobs of one) | "
+                     + " | ".join(median_range(vals("idle", p, call_p50)) for p in PARTIES)
+                     + f" | {tuned} |")
     for scenario in ("burst", "steady", "idle"):
         if scenario not in results:
             continue
