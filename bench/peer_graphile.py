@@ -511,7 +511,7 @@ async def scenario_idle(side: Side, cpu: TreeCpu, sizes: Sizes) -> dict[str, Any
     def make() -> list[Job]:
         spaced = SpacedDelays(random.Random(IDLE_SEED), sizes.idle_delay_ms)
         start = time.time() + 0.5
-        plan = []
+        plan: list[Job] = []
         for i in range(n):
             at = start + i * spacing
             plan.append((f"idle-{i:05d}", at + spaced.draw(at) / 1000, at))
@@ -853,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with shared_server(args.admin_url, args.pg_bin) as server:
-        info = {"command": command, "checkout": source_revision(),
+        info: dict[str, Any] = {"command": command, "checkout": source_revision(),
                 "started_at": now_iso(), "cpu_count": os.cpu_count(),
                 "python": sys.version.split()[0], "postgresql": server.settings(),
                 "postgresql_server": server.description,
@@ -892,7 +892,7 @@ def write(out_dir: Path, name: str, info: dict[str, Any],
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = {s: {p: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rounds]
                  for p, rounds in by_party.items()} for s, by_party in results.items()}
-    failed = failures if isinstance(failures, dict) else {
+    failed: dict[str, Any] = failures if isinstance(failures, dict) else {
         "total": failures.total(), "counts": failures.counts, "examples": failures.examples}
     summary = {"machine": info, "table": rows, "pooled_lag_ms": lag_by, "scenarios": saved,
                "failures": failed}

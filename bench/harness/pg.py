@@ -88,8 +88,8 @@ def shared_server(admin_url: str | None, bin_dir: Path | None = None) -> Iterato
                      local_postmaster(admin_url))
         return
     if bin_dir is not None:
-        with installed_server(bin_dir) as server:
-            yield server
+        with installed_server(bin_dir) as installed:
+            yield installed
         return
     from queen_trio.embedded import EmbeddedPostgres
 
