@@ -32,7 +32,14 @@ Lag is the handler's start (its first act: a timestamp) minus the due instant: f
     python -m bench.peer_graphile --quick       # small sizes, 1 round (about 3 min)
     python -m bench.peer_graphile --scenario steady --steady-seconds 30 --rounds 3
 
-Writes bench/results/peers32.txt and peers32.json (``--out NAME`` for another name).
+Writes bench/results/peers32.txt and peers32.json (``--out NAME`` for another name;
+``--table-only`` rewrites the text's table from the JSON).
+
+Against a branch: the broker, the consumer and the SDK that schedules are the checkout's on
+PYTHONPATH (run from its root with ``PYTHONPATH=$PWD``); compare the ``ours / tuned`` ratios of
+runs, not their absolute figures, unless the load was the same. The SDK's bundle is
+:func:`sdk_bundle` and the single call :func:`sdk_one`: a faster SDK call for many timers goes
+there, in one place.
 A temporary embedded PostgreSQL is started unless ``--admin-url`` (or QUEEN_DATABASE_URL)
 names a server where databases may be created.
 """
