@@ -125,3 +125,31 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+class TreeCpu:
+    """CPU seconds of named parties, each a list of process trees (a pid with its
+    descendants, exited ones included: a PostgreSQL postmaster covers every backend), of this
+    client, and of the rest of the machine ("other")."""
+
+    TICK = CpuMeter.TICK
+
+    def __init__(self, parties: dict[str, list[int]]) -> None:
+        self.parties = parties
+
+    def snapshot(self) -> dict[str, float]:
+        snap = {"client": time.process_time()}
+        if not Path("/proc").is_dir():
+            return snap
+        busy = machine_busy_ticks()
+        stats = proc_stats()
+        children = children_of(stats)
+        for name, pids in self.parties.items():
+            snap[name] = tree_ticks(stats, children, pids) / self.TICK
+        snap["other"] = busy / self.TICK - sum(snap.values())
+        return snap
+
+    @staticmethod
+    def seconds(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        """CPU seconds per party between two snapshots."""
+        return {k: after[k] - before[k] for k in before if k in after}

