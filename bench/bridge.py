@@ -166,6 +166,7 @@ def query_batches(url: str, pool_stats: list[dict[str, Any]]) -> dict[str, Calla
                 if borrow_per_call:
                     samples = await time_async(borrow)
                 pool_stats.append(dataclasses.asdict(db.statistics()))
+                assert samples is not None
                 return samples
 
         return trio.run(main)

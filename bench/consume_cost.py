@@ -38,7 +38,7 @@ async def _fill(queen: queen_trio.Client, queue: str, n: int) -> None:
         await queen.push_many(queue, [{"n": i} for i in range(start, min(n, start + 1000))])
 
 
-async def drain(url: str, cpu: PartyCpu, n: int, options: dict[str, int]) -> dict[str, Any]:
+async def drain(url: str, cpu: PartyCpu, n: int, options: dict[str, Any]) -> dict[str, Any]:
     queue = f"drain-{uuid.uuid4().hex[:8]}"
     async with queen_trio.Client(url) as queen:
         await _fill(queen, queue, n)

@@ -29,7 +29,7 @@ never as lost.
 QUEEN_SWEEPER_MIN_SLEEP_MS in {1, 5, 10, 25} x QUEEN_SWEEPER_BATCH in {100, 500, 2000}.
 
 Writes bench/results/fire_lag.json (merged: a scenario run replaces only its own entry),
-fire_lag_explore.json, the PNG plots, and the generated section of bench/README.md.
+fire_lag_explore.json, the PNG plots, and the generated section of docs/performance.md.
 
     pip install -e '.[bench]'                  # procrastinate + matplotlib (optional)
     python -m bench.fire_lag                   # everything (about 12 minutes here)
@@ -561,7 +561,7 @@ async def ours_unit(unit: str, party: str, urls: list[str], pids: list[int], cpu
     clients = [LeanClient(url, timeout=REQUEST_TIMEOUT_S) for url in urls]
     try:
         apis = [Api(client, failures) for client in clients]
-        ctx = Ctx(apis[0], failures, cpu, uuid.uuid4().hex[:8], False)  # type: ignore[arg-type]
+        ctx = Ctx(apis[0], failures, cpu, uuid.uuid4().hex[:8], False)
         async with trio.open_nursery() as nursery:
             for pid in pids:
                 nursery.start_soon(watchdog, ctx, pid)
@@ -679,7 +679,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "embedded PostgreSQL)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-readme", action="store_true",
-                        help="do not rewrite the generated section of bench/README.md")
+                        help="do not rewrite the generated section of docs/performance.md")
     parser.add_argument("--readme-only", action="store_true",
                         help="redraw plots and the README section from the JSON files")
     return parser.parse_args(argv)

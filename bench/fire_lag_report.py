@@ -14,7 +14,9 @@ from typing import Any
 
 from bench.harness.stats import qname
 
-README = Path(__file__).resolve().parent / "README.md"
+# The generated sections live in the performance page (docs/performance.md).
+RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 PARTIES = ("ours", "ours-w2", "ours-sync", "ours-wire", "peer-default", "peer-best")
 LABELS = {"ours": "queen-trio, Client.consume() at its defaults (handler start)",
           "ours-w2": "queen-trio, Client.consume() against QUEEN_WORKERS=2 (handler start)",
@@ -256,7 +258,7 @@ def recommend(grid: list[dict[str, Any]]) -> list[str]:
     """MIN_SLEEP: lowest idle metric p99 averaged over the batches; BATCH: highest burst drain
     averaged over the MIN_SLEEPs. Differences under 10 % are within this VM's noise, so the
     current default (10 / 500) stays unless another value beats it by more."""
-    def mean(values: list[float]) -> float | None:
+    def mean(values: list[Any]) -> float | None:
         values = [v for v in values if isinstance(v, int | float)]
         return sum(values) / len(values) if values else None
 
@@ -387,7 +389,7 @@ def section(summary: dict[str, Any], images: list[str]) -> list[str]:
     lines += ours_only(scenarios) + [""]
     min_sleep = int((info.get("sweeper_env") or {}).get("QUEEN_SWEEPER_MIN_SLEEP_MS", 10))
     lines += ["Targets (issue 18):", ""] + targets(scenarios, min_sleep) + [""]
-    lines += [f"![{name}](results/{name})" for name in images]
+    lines += [f"![{name}](../bench/results/{name})" for name in images]
     return lines
 
 
@@ -421,7 +423,7 @@ def publish(out_dir: Path, *, readme: bool, print_table: bool = True) -> None:
     if explore:
         explore_body = explore_section(explore)
         print("\n".join(explore_body))
-    if readme and out_dir.resolve() == (README.parent / "results").resolve():
+    if readme and out_dir.resolve() == RESULTS.resolve():
         text = README.read_text()
         if body:
             text = replace_between(text, BEGIN, END, body)

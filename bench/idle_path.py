@@ -134,7 +134,7 @@ def serve() -> None:
 
         return app
 
-    server.create_app = with_trace_route
+    server.create_app = with_trace_route  # type: ignore[assignment]
     trio.run(server.serve_until_signalled, load_settings(os.environ))
 
 

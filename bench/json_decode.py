@@ -19,6 +19,7 @@ ceiling, once by the store); now the measured text is the stored one.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -44,7 +45,7 @@ def bodies() -> dict[str, tuple[bytes, int]]:
     accented = push(100)
     for item in accented["items"]:
         item["payload"]["customerName"] = "Zoë Ångström-Núñez 🙂"
-    compact = {"separators": (",", ":"), "ensure_ascii": False}
+    compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
     return {
         "push, 1 event (SDK)": (json.dumps(push(1), **compact).encode(), 20_000),
         "push, 100 events": (json.dumps(push(100), **compact).encode(), 300),
@@ -76,7 +77,7 @@ def table(variants: dict[str, Callable[[bytes], Any]], bodies: dict[str, tuple[b
         samples: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
             for label, run in variants.items():
-                best = min(timeit.repeat(lambda r=run, b=body: r(b), number=number, repeat=5,
+                best = min(timeit.repeat(functools.partial(run, body), number=number, repeat=5,
                                          timer=time.process_time))
                 samples[label].append(best / number * 1e6)
         medians = [statistics.median(samples[v]) for v in variants]

@@ -199,7 +199,8 @@ async def run(database_url: str, *, polls: int = 3000, queues: int = 30,
                 summary["parking_s"] = round(trio.current_time() - started, 2)
                 summary["broker_rss_mib"] = {
                     "before": None if rss_before is None else round(rss_before / 1024, 1),
-                    "parked": None if (r := rss_kib(handle.pid)) is None else round(r / 1024, 1)}
+                    "parked": None if (kib := rss_kib(handle.pid)) is None
+                    else round(kib / 1024, 1)}
                 if parked < polls:
                     failures.append(f"only {int(parked)} of {polls} polls parked within "
                                     f"{park_within_s:.0f} s")

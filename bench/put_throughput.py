@@ -110,7 +110,7 @@ def wrk(url: str, script: Path, queue: str, seconds: int, connections: int) -> d
 def timers_in(database_url: str, queue: str) -> int:
     with psycopg.connect(database_url) as conn:
         return conn.execute("SELECT count(*) FROM queen.timers WHERE queue = %s",
-                            (queue,)).fetchone()[0]  # type: ignore[index]
+                            (queue,)).fetchone()[0]
 
 
 def one_round(server: Any, workers: int, script: Path, args: argparse.Namespace
@@ -119,6 +119,7 @@ def one_round(server: Any, workers: int, script: Path, args: argparse.Namespace
             brokers(url, 1, env={"QUEEN_WORKERS": str(workers)}) as (broker,):
         queue = f"put-{uuid.uuid4().hex[:8]}"
         warm = wrk(broker.url, script, queue, WARMUP_S, args.connections)
+        assert broker.pid is not None
         cpu = PartyCpu([broker.pid], server.postmaster_pid)
         before, t0 = cpu.snapshot(), time.perf_counter()
         run = wrk(broker.url, script, queue, args.seconds, args.connections)

@@ -68,7 +68,8 @@ def events(n: int, seed: int) -> list[dict[str, Any]]:
         base = {"type": kind, "id": str(uuid.UUID(int=rnd.getrandbits(128), version=4)),
                 "occurredAt": at, "source": "web-frontend", "schemaVersion": 3}
         if kind == "order.created":
-            items = [{"sku": f"SKU-{rnd.randrange(5000):05d}", "qty": rnd.randrange(1, 4),
+            items: list[dict[str, Any]] = [
+                {"sku": f"SKU-{rnd.randrange(5000):05d}", "qty": rnd.randrange(1, 4),
                       "unitPrice": round(rnd.uniform(2, 200), 2)}
                      for _ in range(rnd.randrange(1, 5))]
             base["data"] = {"orderId": f"ord_{rnd.getrandbits(40):x}", "currency": "EUR",
@@ -137,7 +138,8 @@ def compression() -> None:
 
     # A dictionary trained on earlier events of the same kind (a per-queue dictionary), used on
     # later ones.
-    training = [encode_lines([f]) for f in head_frames(events(20_000, seed=2))]
+    training: list[bytes | bytearray | memoryview] = [
+        encode_lines([f]) for f in head_frames(events(20_000, seed=2))]
     print("\n== zstd dictionary (trained on 20,000 other events of the same kinds), level 3")
     print(f"{'frames/segment':>14} {'dict size':>9} {'ratio plain':>11} {'ratio dict':>10} "
           f"{'saved':>6} {'train ms':>8}")

@@ -190,7 +190,8 @@ async def pusher(c: int, base: str, t: Tally, stop_at: float, rate: float) -> No
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         i = 0
         while trio.current_time() < stop_at:
-            items = [{"queue": LOG_QUEUE, "partition": f"p{c}", "payload": {"c": c, "i": i + k},
+            items: list[dict[str, Any]] = [
+                {"queue": LOG_QUEUE, "partition": f"p{c}", "payload": {"c": c, "i": i + k},
                       "transactionId": f"push-{c}-{i + k}"} for k in range(20)]
             i += 20
             r = await http.post(f"{API}/push", json={"items": items})
@@ -216,9 +217,9 @@ def histogram_p(text: str, name: str, q: float) -> tuple[float | None, int]:
     if not buckets or buckets[-1][1] == 0:
         return None, 0
     total = buckets[-1][1]
-    for le, n in sorted(buckets):
+    for bound, n in sorted(buckets):
         if n >= q * total:
-            return le, int(total)
+            return bound, int(total)
     return math.inf, int(total)
 
 

@@ -19,6 +19,7 @@ Writes bench/results/switch_cost.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,7 +47,7 @@ def check_cost(number: int = 1_000_000) -> dict[str, float]:
     from queen_trio.switches import RuntimeSwitches
 
     class _Broker:
-        switches = RuntimeSwitches(None)  # type: ignore[arg-type]  (never refreshed here)
+        switches = RuntimeSwitches(None)  # type: ignore[arg-type]  # never refreshed here
 
     broker: Any = _Broker()
 
@@ -55,7 +56,7 @@ def check_cost(number: int = 1_000_000) -> dict[str, float]:
 
     out: dict[str, float] = {}
     for name, fn in (("empty_call_ns", empty), ("require_kv_ns", require_kv)):
-        best = min(timeit.repeat(lambda fn=fn: fn(broker), number=number, repeat=5))
+        best = min(timeit.repeat(functools.partial(fn, broker), number=number, repeat=5))
         out[name] = best / number * 1e9
     out["check_ns"] = out["require_kv_ns"] - out["empty_call_ns"]
     return out

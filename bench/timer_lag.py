@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import os
 import random
@@ -283,7 +284,9 @@ async def scenario_steady(ctx: Ctx) -> dict[str, Any]:
                 now = time.time()
                 answers = await ctx.api.bundle(name, bundle_entries(
                     queue, "steady", range(b * BUNDLE, (b + 1) * BUNDLE),
-                    lambda i, now=now: round((first_due + i / STEADY_RATE - now) * 1000), name))
+                    functools.partial(
+                        lambda i, now: round((first_due + i / STEADY_RATE - now) * 1000),
+                        now=now), name))
                 for answer in answers or []:
                     delivery.schedule_answer(answer)
             sched_end = time.time()
@@ -367,7 +370,8 @@ async def scenario_burst(ctx: Ctx) -> dict[str, Any]:
                 sched["last_sent"] = max(sched["last_sent"], now)
                 delay = round((due - now) * 1000)
                 answers = await ctx.api.bundle(name, bundle_entries(
-                    queue, "burst", range(b * BUNDLE, (b + 1) * BUNDLE), lambda _, d=delay: d,
+                    queue, "burst", range(b * BUNDLE, (b + 1) * BUNDLE),
+                    functools.partial(lambda _, d: d, d=delay),
                     name))
                 sched["last_answer"] = max(sched["last_answer"], time.time())
                 for answer in answers or []:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import os
 import random
@@ -271,10 +272,11 @@ async def phase_ops_and_lag(sides: dict[str, Side], args: argparse.Namespace,
     rng = random.Random(20261204)
     spaced = SpacedDelays(rng, IDLE_DELAY_MS)
     for s in sides.values():
-        await in_thread(lambda s=s: [s.sdk.timer(OPS_QUEUE).key(f"standing-{j:04d}")
-                                     .delay(FAR_MS).schedule() for j in range(OPS_PENDING)])
+        await in_thread(functools.partial(
+            lambda s: [s.sdk.timer(OPS_QUEUE).key(f"standing-{j:04d}").delay(FAR_MS).schedule()
+                       for j in range(OPS_PENDING)], s))
     for s in sides.values():  # warm-up, not counted
-        await in_thread(lambda s=s: s.op_round(0, 0))
+        await in_thread(functools.partial(s.op_round, 0, 0))
         s.ops.clear()
     async with trio.open_nursery() as nursery:
         for s in sides.values():
@@ -289,8 +291,8 @@ async def phase_ops_and_lag(sides: dict[str, Side], args: argparse.Namespace,
                     if answer:
                         s.lag.schedule_answer(answer)
                 if i < args.rounds:
-                    await in_thread(lambda s=s, i=i: s.op_round(
-                        i, args.pending if s.name == "full" else 0))
+                    await in_thread(functools.partial(
+                        s.op_round, i, args.pending if s.name == "full" else 0))
             await trio.sleep(0.05)
         for s in sides.values():
             s.lag.scheduling_done = True
@@ -496,7 +498,7 @@ async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
         summary["ops"] = ops
         summary["sweep"] = {
             "source": "pg_stat_statements (top-level statements calling queen.sweep_timers)",
-            **{name: sweep_cost(before, after, conninfo_to_dict(urls[name])["dbname"])
+            **{name: sweep_cost(before, after, str(conninfo_to_dict(urls[name])["dbname"]))
                for name in SIDES}}
         for name, s in sides.items():
             summary.setdefault("idle_delivery", {})[name] = {

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__, cli_client
-from .config import Settings, load_settings
+from .config import Settings, help_text, load_settings
 from .errors import ConfigError, ListenError, QueenError
 
 log = logging.getLogger("queen_trio")
@@ -38,11 +38,17 @@ Prints the database it works on as one line on stderr. exit codes:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _EPILOG = """\
-configuration comes from QUEEN_* environment variables (see README.md). The most used:
+configuration comes from QUEEN_* environment variables; a bad value is refused at start-up
+in one line naming it (all of them: `queen-trio serve --help`). The most used:
   QUEEN_DATABASE_URL  libpq URL of an existing PostgreSQL; unset = embedded server
   QUEEN_DATA_DIR      where the embedded server keeps its data (default ./.queen)
   QUEEN_HOST/PORT     HTTP bind address (default 127.0.0.1:6632)
   QUEEN_WORKERS       broker processes sharing that address (default 1)
+  QUEEN_AUTH          on: every request needs a tenant's bearer token (queen-trio tenants)
+  QUEEN_ALLOW_OPEN    1: allow a non-loopback QUEEN_HOST with QUEEN_AUTH off
+
+each command has its own help: queen-trio COMMAND --help (queen-trio pop --help…); a running
+broker describes its HTTP API at /openapi.json and shows a dashboard at /ui.
 
 examples:
   queen-trio serve                      start on an embedded PostgreSQL
@@ -50,6 +56,10 @@ examples:
   queen-trio timers schedule reminders trial-ending:42 --delay 72h --payload '{"id": 42}'
   queen-trio timers cancel reminders trial-ending:42
   queen-trio switches pause timers-fire     pause firing timers on every broker (resume: same)
+  queen-trio pop orders --batch 2           then: queen-trio ack TXN PARTITION_ID LEASE_ID
+
+client commands print tables or `field  value` lines (none shown as -); --json prints one
+JSON document instead.
 """
 
 
@@ -68,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the broker. Applies pending migrations first. Without "
         "QUEEN_DATABASE_URL it starts an embedded PostgreSQL under QUEEN_DATA_DIR and stops "
         "it on exit.",
+        epilog=help_text(),  # every setting, from its declaration (queen_trio/config.py)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands.add_parser(
         "migrate",
@@ -115,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="storage gate in bytes; 0 refuses all writes; -1 removes the gate")
     plan.add_argument("--requests-per-second", type=int, metavar="N",
                       help="request-rate quota per broker; -1 removes the quota")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_switches(commands)
     cli_client.add_commands(commands)  # timers, push, pop, dlq, kv: talk to a running broker
     return parser
@@ -185,11 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"queen-trio: {exc}", file=sys.stderr)
         return EXIT_USAGE
     quiet = args.command in ("tenants", "switches") and "QUEEN_LOG_LEVEL" not in os.environ
-    logging.basicConfig(
-        level=logging.WARNING if quiet else settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING if quiet else settings.log_level,
+                        handlers=[handler])
     try:
         if args.command == "migrate":
             return _with_database(settings, _migrate)
@@ -279,6 +291,9 @@ def _migrate(settings: Settings) -> int:
     assert settings.database_url is not None
     try:
         applied = apply_migrations(settings.database_conninfo())
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_FAILURE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -328,13 +343,17 @@ def _tenants(settings: Settings, args: argparse.Namespace) -> int:
                     set_stored=args.max_stored_bytes is not None,
                     set_rate=args.requests_per_second is not None,
                 )
-                print(json.dumps({k: v for k, v in changed.items() if k != "tenant_id"}))
+                cli_client.Output(args.json).record(
+                    {k: v for k, v in changed.items() if k != "tenant_id"})
     except ClientError as exc:
         print(f"queen-trio: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_REFUSED
     except psycopg.errors.CheckViolation:
         print("queen-trio: a plan value is out of range (see --help)", file=sys.stderr)
         return EXIT_USAGE
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_UNREACHABLE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -364,6 +383,9 @@ def _switches(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 state = switches.set_switches(
                     raw, dict.fromkeys(args.names, action == "resume"))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_UNREACHABLE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -417,12 +439,25 @@ class _StopRequests:
 
 def _bind_first(settings: Settings) -> socket.socket | None:
     """The listening socket, bound before anything else starts (None: a socket was passed in,
-    QUEEN_LISTEN_FD)."""
+    QUEEN_LISTEN_FD). Refused when it is reachable from other machines with auth off, unless
+    QUEEN_ALLOW_OPEN=1 says that is meant."""
     if settings.listen_fd is not None:
         return None
+    import ipaddress
+
     from .workers import bind
 
-    return bind(settings)
+    sock = bind(settings)
+    address = sock.getsockname()[0]
+    if not (settings.auth or settings.allow_open
+            or ipaddress.ip_address(address.split("%")[0]).is_loopback):
+        sock.close()
+        raise ListenError(
+            f"refusing to serve {settings.host}:{settings.port} with QUEEN_AUTH off: anyone "
+            "who reaches it could read and write every queue; set QUEEN_AUTH=on (tokens: "
+            "queen-trio tenants), bind QUEEN_HOST=127.0.0.1, or set QUEEN_ALLOW_OPEN=1 if an "
+            "open broker is meant (a private network, a proxy that authenticates)")
+    return sock
 
 
 def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | None) -> int:
@@ -441,6 +476,9 @@ def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | N
         settings = dataclasses.replace(settings, listen_fd=listening.detach())
     try:
         trio.run(serve_until_signalled, settings, stop.asked)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(_not_allowed(exc, settings), file=sys.stderr)
+        return EXIT_FAILURE
     except psycopg.OperationalError as exc:
         print(_unreachable(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -455,6 +493,11 @@ def _serve(settings: Settings, stop: _StopRequests, listening: socket.socket | N
         if unreachable is not None and rest is None:
             print(_unreachable(_first_leaf(unreachable)), file=sys.stderr)
             return EXIT_FAILURE
+        # A role that may not create the schema (the migrations run first thing).
+        refused, rest = group.split(psycopg.errors.InsufficientPrivilege)
+        if refused is not None and rest is None:
+            print(_not_allowed(_first_leaf(refused), settings), file=sys.stderr)
+            return EXIT_FAILURE
         raise
     except ListenError as exc:
         print(f"queen-trio: {exc}", file=sys.stderr)
@@ -467,10 +510,36 @@ def _unreachable(exc: BaseException) -> str:
     lines of their own)."""
     import psycopg
 
-    text = " ".join(line.strip() for line in str(exc).strip().splitlines())
+    text = one_line(str(exc))
     if isinstance(exc, psycopg.errors.ConnectionTimeout):
         text += " (a host took longer than QUEEN_DB_CONNECT_TIMEOUT_S to answer)"
     return f"queen-trio: cannot reach the database: {text}"
+
+
+def _not_allowed(exc: BaseException, settings: Settings) -> str:
+    """One line for a role that lacks a privilege the migrations need: the broker creates its
+    ``queen`` schema itself, so its role needs CREATE on the database (once, at the first
+    migration; owning the schema after that)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(settings.database_conninfo()) if settings.database_url else {}
+    role, db = info.get("user") or "this role", info.get("dbname") or "the database"
+    return (f"queen-trio: the database refused role {role}: {one_line(str(exc))}; it needs "
+            f"CREATE on database {db} to make the queen schema and its tables (GRANT CREATE ON "
+            f"DATABASE {db} TO {role}; or run `queen-trio migrate` once as the owner)")
+
+
+def one_line(text: str) -> str:
+    """libpq's multi-line messages (one line per host tried, DETAIL/HINT lines) as one."""
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+class OneLineFormatter(logging.Formatter):
+    """Log records stay one line each (a libpq message inside one would spill over several);
+    tracebacks, when logged, still follow on lines of their own."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return one_line(super().formatMessage(record))
 
 
 def _first_leaf(error: BaseException) -> BaseException:

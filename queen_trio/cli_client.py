@@ -5,6 +5,8 @@
     queen-trio timers schedule QUEUE KEY --delay 15m [--payload JSON] [--partition P] [--txn T]
     queen-trio timers cancel|peek QUEUE KEY      queen-trio timers list QUEUE
     queen-trio push QUEUE PAYLOAD                queen-trio pop QUEUE [--wait 30s] [--auto-ack]
+    queen-trio ack|nack TXN PARTITION_ID LEASE_ID [--group G]   (what pop prints)
+    queen-trio configure QUEUE [--lease-time 5m] [--retry-limit 3] …   queen-trio queues
     queen-trio dlq list [QUEUE]                  queen-trio dlq replay ID
     queen-trio kv get|put|delete NAMESPACE KEY [VALUE] [--ttl 1h]
 
@@ -20,7 +22,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum
 from itertools import islice
 from typing import Any
@@ -32,7 +34,7 @@ EXIT_USAGE = 2        # bad arguments: nothing was sent
 EXIT_NOT_DONE = 3     # a verdict, not a failure: absent, too_late, nothing to pop, no such key
 EXIT_REFUSED = 4      # the broker answered with an error (4xx/5xx)
 EXIT_UNREACHABLE = 5  # no broker answered
-COMMANDS = ("timers", "push", "pop", "dlq", "kv")
+COMMANDS = ("timers", "push", "pop", "ack", "nack", "configure", "queues", "dlq", "kv")
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -84,13 +86,61 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     push.add_argument("--partition")
     push.add_argument("--txn", help="transactionId (makes a repeated push a duplicate)")
 
-    pop = command(commands, "pop", "pop messages (under a lease unless --auto-ack)")
+    pop = command(commands, "pop", "pop messages (under a lease unless --auto-ack); settle "
+                                   "each with `ack` or `nack` TXN PARTITION_ID LEASE_ID, the "
+                                   "first three columns printed")
     pop.add_argument("queue")
-    pop.add_argument("--group", help="consumer group (default: queue mode)")
-    pop.add_argument("--partition")
-    pop.add_argument("--batch", type=int, default=1)
+    pop.add_argument("--group", help="consumer group (default: queue mode); give ack/nack "
+                                     "the same --group")
+    pop.add_argument("--partition", help="pop from this partition only (default: any "
+                                         "partition with messages ready)")
+    pop.add_argument("--batch", type=int, default=1, metavar="N",
+                     help="up to N messages, all of one partition under one lease (default 1)")
     pop.add_argument("--wait", help="long-poll up to this long, e.g. 30s")
     pop.add_argument("--auto-ack", action="store_true", help="acknowledge on delivery")
+
+    for name, help in (("ack", "settle a popped message as done"),
+                       ("nack", "settle a popped message as failed: redelivered until the "
+                                "queue's retryLimit, then dead-lettered")):
+        settle = command(commands, name, help)
+        settle.add_argument("transaction_id", metavar="TXN", help="as pop prints it")
+        settle.add_argument("partition_id", metavar="PARTITION_ID", help="as pop prints it")
+        settle.add_argument("lease_id", metavar="LEASE_ID", help="as pop prints it")
+        settle.add_argument("--group", help="the consumer group it was popped with")
+        if name == "nack":
+            settle.add_argument("--error", help="why (kept with a dead letter)")
+            how = settle.add_mutually_exclusive_group()
+            how.add_argument("--retry", action="store_true",
+                             help="give it back without spending a retry")
+            how.add_argument("--dlq", action="store_true", help="dead-letter it now")
+
+    configure = command(commands, "configure",
+                        "create a queue or change its options (on an existing queue, options "
+                        "not given keep their values; on a new one, the defaults); prints them "
+                        "all")
+    configure.add_argument("queue")
+    for flag, what in (("--lease-time", "how long a pop's lease lasts, e.g. 5m (default 300s)"),
+                       ("--delayed-processing", "hold each message back this long after its "
+                                                "push, e.g. 30s"),
+                       ("--retention", "drop messages older than this, e.g. 7d"),
+                       ("--completed-retention", "drop consumed messages older than this"),
+                       ("--ttl", "a message not consumed within this long expires"),
+                       ("--max-wait", "evict messages waiting longer than this"),
+                       ("--retry-delay", "wait this long before a failed message is redelivered,"
+                                         " e.g. 250ms or 2s")):
+        configure.add_argument(flag, metavar="DURATION", help=what)
+    configure.add_argument("--retry-limit", type=int, metavar="N",
+                           help="redeliveries after a failure before dead-lettering")
+    configure.add_argument("--max-size", type=int, metavar="N",
+                           help="most unconsumed messages held (a push past it is refused)")
+    for flag, what in (("--dead-letter-queue", "dead-letter messages past their retries"),
+                       ("--retention-enabled", "apply the retention options"),
+                       ("--retain-until-consumed", "keep messages until every group has "
+                                                   "consumed them")):
+        configure.add_argument(flag, choices=("on", "off"), help=what)
+
+    command(commands, "queues", "list the queues with their pending (not yet consumed) and "
+                                "total messages")
 
     dlq = commands.add_parser("dlq", help="list or replay dead letters")
     dlq_actions = dlq.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -126,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     """Run a client command; returns the exit code (see ``EXIT_CODES_HELP``)."""
     from .client import ApiError, BrokerUnreachable, SyncClient
 
-    out = _Output(args.json)
+    out = Output(args.json)
     try:
         urls = None if args.url is None else [u.strip() for u in args.url.split(",")]
         with SyncClient(urls, token=args.token, timeout=args.timeout) as queen:
@@ -143,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 # -- the commands -----------------------------------------------------------------------------
 
 
-def _schedule(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _schedule(queen: Any, args: argparse.Namespace, out: Output) -> int:
     timer = queen.timer(args.queue).key(args.key).delay(_duration(args.delay)) \
                  .payload(_json_arg(args.payload, "--payload"))
     if args.partition:
@@ -153,11 +203,11 @@ def _schedule(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     return _verdict(out, timer.schedule())
 
 
-def _cancel(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _cancel(queen: Any, args: argparse.Namespace, out: Output) -> int:
     return _verdict(out, queen.timer(args.queue).key(args.key).cancel(txn=args.txn))
 
 
-def _peek(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _peek(queen: Any, args: argparse.Namespace, out: Output) -> int:
     info = queen.timer(args.queue).key(args.key).peek()
     if info is None:
         return out.nothing({"status": "absent", "queue": args.queue, "key": args.key},
@@ -165,7 +215,7 @@ def _peek(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     return out.record(info)
 
 
-def _list_timers(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _list_timers(queen: Any, args: argparse.Namespace, out: Output) -> int:
     timers = list(islice(queen.timers(args.queue).list(), args.limit))
     if out.json:  # a list carries no payload: leave the field out rather than show null
         return out.emit([{k: v for k, v in plain(t).items() if k != "payload"} for t in timers])
@@ -173,13 +223,13 @@ def _list_timers(queen: Any, args: argparse.Namespace, out: _Output) -> int:
                               "last_error"])
 
 
-def _push(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _push(queen: Any, args: argparse.Namespace, out: Output) -> int:
     result = queen.push(args.queue, _json_arg(args.payload, "PAYLOAD"),
                         partition=args.partition, txn=args.txn)
     return out.record(result)
 
 
-def _pop(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _pop(queen: Any, args: argparse.Namespace, out: Output) -> int:
     batch = queen.pop(args.queue, group=args.group, partition=args.partition,
                       batch=args.batch, wait=None if args.wait is None else _duration(args.wait),
                       auto_ack=args.auto_ack)
@@ -187,21 +237,80 @@ def _pop(queen: Any, args: argparse.Namespace, out: _Output) -> int:
         return out.nothing({"messages": []}, "no message")
     if out.json:
         return out.emit(batch)
-    return out.table(list(batch), ["offset", "transaction_id", "partition", "retry_count",
-                                   "lease_id", "data"])
+    return out.table(list(batch), ["transaction_id", "partition_id", "lease_id", "offset",
+                                   "partition", "retry_count", "data"])
 
 
-def _dlq_list(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _settle(queen: Any, args: argparse.Namespace, out: Output) -> int:
+    from .client.models import QUEUE_MODE_GROUP, Message
+
+    status = ("completed" if args.command == "ack" else "retry" if args.retry
+              else "dlq" if args.dlq else "failed")
+    # Only the ids an acknowledgement carries: what pop printed, and the group.
+    message = Message(args.transaction_id, args.partition_id, "", "", -1, args.lease_id,
+                      args.group or QUEUE_MODE_GROUP, None, datetime.now(UTC), 0)
+    return out.record(queen.ack(message, status, error=getattr(args, "error", None)))
+
+
+# The SDK's configure keywords, by the wire name the broker echoes each option under.
+_OPTIONS = {"leaseTime": "lease_time", "delayedProcessing": "delayed_processing",
+            "retentionSeconds": "retention", "completedRetentionSeconds": "completed_retention",
+            "ttl": "ttl", "maxWaitTimeSeconds": "max_wait", "retryDelay": "retry_delay",
+            "retryLimit": "retry_limit", "maxSize": "max_size",
+            "deadLetterQueue": "dead_letter_queue", "retentionEnabled": "retention_enabled",
+            "retainUntilConsumed": "retain_until_consumed"}
+
+
+def _configure(queen: Any, args: argparse.Namespace, out: Output) -> int:
+    def flag(value: str | None) -> bool | None:
+        return None if value is None else value == "on"
+
+    given = {
+        "lease_time": _seconds(args.lease_time),
+        "delayed_processing": _seconds(args.delayed_processing),
+        "retention": _seconds(args.retention),
+        "completed_retention": _seconds(args.completed_retention),
+        "ttl": _seconds(args.ttl), "max_wait": _seconds(args.max_wait),
+        "retry_delay": None if args.retry_delay is None else _duration(args.retry_delay),
+        "retry_limit": args.retry_limit, "max_size": args.max_size,
+        "dead_letter_queue": flag(args.dead_letter_queue),
+        "retention_enabled": flag(args.retention_enabled),
+        "retain_until_consumed": flag(args.retain_until_consumed)}
+    # The broker's configure sets every option (those not sent take the defaults, as Queen's
+    # does); on the command line an option not given keeps the queue's current value.
+    current = next((q["options"] for q in queen.queues() if q["name"] == args.queue), None)
+    if current is not None:
+        if current.get("encryptionEnabled") or current.get("windowBuffer"):
+            raise ValueError(f"{args.queue!r} has encryptionEnabled or windowBuffer set, which "
+                             "this command cannot carry over: configure it through the API")
+        for wire, keyword in _OPTIONS.items():
+            if given[keyword] is None and wire in current:
+                given[keyword] = current[wire]
+    return out.record(queen.configure(args.queue, **given))
+
+
+def _queues(queen: Any, args: argparse.Namespace, out: Output) -> int:
+    rows = [{"queue": q["name"], "partitions": q["partitions"],
+             "pending": q["messages"].get("pending"), "total": q["messages"]["total"],
+             "lease_time_s": q["options"]["leaseTime"],
+             "retry_limit": q["options"]["retryLimit"],
+             "delayed_processing_s": q["options"]["delayedProcessing"]}
+            for q in queen.queues()]
+    return out.table(rows, list(rows[0]) if rows else ["queue", "partitions", "pending",
+                                                       "total"])
+
+
+def _dlq_list(queen: Any, args: argparse.Namespace, out: Output) -> int:
     letters = list(islice(queen.dlq.list(args.queue, group=args.group), args.limit))
     return out.table(letters, ["id", "queue", "partition", "consumer_group", "transaction_id",
                                "retry_count", "error", "data"])
 
 
-def _dlq_replay(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _dlq_replay(queen: Any, args: argparse.Namespace, out: Output) -> int:
     return out.record(queen.dlq.replay(args.id))
 
 
-def _kv_get(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _kv_get(queen: Any, args: argparse.Namespace, out: Output) -> int:
     entry = queen.kv.get(args.namespace, args.key)
     if entry is None:
         return out.nothing({"status": "absent", "namespace": args.namespace, "key": args.key},
@@ -212,27 +321,28 @@ def _kv_get(queen: Any, args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
-def _kv_put(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _kv_put(queen: Any, args: argparse.Namespace, out: Output) -> int:
     ttl = None if args.ttl is None else _duration(args.ttl)
     # Without --ttl the key lives until deleted: the wire asks for `forever` to be said.
     return out.record(queen.kv.put(args.namespace, args.key, _json_arg(args.value, "VALUE"),
                                    ttl_seconds=ttl, forever=ttl is None))
 
 
-def _kv_delete(queen: Any, args: argparse.Namespace, out: _Output) -> int:
+def _kv_delete(queen: Any, args: argparse.Namespace, out: Output) -> int:
     return out.record(queen.kv.delete(args.namespace, args.key))
 
 
-_HANDLERS: dict[tuple[str, str | None], Callable[[Any, argparse.Namespace, _Output], int]] = {
+_HANDLERS: dict[tuple[str, str | None], Callable[[Any, argparse.Namespace, Output], int]] = {
     ("timers", "schedule"): _schedule, ("timers", "cancel"): _cancel,
     ("timers", "peek"): _peek, ("timers", "list"): _list_timers,
-    ("push", None): _push, ("pop", None): _pop,
+    ("push", None): _push, ("pop", None): _pop, ("ack", None): _settle,
+    ("nack", None): _settle, ("configure", None): _configure, ("queues", None): _queues,
     ("dlq", "list"): _dlq_list, ("dlq", "replay"): _dlq_replay,
     ("kv", "get"): _kv_get, ("kv", "put"): _kv_put, ("kv", "delete"): _kv_delete,
 }
 
 
-def _verdict(out: _Output, result: Any) -> int:
+def _verdict(out: Output, result: Any) -> int:
     """Timer answers: ok → 0; absent / too_late → 3, printed like any result."""
     out.record(result)
     return EXIT_OK if result.ok else EXIT_NOT_DONE
@@ -245,6 +355,14 @@ def _duration(text: str) -> int | str:
     """A command-line duration: bare digits are milliseconds, anything else the SDK grammar."""
     stripped = text.strip()
     return int(stripped) if stripped.lstrip("-").isdigit() and stripped.isascii() else stripped
+
+
+def _seconds(text: str | None) -> int | str | None:
+    """A command-line duration in whole seconds: bare digits count seconds."""
+    if text is None:
+        return None
+    stripped = text.strip()
+    return int(stripped) if stripped.isdigit() and stripped.isascii() else stripped
 
 
 def _json_arg(text: str, what: str) -> Any:
@@ -275,7 +393,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-class _Output:
+class Output:
     def __init__(self, as_json: bool) -> None:
         self.json = as_json
 
@@ -290,7 +408,7 @@ class _Output:
         data = plain(value)
         width = max(map(len, data))
         for name, item in data.items():
-            shown = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+            shown = _cell(item, limit=None)
             print(f"{name:<{width}}  {shown}")
         return EXIT_OK
 
@@ -317,9 +435,12 @@ class _Output:
         return code
 
 
-def _cell(value: Any, limit: int = 48) -> str:
-    text = "-" if value is None else value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _cell(value: Any, limit: int | None = 48) -> str:
+    """One value as text, the same in tables and records: none is ``-``, text as is, the rest
+    as JSON (``--json`` prints null)."""
+    text = ("-" if value is None else value if isinstance(value, str)
+            else json.dumps(value, ensure_ascii=False))
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 __all__ = ["COMMANDS", "EXIT_CODES_HELP", "add_commands", "run"]

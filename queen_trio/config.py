@@ -1,16 +1,25 @@
-"""Settings: every ``QUEEN_*`` variable parsed and validated in one place.
+"""Settings: every ``QUEEN_*`` variable declared once, parsed and validated in one place.
+
+Each field of :class:`Settings` is one setting's whole declaration (its variable, type,
+default, bounds and help), made by :func:`integer`, :func:`optional_integer`, :func:`choice` or
+:func:`value`. :func:`load_settings`, ``queen-trio serve --help`` (:func:`help_text`) and
+docs/configuration.md (:func:`reference_markdown`, checked by tests/unit/test_config.py) all
+read the declarations; nothing else names a default.
 
 ``load_settings(environ)`` returns a frozen :class:`Settings` or raises :class:`ConfigError`
-naming the first variable that is wrong and what it expects. Units are part of the field
-names (``lease_ms``, ``max_horizon_s``) so a reader never has to guess them.
+naming the first variable that is wrong and what it expects. A variable unset or blank takes
+its default. Units are part of the field names (``lease_ms``, ``max_horizon_s``) so a reader
+never has to guess them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from .errors import ClientError, ConfigError
 
@@ -20,78 +29,328 @@ ONE_MIB = 1024 * 1024
 MAX_MESSAGE_BYTES_LIMIT = 64 * ONE_MIB
 DEFAULT_MAX_MESSAGE_BYTES = 16 * ONE_MIB
 
+T = TypeVar("T")
+
+
+class Invalid(ValueError):
+    """A parser's refusal: what the variable expects (and the value to show, if not the raw
+    one: a secret is shown by its length only)."""
+
+    def __init__(self, expected: str, shown: str | None = None) -> None:
+        super().__init__(expected)
+        self.expected = expected
+        self.shown = shown
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting's declaration (in the metadata of its :class:`Settings` field)."""
+
+    help: str
+    #: The variable's text (never blank, as set) to the value; raises :class:`Invalid`.
+    parse: Callable[[str], Any]
+    #: The default as the reference shows it (its value in backquotes unless given).
+    default_text: str
+    #: The variable, when it is not QUEEN_ + the field's name in capitals.
+    env: str | None = None
+    #: Kept out of reprs and never echoed.
+    secret: bool = False
+    #: What values are accepted, as the reference shows it ("1 … 65535", "`on`, `off`").
+    allowed: str = ""
+
+
+def _declare(default: Any, setting: Setting, **field: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"setting": setting},
+                             repr=not setting.secret, **field)
+
+
+def _parse_int(text: str, lo: int, hi: int) -> int:
+    stripped = text.strip()
+    if not re.fullmatch(r"[+-]?\d+", stripped) or not lo <= int(stripped) <= hi:
+        raise Invalid(f"an integer from {lo} to {hi}")
+    return int(stripped)
+
+
+def integer(default: int, *, lo: int, hi: int, help: str, default_text: str | None = None,
+            env: str | None = None) -> int:
+    """An integer setting from ``lo`` to ``hi``."""
+    return cast(int, _declare(default, Setting(
+        help, lambda text: _parse_int(text, lo, hi),
+        default_text or f"`{default}`", env, allowed=f"{lo} … {hi}")))
+
+
+def optional_integer(*, lo: int, hi: int, help: str, default_text: str,
+                     env: str | None = None) -> int | None:
+    """An integer setting from ``lo`` to ``hi`` whose absence (None) means what
+    ``default_text`` says."""
+    return cast(int | None, _declare(None, Setting(
+        help, lambda text: _parse_int(text, lo, hi), default_text, env,
+        allowed=f"{lo} … {hi}")))
+
+
+def choice(default: str, values: Mapping[str, T], *, help: str, env: str | None = None,
+           normalise: Callable[[str], str] = str.lower) -> T:
+    """One of the words ``values`` names (after ``normalise``), to its value."""
+    expected = " or ".join(f"'{w}'" for w in values) if len(values) == 2 else (
+        " or ".join(values))
+
+    def parse(text: str) -> T:
+        word = normalise(text.strip())
+        if word not in values:
+            raise Invalid(expected)
+        return values[word]
+
+    return cast(T, _declare(values[default], Setting(
+        help, parse, f"`{default}`", env, allowed=", ".join(f"`{w}`" for w in values))))
+
+
+def value(default: T, parse: Callable[[str], T], *, help: str, default_text: str,
+          env: str | None = None, secret: bool = False, allowed: str = "") -> T:
+    """A setting with a parser of its own."""
+    return cast(T, _declare(default, Setting(help, parse, default_text, env, secret, allowed)))
+
+
+# -- parsers of the settings that are not integers or words ---------------------------------
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9.:\-\[\]]+$")
+_HOST_NAME_RE = re.compile(r"^(\*|[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+_KEY = "64 hexadecimal digits (a 32-byte AES-256 key, e.g. `openssl rand -hex 32`)"
+
+
+def _database_url(text: str) -> str:
+    # Imported here: psycopg is heavy, and only needed when a URL is given.
+    from .db.conninfo import problem, redacted
+
+    url = text.strip()
+    wrong = problem(url)
+    if wrong is not None:
+        raise Invalid(wrong, shown=redacted(url))
+    return url
+
+
+def _host(text: str) -> str:
+    host = text.strip()
+    if not _HOST_RE.fullmatch(host):
+        raise Invalid("a host name or IP address", shown=host)
+    return host
+
+
+def _allowed_hosts(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    for name in names:
+        if not _HOST_NAME_RE.fullmatch(name):
+            raise Invalid("host names (no port) separated by commas, or *")
+    return names
+
+
+def _tenant_name(text: str) -> str:
+    from .tenants.store import check_name  # psycopg is heavy: only when it is set
+
+    name = text.strip()
+    try:
+        check_name(name)
+    except ClientError:
+        raise Invalid("a tenant name", shown=name) from None
+    return name
+
+
+def _key(text: str) -> bytes:
+    from .sealing import parse_key  # cryptography is imported only when keys are used
+
+    key = parse_key(text.strip())
+    if key is None:
+        raise Invalid(_KEY, shown=f"<{len(text.strip())} characters>")
+    return key
+
+
+def _old_keys(text: str) -> tuple[bytes, ...]:
+    from .sealing import parse_key
+
+    keys = []
+    for part in (p for p in text.split(",") if p.strip()):
+        key = parse_key(part)
+        if key is None:
+            raise Invalid("keys of " + _KEY + ", separated by commas",
+                          shown=f"<{len(part.strip())} characters>")
+        keys.append(key)
+    return tuple(keys)
+
+
+_LOG_LEVELS = {level: level for level in ("DEBUG", "INFO", "WARNING", "ERROR")}
+_DAY_MS = 86_400_000
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
-    database_url: str | None = None
-    data_dir: Path = Path(".queen")
-    host: str = "127.0.0.1"
-    port: int = 6632
-    auth: bool = False
-    # Host names (besides localhost names, IP addresses and QUEEN_HOST) the broker answers to
-    # when auth is off, or whenever this is set; "*": any (see queen_trio/api/origin.py).
-    allowed_hosts: tuple[str, ...] = ()
-    # The tenant whose tokens may read /metrics when auth is on (None: nobody may).
-    operator_tenant: str | None = None
-    # Failed token lookups a client address may cause per second (bursts of twice that);
-    # past it: 429 with no database lookup.
-    auth_failures_per_s: int = 10
-    log_level: str = "INFO"
-    db_pool_size: int = 10
-    # Every database connection attempt, per host (libpq's connect_timeout; at least 2).
-    db_connect_timeout_s: int = 5
-    graceful_timeout_ms: int = 3000
-    # Slow clients: a connection that has not sent a whole request head within this is closed;
-    # a request body not received within the other is answered 408.
-    http_idle_timeout_s: int = 75
-    http_body_timeout_s: int = 60
-    # Bytes of request bodies held at once by one broker process (None: 2 × the body limit,
-    # at least 64 MiB); past it a request is answered 503 rather than the broker growing.
-    http_body_buffer_bytes: int | None = None
-    # Broker processes behind one listening socket (``queen-trio serve``); each is a whole
-    # broker with its own nursery. listen_fd: the socket a worker inherits from its parent.
-    workers: int = 1
-    listen_fd: int | None = None
-    # A pop's commit (its lease or its cursor move) does not wait for the WAL flush: a database
-    # crash can forget the last moments of pops, which only re-delivers those messages. Frames,
-    # acks and timer fires always wait. "sync" makes pops wait too.
-    pop_commit_sync: bool = False
-    # How long past a timer's due instant a pop parked on its queue waits for the frame inside
-    # PostgreSQL, once the sweeper has said it is about to fire (0: never; queen.pop_head_after
-    # in schema/functions/log.sql).
-    pop_fire_wait_ms: int = 10
-    # Pops waiting for messages at once (each holds a connection open): past these a pop that
-    # would wait is refused, 503 for the broker and 429 for one tenant, with Retry-After.
-    longpoll_max_parked: int = 10_000
-    longpoll_max_parked_per_tenant: int = 5_000
-    sweeper_min_sleep_ms: int = 10
-    sweeper_max_sleep_ms: int = 1000
-    sweeper_lease_ms: int = 30000
-    sweeper_max_attempts: int = 5
-    sweeper_batch: int = 500
-    sweeper_backoff_ms: int = 1000
-    timers_max_horizon_s: int = 7_776_000
-    # None means "1 MiB, or the tenant plan's message ceiling if smaller".
-    timers_max_payload_bytes: int | None = None
-    # The message ceiling of pushes (and KV values, transaction pushes); a tenant plan's
-    # maxMessageBytes may lower it. Timer payloads stay within 1 MiB whatever this says.
-    # 16 MiB: what a Queen user pushes (Queen has no per-message cap of its own).
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    database_url: str | None = value(
+        None, _database_url, default_text="unset: embedded PostgreSQL",
+        allowed="a libpq URL or `key=value` conninfo",
+        help="libpq URL (or `key=value` conninfo) of the database; may name several hosts "
+        "(see [high-availability.md](high-availability.md))")
+    data_dir: Path = value(
+        Path(".queen"), lambda text: Path(text.strip()), default_text="`./.queen`",
+        allowed="a directory",
+        help="embedded database and local files")
+    host: str = value("127.0.0.1", _host, default_text="`127.0.0.1`",
+                      allowed="a host name or IP address", help="HTTP bind address")
+    port: int = integer(6632, lo=0, hi=65535, help="HTTP port (`0` picks a free port)")
+    auth: bool = choice("off", {"on": True, "off": False}, help="`on` requires bearer tokens")
+    allow_open: bool = choice(
+        "0", {"0": False, "1": True},
+        help="`1`: serve a non-loopback `QUEEN_HOST` with `QUEEN_AUTH=off` (without it, start-up "
+        "refuses that combination in one line)")
+    # See queen_trio/api/origin.py.
+    allowed_hosts: tuple[str, ...] = value(
+        (), _allowed_hosts, default_text="unset", allowed="host names, or `*`",
+        help="host names (comma-separated, no port) the broker answers to besides IP "
+        "addresses, `localhost`, `*.localhost` and `QUEEN_HOST`, checked with auth off (or "
+        "whenever set); `*`: any. Behind a proxy that passes its public name as `Host`, list "
+        "that name")
+    operator_tenant: str | None = value(
+        None, _tenant_name, default_text="unset", allowed="a tenant name",
+        help="with auth on, the tenant whose tokens may read `/metrics` (unset: nobody)")
+    auth_failures_per_s: int = integer(
+        10, lo=1, hi=1_000_000,
+        help="failed token lookups one client address may cause per second (bursts of twice "
+        "that); past it, 429 without a lookup. All clients behind one proxy share an address")
+    log_level: str = choice("INFO", _LOG_LEVELS, normalise=str.upper,
+                            help="the least severe log record written")
+    db_pool_size: int = integer(10, lo=1, hi=1000,
+                                help="PostgreSQL connections per broker for the API")
+    db_pool_wait_ms: int = integer(
+        30_000, lo=1, hi=3_600_000,
+        help="how long a request waits for a pool connection while all are busy; past it, "
+        "503 `database_busy` with `Retry-After`, having done nothing")
+    db_max_lifetime_s: int = integer(
+        3600, lo=1, hi=7 * 86400,
+        help="a pool connection open this long is closed when it comes back instead of being "
+        "reused (a fresh one is opened on demand)")
+    db_max_idle_s: int = integer(
+        600, lo=1, hi=7 * 86400,
+        help="a pool connection unused this long is closed at the pool's next use (the "
+        "connections of a burst do not stay open)")
+    # libpq's floor is 2 seconds (a smaller value would silently mean 2).
+    db_connect_timeout_s: int = integer(
+        5, lo=2, hi=600,
+        help="how long each database connection attempt may take per host (libpq's "
+        "`connect_timeout`, unless the URL sets its own): a host that accepts and never "
+        "answers costs this, then the next host is tried")
+    graceful_timeout_ms: int = integer(
+        3000, lo=0, hi=60_000, help="how long in-flight requests may finish at shutdown")
+    http_idle_timeout_s: int = integer(
+        75, lo=1, hi=3600,
+        help="a connection idle this long after an answer (or since it opened) is closed, and "
+        "so is one that has not sent a whole request head by then, on every request of the "
+        "connection (slow clients)")
+    http_body_timeout_s: int = integer(
+        60, lo=1, hi=3600, help="a request body not received by then is answered 408")
+    http_body_buffer_bytes: int | None = optional_integer(
+        lo=ONE_MIB, hi=64 * 1024 * ONE_MIB,
+        default_text="2 × the body limit, at least 64 MiB (128 MiB at the default ceiling)",
+        help="request body bytes one broker process holds at once (never below the body "
+        "limit); a request whose body would go past it is answered 503 `overloaded` with "
+        "`Retry-After: 1`, having done nothing. A body is read only once the request is "
+        "admitted (token, quota) and its handler asks for it, and refused with 413 as soon as "
+        "it passes the body limit, chunked or not")
+    # Each worker is a whole broker with its own nursery.
+    workers: int = integer(1, lo=1, hi=64,
+                           help="broker processes sharing the HTTP port (see "
+                           "[operations.md](operations.md#several-broker-processes-queen_workers))")
+    listen_fd: int | None = optional_integer(
+        lo=0, hi=1_000_000, default_text="unset",
+        help="the listening socket a worker inherits from `queen-trio serve` (or from a "
+        "supervisor of your own: systemd socket activation)")
+    # Frames, acks and timer fires always wait for the WAL flush.
+    pop_commit_sync: bool = choice(
+        "async", {"async": False, "sync": True}, env="QUEEN_POP_COMMIT",
+        help="`async`: a pop's commit (its lease or its cursor move) does not wait for the WAL "
+        "flush (a database crash can forget the last moments of pops, which only re-delivers "
+        "those messages; see [operations.md](operations.md#what-a-commit-waits-for)); `sync`: "
+        "as the server is configured")
+    # queen.pop_head_after in schema/functions/log.sql.
+    pop_fire_wait_ms: int = integer(
+        10, lo=0, hi=50,
+        help="how long past a timer's due instant a parked pop told of its fire waits for it "
+        "inside PostgreSQL; `0` also stops the sweeper handing fired frames to parked pops "
+        "(see [internals.md](internals.md#how-a-timer-fires))")
+    longpoll_max_parked: int = integer(
+        10_000, lo=0, hi=1_000_000,
+        help="pops waiting for messages at once on this broker (each holds its connection and "
+        "about 34 KB); past it a pop that would wait answers 503 `broker_waiting_pops_full`. "
+        "Never above half the open-file limit (`LimitNOFILE`, `ulimit -n`; the systemd unit "
+        "sets 65,536)")
+    longpoll_max_parked_per_tenant: int = integer(
+        5_000, lo=0, hi=1_000_000,
+        help="the same for one tenant: 429 `too_many_waiting_pops`. With `QUEEN_AUTH=off` "
+        "every pop is the default tenant's, so this bound comes first")
+    sweeper_min_sleep_ms: int = integer(
+        10, lo=0, hi=60_000,
+        help="floor between two timer claim cycles (at most `QUEEN_SWEEPER_MAX_SLEEP_MS`); "
+        "under steady load a timer waits half of it on average. `5` started handlers at 500 "
+        "timers/s 4.8 ms (p50) after their due instant instead of 7.1–7.7, for about twice the "
+        "CPU (broker 0.63 core instead of 0.33, PostgreSQL 0.57 instead of 0.33; "
+        "`bench.fire_lag --scenario steady`)")
+    sweeper_max_sleep_ms: int = integer(
+        1000, lo=1, hi=3_600_000, help="longest the sweeper sleeps without claiming")
+    sweeper_lease_ms: int = integer(30000, lo=100, hi=3_600_000,
+                                    help="claim lease; bounds the `too_late` window")
+    sweeper_max_attempts: int = integer(
+        5, lo=1, hi=1000, help="permanent fire failures before dead-lettering")
+    sweeper_batch: int = integer(500, lo=1, hi=100_000, help="timers per claim")
+    sweeper_backoff_ms: int = integer(
+        1000, lo=0, hi=3_600_000,
+        help="first retry delay after a permanent failure (doubles, ≤ 60 s)")
+    timers_max_horizon_s: int = integer(
+        7_776_000, lo=1, hi=10 * 365 * 86400, default_text="`7776000` (90 days)",
+        help="longest timer delay")
+    timers_max_payload_bytes: int | None = optional_integer(
+        lo=1, hi=ONE_MIB, default_text="1 MiB, or the tenant's message ceiling if smaller",
+        help="largest timer payload: never above 1 MiB, whatever `QUEEN_MAX_MESSAGE_BYTES` "
+        "says")
+    max_message_bytes: int = integer(
+        DEFAULT_MAX_MESSAGE_BYTES, lo=1024, hi=MAX_MESSAGE_BYTES_LIMIT,
+        default_text=f"`{DEFAULT_MAX_MESSAGE_BYTES}` (16 MiB)",
+        help="the message ceiling: largest serialized payload of a pushed message, KV value or "
+        "transaction push (a plan's `--max-message-bytes` may lower it per tenant; over it: "
+        "413). Queen has no per-message cap of its own; 16 MiB lets a Queen user push what "
+        "Queen takes. The HTTP body limit follows it (4 × this, at least 8 MiB: 64 MiB by "
+        "default). What a 16 MiB message costs the broker's memory: "
+        "[RELIABILITY.md](../RELIABILITY.md), \"Large messages\"")
     # Log housekeeping: sealing the head into segments, retention.
-    housekeeping_interval_ms: int = 1000
-    segment_max_frames: int = 1000
-    segment_max_bytes: int = 4 * ONE_MIB
-    # Frames younger than this stay in the head (consumers at the tail read plain rows); a head
-    # frame older than segment_max_age_ms is sealed even when its segment is not full.
-    segment_min_age_ms: int = 60_000
-    segment_max_age_ms: int = 600_000
-    segment_zstd_level: int = 3
-    segment_cache_bytes: int = 64 * ONE_MIB
-    # At-rest encryption (queen_trio/sealing.py): the key that seals payloads of queues
-    # configured with encryptionEnabled, and older keys that only open (rotation). Secrets:
-    # kept out of repr.
-    encryption_key: bytes | None = dataclasses.field(default=None, repr=False)
-    encryption_old_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    housekeeping_interval_ms: int = integer(
+        1000, lo=10, hi=3_600_000,
+        help="how often the log's housekeeping seals segments and applies retention")
+    segment_max_frames: int = integer(1000, lo=1, hi=1_000_000,
+                                      help="a segment's size in frames")
+    segment_max_bytes: int = integer(4 * ONE_MIB, lo=1024, hi=256 * ONE_MIB,
+                                     help="a segment's size in payload bytes")
+    segment_min_age_ms: int = integer(
+        60_000, lo=0, hi=30 * _DAY_MS,
+        help="frames younger than this stay in the head (plain rows; consumers at the tail "
+        "read them); at most `QUEEN_SEGMENT_MAX_AGE_MS`")
+    segment_max_age_ms: int = integer(
+        600_000, lo=0, hi=30 * _DAY_MS,
+        help="a head frame this old is sealed even if its segment is not full (quiet "
+        "partitions)")
+    segment_zstd_level: int = integer(3, lo=1, hi=22, help="zstd level of new segments")
+    segment_cache_bytes: int = integer(
+        64 * ONE_MIB, lo=0, hi=64 * 1024 * ONE_MIB,
+        help="memory for decompressed segments per broker (LRU by bytes; `0`: none)")
+    # At-rest encryption (queen_trio/sealing.py). Secrets: kept out of repr, never echoed.
+    encryption_key: bytes | None = value(
+        None, _key, default_text="unset", secret=True, allowed="64 hexadecimal digits",
+        help="Queen's setting: 64 hexadecimal digits (32 bytes, e.g. `openssl rand -hex 32`), "
+        "the AES-256-GCM key that seals the payloads of queues configured with "
+        "`encryptionEnabled`. Unset: such queues cannot be configured (400), and pushes to one "
+        "already configured are refused (409 `encryption_unavailable`), never stored in "
+        "clear. Any other value stops start-up with one line naming the setting (the value is "
+        "not echoed). Every broker of a database needs the same keys")
+    encryption_old_keys: tuple[bytes, ...] = value(
+        (), _old_keys, default_text="unset", secret=True,
+        allowed="keys of 64 hexadecimal digits, separated by commas",
+        help="earlier keys, same format, separated by commas: they only open payloads sealed "
+        "under them (key rotation, see [operations.md](operations.md#encryption-at-rest)); only "
+        "beside `QUEEN_ENCRYPTION_KEY`")
 
     def with_database_url(self, url: str) -> Settings:
         return dataclasses.replace(self, database_url=url)
@@ -124,186 +383,99 @@ class Settings:
         return min(own, ONE_MIB, plan_max_message_bytes)
 
 
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-_HOST_RE = re.compile(r"^[A-Za-z0-9.:\-\[\]]+$")
-_HOST_NAME_RE = re.compile(r"^(\*|[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+@dataclasses.dataclass(frozen=True, slots=True)
+class Declared:
+    """A setting as the loader and the references see it."""
+
+    field: str
+    env: str
+    setting: Setting
 
 
-def _allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
-    raw = env.get("QUEEN_ALLOWED_HOSTS", "")
-    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
-    for name in names:
-        if not _HOST_NAME_RE.fullmatch(name):
-            raise ConfigError("QUEEN_ALLOWED_HOSTS", raw,
-                              "host names (no port) separated by commas, or *")
-    return names
+def declared() -> list[Declared]:
+    """Every setting, in declaration order."""
+    out = []
+    for f in dataclasses.fields(Settings):
+        setting = f.metadata["setting"]
+        out.append(Declared(f.name, setting.env or f"QUEEN_{f.name.upper()}", setting))
+    return out
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    text = raw.strip()
-    expected = f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}"
-    if not re.fullmatch(r"[+-]?\d+", text):
-        raise ConfigError(name, raw, expected)
-    value = int(text)
-    if value < lo or (hi is not None and value > hi):
-        raise ConfigError(name, raw, expected)
-    return value
-
-
-def _keys(env: Mapping[str, str]) -> tuple[bytes | None, tuple[bytes, ...]]:
-    """QUEEN_ENCRYPTION_KEY and QUEEN_ENCRYPTION_OLD_KEYS; a wrong value is named by its
-    length only, never echoed (it is a secret)."""
-    from .sealing import parse_key  # cryptography is imported only when keys are used
-
-    expected = "64 hexadecimal digits (a 32-byte AES-256 key, e.g. `openssl rand -hex 32`)"
-    raw = env.get("QUEEN_ENCRYPTION_KEY", "").strip()
-    key = parse_key(raw) if raw else None
-    if raw and key is None:
-        raise ConfigError("QUEEN_ENCRYPTION_KEY", f"<{len(raw)} characters>", expected)
-    old = []
-    for part in env.get("QUEEN_ENCRYPTION_OLD_KEYS", "").split(","):
-        if not part.strip():
-            continue
-        parsed = parse_key(part)
-        if parsed is None:
-            raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", f"<{len(part.strip())} characters>",
-                              "keys of " + expected + ", separated by commas")
-        old.append(parsed)
-    if old and key is None:
-        raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", "<set>",
-                          "to be set only beside QUEEN_ENCRYPTION_KEY (the current key)")
-    return key, tuple(old)
+def _no_larger(env: str, value: int, limit_env: str, limit: int) -> None:
+    if value > limit:
+        raise ConfigError(env, str(value), f"a value no larger than {limit_env} ({limit})")
 
 
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Build :class:`Settings` from an environment mapping (usually ``os.environ``)."""
-    url = env.get("QUEEN_DATABASE_URL", "").strip() or None
-    if url is not None:
-        # Imported here: psycopg is heavy, and only needed when a URL is given.
-        from .db.conninfo import problem, redacted
-
-        wrong = problem(url)
-        if wrong is not None:
-            raise ConfigError("QUEEN_DATABASE_URL", redacted(url), wrong)
-
-    data_dir = Path(env.get("QUEEN_DATA_DIR", "").strip() or ".queen")
-
-    host = env.get("QUEEN_HOST", "").strip() or "127.0.0.1"
-    if not _HOST_RE.fullmatch(host):
-        raise ConfigError("QUEEN_HOST", host, "a host name or IP address")
-
-    auth_raw = env.get("QUEEN_AUTH", "").strip().lower() or "off"
-    if auth_raw not in ("on", "off"):
-        raise ConfigError("QUEEN_AUTH", env["QUEEN_AUTH"], "'on' or 'off'")
-
-    operator = env.get("QUEEN_OPERATOR_TENANT", "").strip() or None
-    if operator is not None:
-        from .tenants.store import check_name  # psycopg is heavy: only when it is set
-
+    values: dict[str, Any] = {}
+    for d in declared():
+        raw = env.get(d.env)
+        if raw is None or not raw.strip():
+            continue
         try:
-            check_name(operator)
-        except ClientError:
-            raise ConfigError("QUEEN_OPERATOR_TENANT", operator, "a tenant name") from None
+            values[d.field] = d.setting.parse(raw)
+        except Invalid as exc:
+            shown = exc.shown if exc.shown is not None else raw
+            raise ConfigError(d.env, shown, exc.expected) from None
+    settings = Settings(**values)
+    # The settings that bound each other.
+    _no_larger("QUEEN_SWEEPER_MIN_SLEEP_MS", settings.sweeper_min_sleep_ms,
+               "QUEEN_SWEEPER_MAX_SLEEP_MS", settings.sweeper_max_sleep_ms)
+    _no_larger("QUEEN_SEGMENT_MIN_AGE_MS", settings.segment_min_age_ms,
+               "QUEEN_SEGMENT_MAX_AGE_MS", settings.segment_max_age_ms)
+    if settings.encryption_old_keys and settings.encryption_key is None:
+        raise ConfigError("QUEEN_ENCRYPTION_OLD_KEYS", "<set>",
+                          "to be set only beside QUEEN_ENCRYPTION_KEY (the current key)")
+    return settings
 
-    level = env.get("QUEEN_LOG_LEVEL", "").strip().upper() or "INFO"
-    if level not in _LOG_LEVELS:
-        raise ConfigError("QUEEN_LOG_LEVEL", env["QUEEN_LOG_LEVEL"], " or ".join(_LOG_LEVELS))
 
-    min_sleep = _int(env, "QUEEN_SWEEPER_MIN_SLEEP_MS", 10, lo=0, hi=60_000)
-    max_sleep = _int(env, "QUEEN_SWEEPER_MAX_SLEEP_MS", 1000, lo=1, hi=3_600_000)
-    if min_sleep > max_sleep:
-        raise ConfigError(
-            "QUEEN_SWEEPER_MIN_SLEEP_MS",
-            str(min_sleep),
-            f"a value no larger than QUEEN_SWEEPER_MAX_SLEEP_MS ({max_sleep})",
-        )
+# -- the references: `queen-trio serve --help` and docs/configuration.md ---------------------
 
-    seg_min_age = _int(env, "QUEEN_SEGMENT_MIN_AGE_MS", 60_000, lo=0, hi=30 * 86_400_000)
-    seg_max_age = _int(env, "QUEEN_SEGMENT_MAX_AGE_MS", 600_000, lo=0, hi=30 * 86_400_000)
-    if seg_min_age > seg_max_age:
-        raise ConfigError(
-            "QUEEN_SEGMENT_MIN_AGE_MS",
-            str(seg_min_age),
-            f"a value no larger than QUEEN_SEGMENT_MAX_AGE_MS ({seg_max_age})",
-        )
 
-    pop_commit = env.get("QUEEN_POP_COMMIT", "").strip().lower() or "async"
-    if pop_commit not in ("async", "sync"):
-        raise ConfigError("QUEEN_POP_COMMIT", env["QUEEN_POP_COMMIT"], "'async' or 'sync'")
+def _plain(text: str) -> str:
+    """Markdown to terminal text: no backquotes, a link as its text."""
+    def link(m: re.Match[str]) -> str:  # docs/configuration.md's links are relative to docs/
+        return m[1] if m[2].startswith("../") else f"docs/{m[1]}"
 
-    workers = _int(env, "QUEEN_WORKERS", 1, lo=1, hi=64)
-    fd_raw = env.get("QUEEN_LISTEN_FD", "").strip()
-    listen_fd = _int(env, "QUEEN_LISTEN_FD", 0, lo=0, hi=1_000_000) if fd_raw else None
+    return re.sub(r"\[([^\]]*)\]\(([^)]*)\)", link, text).replace("`", "")
 
-    payload_raw = env.get("QUEEN_TIMERS_MAX_PAYLOAD_BYTES", "").strip()
-    payload = (
-        _int(env, "QUEEN_TIMERS_MAX_PAYLOAD_BYTES", ONE_MIB, lo=1, hi=ONE_MIB)
-        if payload_raw
-        else None
-    )
 
-    buffer_raw = env.get("QUEEN_HTTP_BODY_BUFFER_BYTES", "").strip()
-    body_buffer = (
-        _int(env, "QUEEN_HTTP_BODY_BUFFER_BYTES", 0, lo=ONE_MIB, hi=64 * 1024 * ONE_MIB)
-        if buffer_raw
-        else None
-    )
+def help_text() -> str:
+    """Every setting, one paragraph each, for ``queen-trio serve --help``."""
+    lines = ["settings (environment variables; unset or blank: the default):"]
+    for d in declared():
+        allowed = f"; {_plain(d.setting.allowed)}" if d.setting.allowed else ""
+        lines.append(f"  {d.env} (default: {_plain(d.setting.default_text)}{allowed})")
+        lines += textwrap.wrap(_plain(d.setting.help), 92, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
+    return "\n".join(lines) + "\n"
 
-    encryption_key, encryption_old_keys = _keys(env)
 
-    return Settings(
-        encryption_key=encryption_key,
-        encryption_old_keys=encryption_old_keys,
-        database_url=url,
-        data_dir=data_dir,
-        host=host,
-        port=_int(env, "QUEEN_PORT", 6632, lo=0, hi=65535),
-        auth=auth_raw == "on",
-        allowed_hosts=_allowed_hosts(env),
-        operator_tenant=operator,
-        auth_failures_per_s=_int(env, "QUEEN_AUTH_FAILURES_PER_S", 10, lo=1, hi=1_000_000),
-        log_level=level,
-        db_pool_size=_int(env, "QUEEN_DB_POOL_SIZE", 10, lo=1, hi=1000),
-        # libpq's floor is 2 seconds (a smaller value would silently mean 2).
-        db_connect_timeout_s=_int(env, "QUEEN_DB_CONNECT_TIMEOUT_S", 5, lo=2, hi=600),
-        graceful_timeout_ms=_int(env, "QUEEN_GRACEFUL_TIMEOUT_MS", 3000, lo=0, hi=60_000),
-        http_idle_timeout_s=_int(env, "QUEEN_HTTP_IDLE_TIMEOUT_S", 75, lo=1, hi=3600),
-        http_body_timeout_s=_int(env, "QUEEN_HTTP_BODY_TIMEOUT_S", 60, lo=1, hi=3600),
-        http_body_buffer_bytes=body_buffer,
-        workers=workers,
-        pop_commit_sync=pop_commit == "sync",
-        pop_fire_wait_ms=_int(env, "QUEEN_POP_FIRE_WAIT_MS", 10, lo=0, hi=50),
-        longpoll_max_parked=_int(env, "QUEEN_LONGPOLL_MAX_PARKED", 10_000, lo=0,
-                                 hi=1_000_000),
-        longpoll_max_parked_per_tenant=_int(env, "QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT",
-                                            5_000, lo=0, hi=1_000_000),
-        listen_fd=listen_fd,
-        sweeper_min_sleep_ms=min_sleep,
-        sweeper_max_sleep_ms=max_sleep,
-        sweeper_lease_ms=_int(env, "QUEEN_SWEEPER_LEASE_MS", 30000, lo=100, hi=3_600_000),
-        sweeper_max_attempts=_int(env, "QUEEN_SWEEPER_MAX_ATTEMPTS", 5, lo=1, hi=1000),
-        sweeper_batch=_int(env, "QUEEN_SWEEPER_BATCH", 500, lo=1, hi=100_000),
-        sweeper_backoff_ms=_int(env, "QUEEN_SWEEPER_BACKOFF_MS", 1000, lo=0, hi=3_600_000),
-        timers_max_horizon_s=_int(
-            env, "QUEEN_TIMERS_MAX_HORIZON_S", 7_776_000, lo=1, hi=10 * 365 * 86400
-        ),
-        timers_max_payload_bytes=payload,
-        max_message_bytes=_int(env, "QUEEN_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, lo=1024,
-                               hi=MAX_MESSAGE_BYTES_LIMIT),
-        housekeeping_interval_ms=_int(
-            env, "QUEEN_HOUSEKEEPING_INTERVAL_MS", 1000, lo=10, hi=3_600_000
-        ),
-        segment_max_frames=_int(env, "QUEEN_SEGMENT_MAX_FRAMES", 1000, lo=1, hi=1_000_000),
-        segment_max_bytes=_int(
-            env, "QUEEN_SEGMENT_MAX_BYTES", 4 * ONE_MIB, lo=1024, hi=256 * ONE_MIB
-        ),
-        segment_min_age_ms=seg_min_age,
-        segment_max_age_ms=seg_max_age,
-        segment_zstd_level=_int(env, "QUEEN_SEGMENT_ZSTD_LEVEL", 3, lo=1, hi=22),
-        segment_cache_bytes=_int(
-            env, "QUEEN_SEGMENT_CACHE_BYTES", 64 * ONE_MIB, lo=0, hi=64 * 1024 * ONE_MIB
-        ),
-    )
+REFERENCE_HEADER = """\
+# Configuration
+
+<!-- Generated from the declarations in queen_trio/config.py by
+     `python -m queen_trio.config > docs/configuration.md`; tests/unit/test_config.py checks
+     that this file matches them. Edit the declarations, not this file. -->
+
+All settings are environment variables, read when the broker starts; unset or blank, a
+setting takes its default. A bad value stops start-up with one line naming the variable (exit
+code 2). `queen-trio serve --help` lists them too. How several processes share a port
+(`QUEEN_WORKERS`) and what a commit waits for (`QUEEN_POP_COMMIT`) are explained in
+[operations.md](operations.md).
+
+| variable | default | allowed | meaning |
+|---|---|---|---|
+"""
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: the settings' table, from their declarations."""
+    rows = [f"| `{d.env}` | {d.setting.default_text} | {d.setting.allowed} | {d.setting.help} |"
+            for d in declared()]
+    return REFERENCE_HEADER + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

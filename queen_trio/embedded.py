@@ -96,7 +96,15 @@ class EmbeddedPostgres:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.data_dir / ".queen-write-test"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise EmbeddedPostgresError(
+                f"cannot use the data directory {self.data_dir} (QUEEN_DATA_DIR): "
+                f"{exc.strerror or exc}") from exc
         user = self._system_user()
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb(user)
@@ -167,9 +175,15 @@ class EmbeddedPostgres:
             ensure_user_exists,
         )
 
+        existed = _user_exists(_SYSTEM_USER)
         entry = ensure_user_exists(_SYSTEM_USER)
         if entry is None:  # it creates the user when missing; None would be its bug
             raise EmbeddedPostgresError(f"could not create the system user {_SYSTEM_USER!r}")
+        # One start-up line either way; a warning when this run added a user to the system.
+        log.log(logging.INFO if existed else logging.WARNING,
+                "running as root: the embedded PostgreSQL runs as the system user %r (%s: "
+                "PostgreSQL refuses to run as root), which owns %s", _SYSTEM_USER,
+                "it exists" if existed else "created it now", self.pgdata)
         ensure_prefix_permissions(bin_dir)
         ensure_folder_permissions(bin_dir, 0o055)
         ensure_folder_permissions(bin_dir.parent / "lib", 0o044)
@@ -289,6 +303,16 @@ class EmbeddedPostgres:
             return (self.data_dir / "postgres.log").read_text(errors="replace")[-800:].strip()
         except FileNotFoundError:
             return "(no log)"
+
+
+def _user_exists(user: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
 
 
 def _uid_gid(user: str) -> tuple[int, int]:

@@ -119,6 +119,17 @@ class _StatisticsCollector(Collector):
                 "Connections discarded (broken, cancelled mid-call, or left in a transaction)",
                 value=s.discarded_total,
             )
+            yield CounterMetricFamily(
+                "queen_db_pool_exhausted",
+                "Tasks refused a connection after the bounded wait (QUEEN_DB_POOL_WAIT_MS)",
+                value=s.exhausted_total,
+            )
+            closed = CounterMetricFamily(
+                "queen_db_pool_closed", "Connections closed by the pool's limits",
+                labels=["reason"])
+            closed.add_metric(["lifetime"], s.closed_lifetime_total)
+            closed.add_metric(["idle"], s.closed_idle_total)
+            yield closed
         if self._listener is not None:
             ls = self._listener()
             yield GaugeMetricFamily(

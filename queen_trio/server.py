@@ -61,9 +61,10 @@ log = logging.getLogger(__name__)
 _HTTP_LOG = logging.getLogger("queen_trio.http")
 _HTTP_LOG.addFilter(lambda record: not str(record.msg).startswith("Running on"))
 
-# Every query finishes in a worker thread that needs the GIL back to hand its answer over. With
-# CPython's default switch interval (5 ms) a busy event loop makes it wait up to that long: a
-# fire's commit instant, a pop's answer, all late by milliseconds. Half a millisecond costs a
+# A query run in a worker thread (Connection.run_in_thread: the sweeper's drain, sealing
+# segments) needs the GIL back to hand its answer over. With CPython's default switch interval
+# (5 ms) a busy event loop makes it wait up to that long: a fire's commit instant late by
+# milliseconds. Half a millisecond costs a
 # little more switching and keeps those waits short.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
@@ -109,12 +110,14 @@ async def run_broker(
     # broker frozen mid-fire (SIGSTOP, a stalled VM) has its transaction ended by the server
     # within one lease, so another broker can take the rows over.
     lease = str(settings.sweeper_lease_ms)
-    sweeper_db = Database(url, max_size=2, application_name="queen-trio-sweeper",
+    new_pool = functools.partial(
+        Database, acquire_timeout_s=settings.db_pool_wait_ms / 1000,
+        max_lifetime_s=settings.db_max_lifetime_s, max_idle_s=settings.db_max_idle_s,
+        on_read_only=read_only)
+    sweeper_db = new_pool(url, max_size=2, application_name="queen-trio-sweeper",
                           session_settings={"idle_in_transaction_session_timeout": lease,
-                                            "statement_timeout": lease},
-                          on_read_only=read_only)
-    async with sweeper_db, Database(url, max_size=settings.db_pool_size,
-                                    on_read_only=read_only) as db:
+                                            "statement_timeout": lease})
+    async with sweeper_db, new_pool(url, max_size=settings.db_pool_size) as db:
         async with db.connection() as conn:
             default_tenant = await conn.fetchval(TENANTS.tenant_id_by_name, {"name": "default"})
             log.info("database %s", conn.where)

@@ -119,25 +119,21 @@ DECLARE
 BEGIN
     SELECT count(*) INTO v_wanted
     FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions)) AS w;
-    FOR attempt IN 1..2 LOOP
-        WITH locked AS (
-            SELECT 1
-            FROM queen.partitions p
-            JOIN queen.queues q USING (queue_id)
-            WHERE (q.tenant_id, q.name, p.name) IN (
-                SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
-            ORDER BY p.partition_id
-            FOR UPDATE OF p
-        )
-        SELECT count(*) INTO v_locked FROM locked;
-        EXIT WHEN v_locked = v_wanted OR attempt = 2;
-        -- First frames of a queue or a partition (usually they exist): create what is
-        -- missing, then lock again.
+    -- First frames of a queue or a partition (usually they exist): create what is missing
+    -- before locking anything. Creating them while holding other partitions' locks could
+    -- deadlock with a push doing the same in the other order (each waits for the other's
+    -- uncommitted insert or row lock).
+    SELECT count(*) INTO v_locked
+    FROM queen.partitions p
+    JOIN queen.queues q USING (queue_id)
+    WHERE (q.tenant_id, q.name, p.name) IN (SELECT * FROM unnest(p_tenants, p_queues, p_partitions));
+    IF v_locked < v_wanted THEN
         INSERT INTO queen.queues (tenant_id, name)
         SELECT DISTINCT n.tenant_id, n.queue
         FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
         WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
                           WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
+        ORDER BY 1, 2
         ON CONFLICT (tenant_id, name) DO NOTHING;
         INSERT INTO queen.partitions (tenant_id, queue_id, name)
         SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
@@ -145,8 +141,19 @@ BEGIN
         JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
         WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
                           WHERE p.queue_id = q.queue_id AND p.name = n.partition)
+        ORDER BY 2, 3
         ON CONFLICT (queue_id, name) DO NOTHING;
-    END LOOP;
+    END IF;
+    WITH locked AS (
+        SELECT 1
+        FROM queen.partitions p
+        JOIN queen.queues q USING (queue_id)
+        WHERE (q.tenant_id, q.name, p.name) IN (
+            SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+        ORDER BY p.partition_id
+        FOR NO KEY UPDATE OF p
+    )
+    SELECT count(*) INTO v_locked FROM locked;
     IF v_locked <> v_wanted THEN
         -- A queue deleted while we created its partition: try the whole fire again later
         -- rather than append fewer frames than the rows it deletes.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -69,5 +70,5 @@ async def http(broker: BrokerHandle) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def replace_settings(settings: Settings, **changes: object) -> Settings:
+def replace_settings(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes)

@@ -10,7 +10,7 @@ import trio
 T = TypeVar("T")
 
 
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 2.0) -> T:
+async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 2.0) -> T:
     """Poll ``check`` until it returns something truthy, for at most ``timeout`` seconds."""
     with trio.fail_after(timeout):
         while True:

@@ -42,10 +42,15 @@ FAST_SETTINGS = {
 }
 
 
+def url_params(url: str) -> dict[str, str]:
+    """The connection parameters a URL or DSN sets (psycopg types their values loosely)."""
+    return {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+
+
 def with_dbname(url: str, dbname: str) -> str:
     params = conninfo_to_dict(url)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 @contextlib.contextmanager
@@ -129,7 +134,7 @@ class Databases:
         return with_dbname(self.admin_url, name)
 
     def drop(self, url: str) -> None:
-        name = conninfo_to_dict(url)["dbname"]
+        name = url_params(url)["dbname"]
         with self._admin() as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

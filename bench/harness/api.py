@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from bench.harness.metrics import Metrics
-from bench.harness.report import Failures, clip, json_or_none
-from queen_trio.client.wire import Answer, LeanClient
+from bench.harness.report import Failures, Reply, clip, json_or_none
+from queen_trio.client.wire import LeanClient
 
 API = "/api/v1"
 REQUEST_TIMEOUT_S = 30.0
@@ -41,7 +41,7 @@ class Api:
         self.failures = failures
 
     async def _call(self, scenario: str, method: str, path: str, body: Any = None,
-                    limit_s: float = REQUEST_TIMEOUT_S) -> Answer | None:
+                    limit_s: float = REQUEST_TIMEOUT_S) -> Reply | None:
         try:
             return await self.client.request(method, path, json=body, timeout=limit_s)
         except httpx.HTTPError as exc:
@@ -49,7 +49,7 @@ class Api:
             return None
 
     def _bad(self, scenario: str, method: str, path: str, body: Any,
-             response: Answer, why: str) -> None:
+             response: Reply, why: str) -> None:
         self.failures.bad_response(scenario, method, path, clip(body), response, why)
 
     async def _checked(self, scenario: str, method: str, path: str, body: Any,

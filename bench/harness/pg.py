@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 def with_dbname(url: str, dbname: str) -> str:
     params = conninfo_to_dict(url)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ class Server:
         return with_dbname(self.admin_url, name)
 
     def drop_database(self, url: str) -> None:
-        name = conninfo_to_dict(url)["dbname"]
+        name = str(conninfo_to_dict(url)["dbname"])
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                          .format(sql.Identifier(name)))
@@ -60,7 +60,7 @@ class Server:
     def settings(self) -> str:
         try:
             with psycopg.connect(self.admin_url, connect_timeout=5) as conn:
-                values = [conn.execute(f"SHOW {n}").fetchone()[0]  # type: ignore[index]
+                values = [conn.execute(f"SHOW {n}").fetchone()[0]
                           for n in ("server_version", "fsync", "synchronous_commit")]
         except psycopg.Error as exc:
             return f"unknown ({type(exc).__name__})"
@@ -71,7 +71,7 @@ def local_postmaster(admin_url: str) -> int | None:
     """The server's postmaster pid if it runs on this machine: the parent of our backend."""
     try:
         with psycopg.connect(admin_url, connect_timeout=5) as conn:
-            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             stat = Path(f"/proc/{backend}/stat").read_text()
     except (psycopg.Error, OSError):
         return None

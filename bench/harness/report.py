@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
@@ -19,6 +19,15 @@ import trio
 from bench.harness.brokers import BrokerProcess
 from bench.harness.pg import server_version
 
+
+class Reply(Protocol):
+    """An HTTP answer as the harness reads it: ``httpx.Response`` or the SDK's lean ``Answer``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    def json(self) -> Any: ...
 
 class Failures:
     """What went wrong, with the request and the broker's answer. The first few of each kind
@@ -37,7 +46,7 @@ class Failures:
             self.examples.append({"scenario": scenario, "kind": kind, "detail": detail, **request})
 
     def bad_response(self, scenario: str, method: str, path: str, body: Any,
-                     response: httpx.Response, why: str) -> None:
+                     response: Reply, why: str) -> None:
         self.add(scenario, f"{method} {path.split('?')[0]} -> {response.status_code}", why,
                  request=f"{method} {path}", request_body=clip(body),
                  status=response.status_code, response_body=clip(response.text))
@@ -67,7 +76,7 @@ def clip(value: Any, limit: int = 600) -> str | None:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
-def json_or_none(response: httpx.Response) -> Any:
+def json_or_none(response: Reply) -> Any:
     try:
         return response.json()
     except ValueError:

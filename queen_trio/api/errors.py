@@ -3,13 +3,16 @@
 Every error answer is Queen's shape, ``{"error": "<snake_case_code>", "detail": "<text>"}``
 (with ``reason`` where a generic code carries a precise one), and our own ``ok: false`` and
 ``message`` (the text again) beside it, which our SDK and dashboard read. queen-mq takes the
-code from ``error`` and its exception's text from ``detail``. :func:`error_response` is the
-one place that builds these bodies; a 429 or a 503 always carries ``Retry-After`` (both mean
+code from ``error`` and its exception's text from ``detail``. :func:`error_json` is the one
+place that writes these bodies (:func:`error_response` for the app, :mod:`.protocol` for what
+hypercorn refuses before the app); a 429 or a 503 always carries ``Retry-After`` (both mean
 "not now": a quota, a bound of the moment, a database away), as Queen's clients expect.
 
-A domain error (:mod:`queen_trio.errors`) is answered with the status
-:data:`queen_trio.errors.HTTP_STATUS` gives its class and its stable code; client mistakes get
-a 4xx. Anything unexpected is logged with its traceback and answered 500 ``internal_error``.
+Every error raised on purpose is a :class:`queen_trio.errors.RequestError` (one tree, drawn in
+:mod:`queen_trio.errors`): a domain error (``ClientError`` kinds) with the status
+:data:`queen_trio.errors.HTTP_STATUS` gives its class, or an :class:`ApiError` of the HTTP
+layer with its own. Anything unexpected is logged with its traceback and answered 500
+``internal_error``.
 """
 
 from __future__ import annotations
@@ -23,24 +26,13 @@ from quart import Blueprint, Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import strict_json
-from ..errors import ClientError, DatabaseUnavailable, http_status
+from ..errors import ApiError, DatabaseUnavailable, PoolExhausted, RequestError, http_status
+
+# ApiError lives in the one tree (queen_trio.errors); the routes import it from here.
+__all__ = ["ApiError", "error_body", "error_json", "error_response", "install_error_handlers",
+           "install_family_errors", "parse_json_body", "read_json_body", "read_json_object"]
 
 log = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    """Raise from a handler to answer with a JSON error."""
-
-    def __init__(
-        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-        self.extra = extra
 
 
 # json.dumps(body, separators=(",", ":")) without building a JSONEncoder per answer.
@@ -58,10 +50,14 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"ok": False, "error": code, "message": message, "detail": message, **extra}
 
 
+def error_json(code: str, message: str, **extra: Any) -> bytes:
+    """The bytes of an error answer's body: compact, like every other answer (jsonify)."""
+    return _COMPACT.encode(error_body(code, message, **extra)).encode()
+
+
 def error_response(http_status: int, code: str, message: str, *,
                    headers: dict[str, str] | None = None, **extra: Any) -> Response:
-    # Compact, like every other answer (jsonify).
-    response = Response(_COMPACT.encode(error_body(code, message, **extra)),
+    response = Response(error_json(code, message, **extra),
                         status=http_status, content_type="application/json")
     if headers:
         response.headers.update(headers)
@@ -121,24 +117,16 @@ def install_family_errors(blueprint: Blueprint, bad_request: str) -> None:
             extra, code = {**extra, "reason": code}, bad_request
         return error_response(status, code, message, headers=headers, **extra)
 
-    @blueprint.errorhandler(ClientError)
-    async def _family_client_error(exc: ClientError) -> Response:
-        return answer(exc.status, exc.code, exc.message, exc.extra)
-
-    @blueprint.errorhandler(ApiError)
-    async def _family_api_error(exc: ApiError) -> Response:
+    @blueprint.errorhandler(RequestError)
+    async def _family_request_error(exc: RequestError) -> Response:
         return answer(exc.status, exc.code, exc.message, exc.extra, exc.headers)
 
 
 def install_error_handlers(app: Quart) -> None:
-    @app.errorhandler(ApiError)
-    async def _api_error(exc: ApiError) -> Response:
+    @app.errorhandler(RequestError)
+    async def _request_error(exc: RequestError) -> Response:
         return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
                               **exc.extra)
-
-    @app.errorhandler(ClientError)
-    async def _client_error(exc: ClientError) -> Response:
-        return error_response(http_status(type(exc)), exc.code, exc.message, **exc.extra)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
@@ -157,6 +145,12 @@ def install_error_handlers(app: Quart) -> None:
         log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
         return error_response(http_status(type(exc)), "database_unavailable",
                               "the database is unreachable; retry")
+
+    @app.errorhandler(PoolExhausted)
+    async def _pool_exhausted(exc: PoolExhausted) -> Response:
+        log.warning("database pool exhausted during %s %s: %s", request.method, request.path,
+                    exc)
+        return error_response(http_status(type(exc)), "database_busy", str(exc))
 
     @app.errorhandler(psycopg.OperationalError)
     async def _db_trouble(exc: psycopg.OperationalError) -> Response:

@@ -588,10 +588,23 @@ def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
 
 @log_routes.get("/resources/queues")
 async def list_queues() -> Response:
-    rows = await _broker().db.run(store.list_queues, current_tenant_id())
+    tenant = current_tenant_id()
+
+    def read(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return store.list_queues(raw, tenant), log_admin.partition_states(raw, tenant)
+
+    rows, parts = await _broker().db.run(read)
+    # Queen's shape: total retained, pending (after the slowest group's cursor; all of them
+    # when no group has read the partition) and processing (leased), summed over partitions.
+    messages: dict[str, dict[str, int]] = {}
+    for p in parts:
+        m = messages.setdefault(p["queue"], {"total": 0, "pending": 0, "processing": 0})
+        for k in m:
+            m[k] += p["counts"][k]
     return _json({"queues": [
         {"name": r["name"], "createdAt": iso(r["created_at"]), "partitions": r["partitions"],
-         "messages": {"total": r["messages"]}, "options": _options_wire(r)}
+         "messages": messages.get(r["name"], {"total": 0, "pending": 0, "processing": 0}),
+         "options": _options_wire(r)}
         for r in rows
     ]})
 

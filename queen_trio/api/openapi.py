@@ -430,7 +430,7 @@ def _log_paths() -> dict[str, Any]:
                                            "applied"},
                 "ignored": {"type": "array", "items": {"type": "string"},
                             "description": "options sent that have no effect here (see "
-                                           "README, Compatibility with Queen)"},
+                                           "docs/http-api.md, Queue options)"},
                 "unknown": {"type": "array", "items": {"type": "string"}}}},
                 "Configured"), **_errors(400)},
         }},
@@ -616,6 +616,10 @@ def _log_paths() -> dict[str, Any]:
         }},
         "/api/v1/resources/queues": {"get": {
             "summary": "The tenant's queues",
+            "description": "Each: name, createdAt, partitions, options, and messages: total "
+                           "(retained), pending (not yet done by the slowest consumer group; "
+                           "all of them while no group has read the partition), processing "
+                           "(leased).",
             "operationId": "listQueues",
             "responses": {"200": _json({"type": "object"}, "Queues")},
         }},
@@ -679,8 +683,9 @@ def _admin_paths() -> dict[str, Any]:
         }},
         "/api/v1/consumer-groups": {"get": {
             "summary": "Consumer groups, one entry per (group, queue)",
-            "description": "Each entry: name, topics, queueName, members (partitions with a "
-                           "cursor), partitionsWithLag, totalLag (messages after the cursors), "
+            "description": "Each entry: name, topics, queueName, members (the queue's "
+                           "partitions: a group that has read a queue lags on all of them), "
+                           "partitionsWithLag, totalLag (messages after the cursors), "
                            "maxTimeLag (seconds: age of the oldest unconsumed message), state "
                            "(Lagging past 300 s, Stable, Dead: never consumed), "
                            "subscriptionMode/Timestamp/CreatedAt (null here). " + _NOT_HERE,

@@ -3,19 +3,18 @@
 h11 refuses a request line with a byte outside printable ASCII (a query string pasted with a
 '…' or a raw non-UTF-8 byte in the path) and hypercorn then answers an empty 400. The answer
 keeps its status and ``Connection: close`` and gains the usual
-error body (:func:`queen_trio.api.errors.error_body`).
+error body (:func:`queen_trio.api.errors.error_json`, the one writer of error JSON).
 """
 
 from __future__ import annotations
 
-import json
 from itertools import chain
 from typing import Any
 
 import h11
 from hypercorn.protocol.h11 import H11Protocol
 
-from .errors import error_body
+from .errors import error_json
 
 MESSAGES = {
     400: ("bad_request", "the request is not valid HTTP/1.1: the request line must be printable "
@@ -26,8 +25,7 @@ MESSAGES = {
 
 def protocol_error_body(status: int) -> bytes:
     code, message = MESSAGES.get(status, ("http_error", "the request is not valid HTTP/1.1"))
-    return json.dumps(error_body(code, message),
-                      separators=(",", ":")).encode()
+    return error_json(code, message)
 
 
 async def _send_json_error_response(self: Any, status_code: int) -> None:

@@ -6,8 +6,8 @@
         r = await queen.timer("reminders").key("trial-ending:42").delay("72h") \\
                        .payload({"accountId": 42}).schedule()
 
-See README.md ("Python SDK") for the tour and :mod:`queen_trio.client.errors` for the
-exceptions.
+See README.md ("Python SDK") for the tour, docs/sdk.md for the rest, and
+:mod:`queen_trio.client.errors` for the exceptions.
 """
 
 from .api import DEFAULT_URL

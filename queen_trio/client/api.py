@@ -196,6 +196,11 @@ class BaseClient(Generic[R]):
                 options[wire] = plain
         return self._call(calls.configure(queue, options))
 
+    def queues(self) -> Any:
+        """The tenant's queues, as ``GET /api/v1/resources/queues`` answers them (dicts: name,
+        partitions, messages ``{total, pending, processing}``, options)."""
+        return self._call(calls.list_queues())
+
     @property
     def kv(self) -> Kv[R]:
         """``queen.kv.get(ns, key)``, ``.put(ns, key, value, ttl_seconds=…)``,

@@ -299,6 +299,10 @@ def configure(queue: str, options: dict[str, Any]) -> Call[m.QueueConfig]:
                 body={"queue": _name(queue, "queue"), "options": options})
 
 
+def list_queues() -> Call[list[dict[str, Any]]]:
+    return Call("GET", f"{API}/resources/queues", lambda w: list(w["queues"]), True)
+
+
 def queue_lease_seconds(queue: str) -> Call[int | None]:
     """The lease a pop of ``queue`` takes (None if the queue does not exist yet)."""
     return Call("GET", f"{API}/resources/queues/{segment(_name(queue, 'queue'))}",

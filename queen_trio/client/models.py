@@ -26,6 +26,11 @@ from ..models import transaction as wire_transaction
 T = TypeVar("T")
 
 
+#: The consumer group of a pop without one (queue mode), as it travels on the wire (the
+#: broker's log/rules.py names it too: the SDK ships without the broker).
+QUEUE_MODE_GROUP = "__QUEUE_MODE__"
+
+
 class TimerStatus(StrEnum):
     """The answer to a schedule or a cancel."""
 

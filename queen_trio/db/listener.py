@@ -114,7 +114,6 @@ class Listener:
         self._connects = 0
         self._notifications = 0
         self._dropped = 0
-        self._connected_event = trio.Event()
 
     # -- public API ---------------------------------------------------------------------
 
@@ -136,11 +135,6 @@ class Listener:
     @property
     def connected(self) -> bool:
         return self._raw is not None
-
-    async def wait_connected(self) -> None:
-        """Return once the listener is connected (immediately if it is)."""
-        while self._raw is None:
-            await self._connected_event.wait()
 
     @property
     def backend_pid(self) -> int | None:
@@ -233,8 +227,6 @@ class Listener:
             raise
         self._raw = raw
         self._connects += 1
-        self._connected_event.set()
-        self._connected_event = trio.Event()
         return raw
 
     async def _pump(self, raw: psycopg.Connection[Any]) -> None:

@@ -1,39 +1,26 @@
-"""A bounded pool of psycopg connections, used from trio.
+"""The connection pool: which :class:`~queen_trio.db.bridge.Connection` a task gets, how long
+it may wait for one, and how long a connection is kept.
 
-psycopg's async API only runs on asyncio (psycopg issue #29). The bridge drives psycopg's *sync*
-connections instead, through one private call (:meth:`Connection._call`), in one of two ways:
+Connections are opened lazily up to ``max_size``; tasks beyond that wait their turn in FIFO
+order, at most ``acquire_timeout_s``: past it the task gets :class:`PoolExhausted` (a 503
+``database_busy`` with ``Retry-After`` to HTTP clients) instead of queueing without end. A
+connection older than ``max_lifetime_s`` is closed when it comes back instead of being reused
+(a server-side leak or a changed setting never lives for ever), and one idle in the pool for
+``max_idle_s`` is closed at the pool's next use (a burst's connections do not stay open all
+night). How a connection is driven from trio: :mod:`queen_trio.db.bridge`.
 
-* **on the event loop** (the default): the call runs in the calling task, and every time
-  psycopg would block on the socket it hands the wait to trio (``wait_readable`` /
-  ``wait_writable``, through a greenback portal). psycopg's protocol code is sans-I/O, and every
-  wait of a sync connection goes through :meth:`TrioWaitConnection.wait`, so this is the only
-  place that has to know. No thread hop: at idle each hop cost this VM ~0.25 ms each way, on
-  the path from a fired timer to a waiting consumer.
-* **in a worker thread** (:meth:`Connection.run_in_thread`): for work that spends real CPU
-  between statements (sealing segments) or must not queue behind HTTP tasks for the event loop
-  (the sweeper's back-to-back drain). psycopg releases the GIL while it waits on the socket.
+Transactions:
 
-(The LISTEN side is trio-native as well: see :mod:`queen_trio.db.listener`.)
-
-Cancellation contract:
-
-* A cancelled statement returns control to trio at once. If it was still running on the
-  server, the server is asked to cancel it; either way the connection is closed and never goes
-  back to the pool, so nothing half-done can leak into another task. (A cancelled thread call is
-  abandoned and its connection closed as soon as the thread lets go of it.)
 * Leaving a :meth:`Database.transaction` block with an exception (cancellation included) rolls
   back inside a bounded shield; if the rollback cannot finish, the connection is discarded
   and the server rolls back when it sees the socket close.
-* ``transaction(shield_commit=True)`` is for the one commit that must finish (a timer fire):
-  once started it runs to its end, bounded by ``commit_timeout``; cancellation is delivered
-  afterwards.
+* ``transaction(shield_commit=True)`` is for a commit that must finish once started: it runs
+  to its end, bounded by ``commit_timeout``; cancellation is delivered afterwards.
 
 Read-only servers (a standby not yet promoted, a demoted or fenced primary): connections ask
 for ``target_session_attrs=read-write`` (:func:`~queen_trio.db.conninfo.broker_conninfo`), so
-libpq refuses such a server at connect and tries the URL's next host. A connection whose
-server reports itself read-only later, or whose statement fails with SQLSTATE 25006, is closed
-and never reused, and the call raises :class:`DatabaseUnavailable` (a 503 to HTTP clients, no
-attempt spent by the sweeper): nothing is ever written through it.
+libpq refuses such a server at connect and tries the URL's next host; a pooled connection
+whose server turned read-only is dropped before anything is sent through it.
 """
 
 from __future__ import annotations
@@ -42,48 +29,23 @@ import dataclasses
 import functools
 import logging
 import math
-import select
-import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import greenback
 import psycopg
 import trio
-from psycopg import errors, pq
-from psycopg.abc import PQGen
 from psycopg.rows import dict_row
-from psycopg.waiting import Ready, Wait
 
-from ..errors import DatabaseUnavailable
-from .conninfo import broker_conninfo, is_read_only_refusal, read_only_reason
-from .transient import READ_ONLY_ERRORS
+from ..errors import DatabaseUnavailable, PoolExhausted
+from .bridge import Connection, TrioWaitConnection
+from .conninfo import broker_conninfo, is_read_only_refusal
 
 log = logging.getLogger(__name__)
 
-
-class _CancelledRollbackFilter(logging.Filter):
-    """Drops psycopg's "error ignored in rollback" when a trio cancellation interrupted the
-    statement: :meth:`Connection._call` then discards the connection, so the ROLLBACK psycopg
-    tries first cannot be sent ("another command is already in progress") and nothing is
-    lost by not saying so. Any other failed rollback is still logged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("error ignored in rollback"):
-            return True
-        failure = sys.exc_info()[1]  # the rollback's own error, raised while leaving the block
-        return not isinstance(getattr(failure, "__context__", None), trio.Cancelled)
-
-
-logging.getLogger("psycopg.transaction").addFilter(_CancelledRollbackFilter())
-
 T = TypeVar("T")
-Params = Sequence[Any] | dict[str, Any] | None
 
 _ROLLBACK_TIMEOUT_S = 5.0
-_CANCEL_REQUEST_TIMEOUT_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,246 +61,10 @@ class PoolStatistics:
     # connections dropped because their server turned out to be read-only.
     read_only_refused_total: int = 0
     read_only_dropped_total: int = 0
-
-
-class TrioWaitConnection(psycopg.Connection[dict[str, Any]]):
-    """A sync psycopg connection whose socket waits belong to trio while a task drives it.
-
-    psycopg runs every network operation of a sync connection as a generator that yields what
-    it waits for; :meth:`wait` is where those generators are consumed. Called from a task with
-    a greenback portal, the waits become trio waits and other tasks run meanwhile; called from
-    a worker thread (or at connect time), psycopg's own blocking wait is used.
-    """
-
-    def wait(self, gen: PQGen[T], interval: float = 0.1, timeout: float | None = None) -> T:
-        if greenback.has_portal():
-            return greenback.await_(_wait_on_trio(gen, self.pgconn.socket, timeout))
-        return super().wait(gen, interval, timeout)
-
-
-async def _wait_on_trio(gen: PQGen[T], fileno: int, limit_s: float | None) -> T:
-    """Consume psycopg's generator, each wait it yields a trio wait; psycopg's
-    ``_WaitTimeout`` after ``limit_s``, as its own waits do."""
-    with trio.move_on_after(math.inf if limit_s is None else limit_s) as scope:
-        try:
-            state = next(gen)
-            while True:
-                state = gen.send(await _ready(fileno, state))
-        except StopIteration as done:
-            return done.value
-    assert scope.cancelled_caught
-    raise errors._WaitTimeout("wait timeout expired")
-
-
-async def _ready(fileno: int, state: Wait) -> Ready:
-    if state == Wait.R:
-        await trio.lowlevel.wait_readable(fileno)
-        return Ready.R
-    if state == Wait.W:
-        await trio.lowlevel.wait_writable(fileno)
-        return Ready.W
-    # Both (a large query still being written while the server already answers): whichever
-    # comes first. Rare, so the cost of a nursery does not matter.
-    ready = Ready.NONE
-
-    async def one(wait: Callable[[int], Any], flag: Ready, cancel: trio.CancelScope) -> None:
-        nonlocal ready
-        await wait(fileno)
-        ready = Ready(ready | flag)
-        cancel.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(one, trio.lowlevel.wait_readable, Ready.R, nursery.cancel_scope)
-        nursery.start_soon(one, trio.lowlevel.wait_writable, Ready.W, nursery.cancel_scope)
-    return ready
-
-
-class Connection:
-    """A pooled connection as seen from trio.
-
-    Calls run in the calling task, their socket waits handed to trio; :meth:`run_in_thread`
-    runs one in a worker thread instead.
-
-    Rows come back as dicts. Obtain one from :meth:`Database.connection` (autocommit) or
-    :meth:`Database.transaction`; never keep it beyond that block.
-    """
-
-    def __init__(self, raw: TrioWaitConnection, limiter: trio.CapacityLimiter,
-                 on_read_only: Callable[[], None] = lambda: None):
-        self._raw = raw
-        self._limiter = limiter
-        self._on_read_only = on_read_only
-        self._state = threading.Lock()
-        self._running = False
-        self._abandoned = False
-        self._begin_pending = False
-
-    @property
-    def usable(self) -> bool:
-        """Whether this connection may go back to the pool as it is."""
-        return not (self._abandoned or self._raw.closed or self._raw.broken)
-
-    @property
-    def backend_pid(self) -> int:
-        return self._raw.info.backend_pid
-
-    @property
-    def server(self) -> tuple[str, int]:
-        """The host (name, address or socket directory) and port this connection reached:
-        with a multi-host URL, the one that accepted it."""
-        return self._raw.info.host, self._raw.info.port
-
-    @property
-    def where(self) -> str:
-        """``dbname on host:port as user``, for a log line: the server that accepted this
-        connection (one of a multi-host URL's), never a password."""
-        info = self._raw.info
-        return f"{info.dbname} on {info.host}:{info.port} as {info.user}"
-
-    def server_went_away(self) -> bool:
-        """For a connection idle in the pool: whether its server has closed it meanwhile (it
-        crashed, was shut down, or ended the session). One zero-timeout poll of the socket;
-        an idle connection has nothing to read unless the server said goodbye."""
-        pgconn = self._raw.pgconn
-        poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN)
-        for _ in range(3):  # the farewell message, then the end of the stream
-            if not poller.poll(0):
-                return False
-            try:
-                pgconn.consume_input()
-            except psycopg.OperationalError:
-                return True
-            if pgconn.status == pq.ConnStatus.BAD:
-                return True
-        return False
-
-    @property
-    def read_only_reason(self) -> str | None:
-        """Why this connection's server cannot take writes, as it last reported, or None."""
-        return read_only_reason(self._raw.info)
-
-    @property
-    def in_transaction(self) -> bool:
-        return self._raw.info.transaction_status != pq.TransactionStatus.IDLE
-
-    async def execute(self, query: str, params: Params = None) -> int:
-        """Run a statement; return the affected row count."""
-        return await self._call(_execute, query, params)
-
-    async def fetch(self, query: str, params: Params = None) -> list[dict[str, Any]]:
-        return await self._call(_fetchall, query, params)
-
-    async def fetchrow(self, query: str, params: Params = None) -> dict[str, Any] | None:
-        return await self._call(_fetchone, query, params)
-
-    async def fetchval(self, query: str, params: Params = None) -> Any:
-        row = await self._call(_fetchone, query, params)
-        return None if row is None else next(iter(row.values()))
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(raw_connection, *args)`` (several statements at once) in this task."""
-        return await self._call(fn, *args)
-
-    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(raw_connection, *args)`` in a worker thread."""
-        return await self._call(fn, *args, in_thread=True)
-
-    # -- the bridge ---------------------------------------------------------------------
-
-    async def _call(self, fn: Callable[..., T], *args: Any, in_thread: bool = False) -> T:
-        if not self.usable:
-            raise DatabaseUnavailable("connection is closed")
-        try:
-            if in_thread:
-                return await trio.to_thread.run_sync(
-                    self._in_thread, fn, args, abandon_on_cancel=True, limiter=self._limiter
-                )
-            # As with a thread: a call whose task is already cancelled never starts.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            return await greenback.with_portal_run_sync(self._in_task, fn, args)
-        except trio.Cancelled:
-            await self._abandon()
-            raise
-        except psycopg.Error as exc:
-            # Whatever the SQLSTATE (connection lost, admin shutdown, idle-in-transaction
-            # timeout…), an error that leaves the connection unusable is "database unavailable".
-            if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
-                raise DatabaseUnavailable(str(exc).strip()) from exc
-            reason = self.read_only_reason
-            if isinstance(exc, READ_ONLY_ERRORS) or reason is not None:
-                # A standby, or a primary demoted or fenced under us: never write through it.
-                self._drop_read_only()
-                raise DatabaseUnavailable(
-                    f"the database server is read-only ({reason or str(exc).strip()}); "
-                    "waiting for a writable one") from exc
-            raise
-
-    def _in_task(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        if self._begin_pending:
-            # Deferred BEGIN: rides the first statement's call instead of costing its own.
-            self._raw.execute("BEGIN")
-            self._begin_pending = False
-        return fn(self._raw, *args)
-
-    def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        with self._state:
-            if self._abandoned:
-                raise DatabaseUnavailable("connection was abandoned before the call started")
-            self._running = True
-        try:
-            if self._begin_pending:
-                # Deferred BEGIN: rides the first statement's hop instead of costing its own.
-                self._raw.execute("BEGIN")
-                self._begin_pending = False
-            return fn(self._raw, *args)
-        finally:
-            with self._state:
-                self._running = False
-                close_now = self._abandoned
-            if close_now:
-                self._raw.close()
-
-    async def _abandon(self) -> None:
-        """A call was cancelled: make sure this connection is never reused."""
-        with self._state:
-            self._abandoned = True
-            running = self._running
-        if running:
-            # The thread still owns the socket and will close it when it returns; ask the
-            # server to stop the statement so that happens soon.
-            await self._ask_server_to_cancel()
-            return
-        if self._raw.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-            await self._ask_server_to_cancel()  # a statement was still running there
-        self._raw.close()
-
-    async def _ask_server_to_cancel(self) -> None:
-        with trio.move_on_after(_CANCEL_REQUEST_TIMEOUT_S, shield=True):
-            await trio.to_thread.run_sync(self._raw.cancel_safe, abandon_on_cancel=True)
-
-    def _drop_read_only(self) -> None:
-        self._on_read_only()
-        self._close()
-
-    def _close(self) -> None:
-        with self._state:
-            self._abandoned = True
-            running = self._running
-        if not running:
-            self._raw.close()
-
-
-def _execute(raw: psycopg.Connection[Any], query: str, params: Params) -> int:
-    return raw.execute(query, params).rowcount
-
-
-def _fetchall(raw: psycopg.Connection[Any], query: str, params: Params) -> list[dict[str, Any]]:
-    return raw.execute(query, params).fetchall()
-
-
-def _fetchone(raw: psycopg.Connection[Any], query: str, params: Params) -> dict[str, Any] | None:
-    return raw.execute(query, params).fetchone()
+    # Tasks that waited acquire_timeout_s in vain; connections closed for their age or idleness.
+    exhausted_total: int = 0
+    closed_lifetime_total: int = 0
+    closed_idle_total: int = 0
 
 
 def _run_transaction(raw: psycopg.Connection[Any], fn: Callable[..., T], args: tuple) -> T:
@@ -350,8 +76,10 @@ class Database:
     """A bounded pool of :class:`Connection` objects for one PostgreSQL database.
 
     Connections are opened lazily up to ``max_size``; tasks beyond that wait their turn in
-    FIFO order. A connection that failed, was cancelled mid-call, or was left inside a
-    transaction is discarded rather than returned.
+    FIFO order, for at most ``acquire_timeout_s`` (None: without end). A connection that failed,
+    was cancelled mid-call, or was left inside a transaction is discarded rather than returned;
+    one older than ``max_lifetime_s`` is closed when it comes back, one idle longer than
+    ``max_idle_s`` at the pool's next use (None: never).
     """
 
     def __init__(
@@ -359,6 +87,9 @@ class Database:
         conninfo: str,
         *,
         max_size: int = 10,
+        acquire_timeout_s: float | None = None,
+        max_lifetime_s: float | None = None,
+        max_idle_s: float | None = None,
         commit_timeout_s: float = 10.0,
         application_name: str = "queen-trio",
         session_settings: dict[str, str] | None = None,
@@ -373,6 +104,9 @@ class Database:
         # server turned out read-only); for the metrics.
         self._on_read_only_event = on_read_only
         self.max_size = max_size
+        self._acquire_timeout_s = math.inf if acquire_timeout_s is None else acquire_timeout_s
+        self._max_lifetime_s = math.inf if max_lifetime_s is None else max_lifetime_s
+        self._max_idle_s = math.inf if max_idle_s is None else max_idle_s
         self._commit_timeout_s = commit_timeout_s
         self._application_name = application_name
         self._session_settings = dict(session_settings or {})
@@ -385,6 +119,9 @@ class Database:
         self._discarded = 0
         self._read_only_refused = 0
         self._read_only_dropped = 0
+        self._exhausted = 0
+        self._closed_lifetime = 0
+        self._closed_idle = 0
         self._closed = False
 
     def statistics(self) -> PoolStatistics:
@@ -398,6 +135,9 @@ class Database:
             discarded_total=self._discarded,
             read_only_refused_total=self._read_only_refused,
             read_only_dropped_total=self._read_only_dropped,
+            exhausted_total=self._exhausted,
+            closed_lifetime_total=self._closed_lifetime,
+            closed_idle_total=self._closed_idle,
         )
 
     @asynccontextmanager
@@ -502,12 +242,17 @@ class Database:
     async def _acquire(self) -> Connection:
         if self._closed:
             raise DatabaseUnavailable("the connection pool is closed")
-        self._waiting += 1
+        # What Semaphore.acquire does (a checkpoint either way), with a cancel scope bounding
+        # the wait only when there is one: a scope per call costs more than the rest of it.
+        await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._wait_for_a_slot()
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
+            self._close_idle()
             while self._idle:
                 conn = self._idle.pop()
                 if conn.usable and conn.read_only_reason is not None:
@@ -517,6 +262,8 @@ class Database:
                 elif conn.usable and conn.server_went_away():
                     # Its server is gone (a crash, a failover): a fresh connection, not a 503.
                     conn._close()
+                elif conn.usable and self._too_old(conn):
+                    continue
                 if conn.usable:
                     break
                 self._discarded += 1
@@ -528,12 +275,27 @@ class Database:
         self._in_use += 1
         return conn
 
+    async def _wait_for_a_slot(self) -> None:
+        self._waiting += 1
+        try:
+            with trio.move_on_after(self._acquire_timeout_s):
+                await self._slots.acquire()
+                return
+        finally:
+            self._waiting -= 1
+        self._exhausted += 1
+        raise PoolExhausted(f"all {self.max_size} database connections stayed busy for "
+                            f"{self._acquire_timeout_s:g} s; retry")
+
     async def _release(self, conn: Connection) -> None:
         self._in_use -= 1
         try:
             if conn.usable and conn.in_transaction:
                 await self._rollback(conn)
+            if conn.usable and self._too_old(conn):
+                return
             if conn.usable and not self._closed:
+                conn.released_at = trio.current_time()
                 self._idle.append(conn)
                 return
             if not conn.usable:
@@ -571,6 +333,22 @@ class Database:
             raise DatabaseUnavailable(f"the database server is read-only ({reason}); "
                                       "waiting for a writable one")
         return conn
+
+    def _too_old(self, conn: Connection) -> bool:
+        """Close ``conn`` if it has lived max_lifetime_s."""
+        if trio.current_time() - conn.opened_at < self._max_lifetime_s:
+            return False
+        self._closed_lifetime += 1
+        conn._close()
+        return True
+
+    def _close_idle(self) -> None:
+        """Close the connections idle longer than max_idle_s: the oldest are first in the
+        list (a connection goes back at its end, and the next task takes the newest)."""
+        limit = trio.current_time() - self._max_idle_s
+        while self._idle and self._idle[0].released_at <= limit:
+            self._closed_idle += 1
+            self._idle.pop(0)._close()
 
     def _read_only(self, event: str) -> None:
         if event == "refused":

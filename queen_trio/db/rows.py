@@ -1,10 +1,15 @@
-"""Reading the one row of a statement that always returns exactly one."""
+"""The row type of the broker's connections, and reading the one row of a statement that always
+returns exactly one."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import psycopg
+
+#: Every connection of the pool makes dict rows (``row_factory=dict_row``, db/pool.py).
+DictRow: TypeAlias = dict[str, Any]
+DictConnection: TypeAlias = psycopg.Connection[DictRow]
 
 Row = TypeVar("Row")
 

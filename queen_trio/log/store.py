@@ -665,7 +665,9 @@ def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
     for position, a in enumerate(acks):
         groups.setdefault((a.partition_id, a.group), []).append((position, a))
     results: dict[int, AckResult] = {}
-    for (partition_id, group), items in groups.items():
+    # Cursors are locked in one order whatever order the acks came in, so two batches over the
+    # same partitions never wait for each other crosswise.
+    for (partition_id, group), items in sorted(groups.items()):
         results.update(_ack_partition(raw, tenant_id, partition_id, group, items))
     ordered = [results[position] for position in range(len(acks))]
     for queue in {r.queue for r in ordered if r.lease_released and r.queue is not None}:

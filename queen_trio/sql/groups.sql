@@ -4,6 +4,32 @@
 -- One row per (consumer group, partition) cursor, with the group's lag there: the messages
 -- after its cursor (out-of-order acks not counted) and the created_at of the oldest of them,
 -- exact in the head, the first frame of its segment when sealed (an upper bound of its age).
+-- A group that has read a queue also lags on the queue's partitions it has not read yet (one
+-- created since, or one it never popped): those rows have no cursor (committed -1, never
+-- updated) and every retained message is lag, as its first pop there starts at log_start.
+-- A group subscribed with mode "new" starts such a partition at its subscription instant:
+-- it gets no such rows (its lag there shows from its first pop on it).
+WITH c AS (
+    SELECT c.partition_id, c.consumer_group, c.committed, c.acked_ahead, c.lease_id,
+           c.lease_expires_at, c.leased_to, c.updated_at
+    FROM queen.cursors c
+    WHERE c.tenant_id = %(tenant_id)s
+      AND (%(group)s::text IS NULL OR c.consumer_group = %(group)s)
+    UNION ALL
+    SELECT p.partition_id, k.consumer_group, -1, '{}'::bigint[], NULL, NULL, NULL, NULL
+    FROM (SELECT DISTINCT k.consumer_group, kp.queue_id
+          FROM queen.cursors k JOIN queen.partitions kp USING (partition_id)
+          WHERE k.tenant_id = %(tenant_id)s
+            AND (%(group)s::text IS NULL OR k.consumer_group = %(group)s)) k
+    JOIN queen.partitions p ON p.queue_id = k.queue_id
+    JOIN queen.queues kq ON kq.queue_id = k.queue_id
+    WHERE NOT EXISTS (SELECT 1 FROM queen.cursors x
+                      WHERE x.partition_id = p.partition_id
+                        AND x.consumer_group = k.consumer_group)
+      AND NOT EXISTS (SELECT 1 FROM queen.group_subscriptions s
+                      WHERE s.tenant_id = %(tenant_id)s AND s.queue = kq.name
+                        AND s.consumer_group = k.consumer_group)
+)
 SELECT c.consumer_group, q.name AS queue, p.name AS partition, p.partition_id, c.committed,
        c.lease_id, c.lease_expires_at, c.leased_to, c.updated_at,
        coalesce(c.lease_expires_at > now(), false) AS leased,
@@ -19,12 +45,11 @@ SELECT c.consumer_group, q.name AS queue, p.name AS partition, p.partition_id, c
             WHERE s.partition_id = p.partition_id
               AND x.start BETWEEN s.first_offset AND s.last_offset)) END AS oldest_at,
        now() AS now
-FROM queen.cursors c
+FROM c
 JOIN queen.partitions p USING (partition_id)
 JOIN queen.queues q USING (queue_id)
 CROSS JOIN LATERAL (SELECT greatest(c.committed + 1, p.log_start) AS start) x
-WHERE p.tenant_id = %(tenant_id)s AND c.tenant_id = %(tenant_id)s
-  AND (%(group)s::text IS NULL OR c.consumer_group = %(group)s)
+WHERE p.tenant_id = %(tenant_id)s
   AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
 ORDER BY c.consumer_group, q.name, p.name
 

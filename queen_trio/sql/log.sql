@@ -42,19 +42,30 @@ INSERT INTO queen.partitions (tenant_id, queue_id, name)
 SELECT %(tenant_id)s, q.queue_id, n.name
 FROM unnest(%(queues)s::text[], %(names)s::text[]) AS n(queue, name)
 JOIN queen.queues q ON q.tenant_id = %(tenant_id)s AND q.name = n.queue
+ORDER BY n.queue, n.name  -- every creator inserts in one order
 ON CONFLICT (queue_id, name) DO NOTHING
 
 -- name: lock_partitions
 -- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
--- deadlocking each other.
+-- deadlocking each other. NO KEY UPDATE (a push changes next_offset, never the key): it leaves
+-- the key-share locks that cursor and retry writes take through their foreign keys free, so an
+-- ack or a pop never waits for a push, nor a push for them (FOR UPDATE made such a wait, and a
+-- deadlock when an ack's partitions came in another order).
 SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size,
        q.encryption_enabled
 FROM queen.partitions p
 JOIN queen.queues q USING (queue_id)
 WHERE q.tenant_id = %(tenant_id)s
   AND (q.name, p.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[]))
+  -- All or nothing: when one is missing, nothing is locked, and the caller creates the missing
+  -- ones holding no partition lock (creating them under other partitions' locks could deadlock
+  -- with a push doing the same in another order). The pairs are distinct.
+  AND (SELECT count(*) FROM queen.partitions p2 JOIN queen.queues q2 USING (queue_id)
+       WHERE q2.tenant_id = %(tenant_id)s
+         AND (q2.name, p2.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[])))
+      = cardinality(%(names)s::text[])
 ORDER BY p.partition_id
-FOR UPDATE OF p
+FOR NO KEY UPDATE OF p
 
 -- name: existing_transactions
 -- Push de-duplication: sealed frames count too. A duplicate answers with the id of the message
@@ -156,9 +167,9 @@ LIMIT %(limit)s
 
 -- name: share_partition_unless_pushed
 -- A pop over several partitions takes each partition's key-share lock (what the cursor's and
--- retries' foreign keys take) without waiting: a push holding the partition (pushes lock
--- partitions in partition_id order) would otherwise wait for a partition this pop holds while
--- the pop waits for it, a deadlock. No row: a push holds it; the pop goes on to another.
+-- retries' foreign keys take) without waiting. Pushes and the fire lock partitions FOR NO KEY
+-- UPDATE, which does not conflict with it; only a key change or a delete of the partition
+-- (FOR UPDATE) does, and the pop then goes on to another partition instead of waiting.
 SELECT 1 AS held FROM queen.partitions
 WHERE partition_id = %(partition_id)s
 FOR KEY SHARE SKIP LOCKED

@@ -42,6 +42,3 @@ ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now(
 -- name: forget_functions
 -- Files no longer shipped (renamed or merged: their functions are defined elsewhere now).
 DELETE FROM queen.schema_functions WHERE name <> ALL (%s)
-
--- name: current_version
-SELECT coalesce(max(version), 0) AS version FROM queen.schema_migrations

@@ -98,7 +98,7 @@ JOIN queen.segments s ON s.partition_id = p.partition_id
 WHERE p.partition_id = %(partition_id)s
   AND queen.segment_droppable(q, p.partition_id, s.last_offset, s.last_created_at)
 ORDER BY s.first_offset
-FOR UPDATE OF p
+FOR NO KEY UPDATE OF p
 
 -- name: advance_log_start
 UPDATE queen.partitions SET log_start = %(log_start)s
@@ -139,7 +139,7 @@ WITH p AS (
     SELECT p.partition_id, p.log_start, p.tenant_id, p.queue_id
     FROM queen.partitions p
     WHERE p.partition_id = %(partition_id)s
-    FOR UPDATE
+    FOR NO KEY UPDATE
 )
 SELECT f."offset", f.size_bytes, p.log_start, p.tenant_id, p.queue_id,
        max(f.created_at) OVER (ORDER BY f."offset") AS newest

@@ -245,13 +245,21 @@ async function overview() {
 async function queueList() {
   const [queues, groups] = await Promise.all([api(`${API}/resources/queues`), api(`${API}/consumer-groups`)]);
   const list = queues.body.queues || [];
+  // Pending timers are counted per queue by its detail (as on the overview: first 50 queues).
+  const details = await Promise.all(list.slice(0, 50).map(
+    (q) => api(`${API}/resources/queues/${encodeURIComponent(q.name)}`)));
+  const known = Object.fromEntries(details.filter((d) => d.status === 200).map((d) => [d.body.name, d.body]));
   return [
     el("h2", {}, "Queues"),
-    table(["queue", "partitions", "messages", "delayedProcessing", "links"], list.map((q) => [
+    el("p", { class: "muted" }, "pending: not yet done by the slowest consumer group (all of them while nobody consumed); total: retained, consumed or not"),
+    table(["queue", "partitions", "pending messages", "total messages", "pending timers", "delayedProcessing", "links"], list.map((q) => [
       el("a", { href: "#/queue/" + encodeURIComponent(q.name) }, q.name),
-      q.partitions, (q.messages || {}).total ?? "—", `${q.options.delayedProcessing ?? 0} s`,
+      q.partitions, known[q.name] ? backlog(known[q.name]).pending : (q.messages || {}).pending ?? "—",
+      (q.messages || {}).total ?? "—", known[q.name] ? (known[q.name].timers || {}).pending ?? 0 : "—", `${q.options.delayedProcessing ?? 0} s`,
       el("a", { href: "#/timers/" + encodeURIComponent(q.name) }, "timers")])),
     el("h3", {}, "Consumer groups"),
+    (groups.body || []).length ? null
+      : el("p", { class: "muted", id: "no-groups" }, "No consumer group has read these queues yet: a group shows here from its first pop."),
     table(["group", "queue", "lag (messages)", "lag (seconds)", "state"], (groups.body || []).map((g) => [
       g.name, g.queueName, g.totalLag, g.maxTimeLag, g.state])),
   ];
@@ -261,24 +269,20 @@ async function queuePage(name) {
   const d = await api(`${API}/resources/queues/${encodeURIComponent(name)}`);
   if (d.status !== 200) return [el("h2", {}, "Queue ", el("code", {}, name)), problem(d)];
   const q = d.body;
-  const groupRows = [];
-  for (const p of q.partitions || []) {
-    for (const [group, c] of Object.entries(p.groups || {})) {
-      groupRows.push([group, p.name, c.committed, c.lag, c.leased ? "leased" : "not leased"]);
-    }
-  }
+  const { pending, rows: groupRows } = backlog(q);
   const t = q.timers || {};
   return [
     el("h2", {}, "Queue ", el("code", {}, q.name)),
     el("p", {}, el("a", { href: "#/timers/" + encodeURIComponent(q.name) }, `Timers (${t.pending ?? 0} pending)`),
       " · ", el("a", { href: "#/dlq?queue=" + encodeURIComponent(q.name) }, `Dead letters (${(q.totals || {}).deadLetters ?? 0})`)),
     el("div", { class: "cards" },
-      card("messages", (q.totals || {}).messages ?? "—"),
+      card("pending messages", pending),
+      card("total messages (consumed or not)", (q.totals || {}).messages ?? "—"),
       card("pending timers", t.pending ?? 0),
       card("next timer due", t.nextDeliverAt ? when(t.nextDeliverAt) : "none"),
       card("delayedProcessing", `${(q.options || {}).delayedProcessing ?? 0} s`)),
     el("h3", {}, "Partitions"),
-    table(["partition", "logStart", "nextOffset", "messages", "head (frames / bytes)", "segments (count / frames / bytes)"],
+    table(["partition", "logStart", "nextOffset", "retained messages", "head (frames / bytes)", "segments (count / frames / bytes)"],
       (q.partitions || []).map((p) => [p.name, p.logStart, p.nextOffset, p.messages,
         `${p.storage.headFrames} / ${p.storage.headBytes} B`,
         `${p.storage.segments} / ${p.storage.segmentFrames} / ${p.storage.compressedBytes} B`])),
@@ -287,6 +291,31 @@ async function queuePage(name) {
     el("h3", {}, "Options"),
     table(["option", "value"], Object.entries(q.options || {}).map(([k, v]) => [k, JSON.stringify(v)])),
   ];
+}
+
+// A queue's detail → its pending messages (not yet done by the slowest group) and one row per
+// (group, partition). A group that has read the queue lags on every partition, also those it
+// has not read yet (as GET /consumer-groups counts them); with no group, all are pending.
+function backlog(q) {
+  const known = q.consumerGroups || [];
+  const rows = [];
+  let pending = 0;
+  for (const p of q.partitions || []) {
+    let slowest = known.length ? 0 : p.messages;
+    for (const group of known) {
+      const c = (p.groups || {})[group];
+      const lag = c ? c.lag : p.messages;
+      slowest = Math.max(slowest, lag);
+      rows.push([group, p.name, committed(c ? c.committed : -1), lag, c && c.leased ? "leased" : "not leased"]);
+    }
+    pending += slowest;
+  }
+  return { pending, rows };
+}
+
+// A cursor's last offset done; -1 (or below the log) means nothing committed yet.
+function committed(offset) {
+  return offset === null || offset === undefined || offset < 0 ? "none" : offset;
 }
 
 function problem(answer) {

@@ -83,7 +83,7 @@ def attacker_site(broker_url: str) -> Iterator[int]:
 def state(database_url: str) -> dict[str, int]:
     with psycopg.connect(database_url, autocommit=True) as raw:
         def n(sql: str) -> int:
-            row = raw.execute(sql).fetchone()  # type: ignore[arg-type]
+            row = raw.execute(sql).fetchone()
             assert row is not None
             return int(row[0])
         return {

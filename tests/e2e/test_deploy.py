@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .test_serve import _env, _wait_healthy
+from .test_serve import _env, _free_port, _wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -157,3 +157,35 @@ def test_containerfile_keeps_the_embedded_data_in_a_volume() -> None:
     env = dict(item.split("=", 1) for item in dict(instructions)["ENV"].split())
     volumes = [args for kind, args in instructions if kind == "VOLUME"]
     assert volumes and env["QUEEN_DATA_DIR"] in volumes[0]
+
+
+@pytest.mark.parametrize("source", ["Containerfile", "compose.yaml"])
+def test_the_images_open_address_is_a_stated_choice(database_url: str, source: str) -> None:
+    """The image binds 0.0.0.0 with auth off: the broker refuses that (one line, exit 2)
+    unless QUEEN_ALLOW_OPEN=1 says it is meant, as compose.yaml does (publishing the port on
+    the host's loopback only)."""
+    image = dict(item.split("=", 1) for item in dict(_containerfile())["ENV"].split())
+    assert (image["QUEEN_HOST"], image["QUEEN_AUTH"], image["QUEEN_ALLOW_OPEN"]) == (
+        "0.0.0.0", "off", "0")
+    env = dict(image)
+    if source == "compose.yaml":
+        broker = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["broker"]
+        assert broker["ports"] == ["127.0.0.1:6632:6632"]
+        env.update(broker["environment"])
+        assert env["QUEEN_ALLOW_OPEN"] == "1"
+    port = _free_port()
+    env.update(QUEEN_DATABASE_URL=database_url, QUEEN_PORT=str(port), QUEEN_ALLOWED_HOSTS="")
+    proc = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if source == "Containerfile":
+            assert proc.wait(timeout=30) == 2
+            lines = proc.stderr.read().strip().splitlines()
+            assert len(lines) == 1 and "QUEEN_ALLOW_OPEN=1" in lines[0], lines
+        else:
+            _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

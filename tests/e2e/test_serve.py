@@ -120,7 +120,8 @@ def test_serve_with_a_database_url_touches_no_embedded_server(
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("QUEEN_PORT", "http"), ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-1"), ("QUEEN_AUTH", "maybe")],
+    [("QUEEN_PORT", "http"), ("QUEEN_SWEEPER_MIN_SLEEP_MS", "-1"), ("QUEEN_AUTH", "maybe"),
+     ("QUEEN_ALLOW_OPEN", "yes")],
 )
 def test_a_bad_setting_stops_start_up_with_one_line(variable: str, value: str) -> None:
     result = subprocess.run(
@@ -249,3 +250,119 @@ def test_a_bad_address_stops_start_up_before_any_database_is_made(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"cannot listen on {host}:{port}" in lines[0], result.stderr
     assert not data_dir.exists()
+
+
+def _role_without_create(url: str) -> str:
+    """A login role that may connect to the database at ``url`` but not create schemas in it
+    (PostgreSQL grants CREATE on a database to its owner only)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS queen_no_create")
+        conn.execute("CREATE ROLE queen_no_create LOGIN PASSWORD 's3cret'")
+    return psycopg.conninfo.make_conninfo(url, user="queen_no_create", password="s3cret")
+
+
+@pytest.mark.parametrize("command", ["migrate", "serve"])
+def test_a_role_without_create_is_one_line_naming_what_is_missing(
+    empty_database_url: str, command: str
+) -> None:
+    url = _role_without_create(empty_database_url)
+    result = subprocess.run(CLI + [command], env=_env(QUEEN_DATABASE_URL=url,
+                                                      QUEEN_PORT=str(_free_port())),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "CREATE" in lines[0] and "queen_no_create" in lines[0], lines[0]
+
+
+def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
+    """Its parent a file (unwritable even by root); a read-only directory, when not root."""
+    (tmp_path / "file").write_text("x")
+    dirs = [tmp_path / "file" / "data"]
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        dirs.append(locked)
+    for data_dir in dirs:
+        result = subprocess.run(CLI + ["serve"], env=_env(QUEEN_DATA_DIR=str(data_dir),
+                                                          QUEEN_PORT=str(_free_port())),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert f"cannot use the data directory {data_dir} (QUEEN_DATA_DIR)" in lines[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes the embedded server's user")
+def test_run_as_root_the_system_user_is_said_once(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(CLI + ["serve"], env=_env(QUEEN_DATA_DIR=str(tmp_path / "d"),
+                                                      QUEEN_PORT=str(port)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = [line for line in proc.stderr.read().splitlines() if "system user" in line]
+    assert len(said) == 1 and "'embedded_postgres'" in said[0] and "root" in said[0], said
+
+
+@pytest.mark.parametrize(("host", "extra", "refused"), [
+    ("0.0.0.0", {}, True),
+    ("::", {}, True),
+    ("0.0.0.0", {"QUEEN_ALLOW_OPEN": "1"}, False),
+    ("0.0.0.0", {"QUEEN_AUTH": "on"}, False),
+    ("127.0.0.1", {}, False),
+])
+def test_an_open_address_with_auth_off_is_refused_unless_allowed(
+    database_url: str, host: str, extra: dict[str, str], refused: bool
+) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(CLI + ["serve"], env=_env(QUEEN_DATABASE_URL=database_url,
+                                                      QUEEN_HOST=host, QUEEN_PORT=str(port),
+                                                      **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if refused:
+            assert proc.wait(timeout=30) == 2
+            lines = proc.stderr.read().strip().splitlines()
+            assert len(lines) == 1, lines
+            assert "QUEEN_AUTH off" in lines[0] and "QUEEN_ALLOW_OPEN=1" in lines[0]
+        else:
+            _wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_libpq_messages_are_logged_on_one_line(database_url: str) -> None:
+    """The broker's connections killed under it: libpq's several-line messages ("terminating
+    connection… server closed the connection unexpectedly / This probably means…") reach the
+    log as one line per record."""
+    port = _free_port()
+    proc = subprocess.Popen(CLI + ["serve"], env=_env(QUEEN_DATABASE_URL=database_url,
+                                                      QUEEN_PORT=str(port)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, timeout=60)
+        dbname = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+        for _ in range(3):
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,))
+            for _ in range(5):
+                httpx.get(url + "/api/v1/resources/queues", timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = proc.stderr.read().splitlines()
+    assert any("terminat" in line or "closed" in line for line in lines), lines
+    assert [line for line in lines if not line[:2].isdigit()] == []

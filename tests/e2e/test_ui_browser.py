@@ -291,3 +291,58 @@ async def test_a_tenants_dashboard_counts_only_its_own_traffic(
                 await trio.sleep(0.5)
         await browser.wait_for(f"Number({push_rate}) > 0", timeout=10)
         stop.set()
+
+
+ROW = ("[...document.querySelectorAll('tr')].filter(r => r.querySelector('td'))"
+       ".map(r => [...r.querySelectorAll('td')].map(c => c.textContent))")
+
+
+async def test_the_dashboard_shows_the_backlog(
+    broker: BrokerHandle, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """Messages nobody popped are pending, not hidden: a queue never consumed shows all 20
+    pending with its 2 timers; a partition the queue's group never read shows its 3 messages
+    as lag with no committed offset ("none", not -1); consumed messages count in the total
+    only."""
+    r = await http.post(f"{API}/push", json={"items": [
+        {"queue": "backlog", "payload": {"n": n}} for n in range(20)]})
+    assert r.status_code == 201, r.text
+    for key in ("a", "b"):
+        r = await http.put(f"{API}/timers/backlog/{key}", json={"delayMs": 600_000,
+                                                                "payload": 1})
+        assert r.status_code in (200, 201), r.text
+    r = await http.post(f"{API}/push", json={"items": [
+        {"queue": "orders", "payload": {"n": n}} for n in range(4)]})
+    assert r.status_code == 201, r.text
+    r = await http.get(f"{API}/pop/queue/orders", params={"batch": 4, "autoAck": "true"})
+    assert len(r.json()["messages"]) == 4, r.text
+    r = await http.post(f"{API}/push", json={"items": [
+        {"queue": "orders", "partition": "eu", "payload": {"n": n}} for n in range(3)]})
+    assert r.status_code == 201, r.text
+
+    ui = f"{broker.url}/ui"
+    async with chromium(tmp_path / "profile") as browser:
+        await browser.goto(f"{ui}#/queues")
+        await browser.wait_for("document.querySelector('h2')?.textContent === 'Queues'"
+                               " && document.body.innerText.includes('__QUEUE_MODE__')")
+        headers = await browser.evaluate(
+            "[...document.querySelector('table').querySelectorAll('th')].map(h => h.textContent)")
+        assert headers[:5] == ["queue", "partitions", "pending messages", "total messages",
+                               "pending timers"]
+        rows = {r[0]: r for r in await browser.evaluate(ROW) if r[0] in ("backlog", "orders")}
+        assert rows["backlog"][1:5] == ["1", "20", "20", "2"]
+        assert rows["orders"][1:5] == ["2", "3", "7", "0"]
+        groups = [r for r in await browser.evaluate(ROW) if r[0] == "__QUEUE_MODE__"]
+        assert [g[1:3] for g in groups] == [["orders", "3"]]
+        await shot(browser, "queues-backlog")
+
+        await browser.goto(f"{ui}#/queue/orders")
+        await browser.wait_for("document.querySelector('h2')?.textContent === 'Queue orders'")
+        assert await browser.evaluate(CARD.format(label="pending messages")) == "3"
+        cursors = [r for r in await browser.evaluate(ROW) if r[0] == "__QUEUE_MODE__"]
+        assert sorted(c[1:4] for c in cursors) == [["Default", "3", "0"], ["eu", "none", "3"]]
+        await browser.goto(f"{ui}#/queue/backlog")
+        await browser.wait_for("document.querySelector('h2')?.textContent === 'Queue backlog'")
+        assert await browser.evaluate(CARD.format(label="pending messages")) == "20"
+        assert await browser.evaluate(CARD.format(label="pending timers")) == "2"
+        assert browser.console_errors == []

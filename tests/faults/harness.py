@@ -91,7 +91,7 @@ class PgProxy:
 
     def __init__(self, database_url: str) -> None:
         params = conninfo_to_dict(database_url)
-        self._upstream = (params.get("host") or "127.0.0.1", int(params.get("port") or 5432))
+        self._upstream = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
         self._params = params
         self.links: list[Link] = []
         self.port: int | None = None
@@ -100,9 +100,10 @@ class PgProxy:
     @property
     def url(self) -> str:
         assert self.port is not None, "the proxy is not running"
-        return make_conninfo(**{**self._params, "host": "127.0.0.1", "port": str(self.port)})
+        return make_conninfo("", **{**self._params, "host": "127.0.0.1", "port": str(self.port)})
 
-    async def run(self, *, task_status: trio.TaskStatus[PgProxy] = trio.TASK_STATUS_IGNORED):
+    async def run(self, *,
+                  task_status: trio.TaskStatus[PgProxy] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
@@ -275,11 +276,11 @@ class TimerBook:
             if log[txn] or txn in pending:
                 out.append(f"txn {txn} was cancelled/replaced/refused but is "
                            f"{'in the log' if log[txn] else 'pending'}")
-        for key, txn in self.in_force.items():
-            if key not in self.uncertain and txn is not None and (log[txn] == 1) == (
-                    txn in pending):
-                out.append(f"{key}: txn {txn} is {'both' if log[txn] else 'neither'} in the "
-                           f"log {'and' if log[txn] else 'nor'} pending")
+        for key, in_force in self.in_force.items():
+            if key not in self.uncertain and in_force is not None and (log[in_force] == 1) == (
+                    in_force in pending):
+                out.append(f"{key}: txn {in_force} is {'both' if log[in_force] else 'neither'} "
+                           f"in the log {'and' if log[in_force] else 'nor'} pending")
         known = {t for txns in self.txns_of.values() for t in txns}
         out += [f"txn {t} in the log was never scheduled" for t in log if t not in known]
         return out

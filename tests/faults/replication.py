@@ -24,7 +24,9 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -63,9 +65,9 @@ class Node:
     def pgdata(self) -> Path:
         return self.server.pgdata
 
-    def sql(self, query: str, params: object = None) -> list[tuple]:
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple]:
         with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=3) as conn:
-            cur = conn.execute(query, params)  # type: ignore[arg-type]
+            cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else []
 
     def in_recovery(self) -> bool:

@@ -80,7 +80,8 @@ async def pusher(brokers: list[BrokerProcess], book: LogBook, stop: trio.Event, 
     try:
         i = 0
         while not stop.is_set():
-            items = [{"queue": queue, "partition": f"p{c}", "payload": {"c": c, "i": i + k},
+            items: list[dict[str, Any]] = [
+                {"queue": queue, "partition": f"p{c}", "payload": {"c": c, "i": i + k},
                       "transactionId": f"push-{queue}-{c}-{i + k}"} for k in range(10)]
             i += 10
             txns = [x["transactionId"] for x in items]
@@ -365,11 +366,12 @@ async def settled(brokers: list[BrokerProcess], cluster: ReplicatedPostgres, log
     """After a failover and the old node's return as a read-only standby (first in the URL):
     each broker reports the new primary, and every write through it succeeds."""
     for b in brokers:
-        await poll_until(lambda b=b: _on(b, cluster.primary.port), 15, every=0.1)
+        await poll_until(functools.partial(_on, b, cluster.primary.port), 15, every=0.1)
     async with httpx.AsyncClient(timeout=10) as http:
         for b in brokers:
             for _ in range(5):
-                items = [{"queue": LOG_QUEUE, "partition": "settled", "payload": k,
+                items: list[dict[str, Any]] = [
+                    {"queue": LOG_QUEUE, "partition": "settled", "payload": k,
                           "transactionId": f"push-settled-{len(log.pushed)}-{k}"}
                          for k in range(10)]
                 r = await http.post(f"{b.url}{API}/push", json={"items": items})

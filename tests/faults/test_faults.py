@@ -16,6 +16,7 @@ random points of a burst and restarts PostgreSQL under one broker):
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -251,7 +252,7 @@ async def test_postgres_stopped_and_started_during_a_burst_under_traffic(
             assert await asql(url, "SELECT error FROM queen.dead_letters") == []
             async with httpx.AsyncClient(timeout=5) as http:
                 for b in brokers:
-                    await poll_until(lambda b=b: _healthy_at(http, b.url), 10, every=0.1)
+                    await poll_until(functools.partial(_healthy_at, http, b.url), 10, every=0.1)
             codes = [await b.terminate() for b in brokers]
             assert codes == [0, 0], [b.stderr() for b in brokers]
     finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import httpx
@@ -58,7 +58,7 @@ def secure(databases: Databases, tenants_db: tuple[str, dict[str, str]]
     url, tokens = tenants_db
     # The server trusts local connections, so the password is never used; the broker must
     # still never print it.
-    with_password = make_conninfo(**{**conninfo_to_dict(url), "password": DB_PASSWORD})
+    with_password = make_conninfo("", **{**conninfo_to_dict(url), "password": DB_PASSWORD})
     # The brute-force timing test measures the database lookups of wrong tokens: the limit on
     # failed lookups (tests/hostile/test_auth_flood.py) is lifted here.
     env = {"QUEEN_AUTH": "on", "QUEEN_LOG_LEVEL": "DEBUG", "QUEEN_OPERATOR_TENANT": "operators",
@@ -69,7 +69,7 @@ def secure(databases: Databases, tenants_db: tuple[str, dict[str, str]]
 
 
 def _broker_on(databases: Databases, url: str, env: dict[str, str]
-               ) -> Iterator[BrokerProcess]:
+               ) -> Generator[BrokerProcess]:
     broker = BrokerProcess(url, name="secure", env=env).start()
     try:
         deadline = time.monotonic() + 30

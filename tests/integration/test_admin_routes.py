@@ -82,6 +82,31 @@ async def test_list_get_and_lagging_groups(http: httpx.AsyncClient, database_url
     assert groups[0]["state"] == "Lagging" and groups[0]["maxTimeLag"] >= 7190
 
 
+async def test_the_backlog_is_counted_where_no_group_has_read_yet(
+        http: httpx.AsyncClient) -> None:
+    """A queue nobody consumed yet lists no group (as Queen's server: groups are made by
+    pops) and its 20 messages are pending; once a group has read the queue, a partition it
+    has not popped yet lags by all its messages (committed -1: nothing done there)."""
+    await push(http, "orders", list(range(20)))
+    assert (await http.get(f"{API}/consumer-groups")).json() == []
+    (q,) = (await http.get(f"{API}/resources/queues")).json()["queues"]
+    assert q["messages"] == {"total": 20, "pending": 20, "processing": 0}
+
+    got = await pop(http, "orders", batch=20, consumerGroup="billing", autoAck=True)
+    assert len(got["messages"]) == 20
+    await push(http, "orders", list(range(5)), partition="eu")
+    (g,) = (await http.get(f"{API}/consumer-groups")).json()
+    assert (g["name"], g["members"], g["totalLag"], g["partitionsWithLag"]) == (
+        "billing", 2, 5, 1)
+    parts = {p["partition"]: p for p in (await group_detail(http, "billing"))["orders"][
+        "partitions"]}
+    assert (parts["eu"]["committed"], parts["eu"]["offsetLag"], parts["eu"]["leaseActive"],
+            parts["eu"]["lastConsumedAt"]) == (-1, 5, False, None)
+    assert (parts["Default"]["committed"], parts["Default"]["offsetLag"]) == (19, 0)
+    (q,) = (await http.get(f"{API}/resources/queues")).json()["queues"]
+    assert q["messages"] == {"total": 25, "pending": 5, "processing": 0}
+
+
 async def test_seek_to_end_offset_and_timestamp(http: httpx.AsyncClient, database_url: str) -> None:
     await push(http, "sk", list(range(6)))
     got = await pop(http, "sk", batch=2, consumerGroup="g")

@@ -88,8 +88,96 @@ async def test_push_and_pop(qt: Cli) -> None:
     assert code == 3 and out.strip() == "no message"
     await qt("push", "orders", "[1, 2]")
     code, out, _ = await qt("pop", "orders")
-    assert code == 0 and out.splitlines()[0].split()[:2] == ["OFFSET", "TRANSACTION_ID"]
+    assert code == 0 and out.splitlines()[0].split()[:3] == [
+        "TRANSACTION_ID", "PARTITION_ID", "LEASE_ID"]
     assert "[1, 2]" in out
+
+
+async def test_what_pop_prints_is_what_ack_and_nack_take(qt: Cli, queen: Client) -> None:
+    """pop leases; ack and nack settle with the first three columns it printed, so nothing
+    waits for the lease to run out."""
+    await qt("configure", "jobs", "--retry-limit", "0")
+    for n in range(3):
+        await qt("push", "jobs", f'{{"n": {n}}}')
+    code, out, _ = await qt("pop", "jobs", "--batch", "2")
+    assert code == 0
+    rows = [line.split()[:3] for line in out.splitlines()[1:]]
+    assert len(rows) == 2
+    code, out, err = await qt("ack", *rows[0])
+    assert code == 0, err
+    assert [line.split() for line in out.splitlines() if line.startswith("status")] == [
+        ["status", "completed"]]
+    code, r = await qt.json("nack", *rows[1], "--error", "bad input")
+    assert code == 0 and (r["status"], r["dead_lettered"]) == ("failed", True)
+    (letter,) = [d async for d in queen.dlq.list("jobs")]
+    assert (letter.data, letter.error) == ({"n": 1}, "bad input")
+    # The third message is next: nothing is held by a lease.
+    code, r = await qt.json("pop", "jobs", "--batch", "5")
+    assert [m["data"] for m in r["messages"]] == [{"n": 2}]
+    # A repeated ack of a settled message is the broker's verdict, printed with its code.
+    code, _, err = await qt("nack", *rows[0])
+    assert code == 4 and err.startswith("queen-trio: "), err
+    # In a consumer group: the same --group.
+    await qt("push", "jobs", '"g"')
+    code, r = await qt.json("pop", "jobs", "--group", "billing")
+    m = r["messages"][0]
+    code, r = await qt.json("ack", m["transaction_id"], m["partition_id"], m["lease_id"],
+                            "--group", "billing")
+    assert code == 0 and r["status"] == "completed" and r["refused"] is None
+
+
+async def test_configure_and_queues(qt: Cli) -> None:
+    code, r = await qt.json("configure", "mail", "--lease-time", "5m", "--retry-limit", "7",
+                            "--delayed-processing", "30", "--retry-delay", "250ms",
+                            "--dead-letter-queue", "off")
+    assert code == 0 and (r["queue"], r["lease_time_s"], r["retry_limit"],
+                          r["delayed_processing_s"], r["retry_delay_ms"],
+                          r["dead_letter_queue"]) == ("mail", 300, 7, 30, 250, False)
+    code, _, err = await qt("configure", "mail", "--lease-time", "1.5m")
+    assert code == 2 and "1.5m" in err
+    # Options not given keep their values.
+    code, r = await qt.json("configure", "mail", "--retry-limit", "2")
+    assert code == 0 and (r["lease_time_s"], r["retry_limit"], r["delayed_processing_s"],
+                          r["retry_delay_ms"], r["dead_letter_queue"]) == (300, 2, 30, 250,
+                                                                           False)
+    await qt("configure", "mail", "--retry-limit", "7")
+    for n in range(4):
+        await qt("push", "inbox", str(n))
+    code, _, _ = await qt("pop", "inbox", "--batch", "1", "--auto-ack")
+    assert code == 0
+    code, out, _ = await qt("queues")
+    header, *lines = out.splitlines()
+    assert code == 0 and header.split()[:4] == ["QUEUE", "PARTITIONS", "PENDING", "TOTAL"]
+    assert [line.split()[:4] for line in lines] == [["inbox", "1", "3", "4"],
+                                                    ["mail", "1", "0", "0"]]
+    code, rows = await qt.json("queues")
+    assert code == 0 and rows[1]["queue"] == "mail" and rows[1]["retry_limit"] == 7
+
+
+async def test_one_output_style(qt: Cli) -> None:
+    """None is `-` in a record as in a table (not `null` in one and `-` in the other)."""
+    await qt("timers", "schedule", "r", "k", "--delay", "1h")
+    code, out, _ = await qt("timers", "peek", "r", "k")
+    assert code == 0
+    fields = dict(line.split(None, 1) for line in out.splitlines())
+    assert fields["payload"] == "-" and fields["last_error"] == "-"
+    assert "null" not in out
+    code, out, _ = await qt("timers", "list", "r")
+    assert out.splitlines()[1].split()[-1] == "-"  # last_error
+
+
+async def test_help_points_at_what_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert "README" not in top and "queen-trio COMMAND --help" in top
+    for command in ("ack", "nack", "configure", "queues"):
+        assert command in top
+    with pytest.raises(SystemExit):
+        cli.main(["pop", "--help"])
+    pop = " ".join(capsys.readouterr().out.split())
+    assert "--batch N up to N messages, all of one partition" in pop
+    assert "--partition PARTITION pop from this partition only" in pop
 
 
 async def test_kv(qt: Cli) -> None:

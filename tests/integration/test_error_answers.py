@@ -156,7 +156,7 @@ async def queen_refusal(broker: BrokerHandle, family: str, status: int, code: st
     else:
         assert str(exc) == code  # queen-mq's text for a bare HTTP error is the body's error
     if status == 429:
-        assert exc.retry_after_seconds is not None and exc.retry_after_seconds >= 1  # type: ignore[attr-defined]
+        assert exc.retry_after_seconds is not None and exc.retry_after_seconds >= 1
     return exc
 
 

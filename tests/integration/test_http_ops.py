@@ -8,7 +8,6 @@ import httpx
 import psycopg
 import trio
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from quart import Blueprint
 
 from queen_trio.api import create_app
@@ -16,7 +15,7 @@ from queen_trio.api.errors import read_json_object
 from queen_trio.db.migrations import latest_version
 from queen_trio.server import BrokerHandle
 
-from ..pgserver import with_dbname
+from ..pgserver import url_params, with_dbname
 
 
 async def test_health_reports_database_schema_and_services(
@@ -24,7 +23,7 @@ async def test_health_reports_database_schema_and_services(
 ) -> None:
     r = await http.get("/health")
     assert r.status_code == 200
-    where = conninfo_to_dict(database_url)
+    where = url_params(database_url)
     assert r.json() == {
         "ok": True,
         "database": "up",
@@ -38,7 +37,7 @@ async def test_health_reports_database_schema_and_services(
 async def test_health_is_503_while_the_database_is_unreachable(
     http: httpx.AsyncClient, database_url: str
 ) -> None:
-    name = conninfo_to_dict(database_url)["dbname"]
+    name = url_params(database_url)["dbname"]
     admin_url = with_dbname(database_url, "postgres")
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false")

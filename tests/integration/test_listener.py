@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -19,7 +20,7 @@ def _notify(url: str, channel: str, payload: str) -> float:
 
 
 @pytest.fixture
-async def listener(database_url: str):
+async def listener(database_url: str) -> AsyncIterator[Listener]:
     listener = Listener(database_url, ["alpha", "beta"], buffer_size=4, reconnect_initial_s=0.02)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)

@@ -21,7 +21,8 @@ async def push(http: httpx.AsyncClient, queue: str, payloads: list[Any], **item:
     return r.json()
 
 
-async def pop(http: httpx.AsyncClient, queue: str, partition: str | None = None, **params: Any):
+async def pop(http: httpx.AsyncClient, queue: str, partition: str | None = None,
+              **params: Any) -> Any:  # the JSON answer, None on 204
     path = f"{API}/pop/queue/{queue}" + (f"/partition/{partition}" if partition else "")
     r = await http.get(path, params={k: str(v).lower() if isinstance(v, bool) else v
                                      for k, v in params.items()})
@@ -29,7 +30,8 @@ async def pop(http: httpx.AsyncClient, queue: str, partition: str | None = None,
     return None if r.status_code == 204 else r.json()
 
 
-async def ack(http: httpx.AsyncClient, message: dict, status: str = "completed", **extra: Any):
+async def ack(http: httpx.AsyncClient, message: dict, status: str = "completed",
+              **extra: Any) -> dict[str, Any]:
     r = await http.post(f"{API}/ack", json={
         "transactionId": message["transactionId"], "partitionId": message["partitionId"],
         "leaseId": message["leaseId"], "consumerGroup": message["consumerGroup"],

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ from queen_trio.db.migrations import (
     discover,
     discover_functions,
 )
+from queen_trio.db.rows import one
 from queen_trio.errors import MigrationError
 from queen_trio.kv import rules as kv_rules
 from queen_trio.kv import store as kv_store
@@ -132,7 +134,8 @@ def test_an_edited_function_file_is_applied_again(empty_database_url: str) -> No
     assert {k: v for k, v in after.items() if k != "zz.sql"} == {
         k: v for k, v in before.items() if k != "zz.sql"}
     with psycopg.connect(empty_database_url) as conn:
-        times = dict(conn.execute("SELECT name, applied_at FROM queen.schema_functions").fetchall())
+        times: dict[str, Any] = dict(
+            conn.execute("SELECT name, applied_at FROM queen.schema_functions").fetchall())
     assert times["zz.sql"] > times["timers.sql"]
 
     # A file no longer shipped is forgotten (its functions are another file's now).
@@ -232,8 +235,8 @@ def test_a_database_at_the_old_schema_15_is_adopted(
     assert apply_migrations(legacy) == [m.version for m in later]
     assert _recorded(legacy) == [(1, "baseline"), *((m.version, m.name) for m in later)]
     with psycopg.connect(legacy) as conn:
-        (checksum,) = conn.execute(
-            "SELECT checksum FROM queen.schema_migrations WHERE version = 1").fetchone()
+        (checksum,) = one(conn.execute(
+            "SELECT checksum FROM queen.schema_migrations WHERE version = 1"))
     assert checksum == discover()[0].checksum
     assert _functions(legacy) == {f.name: f.checksum for f in discover_functions()}
     assert _data(legacy) == before
@@ -270,7 +273,7 @@ def test_kv_rows_written_before_004_are_kept_whole_and_versioned(
     apply_migrations(url, before_004)
     columns = "tenant_id, namespace, key, value, size_bytes, expires_at, updated_at"
     with psycopg.connect(url, autocommit=True) as conn:
-        (tenant,) = conn.execute("SELECT tenant_id FROM queen.tenants").fetchone()
+        (tenant,) = one(conn.execute("SELECT tenant_id FROM queen.tenants"))
         conn.execute(f"""
             INSERT INTO queen.kv ({columns}) VALUES
                 (%(t)s, 'saga', 'b-1', '{{"step": "held"}}', 16, NULL, now() - interval '1 day'),
@@ -280,8 +283,8 @@ def test_kv_rows_written_before_004_are_kept_whole_and_versioned(
         old = conn.execute(f"SELECT {columns} FROM queen.kv ORDER BY namespace, key").fetchall()
 
     assert apply_migrations(url) == [m.version for m in discover() if m.version >= 4]
-    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
-        kept = conn.execute(f"SELECT {columns}, version FROM queen.kv "
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as dict_conn:
+        kept = dict_conn.execute(f"SELECT {columns}, version FROM queen.kv "
                             f"ORDER BY namespace, key").fetchall()
         assert [tuple(r[c] for c in columns.split(", ")) for r in kept] == old
         versions = [r["version"] for r in kept]
@@ -290,8 +293,8 @@ def test_kv_rows_written_before_004_are_kept_whole_and_versioned(
         def call(*ops: dict) -> list[dict]:
             parsed = [kv_rules.parse_op(i, op, ceiling=kv_rules.MAX_VALUE_BYTES)
                       for i, op in enumerate(ops)]
-            with conn.transaction():
-                return kv_store.apply(conn, tenant, parsed)
+            with dict_conn.transaction():
+                return kv_store.apply(dict_conn, tenant, parsed)
 
         by_key = {r["key"]: r for r in kept}
         # A row without a TTL reads as forever; each answers its version; the expired one is

@@ -9,10 +9,10 @@ import uuid
 from typing import Any
 
 import httpx
-import psycopg
 import trio
 
 from queen_trio.db.analyze import analyze_grown_tables
+from queen_trio.db.rows import DictConnection
 from queen_trio.log import store as log_store
 
 from .test_timer_races import asql, connect, default_tenant
@@ -22,7 +22,7 @@ def _analyzed(rows: list[dict[str, Any]]) -> set[str]:
     return {r["table_name"] for r in rows}
 
 
-def _read_plan(conn: psycopg.Connection) -> str:
+def _read_plan(conn: DictConnection) -> str:
     rows = conn.execute(f"EXPLAIN EXECUTE read_one('{uuid.uuid4()}', 7)").fetchall()
     return "\n".join(next(iter(r.values())) for r in rows)
 

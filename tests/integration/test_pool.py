@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 import trio
 
 from queen_trio.db import Database
+from queen_trio.db.rows import DictConnection
 from queen_trio.errors import DatabaseUnavailable
 
 
@@ -17,7 +19,7 @@ def _admin(url: str) -> psycopg.Connection:
 
 
 @pytest.fixture
-async def db(database_url: str):
+async def db(database_url: str) -> AsyncIterator[Database]:
     async with Database(database_url, max_size=3) as database:
         async with database.connection() as conn:
             await conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
@@ -67,13 +69,13 @@ async def test_statements_in_a_transaction_share_one_backend(db: Database) -> No
 
 
 async def test_run_does_a_whole_transaction_in_one_hop(db: Database) -> None:
-    def insert_two(raw: psycopg.Connection, first: int) -> int:
+    def insert_two(raw: DictConnection, first: int) -> int:
         raw.execute("INSERT INTO items VALUES (%s, 'a'), (%s, 'b')", (first, first + 1))
         return raw.execute("SELECT count(*) AS n FROM items").fetchone()["n"]
 
     assert await db.run(insert_two, 10) == 2
 
-    def fails(raw: psycopg.Connection) -> None:
+    def fails(raw: DictConnection) -> None:
         raw.execute("INSERT INTO items VALUES (20, 'gone')")
         raise ValueError("nope")
 
@@ -166,7 +168,7 @@ async def test_run_cancelled_mid_statement_logs_no_failed_rollback(
     """A request whose client left while its one-hop transaction ran (the SDK's consume()
     drops its lease lookup when a handler ends first): the pool discards the busy connection,
     so psycopg's attempt to roll back on it cannot work and is not worth a WARNING."""
-    def slow(raw: psycopg.Connection) -> None:
+    def slow(raw: DictConnection) -> None:
         raw.execute("INSERT INTO items VALUES (1, 'never committed')")
         raw.execute("SELECT pg_sleep(30)")
 
@@ -247,7 +249,7 @@ async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Da
     ticks = 0
     ran_in: list[threading.Thread] = []
 
-    def slow(raw: psycopg.Connection) -> int:
+    def slow(raw: DictConnection) -> int:
         ran_in.append(threading.current_thread())
         return raw.execute("SELECT pg_sleep(0.3), 7").fetchone()["?column?"]
 
@@ -269,7 +271,7 @@ async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Da
 async def test_run_in_thread_uses_a_worker_thread(db: Database) -> None:
     ran_in: list[threading.Thread] = []
 
-    def where(raw: psycopg.Connection) -> int:
+    def where(raw: DictConnection) -> int:
         ran_in.append(threading.current_thread())
         return raw.execute("SELECT 1 AS one").fetchone()["one"]
 

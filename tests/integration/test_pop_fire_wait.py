@@ -15,6 +15,7 @@ import trio
 from psycopg.rows import dict_row
 
 from queen_trio.config import Settings
+from queen_trio.db.rows import DictConnection
 from queen_trio.log import store as log_store
 from queen_trio.log.rules import PopRequest
 from queen_trio.log.wakeups import HANDOVER_WAIT_S
@@ -30,16 +31,16 @@ RESULTS = ("handed_over", "handed_nothing", "handed_back", "delivered", "gave_up
 FIRE_LOCK = "SELECT pg_try_advisory_xact_lock_shared(1363170306, queen.fire_lock_key(%s, %s)) AS ok"
 
 
-def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(url: str) -> DictConnection:
     return psycopg.connect(url, autocommit=True, row_factory=dict_row)
 
 
-def tenant_of(conn: psycopg.Connection) -> int:
+def tenant_of(conn: DictConnection) -> int:
     return conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
                         ).fetchone()["tenant_id"]
 
 
-def db_now(conn: psycopg.Connection) -> float:
+def db_now(conn: DictConnection) -> float:
     return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS t"
                         ).fetchone()["t"]
 
@@ -49,12 +50,12 @@ def request(queue: str) -> PopRequest:
                       timeout_ms=0, auto_ack=True)
 
 
-def push(conn: psycopg.Connection, tenant: int, queue: str, payload: Any) -> None:
+def push(conn: DictConnection, tenant: int, queue: str, payload: Any) -> None:
     log_store.append(conn, tenant, [
         log_store.NewFrame(queue, "Default", payload, f"txn-{uuid.uuid4()}")])
 
 
-def primed(conn: psycopg.Connection, queue: str) -> int:
+def primed(conn: DictConnection, queue: str) -> int:
     """A queue whose group has a cursor (the first pop of a group is the general pop's)."""
     tenant = tenant_of(conn)
     with conn.transaction():
@@ -267,6 +268,7 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
             async def parked_pop() -> None:
                 answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "15000"})
 
+            assert settings.database_url is not None
             with connect(settings.database_url) as holder:
                 nursery.start_soon(parked_pop)
                 await trio.sleep(0.1)
@@ -315,6 +317,7 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
             q = "/api/v1/pop/queue/q"
             await _give_the_group_a_cursor(http, q)
             leaving = trio.CancelScope()
+            assert settings.database_url is not None
             with connect(settings.database_url) as holder:
 
                 async def parked_pop() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from queen_trio.db.rows import DictConnection, one
 from queen_trio.log import housekeeping
 from queen_trio.log import store as log_store
 from queen_trio.log.housekeeping import SealPolicy
@@ -19,16 +20,16 @@ from queen_trio.log.rules import Ack, PopRequest, QueueOptions
 GROUP = "workers"
 
 
-def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(url: str) -> DictConnection:
     return psycopg.connect(url, autocommit=True, row_factory=dict_row)
 
 
-def tenant_of(conn: psycopg.Connection) -> int:
+def tenant_of(conn: DictConnection) -> int:
     return conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
                         ).fetchone()["tenant_id"]
 
 
-def push(conn: psycopg.Connection, tenant: int, queue: str, payloads: list[Any]) -> None:
+def push(conn: DictConnection, tenant: int, queue: str, payloads: list[Any]) -> None:
     with conn.transaction():
         log_store.append(conn, tenant, [
             log_store.NewFrame(queue, "Default", p, f"txn-{uuid.uuid4()}") for p in payloads])
@@ -39,14 +40,14 @@ def request(queue: str, batch: int = 10, auto_ack: bool = False) -> PopRequest:
                       timeout_ms=0, auto_ack=auto_ack)
 
 
-def general_pop(conn: psycopg.Connection, tenant: int, req: PopRequest) -> log_store.PopOutcome:
+def general_pop(conn: DictConnection, tenant: int, req: PopRequest) -> log_store.PopOutcome:
     with conn.transaction():
         return log_store.pop(conn, tenant, req)
 
 
-def cursor(conn: psycopg.Connection) -> dict[str, Any]:
-    return conn.execute("SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to "
-                        "FROM queen.cursors WHERE consumer_group = %s", (GROUP,)).fetchone()
+def cursor(conn: DictConnection) -> dict[str, Any]:
+    return one(conn.execute("SELECT committed, acked_ahead, lease_id, lease_expires_at, leased_to "
+                        "FROM queen.cursors WHERE consumer_group = %s", (GROUP,)))
 
 
 def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) -> None:

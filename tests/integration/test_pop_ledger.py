@@ -37,14 +37,7 @@ async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
         for i in range(0, len(ids), 4):
             items = [{"queue": QUEUE, "partition": rng.choice(PARTITIONS), "payload": {"id": n},
                       "transactionId": f"ledger-{n}"} for n in ids[i:i + 4]]
-            # A 503 is retried, as every client does: PostgreSQL can still pick a multi-partition
-            # push as a deadlock victim against the ack side (a known open issue), and the
-            # transaction ids make a retry safe whatever the 503 meant.
-            for _ in range(5):
-                r = await http.post(f"{API}/push", json={"items": items})
-                if r.status_code != 503:
-                    break
-                await trio.sleep(float(r.headers.get("Retry-After", "1")) / 10)
+            r = await http.post(f"{API}/push", json={"items": items})
             assert r.status_code == 201, r.text
 
     async def consumer(me: int, done: trio.Event) -> None:

@@ -11,10 +11,12 @@ import psycopg
 import pytest
 import trio
 
+from queen_trio.db.rows import one
+
 from .test_log import API, ack, configure, pop, push
 
 
-async def pop_all(http: httpx.AsyncClient, queue: str, **params: object) -> list[dict]:
+async def pop_all(http: httpx.AsyncClient, queue: str, **params: Any) -> list[dict]:
     """Pop (autoAck) until empty: the payloads the group gets."""
     got: list[dict] = []
     while (answer := await pop(http, queue, batch=100, autoAck=True, **params)) is not None:
@@ -93,7 +95,7 @@ async def test_subscription_from_a_timestamp(http: httpx.AsyncClient, database_u
     await push(http, "ev", [{"n": 1}, {"n": 2}])
     await trio.sleep(0.05)
     with psycopg.connect(database_url) as conn:
-        (since,) = conn.execute("SELECT clock_timestamp()").fetchone()
+        (since,) = one(conn.execute("SELECT clock_timestamp()"))
     await trio.sleep(0.05)
     await push(http, "ev", [{"n": 3}, {"n": 4}])
     stamp = since.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")

@@ -1,5 +1,6 @@
-"""The README's table of Queen's v1 routes is kept true: what it calls supported (or
-different) is served and in /openapi.json, what it calls not supported answers a JSON 404."""
+"""docs/queen-compatibility.md's table of Queen's v1 routes is kept true: what it calls
+supported (or different) is served and in /openapi.json, what it calls not supported answers a
+JSON 404."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import httpx
 
 from queen_trio.server import BrokerHandle
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "queen-compatibility.md"
 _ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>/[^`]*)` \| (?P<here>[a-z ]+) \|")
 
 
 def compat_rows() -> list[tuple[str, str, str]]:
-    text = README.read_text()
+    text = PAGE.read_text()
     table = text[text.index("<!-- queen-compat:begin -->"):text.index("<!-- queen-compat:end -->")]
     rows = [(m["method"], m["path"], m["here"].strip())
             for m in map(_ROW.match, table.splitlines()) if m]

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import trio
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from queen_trio.config import Settings, load_settings
 from queen_trio.db import MISSED, Database, Listener
@@ -28,7 +28,7 @@ from queen_trio.errors import DatabaseUnavailable
 from queen_trio.server import BrokerHandle, run_broker
 
 from ..helpers import eventually
-from ..pgserver import with_dbname
+from ..pgserver import url_params, with_dbname
 from .test_log import API
 from .test_timers import wait_for_messages
 
@@ -42,7 +42,7 @@ def closed_port() -> int:
 
 def multi_host(url: str, *, as_url: bool) -> str:
     """``url`` with a dead host listed before the real one, as a URL or as key=value."""
-    p = conninfo_to_dict(url)
+    p = url_params(url)
     dead = closed_port()
     if as_url:
         auth = p["user"] + (f":{p['password']}" if p.get("password") else "")
@@ -65,7 +65,7 @@ def black_hole() -> Iterator[int]:
 def read_only_spell(url: str) -> Iterator[None]:
     """The test database's server turns read-only for new sessions (existing ones are ended,
     as a failover ends them), and back when the block ends."""
-    name = conninfo_to_dict(url)["dbname"]
+    name = url_params(url)["dbname"]
     with psycopg.connect(with_dbname(url, "postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
                       .format(sql.Identifier(name)))
@@ -91,7 +91,7 @@ async def test_pool_and_listener_skip_an_unreachable_first_host(
     database_url: str, as_url: bool
 ) -> None:
     url = multi_host(database_url, as_url=as_url)
-    real = conninfo_to_dict(database_url)
+    real = url_params(database_url)
     async with Database(url, max_size=2) as db:
         async with db.connection() as conn:
             assert conn.server == (real["host"], int(real["port"]))
@@ -111,7 +111,7 @@ async def test_pool_and_listener_skip_an_unreachable_first_host(
 async def test_a_broker_on_a_multi_host_url_serves_and_says_which_server(
     database_url: str,
 ) -> None:
-    real = conninfo_to_dict(database_url)
+    real = url_params(database_url)
     settings = Settings(database_url=multi_host(database_url, as_url=True), port=0,
                         graceful_timeout_ms=1000, db_pool_size=3, sweeper_max_sleep_ms=200)
     async with trio.open_nursery() as nursery:
@@ -133,7 +133,7 @@ async def test_a_first_host_that_never_answers_delays_start_up_by_the_connect_ti
     """Every connection tries the silent host first (migrations, the pool, the sweeper's
     pool, the listener): each gives up after QUEEN_DB_CONNECT_TIMEOUT_S and moves on, instead
     of libpq's 130 s."""
-    p = conninfo_to_dict(database_url)
+    p = url_params(database_url)
     with black_hole() as port:
         url = make_conninfo(database_url, host=f"127.0.0.1,{p['host']}",
                             port=f"{port},{p['port']}")
@@ -158,7 +158,7 @@ async def test_a_first_host_that_never_answers_delays_start_up_by_the_connect_ti
 @pytest.mark.parametrize("form", ["url", "conninfo", "multi-host"])
 async def test_a_read_only_server_is_refused_at_connect(database_url: str, form: str) -> None:
     """No target_session_attrs in the URL: the broker asks for read-write itself."""
-    p = conninfo_to_dict(database_url)
+    p = url_params(database_url)
     url = {
         "url": f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}",
         "conninfo": make_conninfo(database_url),

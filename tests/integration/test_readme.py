@@ -1,9 +1,10 @@
-"""Every code block of README.md runs as pasted, against a live broker.
+"""Every code block of README.md and of the docs/ pages runs as pasted, against a live broker.
 
 ```python blocks run in a fresh interpreter; ```sh blocks that call the broker with curl run in
 bash. Both have the README's address (127.0.0.1:6632 / localhost:6632) replaced by the test
 broker's, and QUEEN_URL set to it. Blocks that only illustrate are fenced ```text and skipped;
 the other ```sh blocks (the queen-trio command line) are not curl calls and are skipped too.
+Blocks run in the order a reader meets them: the README's, then each docs/ page's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def settings(database_url: str) -> Settings:
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+# The reference pages the README links to (docs/upstream/ holds notes for other projects).
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 # The "Two commands" blocks install the package, start a broker or run this very suite.
 TWO_COMMANDS = ("pip install -e . && queen-trio serve", "pip install -e '.[dev]' && pytest")
@@ -35,8 +38,9 @@ TWO_COMMANDS = ("pip install -e . && queen-trio serve", "pip install -e '.[dev]'
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 
-def blocks(language: str) -> list[str]:
-    return [body for lang, body in _FENCE.findall(README.read_text()) if lang == language]
+def blocks(language: str, pages: list[Path] = PAGES) -> list[str]:
+    return [body for page in pages for lang, body in _FENCE.findall(page.read_text())
+            if lang == language]
 
 
 def python_blocks() -> list[str]:
@@ -57,6 +61,53 @@ def test_the_readme_has_blocks_to_run() -> None:
     assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == TWO_COMMANDS[1]
     # Few blocks are only illustrations.
     assert len(blocks("text")) <= 3
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's ids for a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    text = _FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_links_between_the_pages_resolve() -> None:
+    """Every relative link of the README and the docs/ pages names a file that exists, and
+    every #fragment a heading of that file: the reference moved, the links must follow."""
+    broken = []
+    for page in PAGES:
+        for target in _LINK.findall(_FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (fragment and file.suffix == ".md"
+                                     and fragment not in _anchors(file)):
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken
+
+
+def test_the_quick_start_fires_a_timer_into_consume_on_its_first_screen() -> None:
+    """A newcomer reading from the top meets, within a screenful of "## Quick start", a block
+    that schedules a timer and receives it with consume(), after the command that starts the
+    broker inside a virtual environment."""
+    text = README.read_text()
+    start = text.index("## Quick start")
+    screen = "\n".join(text[start:].splitlines()[:60])
+    assert "python3 -m venv" in screen and TWO_COMMANDS[0] in screen
+    first = blocks("python", [README])[0]
+    assert first in screen and ".schedule()" in first and ".consume(" in first
+    assert screen.index(TWO_COMMANDS[0]) < screen.index(first)
+
+
+def test_the_command_line_block_does_not_reuse_the_sdk_blocks_transaction_ids() -> None:
+    """Pasted in order, a CLI push with a txn an SDK block already pushed is a duplicate, and
+    the CLI pop after it waits for nothing."""
+    sdk = {m for b in blocks("python", [README]) for m in re.findall(r'txn="([^"]+)"', b)}
+    cli = {m for b in blocks("sh", [README]) for m in re.findall(r"--txn (\S+)", b)}
+    assert cli and not sdk & cli, sdk & cli
 
 
 def _localise(text: str, url: str) -> str:
@@ -92,5 +143,9 @@ async def test_curl_block_runs(broker: BrokerHandle, index: int) -> None:
     out = done.stdout.decode()
     assert done.returncode == 0, out + done.stderr.decode()
     assert '"ok":false' not in out.replace(" ", ""), out
-    if "booking-18" in curl_blocks()[index]:  # the timer fired and the pop received it
-        assert '"bookingId":18' in out.replace(" ", ""), out
+    if "booking-18" in curl_blocks()[index]:  # the timer fired, the pop received it, acked
+        compact = out.replace(" ", "")
+        assert '"bookingId":18' in compact, out
+        assert '"status":"completed","success":true' in compact, out
+    if "-X DELETE" in curl_blocks()[index]:  # the cancel found the timer pending
+        assert '"status":"cancelled"' in out.replace(" ", ""), out

@@ -79,7 +79,7 @@ async def test_one_failing_timer_does_not_fail_the_timers_batched_with_it(
         CREATE TRIGGER refuse_poison BEFORE INSERT ON queen.timers
             FOR EACH ROW EXECUTE FUNCTION pg_temp_refuse();
     """)
-    requests = [("mixed", f"ok{i}", i) for i in range(30)]
+    requests: list[tuple[str, str, Any]] = [("mixed", f"ok{i}", i) for i in range(30)]
     requests.insert(15, ("mixed", "poison", "x"))
     limits = httpx.Limits(max_connections=len(requests))
     async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:

@@ -68,7 +68,8 @@ async def test_schedule_reschedule_peek_cancel(queen: Client) -> None:
     timer = queen.timer("reminders").key("trial-ending:42")
     first = await timer.delay("30m").payload({"accountId": 42}).schedule()
     assert isinstance(first, TimerResult)
-    assert first.ok and first.status is TimerStatus.SCHEDULED and first.status == "scheduled"
+    wire: str = first.status  # a str, as a caller comparing to the wire has it
+    assert first.ok and first.status is TimerStatus.SCHEDULED and wire == "scheduled"
     assert (first.queue, first.key, first.partition) == ("reminders", "trial-ending:42",
                                                          "Default")
     assert first.txn and isinstance(first.deliver_at, datetime)
@@ -364,6 +365,7 @@ async def test_http_errors_carry_status_code_and_message(queen: Client) -> None:
     message = await pop_one(queen, "leases")
     await trio.sleep(1.1)
     with pytest.raises(Conflict) as expired:
+        assert message.lease_id is not None
         await queen.extend_lease(message.lease_id, 5)
     assert (expired.value.status, expired.value.code) == (409, "lease_expired")
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from queen_trio.config import Settings
+from queen_trio.db.rows import DictConnection
 from queen_trio.log import housekeeping, rules, store
 from queen_trio.log.segments import SealPolicy, SegmentCache
 from queen_trio.server import BrokerHandle, run_broker
@@ -45,7 +46,7 @@ def settings(settings: Settings) -> Settings:
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(url: str) -> DictConnection:
     return psycopg.connect(url, row_factory=dict_row, autocommit=True)
 
 
@@ -110,7 +111,7 @@ async def push(http: httpx.AsyncClient, queue: str, payloads: list[Any], **item:
     return r.json()
 
 
-async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> dict | None:
+async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> Any:  # None on 204
     r = await http.get(f"{API}/pop/queue/{queue}",
                        params={k: str(v).lower() if isinstance(v, bool) else v
                                for k, v in params.items()})
@@ -317,7 +318,7 @@ async def test_concurrent_push_and_pop_while_the_broker_seals(
 
 
 @pytest.fixture
-def log_conn(database_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+def log_conn(database_url: str) -> Iterator[DictConnection]:
     with connect(database_url) as conn:
         yield conn
 
@@ -338,7 +339,7 @@ OPS = st.lists(
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=OPS)
 def test_no_interleaving_of_push_pop_ack_and_seal_loses_reorders_or_duplicates(
-    log_conn: psycopg.Connection[dict[str, Any]], ops: list[tuple]
+    log_conn: DictConnection, ops: list[tuple]
 ) -> None:
     conn = log_conn
     tenant = conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"

@@ -285,7 +285,7 @@ async def test_queen_mq_meets_a_paused_surface_as_it_expects(
     async def refused() -> list[Any]:
         c = queen.Queen(url=broker.url, retry_attempts=1, timeout_millis=10_000)
         try:
-            out = []
+            out: list[tuple[Any, ...]] = []
             for call in (lambda: c.kv.put("n", "k", 1, forever=True),
                          lambda: c.timers.schedule(q, "k", {"a": 1}, delay_ms=60_000)):
                 try:

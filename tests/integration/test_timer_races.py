@@ -32,6 +32,7 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
+from queen_trio.db.rows import DictConnection
 from queen_trio.server import BrokerHandle
 from queen_trio.timers import rules as timer_rules
 from queen_trio.timers import store
@@ -47,7 +48,7 @@ LOCK_GUARD = "3s"  # a statement that blocks on a row lock fails after this inst
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def connect(url: str, **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
+def connect(url: str, **kwargs: Any) -> DictConnection:
     return psycopg.connect(url, row_factory=dict_row, **kwargs)
 
 
@@ -62,7 +63,7 @@ async def asql(url: str, query: str, params: Any = None) -> list[dict[str, Any]]
     return await trio.to_thread.run_sync(sql, url, query, params)
 
 
-def default_tenant(conn: psycopg.Connection) -> int:
+def default_tenant(conn: DictConnection) -> int:
     return conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'").fetchone()[
         "tenant_id"]
 
@@ -72,7 +73,7 @@ def timer(queue: str, key: str, delay_ms: int, payload: Any = None) -> Schedule:
                     partition="Default", txn=None)
 
 
-def schedule_many(conn: psycopg.Connection, tenant_id: int, queue: str, keys: list[str],
+def schedule_many(conn: DictConnection, tenant_id: int, queue: str, keys: list[str],
                   delay_ms: int) -> None:
     with conn.transaction():
         for key in keys:
@@ -81,13 +82,13 @@ def schedule_many(conn: psycopg.Connection, tenant_id: int, queue: str, keys: li
             assert out.status == "scheduled"
 
 
-def fire(conn: psycopg.Connection, token: uuid.UUID, rows: list[store.Claimed]) -> store.FireResult:
+def fire(conn: DictConnection, token: uuid.UUID, rows: list[store.Claimed]) -> store.FireResult:
     with conn.transaction():
         return store.fire(conn, token, rows, ceilings={}, max_attempts=5, backoff_ms=1000)
 
 
-def claim(conn: psycopg.Connection, token: uuid.UUID, lease_ms: int, batch: int = 1000,
-          broker: str = "test") -> store.ClaimResult:
+def claim(conn: DictConnection, token: uuid.UUID, lease_ms: int, batch: int = 1000,
+          broker: str = "test") -> store.SweepResult:
     with conn.transaction():
         return store.claim(conn, token, broker, batch, lease_ms)
 
@@ -128,7 +129,7 @@ async def count(url: str, query: str) -> int:
 NO_TIMERS = "SELECT count(*) AS n FROM queen.timers"
 
 
-def expire_leases(conn: psycopg.Connection) -> None:
+def expire_leases(conn: DictConnection) -> None:
     with conn.transaction():
         conn.execute("UPDATE queen.timers SET visible_at = now() - interval '1 s'")
 
@@ -180,7 +181,7 @@ def test_a_live_claim_makes_cancel_and_reschedule_too_late_until_its_lease_expir
 # -- a row locked by an open transaction: cancel/schedule never wait --------------------------
 
 
-def _hold(conn: psycopg.Connection, tenant: int, how: str) -> uuid.UUID | None:
+def _hold(conn: DictConnection, tenant: int, how: str) -> uuid.UUID | None:
     """Leave ``conn`` inside a transaction that holds the row lock of q/k."""
     if how == "select_for_update":
         conn.execute("BEGIN")
@@ -228,6 +229,7 @@ def test_a_locked_row_answers_too_late_at_once_and_never_blocks(
         if how == "fire_uncommitted":
             # The claim itself was committed and is still live: too_late until released.
             assert after == "too_late"
+            assert token is not None
             with a.transaction():
                 assert store.release(a, token) == 1
             with b.transaction():
@@ -551,7 +553,7 @@ async def _freeze_mid_fire(database_url: str, broker: BrokerProcess) -> None:
     # The partition exists once the first frames are in.
     await poll_until(lambda: count(database_url, ANY_FRAME), within=15, every=0.005)
 
-    def lock_partitions() -> psycopg.Connection:
+    def lock_partitions() -> DictConnection:
         holder = connect(database_url, autocommit=True)
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 import trio
@@ -181,6 +183,7 @@ async def test_timer_message_points_at_the_timers_array(http: httpx.AsyncClient)
 
 
 async def test_empty_or_missing_operations(http: httpx.AsyncClient) -> None:
+    body: dict[str, Any]
     for body in ({}, {"operations": []}, {"operations": {}}, {"operations": [], "kv": []},
                  {"operations": None, "kv": None, "timers": None}):
         r = await http.post(f"{API}/transaction", json=body)

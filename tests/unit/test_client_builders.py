@@ -200,7 +200,8 @@ def test_kv_calls_go_through_the_batch_route(queen: Recorder) -> None:
     assert queen.kv.get_prefix("saga", "b/", limit=5, keys_only=True).body["operations"] == [
         {"op": "getPrefix", "ns": "saga", "prefix": "b/", "limit": 5, "keysOnly": True}]
     # A write declares its expiry, exactly once: there is no default to inherit.
-    for bad in ({}, {"ttl_seconds": 60, "forever": True}, {"ttl_seconds": 0}):
+    bads: list[dict[str, Any]] = [{}, {"ttl_seconds": 60, "forever": True}, {"ttl_seconds": 0}]
+    for bad in bads:
         with pytest.raises(ValueError):
             queen.kv.put("saga", "k", 1, **bad)
     with pytest.raises(ValueError, match="expect"):

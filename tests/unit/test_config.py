@@ -1,13 +1,19 @@
-"""Settings parsing: defaults, every variable, and a one-line error naming the bad one."""
+"""Settings parsing: defaults, every variable, and a one-line error naming the bad one; the
+references (``serve --help``, docs/configuration.md) read the same declarations."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from queen_trio.config import ONE_MIB, Settings, load_settings
+from queen_trio import cli
+from queen_trio.config import ONE_MIB, Settings, declared, load_settings, reference_markdown
 from queen_trio.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_follow_the_spec() -> None:
@@ -39,6 +45,9 @@ def test_every_variable_is_read() -> None:
             "QUEEN_TIMERS_MAX_HORIZON_S": "3600",
             "QUEEN_TIMERS_MAX_PAYLOAD_BYTES": "4096",
             "QUEEN_DB_POOL_SIZE": "20",
+            "QUEEN_DB_POOL_WAIT_MS": "250",
+            "QUEEN_DB_MAX_LIFETIME_S": "60",
+            "QUEEN_DB_MAX_IDLE_S": "30",
         }
     )
     assert s.database_url == "postgresql://u@db:5432/q"
@@ -47,6 +56,7 @@ def test_every_variable_is_read() -> None:
     assert (s.sweeper_min_sleep_ms, s.sweeper_max_sleep_ms, s.sweeper_lease_ms) == (5, 250, 1500)
     assert (s.sweeper_max_attempts, s.sweeper_batch, s.sweeper_backoff_ms) == (3, 2000, 0)
     assert (s.timers_max_horizon_s, s.timers_max_payload_bytes, s.db_pool_size) == (3600, 4096, 20)
+    assert (s.db_pool_wait_ms, s.db_max_lifetime_s, s.db_max_idle_s) == (250, 60, 30)
 
 
 def test_settings_are_immutable() -> None:
@@ -87,6 +97,9 @@ def test_settings_are_immutable() -> None:
         ("QUEEN_ALLOWED_HOSTS", "https://queen.example"),
         ("QUEEN_OPERATOR_TENANT", "Ops Team"),
         ("QUEEN_AUTH_FAILURES_PER_S", "0"),
+        ("QUEEN_DB_POOL_WAIT_MS", "0"),
+        ("QUEEN_DB_MAX_LIFETIME_S", "0"),
+        ("QUEEN_DB_MAX_IDLE_S", "1h"),
     ],
 )
 def test_bad_values_name_the_variable(variable: str, value: str) -> None:
@@ -285,3 +298,32 @@ def test_cross_origin_and_auth_settings() -> None:
     d = load_settings({})
     assert (d.allowed_hosts, d.operator_tenant, d.auth_failures_per_s) == ((), None, 10)
     assert d.db_connect_timeout_s == 5
+
+
+# -- one declaration per setting ----------------------------------------------------------------
+
+
+def test_every_field_is_one_declared_variable() -> None:
+    names = [d.env for d in declared()]
+    assert [d.field for d in declared()] == [f.name for f in dataclasses.fields(Settings)]
+    assert len(set(names)) == len(names) and all(re.fullmatch(r"QUEEN_[A-Z_]+", n) for n in names)
+    assert all(d.setting.help and d.setting.default_text for d in declared())
+
+
+def test_the_configuration_reference_is_generated_from_the_declarations() -> None:
+    """docs/configuration.md is `python -m queen_trio.config > docs/configuration.md`."""
+    written = (ROOT / "docs" / "configuration.md").read_text()
+    assert written == reference_markdown(), (
+        "docs/configuration.md is stale: regenerate it with "
+        "`PYTHONPATH=. python -m queen_trio.config > docs/configuration.md`")
+    for d in declared():
+        assert f"| `{d.env}` | " in written
+
+
+def test_serve_help_lists_every_setting_with_its_default() -> None:
+    serve = cli._parser()._subparsers._group_actions[0].choices["serve"]
+    text = serve.format_help()
+    for d in declared():
+        assert d.env in text
+    assert "QUEEN_SWEEPER_BATCH (default: 500; 1 … 100000)" in text
+    assert "QUEEN_POP_COMMIT (default: async; async, sync)" in text

@@ -134,7 +134,7 @@ def test_a_timer_delay_may_be_negative_as_on_the_wire() -> None:
     from queen_trio.client.builders import TimerBuilder
 
     assert delay_ms("-5s") == -5000 and delay_ms(timedelta(seconds=-5)) == -5000
-    builder = TimerBuilder(None, "q").delay("-5s")  # type: ignore[arg-type]
+    builder: TimerBuilder[object] = TimerBuilder(None, "q").delay("-5s")  # type: ignore[arg-type]
     assert builder._delay_ms == -5000  # a delay in the past: fires on the first sweep
 
 

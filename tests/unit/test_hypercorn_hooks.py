@@ -1,10 +1,12 @@
-"""The hypercorn, quart-trio and Quart internals queen_trio/api/connections.py and bodies.py
-build on.
+"""The hypercorn, quart-trio and Quart internals queen_trio/api/connections.py, bodies.py and
+protocol.py build on.
 
 connections.py wraps hypercorn's trio ``TCPServer.protocol_send(event)`` and ``_read_data()``
 and uses its ``idle_task``, ``_task_group``, ``stream``, ``protocol``, ``context`` and
 ``_initiate_server_close()``, and wraps ``H11Protocol.stream_send(event)`` (reading the h11
-``connection``); bodies.py replaces Quart's ``Request.body_class`` and quart-trio's
+``connection``); protocol.py replaces ``H11Protocol._send_error_response(status_code)`` and
+calls its ``_send_h11_event(event)`` and ``config.response_headers("h11")``; bodies.py
+replaces Quart's ``Request.body_class`` and quart-trio's
 ``asgi_http_class``. None of that is public API, hence the pins ``hypercorn[trio]>=0.18,<0.19``,
 ``quart-trio>=0.12,<0.13`` and ``quart>=0.22,<0.23`` in pyproject.toml. These tests fail, naming
 the module, as soon as an installed version differs; the last one runs hypercorn itself (no
@@ -20,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import hypercorn.protocol.h11
 import pytest
 import quart.asgi
 import trio
@@ -34,12 +37,14 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers import TrioRequest
 
-from queen_trio.api import connections
+from queen_trio.api import connections, protocol
 from queen_trio.api.bodies import BodyHoldingConnection, RequestBody
 
 _CONNECTIONS = ("hypercorn's trio TCPServer is not the one queen_trio/api/connections.py is "
                 "written for (hypercorn 0.18); adapt connections.py and the pin in pyproject.toml "
                 "together")
+_PROTOCOL = ("hypercorn's H11Protocol is not the one queen_trio/api/protocol.py is written for "
+             "(hypercorn 0.18); adapt protocol.py and the pin in pyproject.toml together")
 _BODIES = ("quart-trio/Quart's request handling is not the one queen_trio/api/bodies.py is "
            "written for (quart-trio 0.12, Quart 0.22); adapt bodies.py and the pins in "
            "pyproject.toml together")
@@ -63,6 +68,23 @@ def test_the_tcp_server_methods_connections_py_wraps() -> None:
     for used in ("self.idle_task = ", "self._task_group = ", "self.stream = ",
                  "self.protocol = ", "self.context = ", "self.protocol_send,"):
         assert used in source, f"{_CONNECTIONS}: TCPServer no longer has {used!r}"
+
+
+def test_the_h11_error_answer_protocol_py_replaces() -> None:
+    protocol.install()
+    replaced = H11Protocol._send_error_response
+    assert replaced is protocol._send_json_error_response, _PROTOCOL
+    # The method hypercorn defines (and protocol.py's replacement) take the same arguments...
+    theirs = inspect.getsource(hypercorn.protocol.h11).split(
+        "async def _send_error_response(", 1)
+    assert len(theirs) == 2, f"{_PROTOCOL}: H11Protocol no longer defines _send_error_response"
+    assert theirs[1].startswith("self, status_code: int) -> None:"), _PROTOCOL
+    assert names(replaced) == ["self", "status_code"] and inspect.iscoroutinefunction(replaced)
+    # ... hypercorn still calls it where h11 refuses a request, and what the replacement calls
+    # on the protocol is still there.
+    assert "await self._send_error_response(error.error_status_hint)" in theirs[0], _PROTOCOL
+    assert names(H11Protocol._send_h11_event) == ["self", "event"], _PROTOCOL
+    assert names(Config.response_headers) == ["self", "protocol"], _PROTOCOL
 
 
 def test_the_quart_request_handling_bodies_py_replaces() -> None:

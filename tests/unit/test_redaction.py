@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from queen_trio.db.conninfo import redacted
 
 # Any text a password could be (no NUL: libpq cannot hold one).
-passwords = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+passwords = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
                     min_size=1, max_size=40)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True)
 hosts = st.lists(st.sampled_from(["db", "10.0.0.7", "[::1]", "db.internal:5433", "h2:6000"]),

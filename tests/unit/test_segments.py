@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -133,9 +134,14 @@ def test_the_cache_keeps_recent_segments_within_its_budget() -> None:
 
 def test_a_segment_larger_than_the_budget_is_not_kept() -> None:
     cache = SegmentCache(budget_bytes=100)
-    loads = []
+    loads: list[int] = []
+
+    def load() -> DecodedSegment:
+        loads.append(1)
+        return segment_of(50)
+
     for _ in range(2):
-        cache.get_or_load(("p", 0), lambda: loads.append(1) or segment_of(50))
+        cache.get_or_load(("p", 0), load)
     assert len(loads) == 2 and cache.statistics().bytes == 0
 
 
@@ -145,7 +151,7 @@ def test_the_cache_is_safe_across_threads() -> None:
     def work(t: int) -> None:
         for i in range(300):
             key = ("p", (i * 7 + t) % 20)
-            got = cache.get_or_load(key, lambda k=key: segment_of(5, k[1] * 5))
+            got = cache.get_or_load(key, functools.partial(segment_of, 5, key[1] * 5))
             assert got.first_offset == key[1] * 5
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]

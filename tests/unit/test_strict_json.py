@@ -114,7 +114,7 @@ def test_check_finds_the_first_refused_value_in_document_order() -> None:
     with pytest.raises(JsonRefused) as caught:
         strict_json.check({"a": [1, {"b": "ok"}, "x\x00"], "c": float("nan")})
     assert caught.value.path == "a[2]"
-    assert strict_json.check({"a": [1, 2**1000, -(2**1000), "é", True]}) is None
+    strict_json.check({"a": [1, 2**1000, -(2**1000), "é", True]})  # raises nothing
 
 
 any_text = st.text(st.characters(exclude_categories=()))  # NUL and lone surrogates too

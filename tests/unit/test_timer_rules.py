@@ -135,8 +135,8 @@ def test_a_zstd_payload_is_decompressed_but_never_past_the_ceiling() -> None:
 
 
 def test_one_timer_twice_in_a_call_is_refused() -> None:
-    ops = [rules.Cancel("q", "a", None), rules.Cancel("q", "b", None),
-           rules.Cancel("q", "a", None)]
+    ops: list[rules.Schedule | rules.Cancel] = [
+        rules.Cancel("q", "a", None), rules.Cancel("q", "b", None), rules.Cancel("q", "a", None)]
     with pytest.raises(ValidationError) as info:
         rules.check_distinct(ops, "operations")
     assert info.value.code == "duplicate_timer" and "operations[0]" in info.value.message
