@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from .config import Settings
 from .db import Database, Listener
+from .db.notifier import Notifier
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
@@ -35,3 +36,5 @@ class BrokerContext:
     segment_cache: SegmentCache = dataclasses.field(default_factory=lambda: SegmentCache(0))
     # At-rest encryption (QUEEN_ENCRYPTION_KEY); None: queues cannot be encrypted.
     cipher: PayloadCipher | None = None
+    # Wake-up NOTIFYs sent after their commit (db/notifier.py); None: inside the transaction.
+    notifier: Notifier | None = None

@@ -40,6 +40,7 @@ from .context import BrokerContext
 from .db import Database, Listener, queries
 from .db.analyze import run_analyzer
 from .db.migrations import apply_migrations
+from .db.notifier import Notifier
 from .errors import ListenError
 from .kv import store as kv_store
 from .log import store as log_store
@@ -137,8 +138,10 @@ async def run_broker(
         switches = RuntimeSwitches(
             db, count_error=count_error,
             on_change=lambda name, on: metrics.switch_enabled.labels(name).set(int(on)))
+        notifier = Notifier(db, count_error=count_error)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
-                                switches, segment_cache=segment_cache, cipher=cipher)
+                                switches, segment_cache=segment_cache, cipher=cipher,
+                                notifier=notifier)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         metrics.watch_segment_cache(segment_cache.statistics)
         async with trio.open_nursery() as nursery:
@@ -153,6 +156,7 @@ async def run_broker(
             # Plans made while a table was small are dropped once it has grown.
             await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
             await nursery.start(schedules.run)  # schedules of the timer routes, batched
+            await nursery.start(notifier.run)  # pushes' wake-ups, after their commits
             sweeper = Sweeper(sweeper_db, listener, settings, metrics,
                               lambda tid: settings.timer_payload_ceiling(
                                   tenants.message_ceiling(tid)),

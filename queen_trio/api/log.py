@@ -91,7 +91,12 @@ async def push() -> Response:
         return _json([], status=201)  # as Queen answers an empty push
     broker = _broker()
     tenant = current_tenant_id()
-    appended = await broker.db.run(store.append, tenant, frames, cipher=broker.cipher)
+    notifier = broker.notifier
+    appended = await broker.db.run(store.append, tenant, frames, cipher=broker.cipher,
+                                   notify=notifier is None)
+    if notifier is not None:  # committed: wake the queues' pops without holding up others
+        for key in store.wake_keys(tenant, frames):
+            notifier.notify(store.NOTIFY_CHANNEL, key)
     broker.metrics.count_pushed(tenant, (a.status for a in appended))
     return model_response([pushed(i, a) for i, a in enumerate(appended)], status=201)
 

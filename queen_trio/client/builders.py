@@ -50,24 +50,33 @@ class TimerBuilder(Generic[R]):
 
     def key(self, key: str) -> TimerBuilder[R]:
         """The timer's name within its queue: 1-512 UTF-8 bytes; '/', ':' and spaces are fine."""
-        return dataclasses.replace(self, _key=calls._name(key, "timer key"))
+        return self._with(_key=calls._name(key, "timer key"))
 
     def delay(self, delay: Duration) -> TimerBuilder[R]:
         """How long from now (PostgreSQL's now) until it is due: int milliseconds, a
         timedelta, or a string such as "250ms", "30m", "72h", "1h30m". Zero or negative
         ("-5s") is legal, as on the wire: the timer fires on the first sweep cycle."""
-        return dataclasses.replace(self, _delay_ms=delay_ms(delay))
+        return self._with(_delay_ms=delay_ms(delay))
 
     def payload(self, payload: Any) -> TimerBuilder[R]:
         """Any JSON value; it becomes the message's ``data``."""
-        return dataclasses.replace(self, _payload=payload)
+        return self._with(_payload=payload)
 
     def partition(self, partition: str) -> TimerBuilder[R]:
-        return dataclasses.replace(self, _partition=calls._name(partition, "partition"))
+        return self._with(_partition=calls._name(partition, "partition"))
 
     def txn(self, txn: str) -> TimerBuilder[R]:
         """The transactionId the message will carry (default: a fresh UUID, made here)."""
-        return dataclasses.replace(self, _txn=calls._name(txn, "txn"))
+        return self._with(_txn=calls._name(txn, "txn"))
+
+    def _with(self, **change: Any) -> TimerBuilder[R]:
+        # dataclasses.replace, without its field-by-field introspection: builders of
+        # 500-timer bundles take four steps per timer.
+        fields = {"_owner": self._owner, "_queue": self._queue, "_key": self._key,
+                  "_delay_ms": self._delay_ms, "_payload": self._payload,
+                  "_partition": self._partition, "_txn": self._txn}
+        fields.update(change)
+        return TimerBuilder(**fields)
 
     def _required_key(self) -> str:
         if self._key is None:
@@ -101,13 +110,32 @@ class TimerBuilder(Generic[R]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _Chain(Generic[T]):
+    """An immutable list that grows at its end in O(1), sharing what came before: a builder
+    of a 500-timer bundle copied its whole tuple of entries at every step (O(n²)), and a
+    half-built builder must stay reusable."""
+
+    before: _Chain[T] | None
+    last: T
+
+    @staticmethod
+    def items(chain: _Chain[T] | None) -> tuple[T, ...]:
+        out: list[T] = []
+        while chain is not None:
+            out.append(chain.last)
+            chain = chain.before
+        out.reverse()
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TransactionBuilder(Generic[R]):
     """``transaction().ack(m).push(q, p).kv.put(…).timer(q).key(k)….schedule().commit()``:
     everything commits together or nothing does."""
 
     _commit: Callable[[calls.Call[Any]], R]
-    _operations: tuple[dict[str, Any], ...] = ()
-    _timers: tuple[dict[str, Any], ...] = ()
+    _operations: _Chain[dict[str, Any]] | None = None
+    _timers: _Chain[dict[str, Any]] | None = None
     _acked: tuple[Message, ...] = ()
     _kv: tuple[dict[str, Any], ...] = ()
     _guards: tuple[Any, ...] = ()
@@ -117,7 +145,7 @@ class TransactionBuilder(Generic[R]):
             error: str | None = None) -> TransactionBuilder[R]:
         """Acknowledge a popped message (under its lease: a lost lease aborts the bundle)."""
         entry = {"type": "ack", **calls.ack_entry(message, status, error)}
-        return dataclasses.replace(self, _operations=(*self._operations, entry),
+        return dataclasses.replace(self, _operations=_Chain(self._operations, entry),
                                    _acked=(*self._acked, message))
 
     def push(self, queue: str, payload: Any, *, partition: str | None = None,
@@ -165,8 +193,8 @@ class TransactionBuilder(Generic[R]):
 
     def _call(self) -> calls.Call[TransactionResult]:
         guards = tuple(g.guard() if callable(g.guard) else g.guard for g in self._guards)
-        return calls.transaction(self._operations, (*guards, *self._kv), self._timers,
-                                 self._acked)
+        return calls.transaction(_Chain.items(self._operations), (*guards, *self._kv),
+                                 _Chain.items(self._timers), self._acked)
 
     def _renewed_under_it(self, result: TransactionResult) -> bool:
         """Refused by a guard whose permit is still this handle's (same owner) at a newer
@@ -195,14 +223,18 @@ class TransactionBuilder(Generic[R]):
         return self._commit(self._call())  # type: ignore[return-value]
 
     def _op(self, entry: dict[str, Any]) -> TransactionBuilder[R]:
-        return dataclasses.replace(self, _operations=(*self._operations, entry))
+        return dataclasses.replace(self, _operations=_Chain(self._operations, entry))
 
     def _timer_schedule(self, spec: TimerSpec) -> TransactionBuilder[R]:
-        return dataclasses.replace(self, _timers=(*self._timers, spec.to_wire()))
+        return self._with_timer(spec.to_wire())
 
     def _timer_cancel(self, queue: str, key: str, txn: str | None) -> TransactionBuilder[R]:
-        return dataclasses.replace(self, _timers=(*self._timers,
-                                                  calls.cancel_op(queue, key, txn)))
+        return self._with_timer(calls.cancel_op(queue, key, txn))
+
+    def _with_timer(self, entry: dict[str, Any]) -> TransactionBuilder[R]:
+        # (dataclasses.replace, without its introspection: a step per timer of a bundle)
+        return TransactionBuilder(self._commit, self._operations, _Chain(self._timers, entry),
+                                  self._acked, self._kv, self._guards, self._is_async)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

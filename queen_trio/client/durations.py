@@ -47,8 +47,18 @@ def delay_ms(value: Duration, what: str = "delay") -> int:
             raise ValueError(f"{what} {value!r} is not a whole number of milliseconds")
         return micros // 1000
     if isinstance(value, str):
-        return _parse(value, what)
+        parsed = _PARSED.get(value)
+        if parsed is None:
+            parsed = _parse(value, what)
+            if len(_PARSED) < _PARSED_MAX:
+                _PARSED[value] = parsed
+        return parsed
     raise ValueError(f"{what} must be a duration ({_EXAMPLES}), not {type(value).__name__}")
+
+
+# Durations already parsed: a bundle's 500 timers usually say "1h" 500 times.
+_PARSED: dict[str, int] = {}
+_PARSED_MAX = 1024
 
 
 def span_ms(value: Duration, what: str) -> int:

@@ -41,6 +41,9 @@ class TimerStatus(StrEnum):
     TOO_LATE = "too_late"        # a broker is firing it right now
 
 
+_TIMER_STATUS = {s.value: s for s in TimerStatus}  # (a lookup costs less than an enum call)
+
+
 class TimerState(StrEnum):
     PENDING = "pending"
     CLAIMED = "claimed"  # a sweeper holds it and is firing it
@@ -87,8 +90,17 @@ class TimerResult:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> TimerResult:
-        r = msgspec.convert(w, wire_timers.TimerResult)  # the broker's own model of it
-        return cls(r.ok, TimerStatus(r.status), r.queue, r.timer_key, r.txn, r.partition,
+        return cls.from_model(msgspec.convert(w, wire_timers.TimerResult))
+
+    @classmethod
+    def many_from_wire(cls, ws: list[dict[str, Any]]) -> tuple[TimerResult, ...]:
+        """Results of a bundle's timers: decoded as one list (one call into msgspec)."""
+        return tuple(map(cls.from_model, msgspec.convert(ws, list[wire_timers.TimerResult])))
+
+    @classmethod
+    def from_model(cls, r: wire_timers.TimerResult) -> TimerResult:
+        """From the broker's own model of it."""
+        return cls(r.ok, _TIMER_STATUS[r.status], r.queue, r.timer_key, r.txn, r.partition,
                    parse_time(r.deliver_at), None if r.message_id is None else str(r.message_id))
 
 
@@ -514,8 +526,8 @@ class TransactionResult:
         flat = [r for r in done.results if r.get("type") != "timer"]
         base = sum(r.get("type") != "kv" for r in flat)
         return cls(tuple(_flat_result(r, kv, base) for r in flat),
-                   tuple(TimerResult.from_wire(t) for t in done.results
-                         if t.get("type") == "timer"))
+                   TimerResult.many_from_wire([t for t in done.results
+                                               if t.get("type") == "timer"]))
 
 
 def _flat_result(w: dict[str, Any], kv: list[dict[str, Any]], base: int) -> OperationResult:

@@ -278,7 +278,7 @@ def test_a_transaction_is_repeated_only_when_every_part_is(
 def test_transaction_steps_return_transaction_builders(queen: Recorder) -> None:
     tx = queen.transaction()
     step = tx.timer("q").key("k").delay("1s").payload(1).schedule()
-    assert isinstance(step, TransactionBuilder) and tx._timers == ()
+    assert isinstance(step, TransactionBuilder)  # and tx is still empty: commit refuses
     with pytest.raises(TypeError, match="transaction"):
         tx.timer("q").key("k").peek()
     with pytest.raises(ValueError, match="at least one"):
@@ -303,3 +303,26 @@ def test_urls_and_token_default_to_the_environment(monkeypatch: pytest.MonkeyPat
     assert client._headers["Authorization"] == "Bearer qt_a_b"
     monkeypatch.delenv("QUEEN_URL")
     assert Recorder().urls == ["http://127.0.0.1:6632"]
+
+
+def test_a_half_built_bundle_branches_without_sharing_its_later_entries(queen: Recorder) -> None:
+    """Entries are chained, not copied (a 500-timer bundle was O(n²)): branches of one
+    half-built bundle still each carry exactly their own entries, in the order added."""
+    base = queen.transaction().push("q", {"n": 0}, txn="t0")
+    for i in range(3):
+        base = base.timer("q").key(f"k{i}").delay("1h").payload(i).schedule()
+    left = base.timer("q").key("left").cancel().push("q", {"n": 1}, txn="t1")
+    right = base.timer("q").key("right").delay(5).schedule()
+    keys = [[t["timerKey"] for t in b.commit().body["timers"]] for b in (base, left, right)]
+    assert keys == [["k0", "k1", "k2"], ["k0", "k1", "k2", "left"], ["k0", "k1", "k2", "right"]]
+    assert [len(b.commit().body["operations"]) for b in (base, left, right)] == [1, 2, 1]
+    assert base.commit().body["timers"][0]["delayMs"] == 3_600_000
+
+
+def test_minted_txns_are_distinct_random_uuids(queen: Recorder) -> None:
+    tx = queen.transaction()
+    for i in range(200):
+        tx = tx.timer("q").key(f"k{i}").delay(1).payload(i).schedule()
+    txns = [t["txn"] for t in tx.commit().body["timers"]]
+    assert len(set(txns)) == 200
+    assert all(uuid.UUID(t).version == 4 and str(uuid.UUID(t)) == t for t in txns)

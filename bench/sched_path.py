@@ -1,0 +1,262 @@
+"""Schedule, cancel and push through the SDK, this checkout beside a baseline checkout, rounds
+interleaved (issue 32: single-call latency, schedule throughput, pushes and partition creation).
+
+Each side is a broker subprocess started from its own checkout, on its own database of one
+shared PostgreSQL server, driven by a client subprocess that imports the SDK of the same
+checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, default all):
+
+- ``single``: one schedule, then one cancel of it, then one push, 10 ms apart, sequential
+  (an idle broker between calls): p50/p90/p99/max of each call.
+- ``push``: pushes of one message each, ``--concurrency`` at once (50, as Queen's JS client's
+  bootstrap test), first into ``--partitions`` new partitions, then into the same ones again:
+  pushes/s and latency.
+- ``bundle``: 500-timer transaction bundles built with the SDK's builder, 1 and 4 clients for
+  ``--seconds``: timers/s, and CPU per timer of the client, the broker and PostgreSQL.
+- ``notify``: without a broker, 20 connections committing a one-row insert, with a NOTIFY
+  inside the transaction, without one, and with it sent after the commit in a transaction of
+  its own with synchronous_commit off (queen_trio/db/notifier.py): transactions/s.
+
+``python -m bench.sched_path --baseline /work/main [--rounds 2] [--scenario single push]``;
+the table goes to stdout and the numbers to ``bench/results/sched_path.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.harness.brokers import free_port, wait_healthy
+from bench.harness.cpu import PartyCpu
+from bench.harness.pg import shared_server
+from bench.harness.report import load, now_iso, save_json, source_revision
+from bench.harness.stats import distribution
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "sched_path.json"
+SCENARIOS = ("single", "push", "bundle", "notify")
+BUNDLE = 500
+
+
+# -- the client (a subprocess importing the SDK of the side under test) ----------------------
+
+
+async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, Any]:
+    import trio
+
+    import queen_trio
+
+    out: dict[str, Any] = {}
+    async with queen_trio.Client(url) as q:
+        await q.timer("warm").key("w").delay("1h").payload({"w": 1}).schedule()
+        await q.push("warm", {"w": 1})
+        if scenario == "single":
+            lat: dict[str, list[float]] = {"schedule": [], "cancel": [], "push": []}
+            for i in range(args["calls"]):
+                key = f"single-{args['tag']}-{i}"
+                for what in ("schedule", "cancel", "push"):
+                    await trio.sleep(0.01)
+                    t = time.perf_counter()
+                    if what == "schedule":
+                        await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
+                    elif what == "cancel":
+                        await q.timer("single").key(key).cancel()
+                    else:
+                        await q.push("single", {"i": i})
+                    lat[what].append(time.perf_counter() - t)
+            out = {what: distribution(v) for what, v in lat.items()}
+        elif scenario == "push":
+            queue, n, c = f"boot-{args['tag']}", args["partitions"], args["concurrency"]
+            for phase in ("new", "existing"):
+                samples: list[float] = []
+
+                async def one(j: int, samples: list[float] = samples) -> None:
+                    t = time.perf_counter()
+                    await q.push(queue, {"id": j}, partition=f"p-{j}")
+                    samples.append(time.perf_counter() - t)
+
+                t0 = time.perf_counter()
+                for i in range(0, n, c):  # as the JS bootstrap test: groups of c at once
+                    async with trio.open_nursery() as nursery:
+                        for j in range(i, min(i + c, n)):
+                            nursery.start_soon(one, j)
+                wall = time.perf_counter() - t0
+                out[phase] = {"pushes_per_s": round(n / wall), "wall_s": round(wall, 2),
+                              **distribution(samples)}
+        elif scenario == "bundle":
+            clients, seconds = args["clients"], args["seconds"]
+            done = [0]
+            stop = time.perf_counter() + seconds
+
+            async def bundles(c: int) -> None:
+                b = 0
+                while time.perf_counter() < stop:
+                    tx = q.transaction()
+                    for j in range(BUNDLE):
+                        tx = tx.timer("bundle").key(f"{args['tag']}-{c}-{b}-{j}").delay(
+                            "1h").payload({"i": j})
+                        tx = tx.schedule()  # type: ignore[assignment]
+                    await tx.commit()
+                    done[0] += BUNDLE
+                    b += 1
+
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            async with trio.open_nursery() as nursery:
+                for c in range(clients):
+                    nursery.start_soon(bundles, c)
+            wall = time.perf_counter() - t0
+            out = {"timers": done[0], "timers_per_s": round(done[0] / wall),
+                   "client_cpu_s": time.process_time() - cpu0, "wall_s": wall}
+    return out
+
+
+def child_main(url: str, scenario: str, args: str) -> None:
+    import trio
+
+    print(json.dumps(trio.run(_client, url, scenario, json.loads(args))), flush=True)
+
+
+# -- the parent --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def side_broker(checkout: Path, database_url: str) -> Iterator[tuple[str, int]]:
+    """A broker of ``checkout`` on ``database_url``: (url, pid)."""
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-sched-"))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(checkout), "QUEEN_DATABASE_URL": database_url,
+           "QUEEN_PORT": str(port), "QUEEN_HOST": "127.0.0.1",
+           "QUEEN_DATA_DIR": str(root / "data"), "QUEEN_LOG_LEVEL": "WARNING"}
+    log_path = root / "broker.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], cwd=checkout,
+                                env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log_path)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_client(checkout: Path, url: str, scenario: str, args: dict[str, Any]) -> dict[str, Any]:
+    """This script as a client of ``url``, importing ``checkout``'s SDK (and nothing else)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", url, scenario, json.dumps(args)],
+        cwd=checkout, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"client failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def notify_round(url: str, mode: str, connections: int = 20, seconds: float = 4.0) -> float:
+    stop = time.perf_counter() + seconds
+    counts = [0] * connections
+
+    def work(i: int) -> None:
+        with psycopg.connect(url) as conn:
+            while time.perf_counter() < stop:
+                conn.execute("INSERT INTO notify_bench (v) VALUES ('x')")
+                if mode == "inside":
+                    conn.execute("SELECT pg_notify('bench', 'q')")
+                conn.commit()
+                if mode == "after":
+                    conn.execute("SELECT set_config('synchronous_commit', 'off', true), "
+                                 "pg_notify('bench', 'q')")
+                    conn.commit()
+                counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, required=True, help="checkout to compare with")
+    parser.add_argument("--scenario", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--admin-url", default=os.environ.get("QUEEN_DATABASE_URL"))
+    opts = parser.parse_args()
+    sides = {"this": REPO, "baseline": opts.baseline.resolve()}
+    report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
+                              "baseline": str(sides["baseline"]), "load_start": load(),
+                              "rounds": []}
+    with shared_server(opts.admin_url) as server:
+        if "notify" in opts.scenario:
+            with server.database("notify") as url:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute("CREATE TABLE notify_bench (id bigserial PRIMARY KEY, v text)")
+                rows = {m: [] for m in ("none", "inside", "after")}  # type: dict[str, list[float]]
+                for _ in range(opts.rounds):
+                    for mode in rows:
+                        rows[mode].append(round(notify_round(url, mode)))
+                report["notify_tx_per_s"] = rows
+                print("commits/s, 20 connections (rounds):", rows, "load", load(), flush=True)
+        scenarios = [s for s in opts.scenario if s != "notify"]
+        with server.database("sched_this") as db_this, \
+                server.database("sched_base") as db_base, \
+                side_broker(sides["this"], db_this) as this, \
+                side_broker(sides["baseline"], db_base) as base:
+            brokers = {"this": this, "baseline": base}
+            for r in range(opts.rounds):
+                for scenario in scenarios:
+                    for side in (("this", "baseline") if r % 2 == 0 else ("baseline", "this")):
+                        url, pid = brokers[side]
+                        for clients in ((1, 4) if scenario == "bundle" else (0,)):
+                            args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
+                                    "partitions": opts.partitions,
+                                    "concurrency": opts.concurrency, "clients": clients,
+                                    "seconds": opts.seconds}
+                            cpu = PartyCpu([pid], server.postmaster_pid)
+                            before = cpu.snapshot()
+                            result = run_client(sides[side], url, scenario, args)
+                            after = cpu.snapshot()
+                            row = {"round": r, "side": side, "scenario": scenario,
+                                   "clients": clients, "load": load(), **result,
+                                   "cpu_s": {k: round(after[k] - before[k], 3)
+                                             for k in ("broker", "postgres", "other")}}
+                            if scenario == "bundle" and result["timers"]:
+                                n = result["timers"]
+                                row["cpu_us_per_timer"] = {
+                                    "client": round(result["client_cpu_s"] / n * 1e6, 1),
+                                    **{k: round(v / n * 1e6, 1)
+                                       for k, v in row["cpu_s"].items()}}
+                            report["rounds"].append(row)
+                            print(json.dumps(row), flush=True)
+    report["load_end"] = load()
+    save_json(RESULTS, report)
+    print(f"load {report['load_start']} -> {report['load_end']}; saved {RESULTS}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child_main(*sys.argv[2:])
+    else:
+        main()
