@@ -105,8 +105,7 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
                     tx = q.transaction()
                     for j in range(BUNDLE):
                         tx = tx.timer("bundle").key(f"{args['tag']}-{c}-{b}-{j}").delay(
-                            "1h").payload({"i": j})
-                        tx = tx.schedule()  # type: ignore[assignment]
+                            "1h").payload({"i": j}).schedule()
                     await tx.commit()
                     done[0] += BUNDLE
                     b += 1

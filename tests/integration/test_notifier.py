@@ -4,6 +4,8 @@ reaches a listener."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 import trio
@@ -26,7 +28,7 @@ async def _received(rx: trio.MemoryReceiveChannel[object], quiet_s: float = 0.5
 
 
 @pytest.fixture
-async def listener(database_url: str):
+async def listener(database_url: str) -> AsyncIterator[Listener]:
     listener = Listener(database_url, ["alpha", "beta", "queen_log"])
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
