@@ -180,11 +180,25 @@ class Message:
         return cls.from_model(msgspec.convert(w, wire_log.Message))
 
     @classmethod
-    def from_model(cls, r: wire_log.Message) -> Message:
+    def from_model(cls, r: wire_log.Message,
+                   times: dict[str | None, datetime | None] | None = None) -> Message:
+        """``times``: instants already parsed, shared by the messages of one answer."""
+        times = {} if times is None else times
         t = r.timer or None
-        mark = None if t is None else TimerMark(t["key"], parse_time(t.get("deliverAt")))
+        mark = None if t is None else TimerMark(t["key"], _time(times, t.get("deliverAt")))
         return cls(r.transactionId, r.partitionId, r.queue, r.partition, r.offset, r.leaseId,
-                   r.consumerGroup, r.data, parse_time(r.createdAt), r.retryCount, mark, r.id)
+                   r.consumerGroup, r.data, _time(times, r.createdAt),  # type: ignore[arg-type]
+                   r.retryCount, mark, r.id)
+
+
+def _time(times: dict[str | None, datetime | None], text: str | None) -> datetime | None:
+    """:func:`parse_time`, once per distinct text: the frames of one fire or one push share
+    their instants, and a 500-message answer parsed each of them anew."""
+    try:
+        return times[text]
+    except KeyError:
+        parsed = times[text] = parse_time(text)
+        return parsed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -209,8 +223,9 @@ class Batch:
 
     @classmethod
     def from_model(cls, r: wire_log.PopResponse) -> Batch:
-        return cls(tuple(Message.from_model(m) for m in r.messages), r.queue, r.partition,
-                   r.leaseId, parse_time(r.leaseExpiresAt))
+        times: dict[str | None, datetime | None] = {}
+        return cls(tuple(Message.from_model(m, times) for m in r.messages), r.queue,
+                   r.partition, r.leaseId, parse_time(r.leaseExpiresAt))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
