@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 import msgspec
 import zstandard
 
+from ..models import codec
 from ..models import kv as wire_kv
 from ..models import locks as wire_locks
 from ..models import log as wire_log
@@ -267,9 +268,24 @@ class SettledPop:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> SettledPop:
-        r = msgspec.convert(w, wire_log.PopResponse)  # the broker's own model of it
-        return cls(Batch.from_model(r), w["acks"],
+        return cls.from_model(msgspec.convert(w, wire_log.PopResponse))  # the broker's model
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Any:
+        """The answer's bytes decoded straight into the broker's model (msgspec, in C), or
+        ``codec.FALLBACK``: then the strict decoder and :meth:`from_wire` take it (they
+        refuse, naming why, what this would not read)."""
+        r = codec.fast(raw, _POP_ANSWER)
+        return r if r is codec.FALLBACK else cls.from_model(r)
+
+    @classmethod
+    def from_model(cls, r: wire_log.PopResponse) -> SettledPop:
+        acks = {} if r.acks is msgspec.UNSET else msgspec.structs.asdict(r.acks)
+        return cls(Batch.from_model(r), acks,
                    tuple(AckResult.from_model(a) for a in r.ackRefused or ()))
+
+
+_POP_ANSWER = msgspec.json.Decoder(wire_log.PopResponse)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
