@@ -119,7 +119,7 @@ def messages_to_wire(batch: store.PopBatch,
             id=message_id(pid, m.offset, meta), transactionId=m.transaction_id,
             partitionId=pid, partition=batch.partition, queue=batch.queue, offset=m.offset,
             leaseId=lease, consumerGroup=batch.group,
-            data=opened(cipher, m.payload),
+            data=m.payload if cipher is None else opened(cipher, store.payload_value(m)),
             createdAt=created, retryCount=m.retry_count,  # type: ignore[arg-type]
             timer=meta["timer"] if meta and "timer" in meta else UNSET))
     return out
