@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from .. import strict_json
+from ..models import codec
 from .calls import Call, settled_here
 from .errors import BrokerUnreachable, RateLimited, error_from_response
 
@@ -146,7 +147,9 @@ def exchange(
             if status == 204 and call.empty is not None:
                 result = call.empty()
             else:  # (parse raises for a verdict that refuses, e.g. a refused ack)
-                result = call.parse(strict_json.loads(response.content))
+                quick = codec.FALLBACK if call.fast is None else call.fast(response.content)
+                result = (call.parse(strict_json.loads(response.content))
+                          if quick is codec.FALLBACK else quick)
             _record_settled(call)
             return result
         error = error_from_response(response)

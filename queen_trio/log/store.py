@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import psycopg
 
 from ..db import queries
@@ -324,7 +325,7 @@ def pop_head(raw: Raw, tenant_id: int, req: PopRequest, *,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": _commit_level(sync_commit)},
     ).fetchall()
-    return _head_outcome(req, rows)
+    return _head_outcome(req, rows, texts=True)
 
 
 def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
@@ -340,7 +341,7 @@ def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
          "synchronous_commit": _commit_level(sync_commit), "not_before": not_before,
          "give_up": give_up},
     ).fetchall()
-    return _head_outcome(req, rows)
+    return _head_outcome(req, rows, texts=True)
 
 
 def next_look_in_s(raw: Raw, tenant_id: int, req: PopRequest) -> float | None:
@@ -353,14 +354,22 @@ def next_look_in_s(raw: Raw, tenant_id: int, req: PopRequest) -> float | None:
     return row["in_s"]
 
 
-def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
+def _head_outcome(req: PopRequest, rows: list[dict[str, Any]], *,
+                  texts: bool = False) -> PopOutcome | None:
+    """``texts``: payload and meta are JSON text (Q.pop_head): the payload is kept as that
+    text (``msgspec.Raw``, written into the answer as it is), the meta decoded."""
     first = rows[0]
     if first["outcome"] == "fallback":
         return None
     if first["outcome"] == "empty":
         return PopOutcome(None)
-    messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
-                        r["meta"]) for r in rows]
+    if texts:
+        messages = [Message(r["offset"], r["transaction_id"], _raw_or_none(r["payload"]),
+                            r["created_at"], 0, _META.decode(r["meta"]) if r["meta"] else None)
+                    for r in rows]
+    else:
+        messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
+                            r["meta"]) for r in rows]
     return PopOutcome(PopBatch(req.queue, first["partition"], first["partition_id"], req.group,
                                first["lease_id"], first["lease_expires_at"], messages))
 
@@ -375,6 +384,20 @@ def head_outcome_from_json(req: PopRequest, rows: list[dict[str, Any]]) -> PopOu
         "lease_expires_at": _time_or_none(r["lease_expires_at"]),
         "created_at": _time_or_none(r["created_at"]),
     } for r in rows])
+
+
+_META = msgspec.json.Decoder(dict[str, Any])
+
+
+def payload_value(message: Message) -> Any:
+    """A popped message's payload as a value: the one-statement pop keeps it as its stored
+    JSON text (``msgspec.Raw``), which is decoded here; the other pops hold it decoded."""
+    payload = message.payload
+    return msgspec.json.decode(payload) if isinstance(payload, msgspec.Raw) else payload
+
+
+def _raw_or_none(text: str | None) -> msgspec.Raw | None:
+    return None if text is None else msgspec.Raw(text)
 
 
 def _uuid_or_none(text: str | None) -> uuid.UUID | None:

@@ -117,12 +117,15 @@ SELECT pg_notify('queen_log', %(payload)s)
 -- its general pop.
 -- The commit level (NULL: the server's own) is set for this statement's own transaction
 -- (pop_head always returns a row, so the join evaluates it); it takes effect at the commit
--- that ends the statement.
+-- that ends the statement. Payload and meta come back as JSON text: the payload goes into
+-- the answer as it is stored, never decoded (store._head_outcome).
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
                       true))
-SELECT p.* FROM commit_level,
+SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta
+FROM commit_level,
      queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                     %(auto_ack)s) AS p
 
@@ -133,7 +136,9 @@ WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
                       true))
-SELECT p.* FROM commit_level,
+SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta
+FROM commit_level,
      queen.pop_head_after(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                           %(auto_ack)s, %(not_before)s, %(give_up)s) AS p
 

@@ -57,7 +57,7 @@ def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) 
         first = log_store.pop_head(conn, tenant, request("q"))
         assert first is None  # no cursor yet: the general pop creates it
         first = general_pop(conn, tenant, request("q"))
-        assert [m.payload for m in first.batch.messages] == ["a", "b"]
+        assert [log_store.payload_value(m) for m in first.batch.messages] == ["a", "b"]
         with conn.transaction():
             log_store.ack(conn, tenant, [
                 Ack(i, m.transaction_id, first.batch.partition_id, "completed", GROUP,
@@ -67,8 +67,8 @@ def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) 
         got = log_store.pop_head(conn, tenant, request("q", batch=2))
         assert got is not None and got.batch is not None
         batch = got.batch
-        assert ([m.offset for m in batch.messages], [m.payload for m in batch.messages]) == (
-            [2, 3], ["c", "d"])
+        assert ([m.offset for m in batch.messages],
+                [log_store.payload_value(m) for m in batch.messages]) == ([2, 3], ["c", "d"])
         assert all(m.retry_count == 0 and m.created_at is not None for m in batch.messages)
         assert (batch.queue, batch.partition, batch.group) == ("q", "Default", GROUP)
         state = cursor(conn)
@@ -88,7 +88,7 @@ def test_auto_ack_advances_the_cursor(database_url: str) -> None:
         general_pop(conn, tenant, request("q", auto_ack=True))  # creates the cursor
         push(conn, tenant, "q", ["b", "c"])
         got = log_store.pop_head(conn, tenant, request("q", auto_ack=True))
-        assert [m.payload for m in got.batch.messages] == ["b", "c"]
+        assert [log_store.payload_value(m) for m in got.batch.messages] == ["b", "c"]
         assert got.batch.lease_id is None
         state = cursor(conn)
         assert (state["committed"], state["lease_expires_at"]) == (2, None)
@@ -176,7 +176,7 @@ def test_consumers_racing_for_one_partition_get_every_message_once(database_url:
                     idle += 1
                     continue
                 idle = 0
-                got.extend(m.payload for m in outcome.batch.messages)
+                got.extend(log_store.payload_value(m) for m in outcome.batch.messages)
         return got
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:

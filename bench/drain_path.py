@@ -1,0 +1,111 @@
+"""CPU per message of the drain path's Python steps, without HTTP or PostgreSQL: what a
+``consume()`` batch of fired timers costs the broker and the SDK besides the round trip.
+
+One process, CPU time only (best of 5 timings, so that other work on the machine weighs
+less), for a 500-message batch shaped as a burst's (timer frames, one fire instant per 100):
+
+* ``broker encode``: the store's PopBatch to the pop answer's bytes (api/log.batch_to_wire,
+  then the wire codec);
+* ``broker acks``: a settle-and-pop body of 500 completions as the SDK sends it, decoded and
+  read into acknowledgements (rules.ack_batch);
+* ``sdk decode``: the answer's bytes to the SDK's SettledPop (what consume() hands out), as
+  the SDK's transport reads it;
+* ``sdk settle``: 500 settlements owed (calls.ack_entry) to the request body's bytes.
+
+Run it against two checkouts to compare (``PYTHONPATH=<checkout> python -m bench.drain_path``).
+
+    python -m bench.drain_path [--messages 500] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+import types
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.harness.report import load, source_revision
+from queen_trio import strict_json
+from queen_trio.api import log as api_log
+from queen_trio.client import calls
+from queen_trio.client.models import AckStatus
+from queen_trio.log import rules, store
+from queen_trio.models import codec
+
+
+def pop_batch(n: int) -> store.PopBatch:
+    base = datetime.datetime(2026, 12, 4, 15, 0, tzinfo=datetime.UTC)
+    pid = uuid.uuid4()
+    messages = []
+    for i in range(n):
+        fired = base + datetime.timedelta(milliseconds=i // 100)  # a sweep fires 100 at once
+        due = base - datetime.timedelta(milliseconds=3)
+        meta = {"messageId": str(uuid.uuid4()),
+                "timer": {"key": f"burst-{i}", "deliverAt": due.isoformat()}}
+        messages.append(store.Message(i + 1, str(uuid.uuid4()), {"k": f"burst-{i}"}, fired, 0,
+                                      meta))
+    return store.PopBatch("q", "Default", pid, "__QUEUE_MODE__", uuid.uuid4(),
+                          base + datetime.timedelta(seconds=300), messages)
+
+
+def sdk_decode(call: calls.Call[Any], raw: bytes) -> Any:
+    """As the SDK's transport reads an answer: the call's fast path first, if it has one."""
+    quick = codec.FALLBACK if getattr(call, "fast", None) is None else call.fast(raw)
+    return call.parse(strict_json.loads(raw)) if quick is codec.FALLBACK else quick
+
+
+def cpu_us(fn: Callable[[], Any], number: int) -> float:
+    """Best of 5: CPU microseconds per call."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.process_time()
+        for _ in range(number):
+            fn()
+        best = min(best, time.process_time() - t0)
+    return best * 1e6 / number
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.drain_path",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--messages", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    n = args.messages
+    # The route reads the broker's cipher from the app; none here (payloads stored plain).
+    api_log._broker = lambda: types.SimpleNamespace(cipher=None)  # type: ignore[assignment]
+    batch = pop_batch(n)
+    req = rules.pop_request("q", None, {"batch": str(n)})
+
+    def encode() -> bytes:
+        answer = api_log.batches_to_wire(req, [batch])
+        answer.acks = api_log.ack_summary([])
+        return codec.encode(answer)
+
+    answer_bytes = encode()
+    settled = calls.settle_and_pop("q", [], group=None, partition=None, batch=n, wait=None)
+    got = settled.parse(strict_json.loads(answer_bytes))
+    owed = [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]
+    settle_bytes = strict_json.dumps(calls.compact_acks(owed))
+
+    steps: dict[str, Callable[[], Any]] = {
+        "broker encode": encode,
+        "broker acks": lambda: rules.ack_batch(strict_json.loads(settle_bytes)),
+        "sdk decode": lambda: sdk_decode(settled, answer_bytes),
+        "sdk settle": lambda: strict_json.dumps(calls.compact_acks(
+            [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch])),
+    }
+    print(f"drain_path at {source_revision()}, {n} messages, load {load()}")
+    for r in range(args.rounds):
+        cells = {name: cpu_us(fn, 20) / n for name, fn in steps.items()}
+        total = sum(cells.values())
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in cells.items())
+              + f"; total {total:.2f} µs per message", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
