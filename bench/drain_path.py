@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import time
-import types
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -53,7 +52,8 @@ def pop_batch(n: int) -> store.PopBatch:
 
 def sdk_decode(call: calls.Call[Any], raw: bytes) -> Any:
     """As the SDK's transport reads an answer: the call's fast path first, if it has one."""
-    quick = codec.FALLBACK if getattr(call, "fast", None) is None else call.fast(raw)
+    fast = getattr(call, "fast", None)
+    quick = codec.FALLBACK if fast is None else fast(raw)
     return call.parse(strict_json.loads(raw)) if quick is codec.FALLBACK else quick
 
 
@@ -75,13 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     n = args.messages
-    # The route reads the broker's cipher from the app; none here (payloads stored plain).
-    api_log._broker = lambda: types.SimpleNamespace(cipher=None)  # type: ignore[assignment]
     batch = pop_batch(n)
     req = rules.pop_request("q", None, {"batch": str(n)})
 
     def encode() -> bytes:
-        answer = api_log.batches_to_wire(req, [batch])
+        answer = api_log.batches_to_wire(req, [batch], None)  # payloads stored plain
         answer.acks = api_log.ack_summary([])
         return codec.encode(answer)
 

@@ -178,7 +178,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
         wait_refused = models.WaitRefused(status=refused.status, error=refused.code,
                                           message=refused.message, **refused.extra)
         batches = []
-    answer = batches_to_wire(req, batches) if batches else empty_answer(req)
+    answer = batches_to_wire(req, batches, _broker().cipher) if batches else empty_answer(req)
     answer.acks = ack_summary(results)
     refused_acks = [ack_result(r) for r in results if r.refused is not None]
     if refused_acks:
@@ -195,7 +195,7 @@ async def _pop(queue: str, partition: str | None) -> Response:
         if req.conflation:  # Queen says so on empty answers too: its clients check every one
             return model_response(empty_answer(req))
         return Response(b"", status=204)
-    return model_response(batches_to_wire(req, batches))
+    return model_response(batches_to_wire(req, batches, _broker().cipher))
 
 
 def _sized(req: rules.PopRequest) -> rules.PopRequest:
@@ -386,21 +386,21 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
     return parked.outcome if parked.handed.is_set() else None
 
 
-def batches_to_wire(req: rules.PopRequest,
-                    batches: list[store.PopBatch]) -> models.PopResponse:
+def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch],
+                    cipher: PayloadCipher | None) -> models.PopResponse:
     """A pop's answer. A pop asking for several partitions (``partitions`` above 1) lists
     them in ``partitions``; as in Queen, all of them are held under one lease (the top-level
     ``leaseId``, also on every message), which one extension renews and whose acks act on
     each partition. Every message carries its partitionId, which acks name. The top-level
     partition is that of the only partition when there is one, null when there are several."""
     if req.partitions == 1:
-        return pop_echo(req, batch_to_wire(batches[0]))
+        return pop_echo(req, batch_to_wire(batches[0], cipher))
     first = batches[0]
-    wire = batch_to_wire(first) if len(batches) == 1 else models.PopResponse(
+    wire = batch_to_wire(first, cipher) if len(batches) == 1 else models.PopResponse(
         success=True, queue=req.queue, partition=None, partitionId=None,
         leaseId=None if first.lease_id is None else str(first.lease_id),
         leaseExpiresAt=iso(first.lease_expires_at), consumerGroup=req.group,
-        messages=[m for b in batches for m in messages_to_wire(b, _broker().cipher)],
+        messages=[m for b in batches for m in messages_to_wire(b, cipher)],
         skipped=None)
     wire.partitions = [
         models.PopPartition(
@@ -413,13 +413,13 @@ def batches_to_wire(req: rules.PopRequest,
     return pop_echo(req, wire)
 
 
-def batch_to_wire(batch: store.PopBatch) -> models.PopResponse:
+def batch_to_wire(batch: store.PopBatch, cipher: PayloadCipher | None) -> models.PopResponse:
     return models.PopResponse(
         success=True, queue=batch.queue, partition=batch.partition,
         partitionId=str(batch.partition_id),
         leaseId=None if batch.lease_id is None else str(batch.lease_id),
         leaseExpiresAt=iso(batch.lease_expires_at), consumerGroup=batch.group,
-        messages=messages_to_wire(batch, _broker().cipher),
+        messages=messages_to_wire(batch, cipher),
         skipped=skip_to_wire(batch.skipped))
 
 
