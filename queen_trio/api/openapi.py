@@ -324,8 +324,12 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                            "that must be live; an ack naming no lease borrows the one "
                            "required lease); any other field is a 400. The kv ops run first. "
                            "results is one flat array: every pushed item and every ack in "
-                           "order (type push | ack), then the kv results (type kv); "
-                           "failedIndex counts in it.",
+                           "order (type push | ack), then the kv results (type kv), then "
+                           "the timers' (type timer); failedIndex counts in it. A bundle "
+                           "refused by the state it found answers 200 success: false with "
+                           "the text in error (Queen's) and code: lease_lost (an ack's lease, "
+                           "or a required lease, is not live), unresolvable, "
+                           "already_committed or not_delivered.",
             "operationId": "transaction",
             "requestBody": _body({"type": "object", "additionalProperties": False,
                                   "properties": {
@@ -337,8 +341,11 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                 "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
             "responses": {
                 "200": _json({"anyOf": [schema.ref(transaction_models.TransactionDone),
-                                        precondition]},
-                             "Committed, or a required KV op did not apply"),
+                                        precondition,
+                                        schema.ref(transaction_models.TransactionRefused)]},
+                             "Committed; or a required KV op did not apply; or refused whole "
+                             "(an ack under a lost lease, a required lease not live): nothing "
+                             "was written"),
                 **_errors(400, 404, 409, 413),
             },
         }},

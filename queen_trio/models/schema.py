@@ -14,7 +14,7 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            timers.TimerResults, timers.TimerRow, timers.TimerFound,
                            timers.TimerMissing, timers.TimerPage, timers.TimerCount,
                            kv.KvResults, kv.KvPreconditionFailed, locks.LockResults,
-                           transaction.TransactionDone,
+                           transaction.TransactionDone, transaction.TransactionRefused,
                            log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
 
 
