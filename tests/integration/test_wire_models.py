@@ -224,9 +224,17 @@ async def test_transaction_answers_validate_against_the_generated_schemas(
     assert (lost.json()["success"], lost.json()["failedIndex"]) == (False, 1)
     assert lost.json()["transactionId"]
 
+    refused = await http.post(path, json={"operations": [
+        {"type": "ack", "transactionId": "ghost", "partitionId": results[0]["partitionId"]}]})
+    check(document, path, "post", refused)
+    assert (refused.json()["success"], refused.json()["code"]) == (False, "unresolvable")
+
     assert refuses(document, path, "post", {**done.json(), "success": "yes"})
     assert refuses(document, path, "post", {k: v for k, v in lost.json().items()
                                             if k != "kvReason"})
+    assert refuses(document, path, "post", {**refused.json(), "code": "whatever"})
+    assert refuses(document, path, "post", {**done.json(), "results": [
+        {**results[0], "type": "mystery"}]})
 
 
 async def test_log_answers_validate_against_the_generated_schemas(
