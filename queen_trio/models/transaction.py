@@ -1,4 +1,5 @@
-"""Queen's transaction wire: the answers of ``POST /api/v1/transaction``. Committed:
+"""Queen's transaction wire: the request of ``POST /api/v1/transaction`` (:class:`Bundle`) and
+its answers. Committed:
 :class:`TransactionDone`, whose ``results`` is one flat array, each entry tagged by ``type``.
 Refused whole by the state it found (an ack under a lost lease, say): :class:`TransactionRefused`
 (a required KV op that did not apply answers :class:`.kv.KvPreconditionFailed`)."""
@@ -7,11 +8,63 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .kv import KvEntry, KvReason, Stamp
+from .kv import KvEntry, KvOp, KvReason, Stamp
 from .log import AckCode, AckResult, Pushed
-from .timers import TimerResult
+from .timers import TimerOp, TimerResult
+
+MAX_KV_OPS = 64  # (kv.rules.MAX_OPS_IN_TRANSACTION, which the rules enforce)
+
+# -- the request ------------------------------------------------------------------------------
+
+
+class PushItem(Struct, kw_only=True):
+    """One message to push (other fields are ignored, as on ``POST /api/v1/push``)."""
+
+    queue: str
+    partition: str | None | UnsetType = UNSET
+    payload: Annotated[Any, Meta(description="any JSON: the message's data")]
+    transactionId: Annotated[str | None, Meta(description=(
+        "the client's id for the message (a repeat is a duplicate); default: one is "
+        "minted"))] | UnsetType = UNSET
+
+
+class PushOp(Struct, tag="push", tag_field="type", kw_only=True):
+    items: list[PushItem]
+
+
+class AckOp(Struct, tag="ack", tag_field="type", kw_only=True):
+    """An acknowledgement, fenced by its leaseId (default: the bundle's one required lease,
+    when it names exactly one); other fields are ignored."""
+
+    transactionId: str
+    partitionId: str
+    leaseId: str | None | UnsetType = UNSET
+    status: Annotated[str | None, Meta(description=(
+        "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
+    consumerGroup: str | None | UnsetType = UNSET
+    error: Annotated[Any, Meta(description="a failure's reason (text; other JSON is kept as "
+                                           "its text)")] | UnsetType = UNSET
+
+
+class Bundle(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel",
+             omit_defaults=True):
+    """Top-level operations (push, ack), kv (as on POST /api/v1/kv, without getPrefix, at
+    most 64), timers and requiredLeases (leases that must be live; an ack naming no lease
+    borrows the one required lease); at least one entry in operations, kv or timers, at
+    most 1,000 in operations and timers. Any other field is a 400."""
+
+    operations: list[PushOp | AckOp] | None | UnsetType = UNSET
+    kv: Annotated[list[KvOp], Meta(max_length=MAX_KV_OPS)] | None | UnsetType = UNSET
+    timers: list[TimerOp] | None | UnsetType = UNSET
+    required_leases: list[str] | None | UnsetType = UNSET
+
+
+BUNDLE_DECODER = msgspec.json.Decoder(Bundle)
+
+# -- the answers ------------------------------------------------------------------------------
 
 Operation = Annotated[int, Meta(description="the index of the entry of operations it answers")]
 
