@@ -26,6 +26,7 @@ import httpx
 from .. import strict_json
 from .calls import Call, settled_here
 from .errors import BrokerUnreachable, RateLimited, error_from_response
+from .models import TransactionResult
 
 T = TypeVar("T")
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -147,7 +148,8 @@ def exchange(
                 result = call.empty()
             else:  # (parse raises for a verdict that refuses, e.g. a refused ack)
                 result = call.parse(strict_json.loads(response.content))
-            _record_settled(call)
+            if not isinstance(result, TransactionResult) or result.committed:
+                _record_settled(call)  # (a bundle that committed nothing settled nothing)
             return result
         error = error_from_response(response)
         if error.code in call.none_on:

@@ -341,6 +341,25 @@ async def test_a_bundle_refused_whole_raises_transaction_refused(queen: Client) 
     assert await queen.transaction().ack(taken).commit()  # its holder settles it
 
 
+async def test_a_handler_whose_bundle_committed_nothing_leaves_the_ack_to_the_loop(
+        queen: Client) -> None:
+    """A handler's transaction that lost its once-only gate committed nothing, its ack
+    included: the consume loop still settles the message (it was left stuck before, acked by
+    nobody and redelivered forever)."""
+    await queen.kv.put("once", "job-1", True, forever=True)  # another delivery did the work
+    await queen.push("gated-consume", {"job": 1})
+
+    async def handler(message: Message) -> None:
+        done = await (queen.transaction().once("once", "job-1", forever=True)
+                      .ack(message).push("gated-side", 1).commit())
+        assert not done and done.precondition is not None
+
+    stats = await queen.consume("gated-consume", handler, max_messages=1)
+    assert (stats.settled_by_handler, stats.completed, stats.ack_errors) == (0, 1, 0)
+    assert len(await queen.pop("gated-consume")) == 0
+    assert len(await queen.pop("gated-side")) == 0
+
+
 async def test_builders_are_reusable_and_immutable(queen: Client) -> None:
     base = queen.timer("reuse").delay("1h").payload("same")
     a = await base.key("a").schedule()
