@@ -5,7 +5,9 @@ and answer went through the wire models by the cheap paths (issue 29).
    and ``GET`` around the database: the body decoded (strict_json, or the model's fast path),
    the op judged by the rules, the store's result dict turned into its model
    (``msgspec.convert``, or encode + decode: ``codec.as_model``) and encoded.
-2. With ``--baseline <checkout>``: over HTTP, interleaved rounds against a broker of this
+2. With ``--baseline <checkout>``: the rules' ``parse_op`` of a put and a get, the baseline's
+   ``queen_trio/kv/rules.py`` against this one's, in this process (best of 5, 3 rounds);
+   then over HTTP, interleaved rounds against a broker of this
    checkout and one of the baseline (sequential single-op PUTs and GETs on one key; a fresh
    database each), p50/p90/p99/max per side.
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import timeit
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from bench.harness.pg import shared_server
 from bench.switch_cost import HERE, _serve, _wait
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PATH = "/api/v1/kv/saga/booking-17"
 
 PUT_BODY = json.dumps({"value": {"bookingId": 17, "step": "held", "seats": [3, 4]},
                        "forever": True}).encode()
@@ -77,6 +81,34 @@ def in_process(number: int = 20_000) -> dict[str, float]:
     return out
 
 
+def rules_ab(baseline: Path, number: int = 5_000) -> list[dict[str, float]]:
+    """µs per ``parse_op`` of a put and a get: the baseline's rules module against this one's,
+    interleaved (three rounds)."""
+    import importlib.util
+
+    from queen_trio.kv import rules
+
+    spec = importlib.util.spec_from_file_location(
+        "queen_trio.kv.rules_baseline", baseline / "queen_trio" / "kv" / "rules.py")
+    assert spec is not None and spec.loader is not None
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # (dataclasses look their module up)
+    spec.loader.exec_module(old)
+    put = {**json.loads(PUT_BODY), "op": "put", "ns": "saga", "key": "booking-17"}
+    get = {"op": "get", "ns": "saga", "key": "booking-17"}
+    rounds = []
+    for _ in range(3):
+        row = {}
+        for side, module in (("baseline", old), ("this", rules)):
+            for what, op in (("put", put), ("get", get)):
+                best = min(timeit.repeat(
+                    lambda m=module, o=op: m.parse_op(0, o, ceiling=65_536, where=""),
+                    number=number, repeat=5))
+                row[f"{what}_{side}_us"] = best / number * 1e6
+        rounds.append(row)
+    return rounds
+
+
 def _pct(xs: list[float], q: float) -> float:
     ordered = sorted(xs)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -96,11 +128,10 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
                 try:
                     _wait(base)
                     with httpx.Client(base_url=base, timeout=10) as http:
-                        path = "/api/v1/kv/saga/booking-17"
                         for _ in range(200):  # warm-up
-                            http.put(path, content=PUT_BODY)
-                        for what, call in (("kv_put", lambda: http.put(path, content=PUT_BODY)),
-                                           ("kv_get", lambda: http.get(path))):
+                            http.put(PATH, content=PUT_BODY)
+                        for what, call in (("kv_put", lambda: http.put(PATH, content=PUT_BODY)),
+                                           ("kv_get", lambda: http.get(PATH))):
                             for _ in range(n):
                                 t = timeit.default_timer()
                                 r = call()
@@ -129,6 +160,9 @@ def main() -> None:
     print("in process, µs per call: " + ", ".join(
         f"{k} {v:.2f}" for k, v in result["in_process"].items()))
     if args.baseline is not None:
+        result["rules"] = rules_ab(args.baseline)
+        for row in result["rules"]:
+            print("parse_op, µs: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
         result["end_to_end"] = end_to_end(args.baseline, args.rounds, args.requests)
         for name, row in result["end_to_end"].items():
             print(f"{name:<20} p50 {row['p50_ms']:.3f}  p90 {row['p90_ms']:.3f}  "
