@@ -458,11 +458,6 @@ _QUEEN_ACK_STALE = ("transaction is unresolvable, already committed, or acknowle
                     "stale")
 
 
-def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
-    """:func:`ack_result` as a dict (a transaction's answer extends it)."""
-    return msgspec.structs.asdict(ack_result(r))
-
-
 def ack_result(r: store.AckResult) -> models.AckResult:
     """One acknowledgement's verdict, as Queen answers it (``success``, ``error``,
     ``leaseReleased``, ``dlq``, ``noop``), with ``code`` and ``detail`` saying precisely why

@@ -64,12 +64,6 @@ def outcome_model(o: store.Outcome) -> models.TimerResult:
                               queue=o.queue, timer_key=o.key, txn=o.txn)
 
 
-def outcome_wire(o: store.Outcome) -> dict[str, Any]:
-    """:func:`outcome_model` as a dict (a transaction's flat results add to it)."""
-    wire: dict[str, Any] = msgspec.to_builtins(outcome_model(o))
-    return wire
-
-
 def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]
                    ) -> None:
     metrics = _broker().metrics

@@ -356,7 +356,7 @@ async def test_a_bundle_commits_ack_push_state_and_timer_together(
                                         {"type": "ack", "transactionId": "nope",
                                          "partitionId": message["partitionId"]}]}
     r = await http.post(f"{API}/transaction", json=failing)
-    assert r.status_code == 404
+    assert (r.status_code, r.json()["success"], r.json()["code"]) == (200, False, "unresolvable")
     assert (await http.get(f"{TIMERS}/bookings.expire/b1")).json()["found"] is False
     assert (await http.get(f"{API}/kv/saga/b1")).json()["found"] is False
     r = await http.post(f"{API}/transaction", json=bundle)
