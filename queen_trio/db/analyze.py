@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 import trio
 
+from ..db.rows import DictConnection
 from . import queries
 from .pool import Database
 from .transient import CountError, every
@@ -43,7 +43,7 @@ ANALYZE_INTERVAL_S = 2.0
 SLACK_ROWS = 1000
 
 
-def analyze_grown_tables(raw: psycopg.Connection[dict[str, Any]],
+def analyze_grown_tables(raw: DictConnection,
                          slack: int = SLACK_ROWS) -> list[dict[str, Any]]:
     """ANALYZE every queen table that outgrew its statistics; the tables analyzed."""
     rows = raw.execute(Q.analyze_grown_tables, {"slack": slack}).fetchall()

@@ -30,14 +30,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import psycopg
 import trio
 
 from ..config import Settings
 from ..db import Database, queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..db.transient import TRANSIENT_ERRORS, Shunned, backoff_s, survived
 from ..metrics import BrokerMetrics
 from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
@@ -45,7 +44,6 @@ from .store import add_usage
 
 Q = queries.load("segments")
 log = logging.getLogger(__name__)
-Raw = psycopg.Connection[dict[str, Any]]
 T = TypeVar("T")
 
 LOCK_SPACE = 0x5147  # first key of the advisory locks that serialise one partition's housekeeping
@@ -81,7 +79,8 @@ class Sealed:
         return self.last_offset - self.first_offset + 1
 
 
-def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def seal_candidates(raw: DictConnection, policy: SealPolicy,
+                    limit: int = _CANDIDATES_PER_ROUND) -> list:
     rows = raw.execute(Q.seal_candidates, {
         "min_age_s": policy.min_age_ms / 1000, "max_age_s": policy.max_age_ms / 1000,
         "max_frames": policy.max_frames, "max_bytes": policy.max_bytes, "limit": limit,
@@ -89,13 +88,14 @@ def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_R
     return [r["partition_id"] for r in rows]
 
 
-def _try_lock(raw: Raw, partition_id: uuid.UUID) -> bool:
+def _try_lock(raw: DictConnection, partition_id: uuid.UUID) -> bool:
     row = one(raw.execute(Q.try_lock_partition,
                           {"lock_space": LOCK_SPACE, "partition_id": partition_id}))
     return bool(row["locked"])
 
 
-def seal_partition(raw: Raw, partition_id: uuid.UUID, policy: SealPolicy) -> Sealed | None:
+def seal_partition(raw: DictConnection, partition_id: uuid.UUID,
+                   policy: SealPolicy) -> Sealed | None:
     """Seal the head's oldest frames of one partition into a segment, if the policy says so.
 
     Runs in the caller's transaction: the segment insert, the head delete and the usage change
@@ -154,11 +154,11 @@ class Dropped:
     log_start: int  # the new one
 
 
-def retention_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def retention_candidates(raw: DictConnection, limit: int = _CANDIDATES_PER_ROUND) -> list:
     return [r["partition_id"] for r in raw.execute(Q.retention_candidates, {"limit": limit})]
 
 
-def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
+def apply_retention(raw: DictConnection, partition_id: uuid.UUID) -> Dropped | None:
     """Drop the partition's oldest segments that retention allows, advancing log_start."""
     if not _try_lock(raw, partition_id):
         return None
@@ -182,11 +182,11 @@ def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
     return Dropped(partition_id, len(gone), frames, stored, expected)
 
 
-def head_cut_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def head_cut_candidates(raw: DictConnection, limit: int = _CANDIDATES_PER_ROUND) -> list:
     return [r["partition_id"] for r in raw.execute(Q.head_cut_candidates, {"limit": limit})]
 
 
-def cut_head(raw: Raw, partition_id: uuid.UUID,
+def cut_head(raw: DictConnection, partition_id: uuid.UUID,
              max_frames: int = _HEAD_CUT_FRAMES) -> Dropped | None:
     """Drop the head's oldest frames that retention allows, advancing log_start, when nothing
     is retained before the head (no segment left below it).
