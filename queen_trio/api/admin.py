@@ -17,9 +17,9 @@ from typing import Any
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
+from ..formats import iso, message_id
 from ..log import admin, groups, rules
 from ..sealing import opened
-from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .errors import read_json_object

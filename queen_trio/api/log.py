@@ -13,6 +13,7 @@ from msgspec import UNSET
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
+from ..formats import iso, message_id
 from ..log import admin as log_admin
 from ..log import rules, store
 from ..log.wakeups import (
@@ -27,7 +28,6 @@ from ..log.wakeups import (
 from ..metrics import BrokerMetrics
 from ..models import log as models
 from ..sealing import PayloadCipher, opened
-from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .common import model_response

@@ -29,10 +29,10 @@ from quart import Blueprint, Response, request
 
 from ..context import BrokerContext
 from ..errors import ValidationError
+from ..formats import iso
 from ..log import rules as log_rules
 from ..models import timers as models
 from ..timers import rules, store
-from ..wire import iso
 from .common import broker as _broker
 from .common import model_response
 from .errors import install_family_errors, parse_json_body, read_json_object

@@ -31,8 +31,8 @@ import trio
 from ..db import Database, queries
 from ..db.rows import DictConnection, DictRow
 from ..db.transient import CountError, every
+from ..formats import iso
 from ..log.store import add_usage
-from ..wire import iso
 from . import rules
 from .rules import Op, PreconditionLost
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..db import queries
 from ..db.rows import DictConnection, one
 from ..errors import ValidationError
-from ..wire import iso
+from ..formats import iso
 from . import frames as log_frames
 from .rules import DEFAULT_PARTITION, timestamp
 from .segments import SegmentCache

@@ -20,9 +20,9 @@ import msgspec
 from ..db import queries
 from ..db.rows import DictConnection, one
 from ..errors import ClientError, Conflict, NotFound
+from ..formats import message_id
 from ..sealing import PayloadCipher, is_envelope
 from ..text import utf8_len
-from ..wire import message_id
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
