@@ -196,7 +196,7 @@ def guard(name: str, slot: int, token: int) -> dict[str, Any]:
 
 def kv_call(raw: DictConnection, tenant_id: int, op: dict[str, Any]) -> dict[str, Any]:
     """One KV op of this module's own making, applied as any client's would be (run it with
-    ``Database.run``: one transaction)."""
+    ``Database.run_transaction``: one transaction)."""
     parsed = kv_rules.parse_op(0, {"ns": NAMESPACE, **op}, ceiling=kv_rules.MAX_VALUE_BYTES)
     return kv_store.apply(raw, tenant_id, [parsed])[0]
 

@@ -147,7 +147,7 @@ class RuntimeSwitches:
                                     count=self._count_error)
 
     async def refresh(self) -> None:
-        self.adopt(await self._db.run_statement(read))
+        self.adopt(await self._db.run_autocommit(read))
         self._refreshes += 1
         self._last_refresh_at = trio.current_time()
 

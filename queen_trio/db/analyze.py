@@ -60,5 +60,5 @@ async def run_analyzer(
 ) -> None:
     """The service: :func:`analyze_grown_tables` every ``interval_s``."""
     task_status.started()
-    await every(interval_s, lambda: db.run(analyze_grown_tables), what="statistics check",
-                service="analyzer", count_error=count_error)
+    await every(interval_s, lambda: db.run_transaction(analyze_grown_tables),
+                what="statistics check", service="analyzer", count_error=count_error)

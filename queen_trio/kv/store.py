@@ -262,7 +262,7 @@ async def run_purger(
 ) -> None:
     """Housekeeping: delete expired keys in batches (they are already invisible to reads)."""
     async def purge() -> None:
-        while await db.run(purge_expired) == PURGE_BATCH:
+        while await db.run_transaction(purge_expired) == PURGE_BATCH:
             await trio.lowlevel.checkpoint()
 
     task_status.started()

@@ -320,9 +320,10 @@ class Housekeeper:
         worked on (an error that is not transient) is skipped; the others go on."""
         sealed = await self.seal_due()
         dropped = []
-        for pid in await self._db.run(retention_candidates):
+        for pid in await self._db.run_transaction(retention_candidates):
             d = await self._each_partition(
-                "retention of", pid, functools.partial(self._db.run, apply_retention, pid))
+                "retention of", pid,
+                functools.partial(self._db.run_transaction, apply_retention, pid))
             if d is not None:
                 dropped.append(d)
         dropped.extend(await self.cut_heads())
@@ -338,10 +339,11 @@ class Housekeeper:
         """Retention of the unsealed heads: every droppable head frame of each candidate,
         a bounded transaction at a time."""
         dropped: list[Dropped] = []
-        for pid in await self._db.run(head_cut_candidates):
+        for pid in await self._db.run_transaction(head_cut_candidates):
             for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
                 d = await self._each_partition(
-                    "retention of the head of", pid, functools.partial(self._db.run, cut_head, pid))
+                    "retention of the head of", pid,
+                    functools.partial(self._db.run_transaction, cut_head, pid))
                 if d is None:
                     break
                 dropped.append(d)
@@ -351,7 +353,7 @@ class Housekeeper:
 
     async def seal_due(self) -> list[Sealed]:
         sealed: list[Sealed] = []
-        for pid in await self._db.run(seal_candidates, self.policy):
+        for pid in await self._db.run_transaction(seal_candidates, self.policy):
             await self._each_partition("sealing of", pid,
                                        functools.partial(self._seal, pid, sealed))
         return sealed
@@ -360,7 +362,7 @@ class Housekeeper:
         for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
             started = time.perf_counter()
             # Compresses a whole segment: CPU work kept off the event loop.
-            one = await self._db.run_in_thread(seal_partition, pid, self.policy)
+            one = await self._db.run_transaction_in_thread(seal_partition, pid, self.policy)
             if one is None:
                 break
             sealed.append(one)

@@ -1,8 +1,9 @@
 """The log's database operations.
 
 Each public function takes a raw psycopg connection that is already inside a transaction and
-does all of its statements there, so the API runs it through ``Database.run`` in one call
-and one transaction (a bundle in ``POST /transaction`` runs several of them in one transaction).
+does all of its statements there, so the API runs it through ``Database.run_transaction`` in one
+call and one transaction (a bundle in ``POST /transaction`` runs several of them in one
+transaction).
 SQL text lives in ``queen_trio/sql/log.sql``.
 """
 

@@ -1,7 +1,7 @@
 """Tenants, tokens, plans and storage usage in the database.
 
 Plain functions over a psycopg connection, shared by the CLI (``queen-trio tenants …``, which
-works whether or not a broker is running) and the broker (through ``Database.run``).
+works whether or not a broker is running) and the broker (through ``Database.run_transaction``).
 """
 
 from __future__ import annotations
