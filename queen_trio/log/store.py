@@ -10,7 +10,6 @@ SQL text lives in ``queen_trio/sql/log.sql``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -23,7 +22,7 @@ from ..db.rows import DictConnection, one
 from ..errors import ClientError, Conflict, NotFound
 from ..formats import message_id
 from ..sealing import PayloadCipher, is_envelope
-from ..text import utf8_len
+from ..text import compact_json, utf8_len
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -234,7 +233,7 @@ def wake_key(tenant_id: int, queue: str) -> str:
 
 def to_json(value: Any) -> str:
     """Compact JSON text: what is stored and what sizes are measured on."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return compact_json(value)
 
 
 # -- configure --------------------------------------------------------------------------------
