@@ -190,7 +190,7 @@ class QueueOptions:
 # Options of Queen's configure that have no effect here. They are validated, echoed with the
 # value sent (or Queen's default) and named in the answer's ``ignored`` list whenever they are
 # sent with a value other than that default, which is the only value whose meaning this broker
-# honours (README: Compatibility with Queen).
+# honours (docs/queen-compatibility.md).
 #   priority            Queen serves higher-priority queues first; here every queue is equal.
 #   dlqAfterMaxRetries  here deadLetterQueue alone decides (dead-lettered after retryLimit).
 IGNORED_OPTIONS: dict[str, Any] = {
