@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
-from ..db.rows import DictConnection
 from . import queries
 from .pool import Database
+from .rows import DictConnection
 from .transient import CountError, every
 
 Q = queries.load("ops")

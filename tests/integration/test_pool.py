@@ -268,7 +268,7 @@ async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Da
     assert ticks >= 15  # ~30 possible; a blocked loop would manage 0
 
 
-async def test_run_in_thread_uses_a_worker_thread(db: Database) -> None:
+async def test_run_in_a_worker_thread_uses_one(db: Database) -> None:
     ran_in: list[threading.Thread] = []
 
     def where(raw: DictConnection) -> int:
