@@ -166,7 +166,7 @@ async def push(db: Database, tenant: int, queue: str, payloads: list[Any]) -> No
     for start in range(0, len(payloads), 500):
         frames = [store.NewFrame(queue, "Default", p, rules.new_transaction_id())
                   for p in payloads[start:start + 500]]
-        await db.run(store.append, tenant, frames)
+        await db.run_transaction(store.append, tenant, frames)
 
 
 async def relation_bytes(db: Database, table: str) -> int:
@@ -190,14 +190,14 @@ async def drain(db: Database, tenant: int, queue: str, group: str, batch: int, *
     while True:
         t = time.perf_counter()
         req = rules.PopRequest(queue, None, group, batch, False, 0, not ack)
-        outcome = await db.run(store.pop, tenant, req, cache)
+        outcome = await db.run_transaction(store.pop, tenant, req, cache)
         b = outcome.batch
         if b is None:
             break
         if ack:
             acks = [rules.Ack(i, m.transaction_id, b.partition_id, "completed", group,
                               b.lease_id, None) for i, m in enumerate(b.messages)]
-            await db.run(store.ack, tenant, acks)
+            await db.run_transaction(store.ack, tenant, acks)
         per_call.append((time.perf_counter() - t) * 1000)
         got += len(b.messages)
     return time.perf_counter() - started, per_call, got
@@ -224,7 +224,7 @@ async def database(url: str) -> None:
         sealed = []
         while True:
             t = time.perf_counter()
-            one = await db.run(housekeeping.seal_partition, pid, SEAL_ALL)
+            one = await db.run_transaction(housekeeping.seal_partition, pid, SEAL_ALL)
             if one is None:
                 break
             seal_ms.append((time.perf_counter() - t) * 1000)

@@ -37,12 +37,12 @@ from bench.harness.report import source_revision
 from queen_trio import strict_json
 from queen_trio.api.common import _COMPACT
 from queen_trio.client.calls import TimerSpec
+from queen_trio.formats import iso
 from queen_trio.models import codec
 from queen_trio.models import log as log_models
 from queen_trio.models import timers as models
 from queen_trio.timers import rules
 from queen_trio.timers.store import Outcome
-from queen_trio.wire import iso
 
 RESULTS = Path(__file__).parent / "results" / "wire_codec.txt"
 CEILING = 64 * 1024

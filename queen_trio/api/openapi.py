@@ -89,7 +89,8 @@ _POP_PARAMS = [
            "a new consumer group starts at the first message created at or after it; wins "
            "over subscriptionMode"),
 ]
-# A pop that would wait past a bound on waiting pops (README: QUEEN_LONGPOLL_MAX_PARKED*).
+# A pop that would wait past a bound on waiting pops (QUEEN_LONGPOLL_MAX_PARKED*,
+# docs/configuration.md).
 _WAIT_REFUSED = {
     "429": _error(429, "rate_limited: the tenant's request-rate quota is exhausted; "
                          "too_many_waiting_pops: with wait, the tenant already has "
@@ -867,9 +868,9 @@ _PAUSABLE = {
 
 
 def _paused(paths: dict[str, Any]) -> dict[str, Any]:
-    """What a surface paused by an operator's runtime switch answers (README: Runtime
-    switches): 503 on its routes, 403 on a transaction whose rider uses it. Timer cancels and
-    reads are never paused."""
+    """What a surface paused by an operator's runtime switch answers (docs/operations.md,
+    "Runtime switches"): 503 on its routes, 403 on a transaction whose rider uses it. Timer
+    cancels and reads are never paused."""
     for operations in paths.values():
         for operation in operations.values():
             code = _PAUSABLE.get(operation["operationId"])
@@ -918,7 +919,7 @@ def _switch_paths() -> dict[str, Any]:
 
 
 # Queen's surfaces answered with a JSON 404 that says why and what to use instead
-# (api/unsupported.py; README: Compatibility with Queen).
+# (api/unsupported.py; docs/queen-compatibility.md).
 _UNSUPPORTED = {
     "ephemeral": ("ephemeral_unsupported: in-memory queues are not supported (every message "
                   "is stored durably); use an ordinary queue",

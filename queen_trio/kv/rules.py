@@ -11,7 +11,6 @@ Every write (put, putIfAbsent, incr) declares exactly one of ``ttlSeconds`` (who
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
-from ..text import encodable, utf8_name
+from ..text import compact_json, encodable, utf8_len, utf8_name
 
 MAX_VALUE_BYTES = 65_536  # of the value's compact JSON text (a plan's message ceiling may be lower)
 MAX_KEY_BYTES = 512
@@ -170,14 +169,10 @@ def expect(value: Any, where: str) -> int:
     return n
 
 
-# json.dumps with these arguments would build an encoder per call.
-_VALUE_TEXT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def value_text(value: Any, where: str, ceiling: int) -> str:
     try:
-        text = _VALUE_TEXT.encode(value)
-        size = len(text.encode())
+        text = compact_json(value, finite=True)
+        size = utf8_len(text)
     except (UnicodeEncodeError, ValueError):
         raise bad("kv_bad_value", f"{where}value contains an unpaired surrogate or a "
                                   f"non-finite number") from None

@@ -15,6 +15,7 @@ import trio
 from psycopg.rows import dict_row
 
 from queen_trio.config import Settings
+from queen_trio.db.rows import DictConnection
 from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
 
@@ -30,7 +31,7 @@ UNKNOWN_TOKEN = "qt_" + "0" * 12 + "_" + "A" * 43
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(database_url: str) -> DictConnection:
     return psycopg.connect(database_url, row_factory=dict_row, autocommit=True)
 
 

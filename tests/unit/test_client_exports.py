@@ -49,7 +49,7 @@ def test_statuses_compare_equal_to_their_wire_strings() -> None:
 
 
 def test_every_sdk_name_is_importable_from_the_package() -> None:
-    """Issue 21 item 13: ``from queen_trio import ApiError, TimerStatus`` as documented."""
+    """``from queen_trio import ApiError, TimerStatus`` works, as the docs show it."""
     from queen_trio import ApiError, TimerStatus
 
     assert ApiError is sdk.ApiError and TimerStatus is sdk.TimerStatus
