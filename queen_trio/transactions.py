@@ -23,9 +23,8 @@ import dataclasses
 import uuid
 from typing import Any
 
-import psycopg
-
 from .db import queries
+from .db.rows import DictConnection
 from .errors import ClientError, Conflict, ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
@@ -35,7 +34,6 @@ from .sealing import PayloadCipher
 from .timers import rules as timer_rules
 from .timers import store as timer_store
 
-Raw = psycopg.Connection[dict[str, Any]]
 OPERATION_TYPES = ("push", "ack")
 TOP_LEVEL = ("operations", "kv", "timers", "requiredLeases")
 MAX_OPERATIONS = 1000
@@ -184,7 +182,7 @@ def _parse_one(index: int, op: Any, ceiling: int, default_lease: uuid.UUID | Non
 
 
 def execute(
-    raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits, *,
+    raw: DictConnection, tenant_id: int, bundle: Bundle, limits: Limits, *,
     cipher: PayloadCipher | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]], list[timer_store.Outcome]]:
     """Apply the kv ops, every operation and timer in the caller's transaction; any error
@@ -219,7 +217,7 @@ def execute(
     return results, kv_results, outcomes
 
 
-def _check_leases(raw: Raw, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> None:
+def _check_leases(raw: DictConnection, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> None:
     if not leases:
         return
     live = {r["lease_id"] for r in raw.execute(

@@ -58,9 +58,9 @@ async def apply_ops(ops: list[rules.Op]) -> list[models.KvResult] | models.KvPre
     db = broker.db
     if len(ops) == 1 and ops[0].kind in rules.READS:
         # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
-        return result_models(await db.run_statement(store.apply, current_tenant_id(), ops))
+        return result_models(await db.run_autocommit(store.apply, current_tenant_id(), ops))
     try:
-        return result_models(await db.run(store.apply, current_tenant_id(), ops))
+        return result_models(await db.run_transaction(store.apply, current_tenant_id(), ops))
     except PreconditionLost as lost:
         return precondition_answer(lost, lost.result["index"])
 

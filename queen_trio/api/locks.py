@@ -42,7 +42,7 @@ async def batch() -> Response:
     db, tenant_id = broker.db, current_tenant_id()
 
     def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        return db.run(locks.kv_call, tenant_id, op)
+        return db.run_transaction(locks.kv_call, tenant_id, op)
 
     # Independent operations, each KV call its own transaction: a call that fails half way
     # may have applied some, and sent again with the same owners it converges.

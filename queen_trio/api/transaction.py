@@ -124,7 +124,7 @@ async def transaction() -> Response:
         enforce_storage_gate()
     transaction_id = log_rules.new_transaction_id()
     try:
-        results, kv_results, outcomes = await broker.db.run(
+        results, kv_results, outcomes = await broker.db.run_transaction(
             transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher
         )
     except PreconditionLost as lost:

@@ -219,10 +219,6 @@ class Connection:
         """Run ``fn(raw_connection, *args)`` in a worker thread."""
         return await self._call(fn, *args, in_thread=True)
 
-    # The old names, until sweeper.py (the last caller) moves to the new ones.
-    run = run_raw
-    run_in_thread = run_raw_in_thread
-
     # -- the bridge ---------------------------------------------------------------------
 
     async def _call(self, fn: Callable[..., T], *args: Any, in_thread: bool = False) -> T:

@@ -200,12 +200,6 @@ class Database:
         finally:
             await self._release(conn)
 
-    # The old names, until the last callers (sweeper.py, api/kv.py, api/locks.py,
-    # api/transaction.py) move to the new ones; then delete these three lines.
-    run = run_transaction
-    run_in_thread = run_transaction_in_thread
-    run_statement = run_autocommit
-
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
