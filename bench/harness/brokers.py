@@ -32,8 +32,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None) -> None:
-    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None,
+                 *, timeout_s: float = BROKER_START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -46,7 +47,7 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Pa
         except httpx.HTTPError as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise RuntimeError(f"broker not healthy after {BROKER_START_TIMEOUT_S} s ({last}):\n"
+    raise RuntimeError(f"broker not healthy after {timeout_s} s ({last}):\n"
                        f"{log_tail(log_path)}")
 
 
@@ -77,7 +78,8 @@ class BrokerProcess:
 
 
 @contextlib.contextmanager
-def broker_process(url: str | None) -> Iterator[BrokerProcess]:
+def broker_process(url: str | None, *,
+                   start_timeout_s: float = BROKER_START_TIMEOUT_S) -> Iterator[BrokerProcess]:
     """The broker at ``url``, or one started here and stopped (SIGTERM) on the way out."""
     if url:
         wait_healthy(url, None, None)
@@ -97,7 +99,7 @@ def broker_process(url: str | None) -> Iterator[BrokerProcess]:
     handle = BrokerProcess(f"http://127.0.0.1:{port}", f"subprocess, database {source}",
                            external_db, log_path, process.pid)
     try:
-        wait_healthy(handle.url, process, log_path)
+        wait_healthy(handle.url, process, log_path, timeout_s=start_timeout_s)
         if handle.database_url is None:
             match = re.search(r"using embedded PostgreSQL at (\S+)", log_path.read_text())
             handle.database_url = match.group(1) if match else None
