@@ -5,7 +5,7 @@ Parties (each unit on a fresh database of the same server, its processes started
 * ``ours``: one broker (``python -m queen_trio serve`` at its defaults), timers scheduled
   through the SDK in bundles of 500 (``queen.transaction().timer(q)….schedule()`` x 500,
   ``commit()``: :func:`sdk_bundle`), received by one ``Client.consume()`` at its defaults in a
-  process of its own (``bench.sdk_consumer``);
+  process of its own (``bench.harness.sdk_consumer``);
 * ``graphile-default`` / ``graphile-tuned``: one graphile-worker ``run()`` in a Node process
   (``bench/peers/graphile/peer.mjs worker``; profiles there: ``tuned`` is concurrency 16,
   pollInterval 10 ms, pool 18, localQueue 500, completeJobBatchDelay 0), jobs added with
@@ -71,10 +71,10 @@ from bench.harness.cpu import TreeCpu
 from bench.harness.lines import LineProcess
 from bench.harness.pg import Server, shared_server
 from bench.harness.report import Failures, json_default, load, now_iso, source_revision
+from bench.harness.sdk_consumer import SdkConsumer
 from bench.harness.spacing import SpacedDelays
 from bench.harness.stats import distribution, quantiles
 from bench.harness.timers import BUNDLE, FAR_DELAY_MS, Delivery, wait_delivered
-from bench.sdk_consumer import SdkConsumer
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PEER_DIR = Path(__file__).resolve().parent / "peers" / "graphile"

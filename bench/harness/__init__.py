@@ -12,6 +12,7 @@
   a scenario's context (time limit, watchdog), timed client loops, calibration.
 * ``lines``: a child process that prints READY then one record per line (SDK consumer,
   the peer's worker).
+* ``sdk_consumer``: ``Client.consume()`` at its defaults as a child process (``SdkConsumer``).
 * ``collector``: the client's garbage collector paused during a scenario.
 * ``spacing``: due instants kept apart for the idle scenarios.
 """
