@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -30,6 +31,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards ``wanted`` (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, max(soft, wanted)) if hard != resource.RLIM_INFINITY else max(soft, wanted)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None,
