@@ -54,7 +54,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -73,7 +72,7 @@ from bench.harness.pg import Server, shared_server
 from bench.harness.report import Failures, json_default, load, now_iso, source_revision
 from bench.harness.sdk_consumer import SdkConsumer
 from bench.harness.spacing import SpacedDelays
-from bench.harness.stats import distribution, quantiles
+from bench.harness.stats import distribution, median, quantiles
 from bench.harness.timers import BUNDLE, FAR_DELAY_MS, Delivery, wait_delivered
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -666,7 +665,7 @@ def median_range(values: list[float]) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
-    mid = statistics.median(values)
+    mid = median(values)
     fmt = (lambda v: f"{v:,.0f}") if mid >= 100 else (lambda v: f"{v:.3g}")
     return fmt(mid) if len(values) == 1 else f"{fmt(mid)} ({fmt(min(values))}–{fmt(max(values))})"
 
@@ -715,7 +714,7 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
 
     def med(scenario: str, party: str, get: Callable[[dict[str, Any]], Any]) -> float | None:
         got = [v for v in vals(scenario, party, get) if v is not None]
-        return statistics.median(got) if got else None
+        return median(got) if got else None
 
     def rate(r: dict[str, Any]) -> Any:
         return r.get("timers_per_s")

@@ -35,6 +35,7 @@ import httpx
 
 from bench.harness.brokers import free_port
 from bench.harness.pg import shared_server
+from bench.harness.stats import median
 
 HERE = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -127,7 +128,7 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for side, per in samples.items():
         for what, xs in per.items():
-            summary[f"{side}.{what}"] = {"p50_ms": statistics.median(xs) * 1000,
+            summary[f"{side}.{what}"] = {"p50_ms": median(xs) * 1000,
                                          "mean_ms": statistics.fmean(xs) * 1000, "n": len(xs)}
     return summary
 

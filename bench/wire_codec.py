@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 import msgspec
 
 from bench.harness.report import source_revision
+from bench.harness.stats import median
 from queen_trio import strict_json
 from queen_trio.api.common import _COMPACT
 from queen_trio.client.calls import TimerSpec
@@ -222,8 +222,8 @@ def main() -> None:
              f"{args.rounds} rounds, each the best of 5; checkout {source_revision()})",
              f"  {'what':<44} {'today':>9} {'msgspec':>9} {'speed-up':>9}"]
     for what in dict.fromkeys(w for w, _, _, _ in cases):
-        today = statistics.median(timings[(what, "today")])
-        fast = statistics.median(timings[(what, "msgspec")])
+        today = median(timings[(what, "today")])
+        fast = median(timings[(what, "msgspec")])
         lines.append(f"  {what:<44} {today:>9,.0f} {fast:>9,.0f} {today / fast:>8.1f}x")
     lines.append(f"  batch body {len(body):,} bytes; timer batch decode today = strict_json.loads "
                  "+ rules.operations (payloads through the broker's payload_value on both sides)")
