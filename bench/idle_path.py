@@ -64,9 +64,10 @@ MEANING = {
 #
 # Nothing in the broker is replaced: a trace hook (sys.settrace, in every thread) watches the
 # code objects below and notes when they are entered or return. It costs every Python call in
-# the broker one call of ``_Tracer.__call__`` (the steps are shifted alike in both variants;
-# compare the variants, not these absolute numbers with figures taken without the hook). The
-# marks are read through a side socket, not a route added to the broker.
+# the broker one call of ``_Tracer.__call__``, which delays the broker's steps (at load 10 on
+# 2 cores the consumer's p50 went from 40 to 77 ms): compare the variants of one run, and take
+# absolute figures from ``--untraced`` (no hook: only the steps PostgreSQL and the consumer
+# see). The marks are read through a side socket, not a route added to the broker.
 
 
 class _Tracer:
@@ -133,7 +134,7 @@ class _Tracer:
             self.mark("resp_built")
 
 
-def serve(marks_port: int) -> None:
+def serve(marks_port: int, traced: bool) -> None:
     import threading
 
     import trio
@@ -155,8 +156,9 @@ def serve(marks_port: int) -> None:
             await server.serve_until_signalled(load_settings(os.environ))
             nursery.cancel_scope.cancel()
 
-    threading.settrace(tracer)
-    sys.settrace(tracer)
+    if traced:
+        threading.settrace(tracer)
+        sys.settrace(tracer)
     trio.run(main)
 
 
@@ -237,7 +239,8 @@ def consume(port: int, marks_port: int, url: str, timers: int,
     return rows
 
 
-def run_variant(admin_url: str, wait_ms: str, timers: int, seed: int) -> list[dict[str, float]]:
+def run_variant(admin_url: str, wait_ms: str, timers: int, seed: int,
+                traced: bool) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="queen-bench-path-") as root:
         port, marks_port = free_port(), free_port()
         log_path = Path(root) / "broker.log"
@@ -246,7 +249,8 @@ def run_variant(admin_url: str, wait_ms: str, timers: int, seed: int) -> list[di
                "QUEEN_POP_FIRE_WAIT_MS": wait_ms}
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", "bench.idle_path",
-                                     "--serve", str(marks_port)],
+                                     "--serve", str(marks_port),
+                                     *([] if traced else ["--untraced"])],
                                     cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log_file, stderr=subprocess.STDOUT)
         try:
@@ -273,10 +277,13 @@ def main() -> None:
     parser.add_argument("--timers", type=int, default=200, help="timers per variant and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variant", choices=["both", "notify", "fire-lock"], default="both")
+    parser.add_argument("--untraced", action="store_true",
+                        help="no trace hook in the broker: only the steps PostgreSQL and the "
+                             "consumer see (created, committed, arrive), undelayed by the hook")
     parser.add_argument("--admin-url", default=None)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve)
+        serve(args.serve, traced=not args.untraced)
         return
     print(__doc__.split("\n\n")[0].replace("\n", " "))
     for step in STEPS:
@@ -288,7 +295,8 @@ def main() -> None:
                 if args.variant != "both" and (wait_ms == "0") != (args.variant == "notify"):
                     continue
                 with server.database("idle_path") as url:
-                    rows = run_variant(url, wait_ms, args.timers, seed=round_no)
+                    rows = run_variant(url, wait_ms, args.timers, seed=round_no,
+                                       traced=not args.untraced)
                 print(f"round {round_no}, {label}: ms after the due instant")
                 print(f"  {'step':10} {'n':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}")
                 for step, n, p50, p90, p99, top in summary(rows):
