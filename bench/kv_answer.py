@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 import msgspec
 
-from bench.harness.brokers import free_port
+from bench.harness.brokers import free_port, serve_checkout, wait_healthy
 from bench.harness.pg import shared_server
-from bench.switch_cost import HERE, _serve, _wait
 
+HERE = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 PATH = "/api/v1/kv/saga/booking-17"
 
@@ -125,10 +125,10 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
             for side, checkout in (sides if round_no % 2 == 0 else sides[::-1]):
                 url = server.create_database(f"kv_answer_{side}")
                 port = free_port()
-                proc = _serve(checkout, url, port)
+                proc = serve_checkout(checkout, url, port)
                 base = f"http://127.0.0.1:{port}"
                 try:
-                    _wait(base)
+                    wait_healthy(base, None, None)
                     with httpx.Client(base_url=base, timeout=10) as http:
                         for _ in range(200):  # warm-up
                             http.put(PATH, content=PUT_BODY)

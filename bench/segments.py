@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 import zstandard
 
 from bench.harness.pg import measure_on_scratch
-from bench.harness.stats import percentile
+from bench.harness.stats import median, percentile
 from queen_trio.db import Database
 from queen_trio.log import housekeeping, rules, store
 from queen_trio.log.segments import HeadFrame, SealPolicy, SegmentCache, encode_lines
@@ -275,7 +274,7 @@ async def database(url: str) -> None:
                     rates[name].append(got / seconds)
                     calls[name].extend(per_call)
             for name, _, _ in cases:
-                print(f"{name:<22} {call:<16} {statistics.median(rates[name]):8.0f} "
+                print(f"{name:<22} {call:<16} {median(rates[name]):8.0f} "
                       f"{pcts(calls[name])}")
         s = warm.statistics()
         print(f"(warm cache: {s.segments} segments, {s.bytes / 1e6:.1f} MB held)")

@@ -26,7 +26,7 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
-from bench.parked_polls import raise_fd_limit
+from bench.harness.brokers import raise_fd_limit
 from queen_trio.tenants import store
 
 from ..brokers import BrokerProcess
