@@ -84,6 +84,33 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.advance_sweep_floor() RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_floor timestamptz := queen.sweep_floor();
+    v_clock timestamptz := clock_timestamp();  -- read before the next statement's snapshot
+    v_next timestamptz;
+BEGIN
+    SELECT least(
+        v_clock,
+        (SELECT min(t.visible_at) FROM queen.timers t WHERE t.visible_at >= v_floor),
+        (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
+                     THEN v_floor
+                     ELSE min(a.xact_start) FILTER (WHERE a.datid = d.oid) END
+         FROM unnest(pg_snapshot_xip(pg_current_snapshot())) AS x(xid)
+         CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
+         LEFT JOIN pg_stat_get_activity(NULL) a
+                ON a.backend_xid::text::bigint = x.xid::text::bigint % 4294967296))
+    INTO v_next;
+    IF v_next <> v_floor THEN
+        PERFORM setval('queen.timer_sweep_floor',
+                       greatest(floor(extract(epoch FROM v_next) * 1000000)::bigint, 0));
+    END IF;
+    RETURN v_next;
+END
+$$;
+
 CREATE FUNCTION queen.analyze_grown_tables(p_slack integer) RETURNS TABLE(table_name text, live_rows bigint, rows_before real)
     LANGUAGE plpgsql
     AS $$
@@ -740,6 +767,7 @@ DECLARE
     v_fired timestamptz[] := '{}';
     v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
+    v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
 BEGIN
     SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
@@ -757,7 +785,7 @@ BEGIN
             SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.visible_at,
                    due.payload_zstd, due.payload_bytes
             FROM queen.timers due
-            WHERE due.visible_at <= p_now
+            WHERE due.visible_at >= v_floor AND due.visible_at <= p_now
             ORDER BY due.visible_at
             LIMIT p_batch
             FOR UPDATE SKIP LOCKED
@@ -813,6 +841,13 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.sweep_floor() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
+    FROM queen.timer_sweep_floor
+$$;
+
 CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 0.001::float8 $$;
@@ -831,6 +866,7 @@ BEGIN
         v_now := greatest(v_now, least(to_timestamp(p_not_before),
                                        v_now + make_interval(secs => queen.sweep_lead_s())));
     END IF;
+    PERFORM queen.advance_sweep_floor();
     BEGIN
         -- (A set-returning plpgsql function hands back its rows only once it has finished:
         -- if it raises, nothing of it has been returned.)
@@ -858,7 +894,8 @@ BEGIN
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
            NULL::timestamptz,
-           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t),
+           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t
+            WHERE t.visible_at >= queen.sweep_floor()),
            extract(epoch FROM clock_timestamp())::float8;
 END
 $$;
@@ -893,6 +930,16 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms,
                                                   p_max_payload, p_fire, p_not_before);
+END
+$$;
+
+CREATE FUNCTION queen.timers_visible_above_floor() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    NEW.visible_at := greatest(NEW.visible_at, clock_timestamp());
+    RETURN NEW;
 END
 $$;
 
@@ -1106,6 +1153,13 @@ ALTER TABLE queen.tenants ALTER COLUMN tenant_id ADD GENERATED ALWAYS AS IDENTIT
     CACHE 1
 );
 
+CREATE SEQUENCE queen.timer_sweep_floor
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
 CREATE TABLE queen.timers (
     tenant_id integer NOT NULL,
     queue text NOT NULL,
@@ -1216,6 +1270,8 @@ CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFEREN
 CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
 
 CREATE TRIGGER segments_not_truncated BEFORE TRUNCATE ON queen.segments FOR EACH STATEMENT EXECUTE FUNCTION queen.segments_are_immutable();
+
+CREATE TRIGGER timers_visible_above_floor BEFORE INSERT OR UPDATE OF visible_at ON queen.timers FOR EACH ROW WHEN ((new.visible_at < (clock_timestamp() + '00:01:00'::interval))) EXECUTE FUNCTION queen.timers_visible_above_floor();
 
 ALTER TABLE ONLY queen.cursors
     ADD CONSTRAINT cursors_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
