@@ -98,7 +98,7 @@ BEGIN
         (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
                      THEN v_floor
                      ELSE min(a.xact_start) FILTER (WHERE a.datid = d.oid) END
-         FROM unnest(pg_snapshot_xip(pg_current_snapshot())) AS x(xid)
+         FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
          CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
          LEFT JOIN pg_stat_get_activity(NULL) a
                 ON a.backend_xid::text::bigint = x.xid::text::bigint % 4294967296))
@@ -769,20 +769,23 @@ DECLARE
     v_appended integer;
     v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
 BEGIN
-    SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+    -- In the order of expiry: deliver_at, the instant asked for. (A timer scheduled with a
+    -- delay in the past has its visible_at raised to the clock of its write, not its due
+    -- instant: queen.timers_visible_above_floor.)
+    SELECT coalesce(array_agg(d.deliver_at ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
            coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
     INTO v_due, v_ctids, v_direct
     FROM (
-        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at, t.ctid,
-               row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
+        SELECT t.tenant_id, t.queue, t.timer_key, t.deliver_at, t.ctid,
+               row_number() OVER (ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key)
                    AS ord,
                p_fire AND NOT t.payload_zstd
                    AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
         FROM (
             -- (ctid: the locked rows are then deleted or claimed by a TID scan, which no
             -- planner estimate can turn into a scan of the whole table.)
-            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.visible_at,
+            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.deliver_at,
                    due.payload_zstd, due.payload_bytes
             FROM queen.timers due
             WHERE due.visible_at >= v_floor AND due.visible_at <= p_now
