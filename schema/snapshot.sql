@@ -845,10 +845,12 @@ END
 $$;
 
 CREATE FUNCTION queen.sweep_floor() RETURNS timestamp with time zone
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
-    FROM queen.timer_sweep_floor
+BEGIN
+    RETURN (SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
+            FROM queen.timer_sweep_floor);
+END
 $$;
 
 CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision

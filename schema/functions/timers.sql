@@ -445,10 +445,14 @@ LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 
 -- The floor's current value, a millisecond below what was written (to_timestamp's rounding).
 -- STABLE so a scan can start at it (its value may move within a statement: any value is safe).
+-- PL/pgSQL: an SQL body is checked against the tables when it is created, and the migrator
+-- applies this file after an older subset of migrations too (before 010 made the sequence).
 CREATE OR REPLACE FUNCTION queen.sweep_floor() RETURNS timestamptz
-LANGUAGE sql STABLE AS $fn$
-    SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
-    FROM queen.timer_sweep_floor
+LANGUAGE plpgsql STABLE AS $fn$
+BEGIN
+    RETURN (SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
+            FROM queen.timer_sweep_floor);
+END
 $fn$;
 
 -- Raises (or sets) the floor as described above; answers it.
