@@ -183,21 +183,21 @@ INSERT INTO queen.usage_deltas (tenant_id, bytes)
 SELECT (SELECT tenant_id FROM tenant), sum(payload_bytes) FROM rows"""
 
 
-def sql_fill(url: str, queue: str, count: int, *, base_ms: int, step_ms: int, prefix: str
-             ) -> float:
+def sql_fill(url: str, queue: str, count: int, *, base_ms: int, step_ms: int, prefix: str,
+             chunk: int = SQL_FILL_CHUNK, connections: int = FILL_CONNECTIONS) -> float:
     """``count`` timers in SQL (generate_series), rows of the shape queen.schedule_timers
     writes (a plain JSON payload, a txn and a message id each): due ``base_ms + step_ms * i``
-    from each statement's start. SQL_FILL_CHUNK rows a statement on FILL_CONNECTIONS
-    connections; timers/s. For the 10^7 fill, which the broker's statement takes an hour to
-    write on this machine."""
+    from each statement's start. ``chunk`` rows a statement on ``connections`` connections;
+    timers/s. For the 10^7 fill, which the broker's statement takes an hour to write on this
+    machine."""
     t0 = time.perf_counter()
     errors: list[BaseException] = []
 
     def worker(part: int) -> None:
         try:
             with psycopg.connect(url, autocommit=True) as conn:
-                for lo in range(part * SQL_FILL_CHUNK, count, SQL_FILL_CHUNK * FILL_CONNECTIONS):
-                    hi = min(count, lo + SQL_FILL_CHUNK)
+                for lo in range(part * chunk, count, chunk * connections):
+                    hi = min(count, lo + chunk)
                     conn.execute(SQL_FILL, {"queue": queue, "prefix": prefix, "lo": lo,
                                             "hi": hi, "base_ms": base_ms, "step_ms": step_ms})
                     print(f"  {prefix}: rows {lo:,}-{hi:,} written, "
@@ -205,7 +205,7 @@ def sql_fill(url: str, queue: str, count: int, *, base_ms: int, step_ms: int, pr
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(p,)) for p in range(FILL_CONNECTIONS)]
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -430,13 +430,15 @@ async def phase_snapshot(side: Side, minutes: float, rate: int,
 async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict[str, Any]:
     """N timers due at one instant (written as the fill is), drained by the broker. With the
     SQL fill, one statement writes them all, due 1 s after it starts: they appear at its
-    commit, all due (deliver_at is that one instant, so the last lag includes the write)."""
+    commit, all due at once (deliver_at is that one instant, so the last lag includes the
+    write)."""
     t_write = time.time()
     prefix = f"burst{n}"
     if fill == "sql":
         due = t_write + 1
         rate = await in_thread(lambda: sql_fill(side.db_url, BURST_QUEUE, n, base_ms=1000,
-                                                step_ms=0, prefix=prefix))
+                                                step_ms=0, prefix=prefix, chunk=n,
+                                                connections=1))
     else:
         # Every timer due at one instant after the write: estimate it at 5,000/s, then a margin.
         due = t_write + n / 5000 + 5
