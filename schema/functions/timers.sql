@@ -434,10 +434,10 @@ LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 --     a sweep that rolls back leaves its rows where they were);
 --   * the clock, read before that snapshot: a transaction that takes its transaction id later
 --     writes no visible_at below the clock it reads then (the trigger below);
---   * the start of every transaction in progress in that snapshot (it may still commit a timer,
---     whose visible_at is no earlier than its start). If one of them is not found among the
---     backends (it finished meanwhile: its rows are bounded by the floor as it was) the floor
---     stays where it is.
+--   * the start of every transaction of this database holding a transaction id, read before
+--     that snapshot (a lone writer's id can be at or above the snapshot's xmax, so the
+--     snapshot's own list of transactions in progress misses it: timers were left below the
+--     floor that way); and if the snapshot lists one that read did not see, the floor stays.
 -- A value once right stays right, so concurrent sweepers may each write theirs. A transaction
 -- that holds a transaction id for a long time (anything writing to this database) holds the
 -- floor at its start for that long; prepared transactions (two-phase commit) hold it until
@@ -460,15 +460,29 @@ CREATE OR REPLACE FUNCTION queen.advance_sweep_floor() RETURNS timestamptz
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_floor timestamptz := queen.sweep_floor();
-    v_clock timestamptz := clock_timestamp();  -- read before the next statement's snapshot
+    v_clock timestamptz := clock_timestamp();  -- read before anything below
+    v_writers timestamptz;
     v_next timestamptz;
 BEGIN
+    -- Every transaction of this database holding a transaction id now, read BEFORE the
+    -- snapshot of the next statement (the backends' table is read once per transaction, at
+    -- its first use: this one). A writer that takes its id after this read reads its clock
+    -- later still (the trigger below), so its rows are not below v_clock. The snapshot's own
+    -- list of transactions in progress is not enough: an id at or above its xmax (nothing newer
+    -- has finished yet, as for a lone writer) is running but not listed.
+    SELECT min(a.xact_start) INTO v_writers
+    FROM pg_stat_get_activity(NULL) a
+    WHERE a.backend_xid IS NOT NULL
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database());
     SELECT least(
         v_clock,
+        v_writers,
         (SELECT min(t.visible_at) FROM queen.timers t WHERE t.visible_at >= v_floor),
+        -- A transaction listed in progress by this snapshot that the read above did not see
+        -- holding an id (it took one since, or the read is older than this transaction's
+        -- start): its start is unknown here, so the floor stays.
         (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
-                     THEN v_floor
-                     ELSE min(a.xact_start) FILTER (WHERE a.datid = d.oid) END
+                     THEN v_floor END
          FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
          CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
          LEFT JOIN pg_stat_get_activity(NULL) a
