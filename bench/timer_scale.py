@@ -10,8 +10,10 @@ made side by side, rounds interleaved (which side goes first alternates):
    They are written by the broker's own ``queen_trio.timers.store.schedule_many`` (the one
    statement, ``queen.schedule_timers``, that ``POST /api/v1/timers`` and bundles run), 5,000
    timers a statement on 2 connections: exactly the rows the broker writes, without HTTP's
-   256-operation ceiling per call, so 10^6 take minutes rather than tens of minutes. The
-   table is then ANALYZEd and the fill rate reported.
+   256-operation ceiling per call, so 10^6 take minutes rather than tens of minutes. With
+   ``--fill sql`` they are written by SQL (``generate_series``, rows of the same shape), so
+   10^7 take minutes rather than an hour. The table is then VACUUMed and ANALYZEd (the state
+   autovacuum leaves it in) and the fill rate reported.
 2. ops: through the SDK (``queen_trio.SyncClient``, timed in a worker thread around the
    call): a single schedule (``timer(q).key(k).delay(1h).schedule()``, a new key each
    time), its peek, the first page (100) of ``timers(q).list()`` for a queue of 100 pending,
@@ -34,14 +36,15 @@ made side by side, rounds interleaved (which side goes first alternates):
    lost/duplicated, and every 10 s the table and index sizes of queen.timers, n_live_tup,
    n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables, and the sweep
    statements run since the last sample with their shared buffers per call.
-6. ``--burst N`` (on ``full``): N timers due at one instant (written as in 1), the drain rate
-   from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire to the
-   first showing all), per timer; run with 100000 and 1000000 to compare.
+6. ``--burst N [N ...]`` (on ``full``): N timers due at one instant (written as in 1), the
+   drain rate from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire
+   to the first showing all), per timer; ``--burst 100000 1000000`` compares the two.
 
 Writes bench/results/timer_scale.{txt,json} (``--out-dir``) with the load average at every
 phase. Run from the repository root::
 
-    python -m bench.timer_scale --pending 1000000 --snapshot-minutes 10 --churn 500
+    python -m bench.timer_scale --pending 10000000 --fill sql --snapshot-minutes 10 \
+        --churn 500 --burst 100000 1000000
     python -m bench.timer_scale --pending 200 --rounds 20 --idle 20 --snapshot-minutes 0.1
 """
 
@@ -150,6 +153,60 @@ def write_timers(url: str, queue: str, count: int, delay_ms: Callable[[int], int
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(p,)) for p in range(FILL_CONNECTIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return count / (time.perf_counter() - t0)
+
+
+SQL_FILL_CHUNK = 500_000
+SQL_FILL = """
+WITH tenant AS (SELECT tenant_id FROM queen.tenants WHERE name = 'default'),
+queue AS (
+    INSERT INTO queen.queues (tenant_id, name) SELECT tenant_id, %(queue)s FROM tenant
+    ON CONFLICT (tenant_id, name) DO NOTHING
+), rows AS (
+    INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
+                              payload, payload_zstd, payload_bytes, deliver_at, visible_at)
+    SELECT t.tenant_id, %(queue)s, %(prefix)s || '-' || lpad(g::text, 7, '0'), 'Default',
+           gen_random_uuid()::text, gen_random_uuid(), convert_to(p.text, 'UTF8'), false,
+           octet_length(p.text), d.at, d.at
+    FROM tenant t, generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS g,
+         LATERAL (SELECT '{"i":' || g || '}' AS text) p,
+         LATERAL (SELECT now() + make_interval(secs => (%(base_ms)s + %(step_ms)s * g) / 1000.0)
+                  AS at) d
+    RETURNING payload_bytes
+)
+INSERT INTO queen.usage_deltas (tenant_id, bytes)
+SELECT (SELECT tenant_id FROM tenant), sum(payload_bytes) FROM rows"""
+
+
+def sql_fill(url: str, queue: str, count: int, *, base_ms: int, step_ms: int, prefix: str,
+             chunk: int = SQL_FILL_CHUNK, connections: int = FILL_CONNECTIONS) -> float:
+    """``count`` timers in SQL (generate_series), rows of the shape queen.schedule_timers
+    writes (a plain JSON payload, a txn and a message id each): due ``base_ms + step_ms * i``
+    from each statement's start. ``chunk`` rows a statement on ``connections`` connections;
+    timers/s. For the 10^7 fill, which the broker's statement takes an hour to write on this
+    machine."""
+    t0 = time.perf_counter()
+    errors: list[BaseException] = []
+
+    def worker(part: int) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                for lo in range(part * chunk, count, chunk * connections):
+                    hi = min(count, lo + chunk)
+                    conn.execute(SQL_FILL, {"queue": queue, "prefix": prefix, "lo": lo,
+                                            "hi": hi, "base_ms": base_ms, "step_ms": step_ms})
+                    print(f"  {prefix}: rows {lo:,}-{hi:,} written, "
+                          f"{hi / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -362,22 +419,35 @@ async def phase_snapshot(side: Side, minutes: float, rate: int,
     if report["lost"] or report["duplicates"]:
         failures.add("snapshot", "exactly-once",
                      f"{report['lost']} lost, {report['duplicates']} duplicated")
+    full_minutes = [m for m in sorted(per_minute) if m < int(minutes)] or sorted(per_minute)
+    first, last = (distribution(per_minute[full_minutes[i]]).get("p99") for i in (0, -1))
     return {"minutes": minutes, "churn_per_s": rate, "snapshot_xmin": xmin[0] if xmin else None,
+            "last_over_first_p99": ratio(last, first),
             "scheduled": report["scheduled"], "lost": report["lost"],
             "duplicates": report["duplicates"],
             "lag_per_minute_ms": {m: distribution(v) for m, v in sorted(per_minute.items())},
             "table_samples": samples}
 
 
-async def phase_burst(side: Side, n: int, failures: Failures) -> dict[str, Any]:
-    """N timers due at one instant (written as the fill is), drained by the broker."""
+async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict[str, Any]:
+    """N timers due at one instant (written as the fill is), drained by the broker. With the
+    SQL fill, one statement writes them all, due 1 s after it starts: they appear at its
+    commit, all due at once (deliver_at is that one instant, so the last lag includes the
+    write)."""
     t_write = time.time()
-    # Every timer due at one instant after the write: estimate it at 5,000/s, then a margin.
-    due = t_write + n / 5000 + 5
-    rate = await in_thread(lambda: write_timers(
-        side.db_url, BURST_QUEUE, n, lambda _: int((due - time.time()) * 1000), "burst"))
-    if time.time() > due:
-        failures.add("burst", "late write", "the burst was written after its due instant")
+    prefix = f"burst{n}"
+    if fill == "sql":
+        due = t_write + 1
+        rate = await in_thread(lambda: sql_fill(side.db_url, BURST_QUEUE, n, base_ms=1000,
+                                                step_ms=0, prefix=prefix, chunk=n,
+                                                connections=1))
+    else:
+        # Every timer due at one instant after the write: estimate it at 5,000/s, then a margin.
+        due = t_write + n / 5000 + 5
+        rate = await in_thread(lambda: write_timers(
+            side.db_url, BURST_QUEUE, n, lambda _: int((due - time.time()) * 1000), prefix))
+        if time.time() > due:
+            failures.add("burst", "late write", "the burst was written after its due instant")
     m0 = (await side.api.metrics())
     base = m0.value("queen_timers_fired_total") if m0 else 0.0
     first = last = None
@@ -431,6 +501,7 @@ def render(summary: dict[str, Any]) -> str:
                 else "-"
         p(f"{op:<22}{cell(e):>30}{cell(f):>30}"
           f"{str(row.get('ratio_p50'))+' / '+str(row.get('ratio_p99')):>18}")
+    p("(target: ratios <= 1.2)")
     p("")
     for side, cost in summary["sweep"].items():
         p(f"sweep statement, {side}: {cost}")
@@ -442,6 +513,9 @@ def render(summary: dict[str, Any]) -> str:
         for m, d in s["lag_per_minute_ms"].items():
             p(f"  minute {m}: lag p50 {d.get('p50')} p99 {d.get('p99')} max {d.get('max')} "
               f"(n {d.get('n')})")
+        if s.get("last_over_first_p99") is not None:
+            p(f"  last full minute's lag p99 / first minute's: {s['last_over_first_p99']} "
+              f"(target <= 1.5)")
         p(f"  {'t s':>6}{'table MiB':>10}{'index MiB':>10}{'live':>10}{'dead':>10}"
           f"{'autovac':>8}{'vac':>5}{'sweeps':>8}{'blocks/sweep':>13}")
         t0 = s["table_samples"][0]["t"]
@@ -453,9 +527,14 @@ def render(summary: dict[str, Any]) -> str:
             p(f"  {r['t'] - t0:>6.0f}{r['table_bytes'] / 2**20:>10.1f}"
               f"{r['index_bytes'] / 2**20:>10.1f}{r['n_live_tup']:>10}{r['n_dead_tup']:>10}"
               f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
-    if "burst" in summary:
-        p("")
-        p(f"burst: {summary['burst']}")
+    for b in summary.get("bursts", []):
+        p(f"burst: {b}")
+    bursts = [b for b in summary.get("bursts", []) if "us_per_timer" in b]
+    if len(bursts) >= 2:
+        small, large = min(bursts, key=lambda b: b["timers"]), max(bursts,
+                                                                   key=lambda b: b["timers"])
+        p(f"burst drain per timer, {large['timers']:,} / {small['timers']:,}: "
+          f"{ratio(large['us_per_timer'], small['us_per_timer'])} (target <= 1)")
     p("")
     p(f"failures: {summary['failures']['total']} {summary['failures']['counts']}")
     return out.getvalue()
@@ -470,17 +549,24 @@ async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
     try:
         if args.pending:
             t0 = time.perf_counter()
-            rate = await in_thread(lambda: write_timers(
-                urls["full"], FILL_QUEUE, args.pending, lambda i: FAR_MS + i, "fill"))
+            if args.fill == "sql":
+                rate = await in_thread(lambda: sql_fill(
+                    urls["full"], FILL_QUEUE, args.pending, base_ms=FAR_MS, step_ms=1,
+                    prefix="fill"))
+                method = (f"SQL generate_series, {SQL_FILL_CHUNK:,}/statement, "
+                          f"{FILL_CONNECTIONS} connections")
+            else:
+                rate = await in_thread(lambda: write_timers(
+                    urls["full"], FILL_QUEUE, args.pending, lambda i: FAR_MS + i, "fill"))
+                method = (f"store.schedule_many, {FILL_BATCH}/statement, "
+                          f"{FILL_CONNECTIONS} connections")
             with psycopg.connect(urls["full"], autocommit=True) as conn:
-                conn.execute("ANALYZE queen.timers")
+                conn.execute("VACUUM (ANALYZE) queen.timers")
             stats = table_stats(urls["full"])
             summary["fill"] = {
                 "timers": args.pending, "seconds": round(time.perf_counter() - t0, 1),
                 "per_s": round(rate), "table_bytes": stats["table_bytes"],
-                "index_bytes": stats["index_bytes"],
-                "method": f"store.schedule_many, {FILL_BATCH}/statement, "
-                          f"{FILL_CONNECTIONS} connections"}
+                "index_bytes": stats["index_bytes"], "method": method}
             summary["load"]["after_fill"] = load()
         before = await in_thread(lambda: sweep_statements(server.admin_url))
         await phase_ops_and_lag(sides, args, failures)
@@ -508,9 +594,10 @@ async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
             summary["snapshot"] = await phase_snapshot(sides["full"], args.snapshot_minutes,
                                                        args.churn, failures)
             summary["load"]["after_snapshot"] = load()
-        if args.burst:
-            summary["burst"] = await phase_burst(sides["full"], args.burst, failures)
-            summary["load"]["after_burst"] = load()
+        for n in args.burst:
+            summary.setdefault("bursts", []).append(
+                await phase_burst(sides["full"], n, args.fill, failures))
+            summary["load"][f"after_burst_{n}"] = load()
     finally:
         for s in sides.values():
             s.sdk.close()
@@ -525,7 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=300, help="idle-lag timers per side")
     parser.add_argument("--snapshot-minutes", type=float, default=0.0)
     parser.add_argument("--churn", type=int, default=500, help="timers/s while the snapshot")
-    parser.add_argument("--burst", type=int, default=0)
+    parser.add_argument("--burst", type=int, nargs="*", default=[],
+                        help="burst sizes, drained one after the other (e.g. 100000 1000000)")
+    parser.add_argument("--fill", choices=("broker", "sql"), default="broker",
+                        help="how the pending timers and bursts are written: the broker's "
+                             "schedule statement, or SQL generate_series (10^7 in minutes)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 

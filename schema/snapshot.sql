@@ -84,6 +84,47 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.advance_sweep_floor() RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_floor timestamptz := queen.sweep_floor();
+    v_clock timestamptz := clock_timestamp();  -- read before anything below
+    v_writers timestamptz;
+    v_next timestamptz;
+BEGIN
+    -- Every transaction of this database holding a transaction id now, read BEFORE the
+    -- snapshot of the next statement (the backends' table is read once per transaction, at
+    -- its first use: this one). A writer that takes its id after this read reads its clock
+    -- later still (the trigger below), so its rows are not below v_clock. The snapshot's own
+    -- list of transactions in progress is not enough: an id at or above its xmax (nothing newer
+    -- has finished yet, as for a lone writer) is running but not listed.
+    SELECT min(a.xact_start) INTO v_writers
+    FROM pg_stat_get_activity(NULL) a
+    WHERE a.backend_xid IS NOT NULL
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database());
+    SELECT least(
+        v_clock,
+        v_writers,
+        (SELECT min(t.visible_at) FROM queen.timers t WHERE t.visible_at >= v_floor),
+        -- A transaction listed in progress by this snapshot that the read above did not see
+        -- holding an id (it took one since, or the read is older than this transaction's
+        -- start): its start is unknown here, so the floor stays.
+        (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
+                     THEN v_floor END
+         FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
+         CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
+         LEFT JOIN pg_stat_get_activity(NULL) a
+                ON a.backend_xid::text::bigint = x.xid::text::bigint % 4294967296))
+    INTO v_next;
+    IF v_next <> v_floor THEN
+        PERFORM setval('queen.timer_sweep_floor',
+                       greatest(floor(extract(epoch FROM v_next) * 1000000)::bigint, 0));
+    END IF;
+    RETURN v_next;
+END
+$$;
+
 CREATE FUNCTION queen.analyze_grown_tables(p_slack integer) RETURNS TABLE(table_name text, live_rows bigint, rows_before real)
     LANGUAGE plpgsql
     AS $$
@@ -747,24 +788,28 @@ DECLARE
     v_fired timestamptz[] := '{}';
     v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
+    v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
 BEGIN
-    SELECT coalesce(array_agg(d.visible_at ORDER BY d.ord), '{}'),
+    -- In the order of expiry: deliver_at, the instant asked for. (A timer scheduled with a
+    -- delay in the past has its visible_at raised to the clock of its write, not its due
+    -- instant: queen.timers_visible_above_floor.)
+    SELECT coalesce(array_agg(d.deliver_at ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
            coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
     INTO v_due, v_ctids, v_direct
     FROM (
-        SELECT t.tenant_id, t.queue, t.timer_key, t.visible_at, t.ctid,
-               row_number() OVER (ORDER BY t.visible_at, t.tenant_id, t.queue, t.timer_key)
+        SELECT t.tenant_id, t.queue, t.timer_key, t.deliver_at, t.ctid,
+               row_number() OVER (ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key)
                    AS ord,
                p_fire AND NOT t.payload_zstd
                    AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
         FROM (
             -- (ctid: the locked rows are then deleted or claimed by a TID scan, which no
             -- planner estimate can turn into a scan of the whole table.)
-            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.visible_at,
+            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.deliver_at,
                    due.payload_zstd, due.payload_bytes
             FROM queen.timers due
-            WHERE due.visible_at <= p_now
+            WHERE due.visible_at >= v_floor AND due.visible_at <= p_now
             ORDER BY due.visible_at
             LIMIT p_batch
             FOR UPDATE SKIP LOCKED
@@ -820,6 +865,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.sweep_floor() RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN (SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
+            FROM queen.timer_sweep_floor);
+END
+$$;
+
 CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 0.001::float8 $$;
@@ -838,6 +892,7 @@ BEGIN
         v_now := greatest(v_now, least(to_timestamp(p_not_before),
                                        v_now + make_interval(secs => queen.sweep_lead_s())));
     END IF;
+    PERFORM queen.advance_sweep_floor();
     BEGIN
         -- (A set-returning plpgsql function hands back its rows only once it has finished:
         -- if it raises, nothing of it has been returned.)
@@ -865,7 +920,8 @@ BEGIN
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
            NULL::timestamptz,
-           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t),
+           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t
+            WHERE t.visible_at >= queen.sweep_floor()),
            extract(epoch FROM clock_timestamp())::float8;
 END
 $$;
@@ -900,6 +956,16 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms,
                                                   p_max_payload, p_fire, p_not_before);
+END
+$$;
+
+CREATE FUNCTION queen.timers_visible_above_floor() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    NEW.visible_at := greatest(NEW.visible_at, clock_timestamp());
+    RETURN NEW;
 END
 $$;
 
@@ -1113,6 +1179,13 @@ ALTER TABLE queen.tenants ALTER COLUMN tenant_id ADD GENERATED ALWAYS AS IDENTIT
     CACHE 1
 );
 
+CREATE SEQUENCE queen.timer_sweep_floor
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
 CREATE TABLE queen.timers (
     tenant_id integer NOT NULL,
     queue text NOT NULL,
@@ -1223,6 +1296,8 @@ CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFEREN
 CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
 
 CREATE TRIGGER segments_not_truncated BEFORE TRUNCATE ON queen.segments FOR EACH STATEMENT EXECUTE FUNCTION queen.segments_are_immutable();
+
+CREATE TRIGGER timers_visible_above_floor BEFORE INSERT OR UPDATE OF visible_at ON queen.timers FOR EACH ROW WHEN ((new.visible_at < (clock_timestamp() + '00:01:00'::interval))) EXECUTE FUNCTION queen.timers_visible_above_floor();
 
 ALTER TABLE ONLY queen.cursors
     ADD CONSTRAINT cursors_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;

@@ -37,6 +37,6 @@ def test_smoke_every_phase_at_a_tiny_n(tmp_path: Path) -> None:
     assert snapshot["lag_per_minute_ms"]["0"]["n"] == snapshot["scheduled"]
     assert len(snapshot["table_samples"]) >= 2
     assert snapshot["table_samples"][-1]["n_dead_tup"] >= 0
-    burst = summary["burst"]
+    (burst,) = summary["bursts"]
     assert burst["timers"] == 300 and burst["left"] == 0 and burst["drain_per_s"] > 0
     assert summary["load"]["start"] and summary["load"]["end"]

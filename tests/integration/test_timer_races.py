@@ -419,7 +419,9 @@ async def _wait_until_no_timers(url: str, within: float, brokers: list[BrokerPro
         await poll_until(lambda: _none_left(url, brokers), within, every=0.1)
     except trio.TooSlowError:
         left = (await asql(url, "SELECT count(*) AS n, count(claim_token) AS claimed, "
-                                "max(attempts) AS attempts FROM queen.timers"))[0]
+                                "max(attempts) AS attempts, min(visible_at) AS visible_min, "
+                                "queen.sweep_floor() AS floor, clock_timestamp() AS now "
+                                "FROM queen.timers"))[0]
         details = "\n".join(f"--- {b.name} (alive={b.alive}):\n{b.stderr(2000)}" for b in brokers)
         raise AssertionError(f"timers still pending after {within}s: {left}\n{details}") from None
 
