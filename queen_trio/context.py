@@ -8,6 +8,7 @@ from collections.abc import Callable
 from .config import Settings
 from .db import Database, Listener
 from .db.notifier import Notifier
+from .log.policies import GroupPolicies
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
@@ -34,6 +35,8 @@ class BrokerContext:
     services: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     # Decoded sealed segments, shared by every read of this broker (QUEEN_SEGMENT_CACHE_BYTES).
     segment_cache: SegmentCache = dataclasses.field(default_factory=lambda: SegmentCache(0))
+    # The consumer groups' stored conflation policies, as this broker last read them.
+    group_policies: GroupPolicies = dataclasses.field(default_factory=GroupPolicies)
     # At-rest encryption (QUEEN_ENCRYPTION_KEY); None: queues cannot be encrypted.
     cipher: PayloadCipher | None = None
     # Wake-up NOTIFYs sent after their commit (db/notifier.py); None: inside the transaction.

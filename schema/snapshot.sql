@@ -1039,6 +1039,14 @@ CREATE TABLE queen.frames (
     meta jsonb
 );
 
+CREATE TABLE queen.group_policies (
+    tenant_id integer NOT NULL,
+    queue text NOT NULL,
+    consumer_group text NOT NULL,
+    conflation boolean NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE queen.group_subscriptions (
     tenant_id integer NOT NULL,
     queue text NOT NULL,
@@ -1222,6 +1230,9 @@ ALTER TABLE ONLY queen.dead_letters
 ALTER TABLE ONLY queen.frames
     ADD CONSTRAINT frames_pkey PRIMARY KEY (partition_id, "offset");
 
+ALTER TABLE ONLY queen.group_policies
+    ADD CONSTRAINT group_policies_pkey PRIMARY KEY (tenant_id, queue, consumer_group);
+
 ALTER TABLE ONLY queen.group_subscriptions
     ADD CONSTRAINT group_subscriptions_pkey PRIMARY KEY (tenant_id, queue, consumer_group);
 
@@ -1310,6 +1321,9 @@ ALTER TABLE ONLY queen.dead_letters
 
 ALTER TABLE ONLY queen.dead_letters
     ADD CONSTRAINT dead_letters_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY queen.group_policies
+    ADD CONSTRAINT group_policies_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY queen.group_subscriptions
     ADD CONSTRAINT group_subscriptions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;

@@ -138,8 +138,11 @@ async def _delete_group(group: str, queue: str | None) -> Response:
     args = _args()
     delete_metadata = True if args.get("deleteMetadata") in (None, "") else rules.query_bool(
         args, "deleteMetadata")
-    deleted = await _broker().db.run_transaction(groups.delete_group, current_tenant_id(), name,
-                                                 queue, metadata=delete_metadata)
+    broker = _broker()
+    deleted = await broker.db.run_transaction(groups.delete_group, current_tenant_id(), name, queue,
+                                  metadata=delete_metadata)
+    if delete_metadata:
+        broker.group_policies.forget(current_tenant_id(), name, queue)
     answer: dict[str, Any] = {"success": True, "consumerGroup": name}
     if queue is not None:
         answer["queueName"] = queue

@@ -160,7 +160,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     ``ackRefused`` (:func:`ack_result`, the others are only counted). The answer is always
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
-    req = _sized(rules.pop_request(queue, partition, dict(request.args)))
+    req = await _resolved(rules.pop_request(queue, partition, dict(request.args)))
     raw = await request.get_data()
     body = await read_json_object() if raw.strip() else {}
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
@@ -190,13 +190,28 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
 
 
 async def _pop(queue: str, partition: str | None) -> Response:
-    req = _sized(rules.pop_request(queue, partition, dict(request.args)))
+    req = await _resolved(rules.pop_request(queue, partition, dict(request.args)))
     batches = await _pop_batches(req)
     if not batches:
-        if req.conflation:  # Queen says so on empty answers too: its clients check every one
+        if req.conflation or req.conflation_conflict:
+            # Queen says so on empty answers too: its clients check every one.
             return model_response(empty_answer(req))
         return Response(b"", status=204)
     return model_response(batches_to_wire(req, batches, _broker().cipher))
+
+
+async def _resolved(req: rules.PopRequest) -> rules.PopRequest:
+    """``req`` under its consumer group's conflation policy, then sized (:func:`_sized`)."""
+    if req.group != rules.QUEUE_MODE_GROUP:
+        broker = _broker()
+        tenant = current_tenant_id()
+        conflation = broker.group_policies.get(tenant, req.queue, req.group)
+        if conflation is None:
+            conflation = await broker.db.run_transaction(
+                store.group_conflation, tenant, req.queue, req.group, req.conflation_asked)
+            broker.group_policies.put(tenant, req.queue, req.group, conflation)
+        req = rules.with_group_policy(req, conflation)
+    return _sized(req)
 
 
 def _sized(req: rules.PopRequest) -> rules.PopRequest:
@@ -217,11 +232,14 @@ def empty_answer(req: rules.PopRequest) -> models.PopResponse:
 
 def pop_echo(req: rules.PopRequest, answer: models.PopResponse) -> models.PopResponse:
     """``answer`` saying how it was served: Queen's ``autopilot`` (the sizes the broker
-    chose) and ``conflation`` (present, true, only when the pop conflated)."""
+    chose), ``conflation`` (present, true, only when the group's policy conflates) and
+    ``conflationConflict`` (present, true, when the pop asked for the other policy)."""
     if req.auto_batch or req.auto_partitions:
         answer.autopilot = models.Autopilot(req.partitions, req.batch)
     if req.conflation:
         answer.conflation = True
+    if req.conflation_conflict:
+        answer.conflationConflict = True
     return answer
 
 
@@ -681,5 +699,7 @@ def _storage_wire(p: dict[str, Any]) -> dict[str, int]:
 @log_routes.delete("/resources/queues/<queue>")
 async def delete_queue(queue: str) -> Response:
     name = rules.queue_name(queue)
-    existed = await _broker().db.run_transaction(store.delete_queue, current_tenant_id(), name)
+    broker = _broker()
+    existed = await broker.db.run_transaction(store.delete_queue, current_tenant_id(), name)
+    broker.group_policies.clear(current_tenant_id(), name)
     return _json({"deleted": True, "queue": name, "existed": existed})

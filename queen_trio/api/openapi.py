@@ -77,8 +77,10 @@ _POP_PARAMS = [
            "among this broker's waiting pops of the same group; echoed in autopilot"),
     _query("conflation", {"type": "boolean"},
            "last-value delivery (needs consumerGroup, not with autoAck): each partition "
-           "delivers only its newest message, and acking it retires everything behind it; "
-           "every answer, empty ones too, carries conflation: true"),
+           "delivers only its newest message, and acking it retires everything behind it. "
+           "A policy of the consumer group, registered by its first pop and applied to "
+           "every pop of it; a pop asking otherwise gets conflationConflict: true. Every "
+           "answer under a conflating policy, empty ones too, carries conflation: true"),
     _query("subscriptionMode",
            {"type": "string", "enum": ["all", "from_beginning", "new", "new-only"]},
            "where a consumer group starts on a partition it has never popped: all or "

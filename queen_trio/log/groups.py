@@ -43,14 +43,16 @@ def group_partitions(raw: DictConnection, tenant_id: int, *, group: str | None =
 def delete_group(raw: DictConnection, tenant_id: int, group: str, queue: str | None, *,
                  metadata: bool = True) -> int:
     """Forget the group (on one queue, or everywhere): its cursors and redelivery counts,
-    and with ``metadata`` its subscription records (a ``subscriptionMode=new`` group then
-    subscribes afresh). Returns the number of cursors deleted. A consumer still holding a
+    and with ``metadata`` its subscription records and delivery policy (a
+    ``subscriptionMode=new`` group then subscribes afresh, and its next pop registers its
+    conflation again). Returns the number of cursors deleted. A consumer still holding a
     lease of the group then has its acks refused (``not_delivered``); a later pop starts
     the group afresh."""
     key = {"tenant_id": tenant_id, "group": group, "queue": queue}
     rows = raw.execute(Q.delete_group, key).fetchall()
     if metadata:
         raw.execute(Q.delete_group_subscriptions, key)
+        raw.execute(Q.delete_group_policies, key)
     for name in sorted({row["queue"] for row in rows}):
         _wake(raw, tenant_id, name)  # the group starts afresh there: its pops look again
     return len(rows)

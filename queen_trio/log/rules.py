@@ -339,14 +339,30 @@ class PopRequest:
     auto_batch: bool = False
     auto_partitions: bool = False
     # Queen's conflation: each partition delivers only its newest message, and the lease
-    # covers everything behind it (acking it retires them all).
+    # covers everything behind it (acking it retires them all). A policy of the consumer
+    # group (store.group_conflation): ``conflation_asked`` is what this pop said (None:
+    # nothing), ``conflation`` what applies once with_group_policy has resolved it.
     conflation: bool = False
+    conflation_asked: bool | None = None
+    # Whether the client gave ``partitions`` (a conflating group's pop is otherwise as wide
+    # as its batch).
+    partitions_given: bool = True
+
+    @property
+    def conflation_conflict(self) -> bool:
+        """This pop asked for the policy its group does not have (the group's wins)."""
+        return self.conflation_asked is not None and self.conflation_asked != self.conflation
 
 
 def query_bool(args: dict[str, str], key: str) -> bool:
+    return bool(query_flag(args, key))
+
+
+def query_flag(args: dict[str, str], key: str) -> bool | None:
+    """A true/false query parameter; None when absent."""
     raw = args.get(key)
     if raw is None or raw == "":
-        return False
+        return None
     if raw.lower() in ("true", "1"):
         return True
     if raw.lower() in ("false", "0"):
@@ -436,7 +452,8 @@ def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopR
     since = subscription(args)
     auto_ack = query_bool(args, "autoAck")
     autopilot = query_bool(args, "autopilot")
-    conflation = query_bool(args, "conflation")
+    asked = query_flag(args, "conflation")
+    conflation = bool(asked)
     if conflation and group == QUEUE_MODE_GROUP:
         raise ValidationError("conflation_requires_consumer_group",
                               "conflation is a policy of a consumer group: give consumerGroup")
@@ -448,9 +465,6 @@ def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopR
     partitions_given = args.get("partitions") not in (None, "")
     batch = query_int(args, "batch", 1, lo=1, hi=MAX_POP_BATCH)
     partitions = query_int(args, "partitions", 1, lo=1, hi=MAX_POP_PARTITIONS)
-    if conflation and not partitions_given:
-        # A conflating pop yields at most one message per partition: the batch is the width.
-        partitions = min(batch, CONFLATION_MAX_PARTITIONS)
     lease = query_int(args, "leaseSeconds", 0, lo=0, hi=MAX_LEASE_SECONDS)
     return PopRequest(
         queue=queue_name(queue),
@@ -470,8 +484,18 @@ def pop_request(queue: str, partition: str | None, args: dict[str, str]) -> PopR
         lease_s=lease or None,  # 0, as in Queen: the queue's leaseTime
         auto_batch=autopilot and not batch_given,
         auto_partitions=autopilot and not partitions_given and partition is None,
-        conflation=conflation,
+        conflation_asked=asked,
+        partitions_given=partitions_given,
     )
+
+
+def with_group_policy(req: PopRequest, conflation: bool) -> PopRequest:
+    """``req`` under its consumer group's stored policy (store.group_conflation)."""
+    partitions = req.partitions
+    if conflation and not req.partitions_given and req.partition is None:
+        # A conflating pop yields at most one message per partition: the batch is the width.
+        partitions = min(req.batch, CONFLATION_MAX_PARTITIONS)
+    return dataclasses.replace(req, conflation=conflation, partitions=partitions)
 
 
 # Pop autopilot (Queen's): the batch given to a pop that left it to the broker, and the widest

@@ -422,6 +422,24 @@ def subscribe(raw: DictConnection, tenant_id: int, req: PopRequest) -> None:
     raw.execute(Q.subscribe_group, {"tenant_id": tenant_id, "name": req.queue, "group": req.group})
 
 
+def group_conflation(raw: DictConnection, tenant_id: int, queue: str, group: str,
+                     asked: bool | None) -> bool:
+    """The consumer group's conflation policy on the queue, as Queen keeps it: registered by
+    the group's first pop (as it ``asked``, false when it did not say), then fixed for every
+    consumer of the group until the group is deleted with its metadata."""
+    key = {"tenant_id": tenant_id, "name": queue, "group": group}
+    for _ in range(2):
+        row = raw.execute(Q.group_policy, key).fetchone()
+        if row is not None:
+            return bool(row["conflation"])
+        row = raw.execute(Q.register_group_policy,
+                          {**key, "conflation": bool(asked)}).fetchone()
+        if row is not None:
+            return bool(row["conflation"])
+    raise Conflict("group_policy_race", f"consumer group {group}: its policy on {queue} "
+                   "was registered and deleted meanwhile; pop again")
+
+
 _MAX_CANDIDATE_ROUNDS = 64
 
 
@@ -539,14 +557,8 @@ def _pop_cursor(
     skip = _skip(cursor["committed"], committed, cursor["acked_ahead"])
     ahead = {o for o in cursor["acked_ahead"] if o > committed}
 
-    leased_to = -1 if cursor["leased_to"] is None else cursor["leased_to"]  # 0 is an offset
-    if cursor["lease_expires_at"] is not None and leased_to > committed:
-        # The previous holder's lease ran out with deliveries unacknowledged.
-        raw.execute(
-            Q.count_expired_delivery,
-            {**key, "from_offset": committed + 1, "to_offset": cursor["leased_to"],
-             "acked_ahead": sorted(ahead)},
-        )
+    # A lease that ran out with deliveries unacknowledged hands them out again, spending no
+    # retry: as in Queen, only a failed ack counts against retryLimit.
     if req.conflation and cand["next_offset"] - 1 > committed + 1:
         # Conflation: only the newest message is delivered; what lies behind it is retired
         # (the cursor moves up to it now, as Queen's ack of the tail would move it).

@@ -140,8 +140,11 @@ class PopResponse(Struct, kw_only=True):
         "group read them, and it resumed at the partition's log_start (reported once, with "
         "the first batch after the skip; also counted in queen_messages_skipped_total)"))]
     autopilot: Autopilot | UnsetType = UNSET
-    conflation: Annotated[Literal[True], Meta(description="present when conflating")] \
-        | UnsetType = UNSET
+    conflation: Annotated[Literal[True], Meta(description=(
+        "present when the consumer group's policy conflates"))] | UnsetType = UNSET
+    conflationConflict: Annotated[Literal[True], Meta(description=(
+        "present when the pop asked for the conflation policy its group does not have (the "
+        "group's stored policy applied)"))] | UnsetType = UNSET
     partitions: Annotated[list[PopPartition], Meta(description=(
         "only when partitions > 1 was asked: the partitions this pop took, all under the one "
         "lease of the pop (top-level leaseId; the top-level partition is null when there are "

@@ -128,3 +128,9 @@ WITH old AS (
 )
 SELECT coalesce((SELECT leased FROM old), false) AS lease_cleared,
        (SELECT count(*) FROM upsert) AS n
+
+-- name: delete_group_policies
+-- deleteMetadata: the group's delivery policies (conflation), registered again by its next pop.
+DELETE FROM queen.group_policies
+WHERE tenant_id = %(tenant_id)s AND consumer_group = %(group)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)

@@ -221,6 +221,20 @@ INSERT INTO queen.group_subscriptions (tenant_id, queue, consumer_group)
 VALUES (%(tenant_id)s, %(name)s, %(group)s)
 ON CONFLICT (tenant_id, queue, consumer_group) DO NOTHING
 
+-- name: group_policy
+-- The consumer group's stored delivery policy on this queue (queen.group_policies in
+-- schema/010_group_policies.sql); no row: the group has never popped it.
+SELECT conflation FROM queen.group_policies
+WHERE tenant_id = %(tenant_id)s AND queue = %(name)s AND consumer_group = %(group)s
+
+-- name: register_group_policy
+-- A group's first pop of a queue registers its policy as that pop asked. No row back: another
+-- pop registered it first (read it again).
+INSERT INTO queen.group_policies (tenant_id, queue, consumer_group, conflation)
+VALUES (%(tenant_id)s, %(name)s, %(group)s, %(conflation)s)
+ON CONFLICT (tenant_id, queue, consumer_group) DO NOTHING
+RETURNING conflation
+
 -- name: subscription_start
 -- Where a group subscribing from an instant starts on a partition it has never popped: the
 -- first segment holding a frame created at or after it (the broker finds the frame inside),
@@ -256,17 +270,6 @@ WHERE c.partition_id = %(partition_id)s AND c.consumer_group = %(group)s
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
   AND (c.retry_at IS NULL OR c.retry_at <= now())
 FOR UPDATE OF c SKIP LOCKED
-
--- name: count_expired_delivery
--- A lease expired with frames it handed out still unacknowledged: each counts as a failed
--- delivery.
-INSERT INTO queen.retries (partition_id, consumer_group, "offset", tenant_id, retry_count,
-                           last_error)
-SELECT %(partition_id)s, %(group)s, o, %(tenant_id)s, 1, 'lease expired'
-FROM generate_series(%(from_offset)s::bigint, %(to_offset)s::bigint) AS o
-WHERE o <> ALL(%(acked_ahead)s::bigint[])
-ON CONFLICT (partition_id, consumer_group, "offset") DO UPDATE
-    SET retry_count = queen.retries.retry_count + 1, last_error = 'lease expired'
 
 -- name: read_head
 -- The head part of a read (queen_trio/log/frames.py), with the group's retry counts.
@@ -485,14 +488,17 @@ FROM queen.timers WHERE tenant_id = %(tenant_id)s AND queue = %(name)s
 
 -- name: delete_queue
 -- Returns the bytes the queue held, which leave the tenant's storage usage with it. The
--- groups' subscription instants go with it: a queue made again under the name is new to
--- them, and a group subscribing with mode "new" starts at its next first pop.
+-- groups' subscription instants and policies go with it: a queue made again under the name is
+-- new to them, and a group subscribing with mode "new" starts at its next first pop.
 WITH gone AS (
     DELETE FROM queen.queues WHERE tenant_id = %(tenant_id)s AND name = %(name)s
     RETURNING queue_id
 ), unsubscribed AS (
     DELETE FROM queen.group_subscriptions s
     WHERE s.tenant_id = %(tenant_id)s AND s.queue = %(name)s AND EXISTS (SELECT 1 FROM gone)
+), unregistered AS (
+    DELETE FROM queen.group_policies g
+    WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s AND EXISTS (SELECT 1 FROM gone)
 )
 SELECT g.queue_id,
        coalesce((SELECT sum(f.size_bytes) FROM queen.frames f

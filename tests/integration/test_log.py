@@ -252,23 +252,25 @@ async def test_bad_pop_parameters(http: httpx.AsyncClient, params: dict, code: s
 # -- leases, retries, dead letters -------------------------------------------------------------
 
 
-async def test_an_expired_lease_over_the_first_frame_counts_as_a_delivery(
-    http: httpx.AsyncClient,
-) -> None:
-    """Offset 0 is a real offset: a lease ending there that expires is a failed delivery, so
-    a message whose consumers keep dying reaches retryLimit and is dead-lettered."""
+async def test_an_expired_lease_spends_no_retry(http: httpx.AsyncClient) -> None:
+    """As in Queen, only a failed ack counts against retryLimit: a message whose consumers
+    keep dying (their leases run out) is handed out again each time, never dead-lettered for
+    it, and keeps its retry budget for real failures. Offset 0 is a real offset."""
     await configure(http, "first", leaseTime=1, retryLimit=1)
     await push(http, "first", ["only"])
+    for _ in range(3):
+        got = await pop(http, "first")
+        assert [(m["data"], m["retryCount"]) for m in got["messages"]] == [("only", 0)]
+        await trio.sleep(1.1)  # the consumer died: its lease runs out
     for attempt in (0, 1):
         got = await pop(http, "first")
-        assert [(m["data"], m["retryCount"]) for m in got["messages"]] == [("only", attempt)]
-        await trio.sleep(1.1)  # the consumer died: its lease runs out
-    assert await pop(http, "first") is None  # retries exhausted: dead-lettered
+        assert [m["retryCount"] for m in got["messages"]] == [attempt]
+        assert (await ack(http, got["messages"][0], "failed"))["dlq"] is (attempt == 1)
     dlq = (await http.get(f"{API}/dlq", params={"queue": "first"})).json()["messages"]
     assert [(d["data"], d["retryCount"]) for d in dlq] == [("only", 2)]
 
 
-async def test_lease_expiry_redelivers_with_a_higher_retry_count(http: httpx.AsyncClient) -> None:
+async def test_lease_expiry_redelivers_what_was_not_acked(http: httpx.AsyncClient) -> None:
     await configure(http, "slow", leaseTime=1)
     await push(http, "slow", ["x", "y", "z"])
     first = await pop(http, "slow", batch=3)
@@ -278,7 +280,7 @@ async def test_lease_expiry_redelivers_with_a_higher_retry_count(http: httpx.Asy
     assert await pop(http, "slow", batch=3) is None
     await trio.sleep(1.1)
     again = await pop(http, "slow", batch=3)
-    assert [(m["data"], m["retryCount"]) for m in again["messages"]] == [("z", 1)]
+    assert [(m["data"], m["retryCount"]) for m in again["messages"]] == [("z", 0)]
     assert again["leaseId"] != first["leaseId"]
     # The expired lease is refused, as a verdict (Queen's answer: 200, success false).
     r = await http.post(f"{API}/ack", json={

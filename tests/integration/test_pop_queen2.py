@@ -122,6 +122,38 @@ async def test_a_conflated_message_not_acked_comes_back_newest_first(
     assert [m["data"] for m in second["messages"]] == [4]
 
 
+async def test_a_groups_policy_holds_until_the_group_is_deleted_with_its_metadata(
+    http: httpx.AsyncClient,
+) -> None:
+    """Queen's rule: the group's first pop registers its conflation; a pop asking otherwise is
+    answered under the stored policy, with ``conflationConflict`` (on an empty answer too, a
+    200 rather than a 204); deleting the group with its metadata lets it register afresh."""
+    assert (await http.get(f"{API}/pop/queue/cpol", params={"consumerGroup": "g"})
+            ).status_code == 204  # registered without conflation
+    r = await http.get(f"{API}/pop/queue/cpol",
+                       params={"consumerGroup": "g", "conflation": "true"})
+    assert r.status_code == 200 and r.json()["conflationConflict"] is True
+    assert "conflation" not in r.json()
+    await push(http, "cpol", [1, 2, 3])
+    got = await pop(http, "cpol", consumerGroup="g", conflation=True, batch=10)
+    assert [m["data"] for m in got["messages"]] == [1, 2, 3]
+    assert got["conflationConflict"] is True
+    r = await http.delete(f"{API}/consumer-groups/g/queues/cpol")
+    assert r.status_code == 200 and r.json()["metadataDeleted"] is True
+    await push(http, "cpol", [4])
+    again = await pop(http, "cpol", consumerGroup="g", conflation=True, batch=10)
+    assert [m["data"] for m in again["messages"]] == [4]
+    assert again["conflation"] is True and "conflationConflict" not in again
+    # now conflating: a pop that says nothing is conflated too, and told nothing more
+    await push(http, "cpol", [5, 6])
+    r = await http.get(f"{API}/pop/queue/cpol", params={"consumerGroup": "g", "batch": "10"})
+    # the group's lease on its partition is still held: nothing, and said so as Queen does
+    assert r.status_code == 200 and r.json()["messages"] == [] and r.json()["conflation"]
+    await ack(http, again["messages"][0])
+    plain = await pop(http, "cpol", consumerGroup="g", batch=10)
+    assert [m["data"] for m in plain["messages"]] == [6] and plain["conflation"] is True
+
+
 @pytest.mark.parametrize(("params", "code"), [
     ({"conflation": "true"}, "conflation_requires_consumer_group"),
     ({"conflation": "true", "consumerGroup": "g", "autoAck": "true"}, "conflation_with_auto_ack"),

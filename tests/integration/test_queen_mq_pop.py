@@ -123,6 +123,55 @@ async def test_conflation_through_pop_and_consume(broker: BrokerHandle) -> None:
     assert after == []  # acking the newest retired everything behind it
 
 
+async def test_conflation_is_the_consumer_groups_policy(broker: BrokerHandle) -> None:
+    """Queen keeps conflation per consumer group, registered by the group's first pop: a
+    consumer of a conflating group that does not ask for it still gets the newest message
+    only, and one asking for it on a group registered without it gets every message, a
+    ``conflationConflict`` answer and the client's warning (not its error)."""
+    from queen.utils import conflation as client_conflation
+
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        # each group's first pop registers its policy
+        assert await c.queue(q).group("latest").conflation().wait(False).pop() == []
+        assert await c.queue(q).group("audit").wait(False).pop() == []
+        await c.queue(q).push([{"data": {"v": v}} for v in range(10)])
+        undeclared = await c.queue(q).group("latest").batch(10).wait(False).pop()
+        client_conflation.reset_conflict_warnings()
+        declared = await c.queue(q).group("audit").conflation().batch(10).wait(False).pop()
+        warned = client_conflation.warn_conflict_once(q, "audit")
+        return [undeclared, declared, warned]
+
+    undeclared, declared, warned = await run(broker, flow)
+    assert [m["data"]["v"] for m in undeclared] == [9]  # the group's policy, not the pop's
+    assert [m["data"]["v"] for m in declared] == list(range(10))
+    assert warned is False  # the conflict was reported to the client already
+
+
+async def test_a_lease_that_runs_out_spends_no_retry(broker: BrokerHandle) -> None:
+    """Queen charges retryLimit only for a failed ack: a consumer that dies holding the
+    message (its lease runs out) does not use up the message's retries."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).config({"lease_time": 1, "retry_limit": 1}).create()
+        await c.queue(q).push([{"data": {"n": 1}}])
+        for _ in range(3):  # three consumers die holding it
+            assert [m["data"] for m in await c.queue(q).wait(False).pop()] == [{"n": 1}]
+            await asyncio.sleep(1.3)
+        again = await c.queue(q).wait(False).pop()
+        failed = await c.ack(again, False)  # a real failure: one retry spent, one left
+        last = await c.queue(q).wait(False).pop()
+        done = await c.ack(last, True)
+        return [again, failed, last, done]
+
+    again, failed, last, done = await run(broker, flow)
+    assert [m["data"] for m in again] == [{"n": 1}] and failed["success"] is True
+    assert [m["data"] for m in last] == [{"n": 1}] and done["success"] is True
+
+
 async def test_window_buffer_through_the_client(broker: BrokerHandle) -> None:
     """Queen's JS client test pushWindowBuffer, with Queen's Python client."""
     q = name()

@@ -942,9 +942,18 @@ def test_pop_autopilot_sizes_only_what_the_client_left_unset() -> None:
 def test_pop_lease_seconds_and_conflation_width() -> None:
     assert rules.pop_request("q", None, {"leaseSeconds": "30"}).lease_s == 30
     assert rules.pop_request("q", None, {"leaseSeconds": "0"}).lease_s is None
-    wide = rules.pop_request("q", None, {"conflation": "true", "consumerGroup": "g",
-                                         "batch": "500"})
-    assert (wide.conflation, wide.partitions) == (True, 64)
+    asked = rules.pop_request("q", None, {"conflation": "true", "consumerGroup": "g",
+                                          "batch": "500"})
+    assert (asked.conflation_asked, asked.partitions) == (True, 1)
+    # the width follows the group's stored policy, not what the pop asked
+    wide = rules.with_group_policy(asked, True)
+    assert (wide.conflation, wide.partitions, wide.conflation_conflict) == (True, 64, False)
+    refused = rules.with_group_policy(asked, False)
+    assert (refused.conflation, refused.partitions, refused.conflation_conflict) == (
+        False, 1, True)
+    silent = rules.with_group_policy(rules.pop_request("q", None, {"consumerGroup": "g",
+                                                                   "batch": "5"}), True)
+    assert (silent.partitions, silent.conflation_conflict) == (5, False)
     pinned = rules.pop_request("q", None, {"conflation": "true", "consumerGroup": "g",
                                            "batch": "500", "partitions": "3"})
-    assert pinned.partitions == 3
+    assert rules.with_group_policy(pinned, True).partitions == 3
