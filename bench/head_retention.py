@@ -41,7 +41,7 @@ async def push(db: Database, tenant: int, queue: str, n: int, partition: str = "
     for start in range(0, n, 500):
         frames = [store.NewFrame(queue, partition, event(i), rules.new_transaction_id())
                   for i in range(start, min(n, start + 500))]
-        await db.run(store.append, tenant, frames)
+        await db.run_transaction(store.append, tenant, frames)
 
 
 async def partition_of(db: Database, queue: str) -> uuid.UUID:
@@ -71,7 +71,7 @@ async def measure(url: str) -> None:
 
         cut_q, seal_q = f"bench.cut.{tag}", f"bench.seal.{tag}"
         for q in (cut_q, seal_q):
-            await db.run(store.configure, tenant, q, options)
+            await db.run_transaction(store.configure, tenant, q, options)
             await push(db, tenant, q, FRAMES)
             await backdate(db, q)
 
@@ -79,7 +79,7 @@ async def measure(url: str) -> None:
         cut_ms = []
         while True:
             t = time.perf_counter()
-            d = await db.run(housekeeping.cut_head, pid)
+            d = await db.run_transaction(housekeeping.cut_head, pid)
             if d is None:
                 break
             cut_ms.append((time.perf_counter() - t) * 1000)
@@ -87,7 +87,7 @@ async def measure(url: str) -> None:
         seal_ms = []
         while True:
             t = time.perf_counter()
-            s = await db.run(housekeeping.seal_partition, pid, SEAL_ALL)
+            s = await db.run_transaction(housekeeping.seal_partition, pid, SEAL_ALL)
             if s is None:
                 break
             seal_ms.append((time.perf_counter() - t) * 1000)
@@ -98,13 +98,13 @@ async def measure(url: str) -> None:
               f"total {sum(seal_ms):7.0f} ms (then still to drop)")
 
         scan_q = f"bench.scan.{tag}"
-        await db.run(store.configure, tenant, scan_q, options)
+        await db.run_transaction(store.configure, tenant, scan_q, options)
         for i in range(PARTITIONS):
             await push(db, tenant, scan_q, 3, partition=f"p{i}")
         scan_ms = []
         for _ in range(30):
             t = time.perf_counter()
-            assert await db.run(housekeeping.head_cut_candidates) == []
+            assert await db.run_transaction(housekeeping.head_cut_candidates) == []
             scan_ms.append((time.perf_counter() - t) * 1000)
         print(f"\n== the round's scan for heads to cut, {PARTITIONS:,} partitions of a retention "
               "queue, none due")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import time
 import timeit
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 
 from bench.harness.api import event
 from bench.harness.report import source_revision
+from bench.harness.stats import median
 from queen_trio import strict_json
 from queen_trio.log import rules as log_rules
 
@@ -80,7 +80,7 @@ def table(variants: dict[str, Callable[[bytes], Any]], bodies: dict[str, tuple[b
                 best = min(timeit.repeat(functools.partial(run, body), number=number, repeat=5,
                                          timer=time.process_time))
                 samples[label].append(best / number * 1e6)
-        medians = [statistics.median(samples[v]) for v in variants]
+        medians = [median(samples[v]) for v in variants]
         lines.append(f"{name:34s} {len(body):>9,d} " + " ".join(f"{m:>18.2f}" for m in medians)
                      + f" {medians[1] / medians[0]:>7.2f}")
     return lines

@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import sys
 import time
 import uuid
@@ -45,7 +44,7 @@ import httpx
 import psycopg
 import trio
 
-from bench.harness.brokers import brokers
+from bench.harness.brokers import brokers, raise_fd_limit
 from bench.harness.cpu import CpuMeter
 from bench.harness.metrics import Metrics
 from bench.harness.pg import scratch_database
@@ -65,15 +64,6 @@ class Poll:
     answered_at: float | None = None
     txns: list[str] = dataclasses.field(default_factory=list)
     error: str | None = None
-
-
-def raise_fd_limit(wanted: int) -> int:
-    """Raise this process's soft RLIMIT_NOFILE towards ``wanted`` (children inherit it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = min(hard, max(soft, wanted)) if hard != resource.RLIM_INFINITY else max(soft, wanted)
-    if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return target
 
 
 async def read_answer(stream: trio.abc.Stream) -> tuple[int, bytes]:

@@ -5,7 +5,7 @@ Parties (each unit on a fresh database of the same server, its processes started
 * ``ours``: one broker (``python -m queen_trio serve`` at its defaults), timers scheduled
   through the SDK in bundles of 500 (``queen.transaction().timer(q)….schedule()`` x 500,
   ``commit()``: :func:`sdk_bundle`), received by one ``Client.consume()`` at its defaults in a
-  process of its own (``bench.sdk_consumer``);
+  process of its own (``bench.harness.sdk_consumer``);
 * ``graphile-default`` / ``graphile-tuned``: one graphile-worker ``run()`` in a Node process
   (``bench/peers/graphile/peer.mjs worker``; profiles there: ``tuned`` is concurrency 16,
   pollInterval 10 ms, pool 18, localQueue 500, completeJobBatchDelay 0), jobs added with
@@ -54,7 +54,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -71,10 +70,10 @@ from bench.harness.cpu import TreeCpu
 from bench.harness.lines import LineProcess
 from bench.harness.pg import Server, shared_server
 from bench.harness.report import Failures, json_default, load, now_iso, source_revision
+from bench.harness.sdk_consumer import SdkConsumer
 from bench.harness.spacing import SpacedDelays
-from bench.harness.stats import distribution, quantiles
+from bench.harness.stats import distribution, median, quantiles
 from bench.harness.timers import BUNDLE, FAR_DELAY_MS, Delivery, wait_delivered
-from bench.sdk_consumer import SdkConsumer
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PEER_DIR = Path(__file__).resolve().parent / "peers" / "graphile"
@@ -666,7 +665,7 @@ def median_range(values: list[float]) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
-    mid = statistics.median(values)
+    mid = median(values)
     fmt = (lambda v: f"{v:,.0f}") if mid >= 100 else (lambda v: f"{v:.3g}")
     return fmt(mid) if len(values) == 1 else f"{fmt(mid)} ({fmt(min(values))}–{fmt(max(values))})"
 
@@ -715,7 +714,7 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
 
     def med(scenario: str, party: str, get: Callable[[dict[str, Any]], Any]) -> float | None:
         got = [v for v in vals(scenario, party, get) if v is not None]
-        return statistics.median(got) if got else None
+        return median(got) if got else None
 
     def rate(r: dict[str, Any]) -> Any:
         return r.get("timers_per_s")

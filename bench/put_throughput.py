@@ -23,7 +23,6 @@ import json
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from bench.harness.brokers import brokers
 from bench.harness.cpu import PartyCpu
 from bench.harness.pg import shared_server
 from bench.harness.report import source_revision
+from bench.harness.stats import median
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_PUT_RATE = 1_000.0
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[put_throughput] round {r + 1} workers {w}: {row['rate']:,.0f} PUT/s, "
                       f"p50 {row['latency_ms'].get('p50')} ms, CPU {row['cpu_cores']}, "
                       f"integrity {'ok' if row['integrity_ok'] else 'FAILED'}", flush=True)
-    summary = {w: {"median_rate": statistics.median(r["rate"] for r in rs),
+    summary = {w: {"median_rate": median(r["rate"] for r in rs),
                    "rates": [r["rate"] for r in rs]} for w, rs in rows.items()}
     results = {**header, "rounds": {str(w): rs for w, rs in rows.items()},
                "summary": {str(w): s for w, s in summary.items()}}

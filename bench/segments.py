@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 import zstandard
 
 from bench.harness.pg import measure_on_scratch
-from bench.harness.stats import percentile
+from bench.harness.stats import median, percentile
 from queen_trio.db import Database
 from queen_trio.log import housekeeping, rules, store
 from queen_trio.log.segments import HeadFrame, SealPolicy, SegmentCache, encode_lines
@@ -166,7 +165,7 @@ async def push(db: Database, tenant: int, queue: str, payloads: list[Any]) -> No
     for start in range(0, len(payloads), 500):
         frames = [store.NewFrame(queue, "Default", p, rules.new_transaction_id())
                   for p in payloads[start:start + 500]]
-        await db.run(store.append, tenant, frames)
+        await db.run_transaction(store.append, tenant, frames)
 
 
 async def relation_bytes(db: Database, table: str) -> int:
@@ -190,14 +189,14 @@ async def drain(db: Database, tenant: int, queue: str, group: str, batch: int, *
     while True:
         t = time.perf_counter()
         req = rules.PopRequest(queue, None, group, batch, False, 0, not ack)
-        outcome = await db.run(store.pop, tenant, req, cache)
+        outcome = await db.run_transaction(store.pop, tenant, req, cache)
         b = outcome.batch
         if b is None:
             break
         if ack:
             acks = [rules.Ack(i, m.transaction_id, b.partition_id, "completed", group,
                               b.lease_id, None) for i, m in enumerate(b.messages)]
-            await db.run(store.ack, tenant, acks)
+            await db.run_transaction(store.ack, tenant, acks)
         per_call.append((time.perf_counter() - t) * 1000)
         got += len(b.messages)
     return time.perf_counter() - started, per_call, got
@@ -224,7 +223,7 @@ async def database(url: str) -> None:
         sealed = []
         while True:
             t = time.perf_counter()
-            one = await db.run(housekeeping.seal_partition, pid, SEAL_ALL)
+            one = await db.run_transaction(housekeeping.seal_partition, pid, SEAL_ALL)
             if one is None:
                 break
             seal_ms.append((time.perf_counter() - t) * 1000)
@@ -275,7 +274,7 @@ async def database(url: str) -> None:
                     rates[name].append(got / seconds)
                     calls[name].extend(per_call)
             for name, _, _ in cases:
-                print(f"{name:<22} {call:<16} {statistics.median(rates[name]):8.0f} "
+                print(f"{name:<22} {call:<16} {median(rates[name]):8.0f} "
                       f"{pcts(calls[name])}")
         s = warm.statistics()
         print(f"(warm cache: {s.segments} segments, {s.bytes / 1e6:.1f} MB held)")

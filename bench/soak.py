@@ -28,11 +28,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +45,9 @@ import httpx
 import trio
 
 from bench.harness.brokers import free_port
+from bench.harness.metrics import FIRE_LAG, Metrics, histogram_bucket_bound
 from bench.harness.pg import scratch_database
+from bench.harness.stats import median, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 API = "/api/v1"
@@ -207,22 +207,6 @@ async def rss_sampler(brokers: list[Broker], samples: list[list[int]], stop: tri
             await stop.wait()
 
 
-def histogram_p(text: str, name: str, q: float) -> tuple[float | None, int]:
-    """Upper bound of the bucket holding quantile ``q`` of a Prometheus histogram."""
-    buckets = []
-    for line in text.splitlines():
-        if line.startswith(f"{name}_bucket{{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((math.inf if le == "+Inf" else float(le), float(line.split()[-1])))
-    if not buckets or buckets[-1][1] == 0:
-        return None, 0
-    total = buckets[-1][1]
-    for bound, n in sorted(buckets):
-        if n >= q * total:
-            return bound, int(total)
-    return math.inf, int(total)
-
-
 async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     env = {"QUEEN_SWEEPER_MAX_SLEEP_MS": "1000"}
     brokers = [Broker(url, n, env) for n in range(args.brokers)]
@@ -261,8 +245,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
         elapsed = trio.current_time() - started
         async with httpx.AsyncClient(timeout=10) as http:
             scrapes = [(await http.get(f"{b.url}/metrics")).text for b in brokers]
-        lag_p99 = [histogram_p(s, "queen_timers_fire_lag_seconds", 0.99) for s in scrapes]
-        lag_p50 = [histogram_p(s, "queen_timers_fire_lag_seconds", 0.50) for s in scrapes]
+        lag_buckets = [Metrics.parse(s).buckets(FIRE_LAG) for s in scrapes]
         alive = [b.proc.poll() is None for b in brokers]
     finally:
         codes = [b.stop() for b in brokers]
@@ -270,8 +253,8 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     expected = set(t.timers) - t.cancelled
     arrived = set(t.timer_arrivals)
     q = max(1, len(rss) // 4)
-    rss_warm = [statistics.median(s[i] for s in rss[q:2 * q]) / 1024 for i in range(len(brokers))]
-    rss_end = [statistics.median(s[i] for s in rss[-q:]) / 1024 for i in range(len(brokers))]
+    rss_warm = [median(s[i] for s in rss[q:2 * q]) / 1024 for i in range(len(brokers))]
+    rss_end = [median(s[i] for s in rss[-q:]) / 1024 for i in range(len(brokers))]
     lags = sorted(t.arrival_lag)
     result = {
         "seconds": round(elapsed, 1), "brokers": args.brokers,
@@ -286,10 +269,10 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "messages_pushed": len(t.pushed), "messages_lost": len(t.pushed - set(t.popped)),
         "messages_duplicated": sum(1 for n in t.popped.values() if n > 1),
         "unexpected_responses": t.unexpected[:20], "unexpected_count": len(t.unexpected),
-        "fire_lag_p50_s_bucket": [p for p, _ in lag_p50],
-        "fire_lag_p99_s_bucket": [p for p, _ in lag_p99],
-        "received_lag_p50_ms": round(lags[len(lags) // 2] * 1000, 1) if lags else None,
-        "received_lag_p99_ms": round(lags[int(len(lags) * 0.99)] * 1000, 1) if lags else None,
+        "fire_lag_p50_s_bucket": [histogram_bucket_bound(b, 0.50) for b in lag_buckets],
+        "fire_lag_p99_s_bucket": [histogram_bucket_bound(b, 0.99) for b in lag_buckets],
+        "received_lag_p50_ms": round(percentile(lags, 50) * 1000, 1) if lags else None,
+        "received_lag_p99_ms": round(percentile(lags, 99) * 1000, 1) if lags else None,
         "rss_mib_warm": [round(x, 1) for x in rss_warm],
         "rss_mib_end": [round(x, 1) for x in rss_end],
         "rss_mib_max": [round(max(s[i] for s in rss) / 1024, 1) for i in range(len(brokers))],

@@ -67,7 +67,7 @@ def _app(kind: str, database_url: str) -> Any:
         body = json.loads(await read_body(receive))
         answer = ANSWER
         if "db" in state:
-            row = await state["db"].run_statement(select, body["transactionId"])
+            row = await state["db"].run_autocommit(select, body["transactionId"])
             answer = json.dumps([{"transactionId": row["t"], "status": "completed"}]).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),

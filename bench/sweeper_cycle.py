@@ -46,15 +46,15 @@ COMPRESSED = {"events": [{"type": "booking.held", "bookingId": i} for i in range
 async def schedule_due(db: Database, tenant_id: int, i: int, payload: object) -> None:
     s = rules.schedule({"delayMs": -10, "payload": payload}, "bench.cycle",
                        f"k{i}-{uuid.uuid4()}", horizon_s=3600, ceiling=1 << 20)
-    await db.run(store.schedule, tenant_id, s, notify_within_ms=0)
+    await db.run_transaction(store.schedule, tenant_id, s, notify_within_ms=0)
 
 
 async def sweep_cycle(db: Database, tenant_id: int, i: int) -> dict[str, float]:
     await schedule_due(db, tenant_id, i, SMALL)
     t0 = time.perf_counter()
     async with db.connection() as conn:  # as the sweeper: one statement in autocommit
-        swept = await conn.run(functools.partial(store.sweep, max_payload=1 << 20),
-                               uuid.uuid4(), "bench", 500, 30_000)
+        swept = await conn.run_raw(functools.partial(store.sweep, max_payload=1 << 20),
+                                   uuid.uuid4(), "bench", 500, 30_000)
     assert len(swept.fired) == 1 and not swept.rows
     return {"sweep": (time.perf_counter() - t0) * 1000}
 
@@ -64,13 +64,13 @@ async def claim_and_fire_cycle(db: Database, tenant_id: int, i: int) -> dict[str
     token = uuid.uuid4()
     t0 = time.perf_counter()
     async with db.connection() as conn:
-        claimed = await conn.run(functools.partial(store.sweep, max_payload=1 << 20),
-                                 token, "bench", 500, 30_000)
+        claimed = await conn.run_raw(functools.partial(store.sweep, max_payload=1 << 20),
+                                     token, "bench", 500, 30_000)
     t1 = time.perf_counter()
     assert len(claimed.rows) == 1 and not claimed.fired
     with trio.move_on_after(10, shield=True):
-        await db.run(store.fire, token, claimed.rows, ceilings={}, max_attempts=5,
-                     backoff_ms=1000)
+        await db.run_transaction(store.fire, token, claimed.rows, ceilings={}, max_attempts=5,
+                                 backoff_ms=1000)
     t2 = time.perf_counter()
     return {"claim": (t1 - t0) * 1000, "fire": (t2 - t1) * 1000}
 

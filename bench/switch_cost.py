@@ -23,8 +23,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 import timeit
 import uuid
@@ -33,8 +31,9 @@ from typing import Any
 
 import httpx
 
-from bench.harness.brokers import free_port
+from bench.harness.brokers import free_port, serve_checkout, wait_healthy
 from bench.harness.pg import shared_server
+from bench.harness.stats import median
 
 HERE = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,24 +61,6 @@ def check_cost(number: int = 1_000_000) -> dict[str, float]:
     return out
 
 
-def _serve(checkout: Path, url: str, port: int) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")}
-    env.update(QUEEN_DATABASE_URL=url, QUEEN_PORT=str(port), QUEEN_LOG_LEVEL="WARNING",
-               PYTHONPATH=str(checkout))
-    return subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], cwd=checkout,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait(base: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"no healthy broker at {base}")
 
 
 def _timed(http: httpx.Client, n: int, request: Any) -> list[float]:
@@ -111,10 +92,10 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
             for side, checkout in (("switches", HERE), ("baseline", baseline)):
                 url = server.create_database(f"switch_cost_{side}")
                 port = free_port()
-                proc = _serve(checkout, url, port)
+                proc = serve_checkout(checkout, url, port)
                 base = f"http://127.0.0.1:{port}"
                 try:
-                    _wait(base)
+                    wait_healthy(base, None, None)
                     with httpx.Client(base_url=base, timeout=10) as http:
                         http.put("/api/v1/kv/bench/k", json={"value": 1, "forever": True})
                         _timed(http, 200, _kv_get)  # warm-up
@@ -127,7 +108,7 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for side, per in samples.items():
         for what, xs in per.items():
-            summary[f"{side}.{what}"] = {"p50_ms": statistics.median(xs) * 1000,
+            summary[f"{side}.{what}"] = {"p50_ms": median(xs) * 1000,
                                          "mean_ms": statistics.fmean(xs) * 1000, "n": len(xs)}
     return summary
 

@@ -4,8 +4,9 @@ process's CPU time (so other work on the machine weighs less).
 
 1. A 256-op ``POST /api/v1/timers`` body (Queen's ceiling), ops shaped by the SDK
    (``TimerSpec.to_wire``): decode + validate into ``Schedule`` values.
-   today: ``strict_json.loads`` then ``timers.rules.operations`` (dict walking, the payload's
-   JSON decoded by strict_json and encoded again by ``json.dumps``);
+   today: ``strict_json.loads`` then ``timers.rules.operations`` (dict walking; each
+   payload's JSON goes through the broker's ``payload_value``, whose msgspec fast path is the
+   same on both sides: the bench does not switch broker code off);
    msgspec: ``msgspec.json.decode(type=TimerBatch)`` (shape and types checked in C), then the
    same name/payload rules, the payload's JSON decoded and re-encoded by msgspec.
 2. Its answer (256 results): encode. today: the route's dicts (``iso()``, ``str(uuid)``) and
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -34,33 +34,20 @@ from typing import Any
 import msgspec
 
 from bench.harness.report import source_revision
+from bench.harness.stats import median
 from queen_trio import strict_json
 from queen_trio.api.common import _COMPACT
 from queen_trio.client.calls import TimerSpec
+from queen_trio.formats import iso
 from queen_trio.models import codec
 from queen_trio.models import log as log_models
 from queen_trio.models import timers as models
 from queen_trio.timers import rules
 from queen_trio.timers.store import Outcome
-from queen_trio.wire import iso
 
 RESULTS = Path(__file__).parent / "results" / "wire_codec.txt"
 CEILING = 64 * 1024
 HORIZON_S = 30 * 86400
-
-
-class _NoFastPath:
-    """rules.codec with the msgspec fast path off: today's payload path (strict_json.loads,
-    then json.dumps of the value)."""
-
-    FALLBACK = codec.FALLBACK
-    ANY = codec.ANY
-
-    @staticmethod
-    def fast(raw: bytes, decoder: Any) -> Any:
-        return codec.FALLBACK
-
-    encode = staticmethod(codec.encode)
 
 
 def batch_body() -> bytes:
@@ -71,12 +58,8 @@ def batch_body() -> bytes:
 
 
 def decode_today(body: bytes) -> list[Any]:
-    real = rules.codec
-    rules.codec = _NoFastPath  # type: ignore[assignment]
-    try:
-        return rules.operations(strict_json.loads(body), horizon_s=HORIZON_S, ceiling=CEILING)
-    finally:
-        rules.codec = real
+    """The broker's dict path (the route's fallback for a body its models refuse)."""
+    return rules.operations(strict_json.loads(body), horizon_s=HORIZON_S, ceiling=CEILING)
 
 
 def decode_models(body: bytes) -> list[Any]:
@@ -239,11 +222,11 @@ def main() -> None:
              f"{args.rounds} rounds, each the best of 5; checkout {source_revision()})",
              f"  {'what':<44} {'today':>9} {'msgspec':>9} {'speed-up':>9}"]
     for what in dict.fromkeys(w for w, _, _, _ in cases):
-        today = statistics.median(timings[(what, "today")])
-        fast = statistics.median(timings[(what, "msgspec")])
+        today = median(timings[(what, "today")])
+        fast = median(timings[(what, "msgspec")])
         lines.append(f"  {what:<44} {today:>9,.0f} {fast:>9,.0f} {today / fast:>8.1f}x")
     lines.append(f"  batch body {len(body):,} bytes; timer batch decode today = strict_json.loads "
-                 "+ rules.operations with the payload through strict_json and json.dumps")
+                 "+ rules.operations (payloads through the broker's payload_value on both sides)")
     text = "\n".join(lines)
     print(text)
     RESULTS.write_text(text + "\n")

@@ -34,10 +34,10 @@ import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .db.rows import DictConnection
 from .errors import ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
-from .kv.store import Raw
 
 # Apply one KV op (as :func:`kv_call` takes it) in a transaction of its own: its result.
 Kv = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -194,9 +194,9 @@ def guard(name: str, slot: int, token: int) -> dict[str, Any]:
             "required": True}
 
 
-def kv_call(raw: Raw, tenant_id: int, op: dict[str, Any]) -> dict[str, Any]:
+def kv_call(raw: DictConnection, tenant_id: int, op: dict[str, Any]) -> dict[str, Any]:
     """One KV op of this module's own making, applied as any client's would be (run it with
-    ``Database.run``: one transaction)."""
+    ``Database.run_transaction``: one transaction)."""
     parsed = kv_rules.parse_op(0, {"ns": NAMESPACE, **op}, ceiling=kv_rules.MAX_VALUE_BYTES)
     return kv_store.apply(raw, tenant_id, [parsed])[0]
 

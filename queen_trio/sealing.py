@@ -7,7 +7,8 @@ the head, in sealed segments, in dead letters and in timer rows alike, so Postgr
 holds the plaintext. Every read that hands a payload to a client opens the envelope.
 
 Keys: ``QUEEN_ENCRYPTION_KEY`` seals and opens; ``QUEEN_ENCRYPTION_OLD_KEYS`` only open (key
-rotation, README). A key's id is derived from the key, so no id needs to be configured.
+rotation: docs/operations.md, "Encryption at rest"). A key's id is derived from the key, so
+no id needs to be configured.
 """
 
 from __future__ import annotations

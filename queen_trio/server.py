@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 _HTTP_LOG = logging.getLogger("queen_trio.http")
 _HTTP_LOG.addFilter(lambda record: not str(record.msg).startswith("Running on"))
 
-# A query run in a worker thread (Connection.run_in_thread: the sweeper's drain, sealing
+# A query run in a worker thread (Connection.run_raw_in_thread: the sweeper's drain, sealing
 # segments) needs the GIL back to hand its answer over. With CPython's default switch interval
 # (5 ms) a busy event loop makes it wait up to that long: a fire's commit instant late by
 # milliseconds. Half a millisecond costs a

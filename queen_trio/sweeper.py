@@ -45,6 +45,7 @@ import trio
 
 from .config import ONE_MIB, Settings
 from .db import MISSED, Database, Listener
+from .db.rows import DictConnection
 from .db.transient import TRANSIENT_ERRORS, describe, every, survived
 from .log import store as log_store
 from .log.rules import PopRequest
@@ -323,7 +324,7 @@ class Sweeper:
         is about to fire, and the sweep holds that queue's fire lock for them
         (queen.sweep_timers_for)."""
         try:
-            upcoming = await self._look_up_db.run_statement(store.next_due)
+            upcoming = await self._look_up_db.run_autocommit(store.next_due)
         except TRANSIENT:
             return None  # only a hint: the cycle itself will meet the trouble
         except Exception as exc:
@@ -353,7 +354,7 @@ class Sweeper:
         the announced timer; the sweep pops for it, and it is handed the outcome (None if the
         sweep failed) before anything else."""
         while self._unreleased:
-            await self._db.run(store.release, self._unreleased[0])
+            await self._db.run_transaction(store.release, self._unreleased[0])
             self._unreleased.pop(0)
         token = uuid.uuid4()
         try:
@@ -397,16 +398,16 @@ class Sweeper:
                 # task: its return is seen (and timed) as it comes back, where a worker thread
                 # would queue for the GIL behind the pop it has just served. A backlog found
                 # here is drained by the next cycles, in a worker thread.
-                swept = await conn.run(self._sweep_at, not_before, token, announced, False,
+                swept = await conn.run_raw(self._sweep_at, not_before, token, announced, False,
                                        None if handover is None else handover.req)
             else:
                 # In a worker thread: a drain runs sweeps back to back there, without queueing
                 # behind HTTP tasks for the event loop, and each return is timed where it happens.
-                swept = await conn.run_in_thread(self._sweep_at, not_before, token, announced)
+                swept = await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced)
         return swept
 
     def _sweep_at(
-        self, raw: store.Raw, not_before: float | None, token: uuid.UUID,
+        self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
         announced: store.NextDue | None = None, drain: bool = True,
         pop: PopRequest | None = None,
     ) -> list[tuple[SweepResult, float]]:
@@ -441,7 +442,8 @@ class Sweeper:
             return
         self._metrics.pop_fire_waits.labels("handed_back").inc()
         try:
-            await self._look_up_db.run(log_store.release_batch, pop.tenant_id, left.batch)
+            await self._look_up_db.run_transaction(log_store.release_batch, pop.tenant_id,
+                                                   left.batch)
         except TRANSIENT as exc:
             log.warning("a fired timer's batch for a pop that has gone stays leased until its "
                         "lease expires: %s", exc)
@@ -493,7 +495,7 @@ class Sweeper:
     async def _fire_batch(self, token: uuid.UUID, rows: list[Claimed],
                           budget: dict[str, Any]) -> store.FireResult:
         try:
-            return await self._db.run_in_thread(  # decompresses payloads
+            return await self._db.run_transaction_in_thread(  # decompresses payloads
                 store.fire, token, rows, **budget)
         except TRANSIENT:
             raise
@@ -503,7 +505,7 @@ class Sweeper:
             # attempt.
             log.warning("a fire of %d claimed timers failed as a whole (%s); firing them one "
                         "by one", len(rows), describe(exc))
-            return await self._db.run_in_thread(store.fire_each, token, rows, **budget)
+            return await self._db.run_transaction_in_thread(store.fire_each, token, rows, **budget)
 
     def _survived(self, exc: BaseException, what: str) -> None:
         survived(log, "sweeper", what, exc, self._metrics.count_background_error)
@@ -512,7 +514,7 @@ class Sweeper:
         """After transient trouble, hand our claimed rows back now rather than at lease end."""
         with trio.move_on_after(2.0):
             try:
-                await self._db.run(store.release, token)
+                await self._db.run_transaction(store.release, token)
                 return
             except TRANSIENT:
                 pass
@@ -528,7 +530,7 @@ async def run_pending_gauge(
     timers pending the count takes 20-30 ms (longer before a vacuum), and the sweeper would
     fire nothing meanwhile."""
     async def count() -> None:
-        metrics.timers_pending.set(await db.run(store.pending_count))
+        metrics.timers_pending.set(await db.run_transaction(store.pending_count))
 
     task_status.started()
     await every(interval_s, count, what="pending-timers count", service="pending_gauge",

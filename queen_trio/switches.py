@@ -31,12 +31,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-import psycopg
 import trio
 
 from .db import Database, Listener, queries
+from .db.rows import DictConnection
 from .db.transient import CountError, refresh_on_notify
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,9 @@ EFFECTS: Final = {
                  "fire, each once, when it is resumed",
 }
 
-Raw = psycopg.Connection[dict[str, Any]]
 
 
-def read(raw: Raw) -> dict[str, bool]:
+def read(raw: DictConnection) -> dict[str, bool]:
     """Every switch's state (a switch without a row is on)."""
     state = dict.fromkeys(NAMES, True)
     for row in raw.execute(Q.read).fetchall():
@@ -74,7 +73,7 @@ def read(raw: Raw) -> dict[str, bool]:
     return state
 
 
-def set_switches(raw: Raw, changes: dict[str, bool]) -> dict[str, bool]:
+def set_switches(raw: DictConnection, changes: dict[str, bool]) -> dict[str, bool]:
     """Set some switches (in the caller's transaction: every broker is told at its commit) and
     answer them all."""
     for name, enabled in changes.items():
@@ -148,7 +147,7 @@ class RuntimeSwitches:
                                     count=self._count_error)
 
     async def refresh(self) -> None:
-        self.adopt(await self._db.run_statement(read))
+        self.adopt(await self._db.run_autocommit(read))
         self._refreshes += 1
         self._last_refresh_at = trio.current_time()
 

@@ -1,13 +1,25 @@
-"""Rules for client-chosen names that travel in URL paths (KV keys, timer keys)."""
+"""Rules for client-chosen text: names that travel in URL paths (KV keys, timer keys), and
+the compact JSON text that payloads and values are stored and measured as."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from .errors import ValidationError
 
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+# json.dumps with any keyword builds a new encoder per call (a timer batch makes 256 of them).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_COMPACT_FINITE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def compact_json(value: Any, *, finite: bool = False) -> str:
+    """Compact JSON text: what is stored and what sizes are measured on. ``finite`` refuses
+    NaN and the infinities (ValueError), which JSON itself cannot write."""
+    return (_COMPACT_FINITE if finite else _COMPACT).encode(value)
 
 
 def encodable(text: str) -> bool:
@@ -37,7 +49,7 @@ def utf8_name(value: Any, field: str, *, code: str, max_bytes: int) -> str:
         size = len(value.encode())
     except UnicodeEncodeError:
         raise ValidationError(code, f"{field} contains an unpaired surrogate") from None
-    if size > max_bytes or _CONTROL_RE.search(value):
+    if size > max_bytes or CONTROL_RE.search(value):
         raise ValidationError(
             code, f"{field} must be 1-{max_bytes} UTF-8 bytes without control characters"
         )

@@ -10,7 +10,10 @@ The KV ops go first (their row locks come before any partition's, as on every pa
 takes both), so a gate (a ``required`` putIfAbsent, a lock's guard) that does not hold stops
 the bundle before anything else is written: :class:`~queen_trio.kv.rules.PreconditionLost`
 rolls it all back. ``requiredLeases`` must all be live when the bundle commits; an ack that
-names no lease borrows the bundle's one required lease. A timer that is being fired is
+names no lease borrows the bundle's one required lease. An ack the broker cannot take (its
+lease lost, its message unknown, already committed or never delivered) or a required lease
+that is not live refuses the bundle whole: :class:`Refused`, which the route answers as Queen
+does, 200 ``success: false`` with the text in ``error``. A timer that is being fired is
 ``too_late`` in its result, a verdict that does not abort the bundle.
 """
 
@@ -20,9 +23,8 @@ import dataclasses
 import uuid
 from typing import Any
 
-import psycopg
-
 from .db import queries
+from .db.rows import DictConnection
 from .errors import ClientError, Conflict, ValidationError
 from .kv import rules as kv_rules
 from .kv import store as kv_store
@@ -32,7 +34,6 @@ from .sealing import PayloadCipher
 from .timers import rules as timer_rules
 from .timers import store as timer_store
 
-Raw = psycopg.Connection[dict[str, Any]]
 OPERATION_TYPES = ("push", "ack")
 TOP_LEVEL = ("operations", "kv", "timers", "requiredLeases")
 MAX_OPERATIONS = 1000
@@ -75,6 +76,17 @@ class Limits:
     timer_payload_ceiling: int
     timer_horizon_s: int
     notify_within_ms: int
+
+
+class Refused(Exception):  # noqa: N818 - a verdict, not an error
+    """The bundle was refused whole by the state it found (an ack or a required lease that no
+    longer holds): nothing of it commits. ``failed_index`` is the refused ack's place in the
+    flat results (None for a required lease)."""
+
+    def __init__(self, cause: ClientError, failed_index: int | None = None) -> None:
+        super().__init__(cause.message)
+        self.cause = cause
+        self.failed_index = failed_index
 
 
 def _at(index: int, exc: ClientError) -> ClientError:
@@ -170,7 +182,7 @@ def _parse_one(index: int, op: Any, ceiling: int, default_lease: uuid.UUID | Non
 
 
 def execute(
-    raw: Raw, tenant_id: int, bundle: Bundle, limits: Limits, *,
+    raw: DictConnection, tenant_id: int, bundle: Bundle, limits: Limits, *,
     cipher: PayloadCipher | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]], list[timer_store.Outcome]]:
     """Apply the kv ops, every operation and timer in the caller's transaction; any error
@@ -178,37 +190,40 @@ def execute(
     outcomes).
 
     A required kv op that does not hold raises PreconditionLost. A required lease that is not
-    live aborts the bundle with 409. A timer's verdict (too_late for one being fired, absent
-    for a cancel that found nothing) is its answer, and the bundle commits.
+    live, or an ack the broker cannot take, raises :class:`Refused`. A timer's verdict
+    (too_late for one being fired, absent for a cancel that found nothing) is its answer, and
+    the bundle commits.
     """
     # First, before any partition is locked: the kv rows, in key order (kv/rules.py).
     kv_results = kv_store.apply(raw, tenant_id, bundle.kv)
     # Before the acks, which release a lease they complete.
     _check_leases(raw, tenant_id, bundle.required_leases)
     results: list[Any] = []  # per operation type: Appended list or AckResult
+    flat = 0  # the place of the operation's first result in the flat results
     for op in bundle.operations:
         try:
             if op.type == "push":
                 results.append(log_store.append(raw, tenant_id, op.args, cipher=cipher))
             else:
                 (result,) = log_store.ack(raw, tenant_id, [op.args])
-                if result.refused is not None:
-                    raise result.refused  # a bundle commits whole or not at all
+                if result.refused is not None:  # a bundle commits whole or not at all
+                    raise Refused(_at(op.index, result.refused), flat)
                 results.append(result)
         except ClientError as exc:
             raise _at(op.index, exc) from None
+        flat += len(results[-1]) if op.type == "push" else 1
     outcomes = timer_store.apply(raw, tenant_id, bundle.timers,
                                  notify_within_ms=limits.notify_within_ms, cipher=cipher)
     return results, kv_results, outcomes
 
 
-def _check_leases(raw: Raw, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> None:
+def _check_leases(raw: DictConnection, tenant_id: int, leases: tuple[uuid.UUID, ...]) -> None:
     if not leases:
         return
     live = {r["lease_id"] for r in raw.execute(
         Q.live_leases, {"tenant_id": tenant_id, "lease_ids": list(set(leases))})}
     lost = [lease for lease in leases if lease not in live]
     if lost:
-        raise Conflict(
-            "lease_lost", f"requiredLeases: lease {lost[0]} has expired or was released; the "
-                          f"whole transaction was rolled back", lease=str(lost[0]))
+        raise Refused(Conflict(
+            "lease_lost", f"requiredLeases: lease {lost[0]} has expired or was released",
+            lease=str(lost[0])))

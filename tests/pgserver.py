@@ -1,6 +1,6 @@
 """The PostgreSQL server the test session runs against, and per-test databases on it.
 
-Choice of server, in order (as the README's "Using an existing PostgreSQL" tells users):
+Choice of server, in order (as docs/operations.md, "Using an existing PostgreSQL", tells users):
 
 1. ``QUEEN_TEST_DATABASE_URL`` if set (any database on a server where the user may
    ``CREATE DATABASE``);

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -32,8 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None) -> None:
-    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards ``wanted`` (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, max(soft, wanted)) if hard != resource.RLIM_INFINITY else max(soft, wanted)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Path | None,
+                 *, timeout_s: float = BROKER_START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -46,7 +57,7 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log_path: Pa
         except httpx.HTTPError as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise RuntimeError(f"broker not healthy after {BROKER_START_TIMEOUT_S} s ({last}):\n"
+    raise RuntimeError(f"broker not healthy after {timeout_s} s ({last}):\n"
                        f"{log_tail(log_path)}")
 
 
@@ -76,8 +87,19 @@ class BrokerProcess:
     log_errors: list[str] = dataclasses.field(default_factory=list)
 
 
+def serve_checkout(checkout: Path, database_url: str, port: int) -> subprocess.Popen[bytes]:
+    """A broker of another checkout (its code on PYTHONPATH) on ``port``, quiet: an A/B run
+    serves this checkout and a baseline side by side on one database server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")}
+    env.update(QUEEN_DATABASE_URL=database_url, QUEEN_PORT=str(port), QUEEN_LOG_LEVEL="WARNING",
+               PYTHONPATH=str(checkout))
+    return subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], cwd=checkout,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @contextlib.contextmanager
-def broker_process(url: str | None) -> Iterator[BrokerProcess]:
+def broker_process(url: str | None, *,
+                   start_timeout_s: float = BROKER_START_TIMEOUT_S) -> Iterator[BrokerProcess]:
     """The broker at ``url``, or one started here and stopped (SIGTERM) on the way out."""
     if url:
         wait_healthy(url, None, None)
@@ -97,7 +119,7 @@ def broker_process(url: str | None) -> Iterator[BrokerProcess]:
     handle = BrokerProcess(f"http://127.0.0.1:{port}", f"subprocess, database {source}",
                            external_db, log_path, process.pid)
     try:
-        wait_healthy(handle.url, process, log_path)
+        wait_healthy(handle.url, process, log_path, timeout_s=start_timeout_s)
         if handle.database_url is None:
             match = re.search(r"using embedded PostgreSQL at (\S+)", log_path.read_text())
             handle.database_url = match.group(1) if match else None

@@ -81,6 +81,16 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | 
     return prev_le
 
 
+def histogram_bucket_bound(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The upper bound of the bucket holding rank q * count (+Inf past the last finite one):
+    a bound the quantile is known to be under, where :func:`histogram_quantile` guesses inside
+    the bucket; None for an empty histogram."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    return next((le for le, count in buckets if count >= rank), math.inf)
+
+
 FIRE_LAG = "queen_timers_fire_lag_seconds"
 
 

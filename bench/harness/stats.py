@@ -12,7 +12,7 @@ the exception: their quantiles can only be interpolated inside buckets (see
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T", int, float)
@@ -26,6 +26,12 @@ def percentile(sorted_values: Sequence[T], p: float) -> T:
         raise ValueError("percentile of no values")
     rank = max(1, math.ceil(p / 100 * len(sorted_values)))
     return sorted_values[rank - 1]
+
+
+def median(values: Iterable[T]) -> T:
+    """The nearest-rank p50 of ``values`` in any order (of an even count, the lower middle
+    value: a value that was measured, never the mean of two)."""
+    return percentile(sorted(values), 50)
 
 
 def distribution(samples_s: list[float]) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from typing import Any
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
+from ..formats import iso, message_id
 from ..log import admin, groups, rules
 from ..sealing import opened
-from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .errors import read_json_object
@@ -73,7 +73,7 @@ def _partition_wire(row: dict[str, Any]) -> dict[str, Any]:
 
 @admin_routes.get("/consumer-groups")
 async def list_consumer_groups() -> Response:
-    rows = await _broker().db.run(groups.group_partitions, current_tenant_id())
+    rows = await _broker().db.run_transaction(groups.group_partitions, current_tenant_id())
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         g = out.setdefault((r["consumer_group"], r["queue"]), {
@@ -98,7 +98,7 @@ async def list_consumer_groups() -> Response:
 @admin_routes.get("/consumer-groups/lagging")
 async def lagging_consumer_groups() -> Response:
     min_lag = rules.query_int(_args(), "minLagSeconds", 3600, lo=0, hi=10**9)
-    rows = await _broker().db.run(groups.group_partitions, current_tenant_id())
+    rows = await _broker().db.run_transaction(groups.group_partitions, current_tenant_id())
     lagging = sorted((r for r in rows if r["lag_messages"] > 0 and r["lag_seconds"] > min_lag),
                      key=lambda r: -r["lag_seconds"])
     return _json([
@@ -115,7 +115,8 @@ async def lagging_consumer_groups() -> Response:
 @admin_routes.get("/consumer-groups/<group>")
 async def get_consumer_group(group: str) -> Response:
     name = _group(group)
-    rows = await _broker().db.run(groups.group_partitions, current_tenant_id(), group=name)
+    rows = await _broker().db.run_transaction(groups.group_partitions, current_tenant_id(),
+                                              group=name)
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         out.setdefault(r["queue"], {"partitions": []})["partitions"].append(_partition_wire(r))
@@ -137,8 +138,8 @@ async def _delete_group(group: str, queue: str | None) -> Response:
     args = _args()
     delete_metadata = True if args.get("deleteMetadata") in (None, "") else rules.query_bool(
         args, "deleteMetadata")
-    deleted = await _broker().db.run(groups.delete_group, current_tenant_id(), name, queue,
-                                     metadata=delete_metadata)
+    deleted = await _broker().db.run_transaction(groups.delete_group, current_tenant_id(), name,
+                                                 queue, metadata=delete_metadata)
     answer: dict[str, Any] = {"success": True, "consumerGroup": name}
     if queue is not None:
         answer["queueName"] = queue
@@ -170,7 +171,7 @@ async def seek_consumer_group(group: str, queue: str) -> Response:
     if partition is not None or offset is not None:
         partition = rules.partition_name(partition)
     broker = _broker()
-    moved = await broker.db.run(
+    moved = await broker.db.run_transaction(
         groups.seek, current_tenant_id(), name, queue, to_end=to_end, at=at, offset=offset,
         partition=partition, cache=broker.segment_cache)
     return _json({"success": True, "consumerGroup": name, "queueName": queue,
@@ -204,7 +205,7 @@ async def overview() -> Response:
         return (admin.partition_states(raw, tenant), admin.counts(raw, tenant),
                 groups.group_partitions(raw, tenant))
 
-    parts, counts, cursors = await _broker().db.run(read)
+    parts, counts, cursors = await _broker().db.run_transaction(read)
     return _json({
         "queues": counts["queues"], "partitions": len(parts), "namespaces": 0, "tasks": 0,
         "messages": {**_sum_counts(parts), "failed": 0, "deadLetter": counts["deadLetters"]},
@@ -239,7 +240,7 @@ async def partitions() -> Response:
     args = _args()
     limit, offset = _page(args, 100)
     queue = None if args.get("queue") in (None, "") else rules.queue_name(args["queue"])
-    parts = await _broker().db.run(admin.partition_states, current_tenant_id(), queue)
+    parts = await _broker().db.run_transaction(admin.partition_states, current_tenant_id(), queue)
     return _json({
         "partitions": [
             {"id": str(p["partition_id"]), "name": p["name"], "queue": p["queue"],
@@ -264,7 +265,7 @@ async def status() -> Response:
     def read(raw: Any) -> tuple[Any, Any]:
         return admin.partition_states(raw, tenant, queue), admin.counts(raw, tenant, queue)
 
-    parts, counts = await _broker().db.run(read)
+    parts, counts = await _broker().db.run_transaction(read)
     queues: dict[str, dict[str, Any]] = {}
     for p in parts:
         q = queues.setdefault(p["queue"], {"id": str(p["queue_id"]), "name": p["queue"],
@@ -314,7 +315,7 @@ async def list_messages() -> Response:
     since = _optional_instant(args, "from") or now - timedelta(hours=1)
     until = _optional_instant(args, "to") or now + timedelta(seconds=1)
     broker = _broker()
-    rows, total = await broker.db.run(
+    rows, total = await broker.db.run_transaction(
         admin.message_page, current_tenant_id(), queue=queue, partition=partition,
         status=status, since=since, until=until, limit=limit, offset=offset,
         cache=broker.segment_cache)
@@ -345,8 +346,8 @@ async def get_message(partition_id: str, transaction_id: str) -> Response:
         raise ValidationError("invalid_partition_id", "partitionId must be a UUID") from None
     txn = rules.transaction_id(transaction_id)
     broker = _broker()
-    found = await broker.db.run(admin.message, current_tenant_id(), pid, txn,
-                                cache=broker.segment_cache)
+    found = await broker.db.run_transaction(admin.message, current_tenant_id(), pid, txn,
+                                            cache=broker.segment_cache)
     part, frame, cursors, dead = (found["partition"], found["frame"], found["groups"],
                                   found["dead_letters"])
     queue_mode = any(c["consumer_group"] == rules.QUEUE_MODE_GROUP for c in cursors)

@@ -1,8 +1,8 @@
 """Request bodies: read only when a handler asks, held to the body limit and a broker-wide budget.
 
 Quart buffers a request's body as it arrives, before any handler runs: 60 uploads without a
-token held 8 MiB each until refused, and 60 with one as much, whatever else was in flight
-(issue 28). Here:
+token held 8 MiB each until refused, and 60 with one as much, whatever else was in flight,
+so uploads alone could exhaust the broker's memory. Here:
 
 - nothing is read from a request with a body until its handler asks for it (``await
   request.body``, ``request.get_data()``), so admission (the token, the quota) comes first and a

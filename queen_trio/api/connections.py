@@ -5,7 +5,7 @@ connection's idle timer, or closes the connection (``Connection: close``, HTTP/1
 app never read). Both steps wait at checkpoints, and quart-trio cancels its request task as soon
 as hypercorn reports ``http.disconnect``, which hypercorn does in that same call just before
 them. So once a connection had carried one request it was never timed out nor closed, whatever
-the client asked (issue 28; docs/upstream/hypercorn-keep-alive.md).
+the client asked (docs/upstream/hypercorn-keep-alive.md).
 
 :func:`install` changes hypercorn's trio ``TCPServer`` and ``H11Protocol`` (pinned in
 pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py):

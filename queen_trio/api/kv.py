@@ -15,10 +15,11 @@ from quart import Blueprint, Response, request
 
 from ..kv import rules, store
 from ..kv.rules import PreconditionLost, bad
+from ..models import codec
 from ..models import kv as models
 from .common import broker as _broker
 from .common import model_response
-from .errors import install_family_errors, read_json_body
+from .errors import install_family_errors, parse_json_body
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -45,7 +46,7 @@ def precondition_answer(lost: PreconditionLost, failed_index: int,
 
 def result_models(results: list[dict[str, Any]]) -> list[models.KvResult]:
     """The store's results as the wire models they are (each picked by its ``op``)."""
-    return msgspec.convert(results, list[models.KvResult])
+    return codec.as_model(results, models.RESULTS_DECODER)
 
 
 async def apply_ops(ops: list[rules.Op]) -> list[models.KvResult] | models.KvPreconditionFailed:
@@ -57,16 +58,24 @@ async def apply_ops(ops: list[rules.Op]) -> list[models.KvResult] | models.KvPre
     db = broker.db
     if len(ops) == 1 and ops[0].kind in rules.READS:
         # One statement that writes nothing: no BEGIN and COMMIT round trips around it.
-        return result_models(await db.run_statement(store.apply, current_tenant_id(), ops))
+        return result_models(await db.run_autocommit(store.apply, current_tenant_id(), ops))
     try:
-        return result_models(await db.run(store.apply, current_tenant_id(), ops))
+        return result_models(await db.run_transaction(store.apply, current_tenant_id(), ops))
     except PreconditionLost as lost:
         return precondition_answer(lost, lost.result["index"])
 
 
+async def _body(decoder: msgspec.json.Decoder[Any]) -> Any:
+    """The request body, decoded through its model (:mod:`queen_trio.models.kv`); one the
+    model refuses is decoded by the strict decoder, and the rules say what is wrong."""
+    raw = await request.get_data(cache=False, as_text=False)
+    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw, decoder)
+    return parse_json_body(raw) if body is codec.FALLBACK else body
+
+
 @kv_routes.post("")
 async def batch() -> Response:
-    body = await read_json_body()
+    body = await _body(models.CALL_DECODER)
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     if not isinstance(body, list):
@@ -85,10 +94,11 @@ def _no_query() -> None:
                                         "prefix reads are POST /api/v1/kv")
 
 
-async def _path_body(allowed: frozenset[str]) -> dict[str, Any]:
+async def _path_body(allowed: frozenset[str], decoder: msgspec.json.Decoder[Any]
+                     ) -> dict[str, Any]:
     if not await request.get_data(as_text=False):
         return {}
-    body = await read_json_body()
+    body = await _body(decoder)
     if not isinstance(body, dict):
         raise bad("kv_bad_body", "the body must be a JSON object")
     for field in ("op", "ns", "namespace", "key"):
@@ -121,12 +131,13 @@ async def get(namespace: str, key: str) -> Response:
 @kv_routes.put("/<namespace>/<name:key>")
 async def put(namespace: str, key: str) -> Response:
     _no_query()
-    body = await _path_body(frozenset({"value", "ttlSeconds", "forever", "expect", "required"}))
+    body = await _path_body(frozenset({"value", "ttlSeconds", "forever", "expect", "required"}),
+                            models.PUT_DECODER)
     return await _one({**body, "op": "put", "ns": namespace, "key": key})
 
 
 @kv_routes.delete("/<namespace>/<name:key>")
 async def delete(namespace: str, key: str) -> Response:
     _no_query()
-    body = await _path_body(frozenset({"expect", "required"}))
+    body = await _path_body(frozenset({"expect", "required"}), models.DELETE_DECODER)
     return await _one({**body, "op": "delete", "ns": namespace, "key": key})

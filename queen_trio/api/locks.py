@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-import msgspec
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from .. import locks
+from ..models import codec
 from ..models import locks as models
 from .common import broker as _broker
 from .common import model_response
-from .errors import install_family_errors, read_json_body
+from .errors import install_family_errors, parse_json_body
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate
 
@@ -25,7 +25,13 @@ install_family_errors(lock_routes, "locks_bad_request")
 
 @lock_routes.post("")
 async def batch() -> Response:
-    body = await read_json_body()
+    # Decoded through its model (models/locks.py); a body it refuses is decoded by the strict
+    # decoder, and the rules say what is wrong.
+    raw = await request.get_data(cache=False, as_text=False)
+    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw,
+                               models.CALL_DECODER)
+    if body is codec.FALLBACK:
+        body = parse_json_body(raw)
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     ops = locks.parse_call(body)
@@ -36,9 +42,9 @@ async def batch() -> Response:
     db, tenant_id = broker.db, current_tenant_id()
 
     def kv(op: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        return db.run(locks.kv_call, tenant_id, op)
+        return db.run_transaction(locks.kv_call, tenant_id, op)
 
     # Independent operations, each KV call its own transaction: a call that fails half way
     # may have applied some, and sent again with the same owners it converges.
     results = [await locks.apply(kv, op) for op in ops]
-    return model_response(models.LockResults(msgspec.convert(results, list[models.LockResult])))
+    return model_response(models.LockResults(codec.as_model(results, models.RESULTS_DECODER)))

@@ -13,6 +13,7 @@ from msgspec import UNSET
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
+from ..formats import iso, message_id
 from ..log import admin as log_admin
 from ..log import rules, store
 from ..log.wakeups import (
@@ -27,7 +28,6 @@ from ..log.wakeups import (
 from ..metrics import BrokerMetrics
 from ..models import log as models
 from ..sealing import PayloadCipher, opened
-from ..wire import iso, message_id
 from .common import broker as _broker
 from .common import json_response as _json
 from .common import model_response
@@ -55,7 +55,8 @@ async def configure() -> Response:
             "encryptionEnabled: this broker has no encryption key; start it with "
             "QUEEN_ENCRYPTION_KEY (64 hexadecimal digits) to store this queue's payloads sealed",
         )
-    outcome = await broker.db.run(store.configure, current_tenant_id(), name, req.options)
+    outcome = await broker.db.run_transaction(store.configure, current_tenant_id(), name,
+                                              req.options)
     return _json({"configured": True, "created": outcome["created"], "queue": name,
                   "queueId": str(outcome["queue_id"]),
                   "partitionId": str(outcome["partition_id"]),
@@ -93,8 +94,8 @@ async def push() -> Response:
     broker = _broker()
     tenant = current_tenant_id()
     notifier = broker.notifier
-    appended = await broker.db.run(store.append, tenant, frames, cipher=broker.cipher,
-                                   notify=notifier is None)
+    appended = await broker.db.run_transaction(store.append, tenant, frames, cipher=broker.cipher,
+                                               notify=notifier is None)
     if notifier is not None:  # committed: wake the queues' pops without holding up others
         for key in store.wake_keys(tenant, frames):
             notifier.notify(store.NOTIFY_CHANNEL, key)
@@ -230,7 +231,7 @@ async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
     if req.subscribe_from == rules.SUBSCRIBE_NOW:
         # The group's subscription instant, before it looks: what is pushed from now on is
         # new to it, whichever partition it lands in (store.subscribe).
-        await broker.db.run(store.subscribe, tenant, req)
+        await broker.db.run_transaction(store.subscribe, tenant, req)
     if not req.wait or req.timeout_ms == 0:
         return _popped(broker.metrics, await _look(tenant, req))
     key = store.wake_key(tenant, req.queue)
@@ -249,18 +250,18 @@ async def _look(tenant: int, req: rules.PopRequest,
         outcome = None
     elif fire is not None:
         fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
-        outcome = await broker.db.run_statement(
+        outcome = await broker.db.run_autocommit(
             store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
             sync_commit=sync_commit)
         broker.metrics.pop_fire_waits.labels(
             "fallback" if outcome is None
             else "delivered" if outcome.batch is not None else "gave_up").inc()
     else:
-        outcome = await broker.db.run_statement(store.pop_head, tenant, req,
-                                                sync_commit=sync_commit)
+        outcome = await broker.db.run_autocommit(store.pop_head, tenant, req,
+                                                 sync_commit=sync_commit)
     if outcome is None:
-        outcome = await broker.db.run(store.pop, tenant, req, broker.segment_cache,
-                                      sync_commit=sync_commit)
+        outcome = await broker.db.run_transaction(store.pop, tenant, req, broker.segment_cache,
+                                                  sync_commit=sync_commit)
     if outcome.skipped:
         broker.metrics.messages_skipped.inc(outcome.skipped)
     return outcome
@@ -320,7 +321,7 @@ async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
             else:
                 # When something becomes poppable that nobody will NOTIFY (a lease or a retry
                 # hold ending, a delayed frame maturing): the lane's timer goes off then.
-                look_in = await broker.db.run_statement(store.next_look_in_s, tenant, req)
+                look_in = await broker.db.run_autocommit(store.next_look_in_s, tenant, req)
                 if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
                     look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
                 wakeups.look_again_in(waiter, look_in)
@@ -458,11 +459,6 @@ _QUEEN_ACK_STALE = ("transaction is unresolvable, already committed, or acknowle
                     "stale")
 
 
-def ack_to_wire(r: store.AckResult) -> dict[str, Any]:
-    """:func:`ack_result` as a dict (a transaction's answer extends it)."""
-    return msgspec.structs.asdict(ack_result(r))
-
-
 def ack_result(r: store.AckResult) -> models.AckResult:
     """One acknowledgement's verdict, as Queen answers it (``success``, ``error``,
     ``leaseReleased``, ``dlq``, ``noop``), with ``code`` and ``detail`` saying precisely why
@@ -483,10 +479,10 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
     rest through the general ack."""
     broker = _broker()
     tenant = current_tenant_id()
-    results = await broker.db.run_statement(store.ack_head, tenant, acks,
-                                            sync_commit=sync_commit)
+    results = await broker.db.run_autocommit(store.ack_head, tenant, acks,
+                                             sync_commit=sync_commit)
     if results is None:
-        results = await broker.db.run(store.ack, tenant, acks)
+        results = await broker.db.run_transaction(store.ack, tenant, acks)
     broker.metrics.count_acks(tenant, (r.status for r in results if r.applied))
     for r in results:
         if r.dead_lettered:
@@ -519,7 +515,8 @@ async def extend_lease(lease_id: str) -> Response:
     seconds = body.get("seconds", 60)
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 86_400:
         raise ValidationError("invalid_parameter", "seconds must be an integer from 1 to 86400")
-    renewal = await _broker().db.run(store.extend_lease, current_tenant_id(), lease, seconds)
+    renewal = await _broker().db.run_transaction(store.extend_lease, current_tenant_id(), lease,
+                                                 seconds)
     expires = iso(renewal.expires_at)
     error = {"lease_expired": "lease expired or was released by an ack or nack",
              "lease_not_found": "no such lease"}.get(renewal.reason or "")
@@ -552,7 +549,7 @@ async def list_dead_letters() -> Response:
     if group is not None:
         group = rules.consumer_group(group, for_pop=False)
     cipher = _broker().cipher
-    rows, total = await _broker().db.run(
+    rows, total = await _broker().db.run_transaction(
         log_admin.dead_letter_page, current_tenant_id(),
         queue=_optional(args, "queue", rules.queue_name),
         group=group,
@@ -589,8 +586,8 @@ async def list_dead_letters() -> Response:
 @log_routes.post("/dlq/<int:dead_letter_id>/replay")
 async def replay_dead_letter(dead_letter_id: int) -> Response:
     broker = _broker()
-    appended = await broker.db.run(store.replay_dead_letter, current_tenant_id(), dead_letter_id,
-                                   cipher=broker.cipher)
+    appended = await broker.db.run_transaction(store.replay_dead_letter, current_tenant_id(),
+                                               dead_letter_id, cipher=broker.cipher)
     return _json({"ok": True, "replayed": dead_letter_id, **appended_to_wire(0, appended)})
 
 
@@ -608,7 +605,7 @@ async def list_queues() -> Response:
     def read(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return store.list_queues(raw, tenant), log_admin.partition_states(raw, tenant)
 
-    rows, parts = await _broker().db.run(read)
+    rows, parts = await _broker().db.run_transaction(read)
     # Queen's shape: total retained, pending (after the slowest group's cursor; all of them
     # when no group has read the partition) and processing (leased), summed over partitions.
     messages: dict[str, dict[str, int]] = {}
@@ -627,7 +624,7 @@ async def list_queues() -> Response:
 @log_routes.get("/resources/queues/<queue>")
 async def queue_detail(queue: str) -> Response:
     name = rules.queue_name(queue)
-    detail = await _broker().db.run(store.queue_detail, current_tenant_id(), name)
+    detail = await _broker().db.run_transaction(store.queue_detail, current_tenant_id(), name)
     q = detail["queue"]
     groups: dict[str, dict[str, Any]] = {}
     for c in detail["cursors"]:
@@ -684,5 +681,5 @@ def _storage_wire(p: dict[str, Any]) -> dict[str, int]:
 @log_routes.delete("/resources/queues/<queue>")
 async def delete_queue(queue: str) -> Response:
     name = rules.queue_name(queue)
-    existed = await _broker().db.run(store.delete_queue, current_tenant_id(), name)
+    existed = await _broker().db.run_transaction(store.delete_queue, current_tenant_id(), name)
     return _json({"deleted": True, "queue": name, "existed": existed})

@@ -89,7 +89,8 @@ _POP_PARAMS = [
            "a new consumer group starts at the first message created at or after it; wins "
            "over subscriptionMode"),
 ]
-# A pop that would wait past a bound on waiting pops (README: QUEEN_LONGPOLL_MAX_PARKED*).
+# A pop that would wait past a bound on waiting pops (QUEEN_LONGPOLL_MAX_PARKED*,
+# docs/configuration.md).
 _WAIT_REFUSED = {
     "429": _error(429, "rate_limited: the tenant's request-rate quota is exhausted; "
                          "too_many_waiting_pops: with wait, the tenant already has "
@@ -207,44 +208,12 @@ def _timer_paths() -> dict[str, Any]:
     }
 
 
-_KV_OP = {"type": "object", "required": ["op", "ns"], "description": (
-    "One KV op. op: get {key} | getMany {keys} | getPrefix {prefix (non-empty), after?, "
-    "limit? (default 100, clamped to 1..1000), keysOnly?} | put {key, value, expect?} | "
-    "putIfAbsent {key, value} | delete {key, expect?} | incr {key, delta, min?, max?} | "
-    "check {key, expect}. Every put, putIfAbsent and incr carries exactly one of "
-    "ttlSeconds (whole seconds) and forever: true (else 400 kv_expiry_not_specified); an "
-    "incr's expiry applies when it creates the key. expect 0: the key must not exist; N: it "
-    "must be at version N (nothing is ever created by it). required: true turns the op "
-    "into the call's gate: if it does not apply, nothing commits and the answer is 200 "
-    "kv_precondition. ns: ^[a-z0-9][a-z0-9._-]{0,63}$; key: 1-512 UTF-8 bytes without "
-    "control characters; value: any JSON, at most 64 KiB of compact JSON text (413). An op "
-    "takes no other field."),
-    "properties": {
-        "op": {"enum": ["get", "getMany", "getPrefix", "put", "putIfAbsent", "delete", "incr",
-                        "check"]},
-        "ns": {"type": "string"}, "key": {"type": "string"},
-        "keys": {"type": "array", "items": {"type": "string"}},
-        "prefix": {"type": "string"}, "after": {"type": "string"},
-        "limit": {"type": "integer"}, "keysOnly": {"type": "boolean"}, "value": {},
-        "ttlSeconds": {"type": "integer", "minimum": 1}, "forever": {"type": "boolean"},
-        "expect": {"type": "integer", "minimum": 0}, "required": {"type": "boolean"},
-        "delta": {"type": "number"}, "min": {"type": "number"}, "max": {"type": "number"}}}
-_LOCK_OP = {"type": "object", "required": ["op", "name"], "description": (
-    "acquire {name, ttlSeconds, owner?, limit? (1..1024 slots: a semaphore)} | renew {name, "
-    "token, ttlSeconds, slot?, owner?} | release {name, token, slot?} | get {name}. name: "
-    "1-256 bytes, no control characters, no '#'. A lock has no forever."),
-    "properties": {"op": {"enum": ["acquire", "renew", "release", "get"]},
-                   "name": {"type": "string"}, "ttlSeconds": {"type": "integer", "minimum": 1},
-                   "owner": {"type": "string"}, "limit": {"type": "integer"},
-                   "token": {"type": "integer", "minimum": 1}, "slot": {"type": "integer"}}}
-
-
 def _kv_and_transaction_paths() -> dict[str, Any]:
     kv_params = [_path_param("namespace", "namespace"),
                  _path_param("key", "key (may contain '/'; percent-encode the rest)")]
-    kv_body = {"oneOf": [{"type": "array", "items": _KV_OP}, {
-        "type": "object", "required": ["operations"], "additionalProperties": False,
-        "properties": {"operations": {"type": "array", "maxItems": 256, "items": _KV_OP}}}]}
+    # The request bodies are the models the routes decode them through (queen_trio/models).
+    kv_body = {"oneOf": [schema.ref(kv_models.KvCall),
+                         {"type": "array", "maxItems": 256, "items": schema.ref(kv_models.KvOp)}]}
     precondition = schema.ref(kv_models.KvPreconditionFailed)
 
     def element(*results: type) -> dict[str, Any]:
@@ -269,13 +238,7 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                 "summary": "Write a JSON value (exactly one of ttlSeconds and forever)",
                 "operationId": "kvPut",
                 "parameters": kv_params,
-                "requestBody": _body({"type": "object", "required": ["value"],
-                                      "additionalProperties": False, "properties": {
-                                          "value": {},
-                                          "ttlSeconds": {"type": "integer", "minimum": 1},
-                                          "forever": {"type": "boolean"},
-                                          "expect": {"type": "integer", "minimum": 0},
-                                          "required": {"type": "boolean"}}}),
+                "requestBody": _body(schema.ref(kv_models.KvPutBody)),
                 "responses": {"200": element(kv_models.KvPut), **_errors(400, 413)},
             },
             "get": {
@@ -291,9 +254,7 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                 "operationId": "kvDelete",
                 "parameters": kv_params,
                 "requestBody": {"required": False, "content": {"application/json": {
-                    "schema": {"type": "object", "additionalProperties": False, "properties": {
-                        "expect": {"type": "integer", "minimum": 0},
-                        "required": {"type": "boolean"}}}}}},
+                    "schema": schema.ref(kv_models.KvDeleteBody)}}},
                 "responses": {"200": element(kv_models.KvDelete), **_errors(400)},
             },
         },
@@ -310,10 +271,8 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                            "token, since, expiresAt, renewedAt}]}.",
             "operationId": "locks",
             "requestBody": _body({"oneOf": [
-                {"type": "array", "maxItems": 64, "items": _LOCK_OP},
-                {"type": "object", "required": ["operations"], "additionalProperties": False,
-                 "properties": {"operations": {"type": "array", "maxItems": 64,
-                                               "items": _LOCK_OP}}}]}),
+                schema.ref(lock_models.LockCall),
+                {"type": "array", "maxItems": 64, "items": schema.ref(lock_models.LockOp)}]}),
             "responses": {"200": _json(schema.ref(lock_models.LockResults),
                                        "One result per op, in order"), **_errors(400)},
         }},
@@ -324,21 +283,21 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                            "that must be live; an ack naming no lease borrows the one "
                            "required lease); any other field is a 400. The kv ops run first. "
                            "results is one flat array: every pushed item and every ack in "
-                           "order (type push | ack), then the kv results (type kv); "
-                           "failedIndex counts in it.",
+                           "order (type push | ack), then the kv results (type kv), then "
+                           "the timers' (type timer); failedIndex counts in it. A bundle "
+                           "refused by the state it found answers 200 success: false with "
+                           "the text in error (Queen's) and code: lease_lost (an ack's lease, "
+                           "or a required lease, is not live), unresolvable, "
+                           "already_committed or not_delivered.",
             "operationId": "transaction",
-            "requestBody": _body({"type": "object", "additionalProperties": False,
-                                  "properties": {
-                "operations": {"type": "array", "items": {
-                    "type": "object", "required": ["type"], "properties": {
-                        "type": {"enum": ["push", "ack"]}}}},
-                "kv": {"type": "array", "maxItems": 64, "items": _KV_OP},
-                "timers": {"type": "array", "items": schema.ref(models.TimerOp)},
-                "requiredLeases": {"type": "array", "items": {"type": "string"}}}}),
+            "requestBody": _body(schema.ref(transaction_models.Bundle)),
             "responses": {
                 "200": _json({"anyOf": [schema.ref(transaction_models.TransactionDone),
-                                        precondition]},
-                             "Committed, or a required KV op did not apply"),
+                                        precondition,
+                                        schema.ref(transaction_models.TransactionRefused)]},
+                             "Committed; or a required KV op did not apply; or refused whole "
+                             "(an ack under a lost lease, a required lease not live): nothing "
+                             "was written"),
                 **_errors(400, 404, 409, 413),
             },
         }},
@@ -909,9 +868,9 @@ _PAUSABLE = {
 
 
 def _paused(paths: dict[str, Any]) -> dict[str, Any]:
-    """What a surface paused by an operator's runtime switch answers (README: Runtime
-    switches): 503 on its routes, 403 on a transaction whose rider uses it. Timer cancels and
-    reads are never paused."""
+    """What a surface paused by an operator's runtime switch answers (docs/operations.md,
+    "Runtime switches"): 503 on its routes, 403 on a transaction whose rider uses it. Timer
+    cancels and reads are never paused."""
     for operations in paths.values():
         for operation in operations.values():
             code = _PAUSABLE.get(operation["operationId"])
@@ -960,7 +919,7 @@ def _switch_paths() -> dict[str, Any]:
 
 
 # Queen's surfaces answered with a JSON 404 that says why and what to use instead
-# (api/unsupported.py; README: Compatibility with Queen).
+# (api/unsupported.py; docs/queen-compatibility.md).
 _UNSUPPORTED = {
     "ephemeral": ("ephemeral_unsupported: in-memory queues are not supported (every message "
                   "is stored durably); use an ordinary queue",

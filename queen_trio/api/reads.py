@@ -30,15 +30,15 @@ async def fetch() -> Response:
         return _json({"entries": []})
     broker = _broker()
     tenant = current_tenant_id()
-    answer = await broker.db.run(reads.fetch, tenant, req, broker.segment_cache)
+    answer = await broker.db.run_transaction(reads.fetch, tenant, req, broker.segment_cache)
     deadline = trio.current_time() + req.max_wait_ms / 1000
     while not answer.any_error and answer.bytes < req.min_bytes:
         left = deadline - trio.current_time()
         if left <= 0:
             break
         await trio.sleep(min(_RECHECK_S, left))
-        if await broker.db.run(reads.moved, tenant, req, answer.bounds):
-            answer = await broker.db.run(reads.fetch, tenant, req, broker.segment_cache)
+        if await broker.db.run_transaction(reads.moved, tenant, req, answer.bounds):
+            answer = await broker.db.run_transaction(reads.fetch, tenant, req, broker.segment_cache)
     return _json(answer.body)
 
 
@@ -48,4 +48,5 @@ async def partitions_changed() -> Response:
     a page at a time (``next``), with ``lastOffset``, ``logStart``, ``lastWriteAt``, and the
     ``safeTime`` to pass as the next ``since``."""
     entries = reads.changed_request(await read_json_object())
-    return _json(await _broker().db.run(reads.partitions_changed, current_tenant_id(), entries))
+    return _json(await _broker().db.run_transaction(reads.partitions_changed, current_tenant_id(),
+                                                    entries))

@@ -69,7 +69,7 @@ async def show() -> Response:
     second)."""
     broker = _broker()
     await require_operator(request._get_current_object(), broker)  # type: ignore[attr-defined]
-    state = await broker.db.run_statement(switches.read)
+    state = await broker.db.run_autocommit(switches.read)
     return json_response(_state_wire(state))
 
 
@@ -92,7 +92,7 @@ async def flip() -> Response:
             raise ApiError(400, "invalid_field", f"{field} must be true or false",
                            field=field)
         changes[_FIELDS[field]] = value
-    state = await broker.db.run(switches.set_switches, changes)
+    state = await broker.db.run_transaction(switches.set_switches, changes)
     broker.switches.adopt(state)  # this broker at once; the others on the NOTIFY
     return json_response({**_state_wire(state), "message": (
         "runtime switches updated; every broker applies them within a second"

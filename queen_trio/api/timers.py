@@ -29,10 +29,10 @@ from quart import Blueprint, Response, request
 
 from ..context import BrokerContext
 from ..errors import ValidationError
+from ..formats import iso
 from ..log import rules as log_rules
 from ..models import timers as models
 from ..timers import rules, store
-from ..wire import iso
 from .common import broker as _broker
 from .common import model_response
 from .errors import install_family_errors, parse_json_body, read_json_object
@@ -62,12 +62,6 @@ def outcome_model(o: store.Outcome) -> models.TimerResult:
                                   partition=o.partition)
     return models.TimerResult(ok=o.ok, status=o.status,  # type: ignore[arg-type]
                               queue=o.queue, timer_key=o.key, txn=o.txn)
-
-
-def outcome_wire(o: store.Outcome) -> dict[str, Any]:
-    """:func:`outcome_model` as a dict (a transaction's flat results add to it)."""
-    wire: dict[str, Any] = msgspec.to_builtins(outcome_model(o))
-    return wire
 
 
 def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]
@@ -113,9 +107,9 @@ async def _apply(broker: BrokerContext, ops: list[rules.Schedule | rules.Cancel]
         return await broker.schedules.schedule_many(tenant_id, schedules)
     within = broker.settings.sweeper_max_sleep_ms
     if not schedules:
-        return await broker.db.run_statement(store.cancel_many, tenant_id, cancels)
-    return await broker.db.run(store.apply, tenant_id, ops, notify_within_ms=within,
-                               cipher=broker.cipher)
+        return await broker.db.run_autocommit(store.cancel_many, tenant_id, cancels)
+    return await broker.db.run_transaction(store.apply, tenant_id, ops, notify_within_ms=within,
+                                           cipher=broker.cipher)
 
 
 @timer_routes.put("/<queue>/<name:key>")
@@ -137,7 +131,7 @@ async def cancel(queue: str, key: str) -> Response:
     if txn is not None:
         txn = log_rules.transaction_id(txn, "txn")
     broker = _broker()
-    outcome = await broker.db.run_statement(
+    outcome = await broker.db.run_autocommit(
         store.cancel, current_tenant_id(), log_rules.queue_name(queue), rules.timer_key(key), txn
     )
     broker.metrics.timers_cancelled.labels(outcome.status).inc()
@@ -159,7 +153,7 @@ def _timer_fields(queue: str, row: dict[str, Any], encrypted: bool = False
 @timer_routes.get("/<queue>/<name:key>")
 async def peek(queue: str, key: str) -> Response:
     q, k = log_rules.queue_name(queue), rules.timer_key(key)
-    row = await _broker().db.run_statement(store.peek, current_tenant_id(), q, k)
+    row = await _broker().db.run_autocommit(store.peek, current_tenant_id(), q, k)
     if row is None:
         return model_response(models.TimerMissing(found=False, queue=q, timer_key=k))
     blob, zstd = bytes(row["payload"]), row["payload_zstd"]
@@ -190,13 +184,13 @@ async def list_timers(queue: str) -> Response:
         if "after" in args or "limit" in args:
             raise ValidationError("invalid_parameter", "mode=count takes no after or limit")
         prefix = rules.count_prefix(args.get("prefix"))
-        n = await db.run_statement(store.count_timers, tenant_id, q, prefix)
+        n = await db.run_autocommit(store.count_timers, tenant_id, q, prefix)
         return model_response(models.TimerCount(q, prefix, n))
     if mode != "list":
         raise ValidationError("invalid_parameter", f"mode must be list or count, not {mode!r}")
     after = rules.timer_key(args["after"], "after") if args.get("after") else ""
     limit = rules.list_limit(args.get("limit"))
-    rows, truncated = await db.run_statement(store.list_timers, tenant_id, q, after, limit)
+    rows, truncated = await db.run_autocommit(store.list_timers, tenant_id, q, after, limit)
     return model_response(models.TimerPage(
         [models.TimerRow(**_timer_fields(q, r)) for r in rows], truncated,
         rows[-1]["timer_key"] if truncated else None))

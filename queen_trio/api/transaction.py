@@ -3,8 +3,10 @@
 The answer's ``results`` is one flat array, as Queen's: every pushed item and every ack in the
 order sent, then the ``kv`` results, then the ``timers`` results; ``failedIndex`` counts in that
 space. A ``required`` KV op that does not hold answers 200 ``success: false, reason:
-"kv_precondition"``, nothing committed. A timer's ``too_late`` or ``absent`` is its result, not
-a failure.
+"kv_precondition"``, nothing committed. So does, as Queen's, a bundle refused whole by the
+state it found (an ack under a lost lease, a required lease that is not live): 200
+``success: false`` with the text in ``error``, our precise ``code`` beside it, nothing
+written. A timer's ``too_late`` or ``absent`` is its result, not a failure.
 """
 
 from __future__ import annotations
@@ -12,42 +14,60 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from quart import Blueprint, Response, current_app
+from msgspec.structs import asdict
+from quart import Blueprint, Response, current_app, request
 
 from .. import transactions
 from ..context import BrokerContext
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
+from ..models import codec
 from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
 from .common import json_response, model_response
-from .errors import read_json_object
+from .errors import ApiError, parse_json_body
 from .kv import precondition_answer, result_models
-from .log import ack_to_wire, appended_to_wire
+from .log import ack_result, pushed
 from .switches import paused
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
-from .timers import count_outcomes, outcome_wire
+from .timers import count_outcomes, outcome_model
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
 
 def _flat_results(bundle: transactions.Bundle, results: list[Any],
-                  kv_results: list[dict[str, Any]], outcomes: list[Any]) -> list[dict[str, Any]]:
-    flat: list[dict[str, Any]] = []
+                  kv_results: list[dict[str, Any]], outcomes: list[Any]
+                  ) -> list[models.TransactionItem]:
+    flat: list[models.TransactionItem] = []
     for op, result in zip(bundle.operations, results, strict=True):
         if op.type == "push":
-            flat += [{**appended_to_wire(len(flat) + i, a), "type": "push", "operation": op.index}
+            flat += [models.TxPushed(**asdict(pushed(len(flat) + i, a)), operation=op.index)
                      for i, a in enumerate(result)]
         else:
-            flat.append({**ack_to_wire(result), "index": len(flat), "type": "ack",
-                         "operation": op.index})
+            flat.append(models.TxAcked(**{**asdict(ack_result(result)), "index": len(flat)},
+                                       operation=op.index))
     base = len(flat)
-    flat += [{**msgspec.to_builtins(r), "index": base + r.index, "type": "kv"}
+    flat += [models.TxKv(**{**asdict(r), "index": base + r.index},
+                         op=r.__struct_config__.tag)  # type: ignore[arg-type]
              for r in result_models(kv_results)]
     base = len(flat)
-    flat += [{**outcome_wire(o), "index": base + i, "type": "timer"}
+    flat += [models.TxTimer(**asdict(outcome_model(o)), index=base + i)
              for i, o in enumerate(outcomes)]
     return flat
+
+
+def _refused(refusal: transactions.Refused, transaction_id: str) -> Response:
+    """Queen's answer to a bundle refused whole: 200, ``success: false``, the text in
+    ``error`` (queen-mq raises it), nothing written."""
+    cause = refusal.cause
+    text = f"{cause.message}; the transaction rolled back, nothing of it was written"
+    extra = cause.extra
+    return model_response(models.TransactionRefused(
+        ok=False, success=False, transaction_id=transaction_id, error=text,
+        code=cause.code,  # type: ignore[arg-type]
+        message=text, detail=text, results=[],
+        failed_index=msgspec.UNSET if refusal.failed_index is None else refusal.failed_index,
+        operation=extra.get("operation", msgspec.UNSET), lease=extra.get("lease", msgspec.UNSET)))
 
 
 def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Response | None:
@@ -71,9 +91,22 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
                           "results": []}, status=403)
 
 
+async def _bundle() -> dict[str, Any]:
+    """The request body, decoded through its model (:class:`models.Bundle`); one the model
+    refuses is decoded by the strict decoder, and the rules say what is wrong."""
+    raw = await request.get_data(cache=False, as_text=False)
+    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw,
+                               models.BUNDLE_DECODER)
+    if body is codec.FALLBACK:
+        body = parse_json_body(raw)
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_body", "the request body must be a JSON object")
+    return body
+
+
 @transaction_routes.post("/transaction")
 async def transaction() -> Response:
-    body = await read_json_object()
+    body = await _bundle()
     broker: BrokerContext = current_app.config["BROKER"]
     settings = broker.settings
     ceiling = message_ceiling()
@@ -91,12 +124,14 @@ async def transaction() -> Response:
         enforce_storage_gate()
     transaction_id = log_rules.new_transaction_id()
     try:
-        results, kv_results, outcomes = await broker.db.run(
+        results, kv_results, outcomes = await broker.db.run_transaction(
             transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher
         )
     except PreconditionLost as lost:
         return model_response(precondition_answer(lost, bundle.kv_base + lost.result["index"],
                                                   transaction_id))
+    except transactions.Refused as refusal:
+        return _refused(refusal, transaction_id)
     operations = bundle.operations
     count_outcomes(outcomes, bundle.timers)
     tenant = current_tenant_id()

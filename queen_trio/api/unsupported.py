@@ -1,5 +1,5 @@
 """Queen's surfaces this broker does not serve, answered with a JSON 404 that says why and what
-to use instead (README: Compatibility with Queen), rather than the bare "no route"."""
+to use instead (docs/queen-compatibility.md), rather than the bare "no route"."""
 
 from __future__ import annotations
 

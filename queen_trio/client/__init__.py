@@ -28,6 +28,7 @@ from .errors import (
     RateLimited,
     ServerError,
     StorageFull,
+    TransactionRefused,
     Unauthorized,
 )
 from .locks import Lock, SyncLock
@@ -67,6 +68,6 @@ __all__ = [
     "PayloadTooLarge", "PushResult", "PushStatus", "QueenClientError", "QueueConfig",
     "RateLimited", "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient",
     "SyncLock",
-    "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
-    "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
+    "TimerInfo", "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionRefused",
+    "TransactionResult", "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
 ]

@@ -15,6 +15,10 @@
           │    └── StorageFull    403  the tenant's storage gate (code storage_full)
           ├── NotFound            404  no such message, lease, key, dead letter …
           ├── Conflict            409  the resource's state forbids it
+          │    └── TransactionRefused  a transaction refused whole by the state it found (an
+          │                        ack under a lost lease, a required lease not live): the
+          │                        broker answers 200 success: false, as Queen's; .code the
+          │                        reason, .failed_index the refused ack; nothing was written
           ├── PayloadTooLarge     413  above the message or timer payload ceiling
           ├── RateLimited         429  a quota or bound of the moment (``.retry_after`` seconds)
           └── ServerError         5xx  the broker or its database is in trouble (a 503 has
@@ -108,6 +112,23 @@ class Forbidden(ApiError):
 
 class Conflict(ApiError):
     pass
+
+
+class TransactionRefused(Conflict):
+    """The broker refused the bundle whole: nothing of it was written (its acks, pushes, KV
+    ops and timers). ``code`` says why (``lease_lost``, ``unresolvable``,
+    ``already_committed``, ``not_delivered``), ``failed_index`` is the refused ack's place in
+    the flat results (None when a required lease was not live). Queen answers this 200
+    ``success: false`` (``status`` is 200), and its client raises it too; a lost KV
+    precondition is an answer instead (:attr:`TransactionResult.precondition`)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        code, text = body.get("code"), body.get("error")
+        super().__init__(200, code if isinstance(code, str) else "transaction_refused",
+                         text if isinstance(text, str) else "the transaction was refused",
+                         body)
+        index = body.get("failedIndex")
+        self.failed_index: int | None = index if isinstance(index, int) else None
 
 
 class PayloadTooLarge(ApiError):

@@ -23,6 +23,7 @@ from ..models import locks as wire_locks
 from ..models import log as wire_log
 from ..models import timers as wire_timers
 from ..models import transaction as wire_transaction
+from .errors import TransactionRefused
 
 T = TypeVar("T")
 
@@ -537,6 +538,8 @@ class TransactionResult:
     wire's results after the KV ones; a ``too_late`` is a verdict: the bundle committed).
     A transaction whose ``required`` KV op did not hold committed nothing: ``committed`` is
     False, ``results`` empty and ``precondition`` says why. That is an answer, not an error.
+    A bundle the broker refused whole (an ack under a lost lease, say) raises
+    :class:`~queen_trio.client.errors.TransactionRefused`: nothing of it was written either.
     """
 
     results: tuple[OperationResult, ...]
@@ -550,15 +553,20 @@ class TransactionResult:
     @classmethod
     def from_wire(cls, w: dict[str, Any], kv: list[dict[str, Any]]) -> TransactionResult:
         if not w.get("success", True):
+            if w.get("reason") != "kv_precondition":  # refused whole: raised, as Queen's client
+                msgspec.convert(w, wire_transaction.TransactionRefused)  # the broker's model
+                raise TransactionRefused(w)
             lost = msgspec.convert(w, wire_kv.KvPreconditionFailed)
             return cls((), (), False, KvPrecondition(lost.failed_index, lost.kv_reason,
                                                      lost.version, lost.value))
         done = msgspec.convert(w, wire_transaction.TransactionDone)  # the broker's own model
-        flat = [r for r in done.results if r.get("type") != "timer"]
-        base = sum(r.get("type") != "kv" for r in flat)
+        entries = list(zip(done.results, w["results"], strict=True))
+        flat = [raw for typed, raw in entries if not isinstance(typed, wire_transaction.TxTimer)]
+        base = sum(not isinstance(typed, wire_transaction.TxKv) for typed, _ in entries
+                   if not isinstance(typed, wire_transaction.TxTimer))
         return cls(tuple(_flat_result(r, kv, base) for r in flat),
-                   TimerResult.many_from_wire([t for t in done.results
-                                               if t.get("type") == "timer"]))
+                   TimerResult.many_from_wire([raw for typed, raw in entries
+                                               if isinstance(typed, wire_transaction.TxTimer)]))
 
 
 def _flat_result(w: dict[str, Any], kv: list[dict[str, Any]], base: int) -> OperationResult:

@@ -27,6 +27,7 @@ from .. import strict_json
 from ..models import codec
 from .calls import Call, settled_here
 from .errors import BrokerUnreachable, RateLimited, error_from_response
+from .models import TransactionResult
 
 T = TypeVar("T")
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -150,7 +151,8 @@ def exchange(
                 quick = codec.FALLBACK if call.fast is None else call.fast(response.content)
                 result = (call.parse(strict_json.loads(response.content))
                           if quick is codec.FALLBACK else quick)
-            _record_settled(call)
+            if not isinstance(result, TransactionResult) or result.committed:
+                _record_settled(call)  # (a bundle that committed nothing settled nothing)
             return result
         error = error_from_response(response)
         if error.code in call.none_on:

@@ -28,11 +28,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 import trio
 
 from . import queries
 from .pool import Database
+from .rows import DictConnection
 from .transient import CountError, every
 
 Q = queries.load("ops")
@@ -43,7 +43,7 @@ ANALYZE_INTERVAL_S = 2.0
 SLACK_ROWS = 1000
 
 
-def analyze_grown_tables(raw: psycopg.Connection[dict[str, Any]],
+def analyze_grown_tables(raw: DictConnection,
                          slack: int = SLACK_ROWS) -> list[dict[str, Any]]:
     """ANALYZE every queen table that outgrew its statistics; the tables analyzed."""
     rows = raw.execute(Q.analyze_grown_tables, {"slack": slack}).fetchall()
@@ -60,5 +60,5 @@ async def run_analyzer(
 ) -> None:
     """The service: :func:`analyze_grown_tables` every ``interval_s``."""
     task_status.started()
-    await every(interval_s, lambda: db.run(analyze_grown_tables), what="statistics check",
-                service="analyzer", count_error=count_error)
+    await every(interval_s, lambda: db.run_transaction(analyze_grown_tables),
+                what="statistics check", service="analyzer", count_error=count_error)

@@ -9,7 +9,7 @@ connections instead, through one private call (:meth:`Connection._call`), in one
   wait of a sync connection goes through :meth:`TrioWaitConnection.wait`, so this is the only
   place that has to know. No thread hop: at idle each hop cost this VM ~0.25 ms each way, on
   the path from a fired timer to a waiting consumer.
-* **in a worker thread** (:meth:`Connection.run_in_thread`): for work that spends real CPU
+* **in a worker thread** (:meth:`Connection.run_raw_in_thread`): for work that spends real CPU
   between statements (sealing segments) or must not queue behind HTTP tasks for the event loop
   (the sweeper's back-to-back drain). psycopg releases the GIL while it waits on the socket.
 
@@ -127,7 +127,7 @@ async def _ready(fileno: int, state: Wait) -> Ready:
 class Connection:
     """A pooled connection as seen from trio.
 
-    Calls run in the calling task, their socket waits handed to trio; :meth:`run_in_thread`
+    Calls run in the calling task, their socket waits handed to trio; :meth:`run_raw_in_thread`
     runs one in a worker thread instead.
 
     Rows come back as dicts. Obtain one from :meth:`Database.connection` (autocommit) or
@@ -210,11 +210,12 @@ class Connection:
         row = await self._call(_fetchone, query, params)
         return None if row is None else next(iter(row.values()))
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(raw_connection, *args)`` (several statements at once) in this task."""
+    async def run_raw(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(raw_connection, *args)`` (several statements at once) in this task, in
+        whatever transaction this connection is in: none of its own."""
         return await self._call(fn, *args)
 
-    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_raw_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(raw_connection, *args)`` in a worker thread."""
         return await self._call(fn, *args, in_thread=True)
 

@@ -71,7 +71,7 @@ class Notifier:
                 for key in batch:
                     del self._pending[key]
                 try:
-                    await self._db.run_statement(_send, batch)
+                    await self._db.run_autocommit(_send, batch)
                 except TRANSIENT_ERRORS as exc:
                     log.warning("wake-up hints not sent yet: %s", str(exc).strip())
                     self._pending = dict.fromkeys([*batch, *self._pending])

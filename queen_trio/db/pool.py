@@ -164,7 +164,7 @@ class Database:
         finally:
             await self._release(conn)
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run_transaction(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` as one transaction, in this
         task (its socket waits are trio's)."""
         if kwargs:
@@ -176,23 +176,25 @@ class Database:
         finally:
             await self._release(conn)
 
-    async def run_in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Like :meth:`run`, in a worker thread: for work with real CPU between statements."""
+    async def run_transaction_in_thread(self, fn: Callable[..., T], *args: Any,
+                                        **kwargs: Any) -> T:
+        """Like :meth:`run_transaction`, in a worker thread: for work with real CPU between
+        statements."""
         if kwargs:
             fn = functools.partial(fn, **kwargs)
         async with self.connection() as conn:
             return await conn._call(_run_transaction, fn, args, in_thread=True)
 
-    async def run_statement(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run_autocommit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(raw_psycopg_connection, *args, **kwargs)`` in autocommit, in this task.
 
         For a function that sends exactly one statement: the statement is its own transaction,
-        which saves the BEGIN and COMMIT round trips of :meth:`run`. Cancellation is as safe
-        as for any statement: PostgreSQL commits it whole or not at all.
+        which saves the BEGIN and COMMIT round trips of :meth:`run_transaction`. Cancellation is
+        as safe as for any statement: PostgreSQL commits it whole or not at all.
         """
         if kwargs:
             fn = functools.partial(fn, **kwargs)
-        conn = await self._acquire()  # as in run()
+        conn = await self._acquire()  # as in run_transaction()
         try:
             return await conn._call(fn, *args)
         finally:

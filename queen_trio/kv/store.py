@@ -26,19 +26,17 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 import trio
 
 from ..db import Database, queries
+from ..db.rows import DictConnection, DictRow
 from ..db.transient import CountError, every
+from ..formats import iso
 from ..log.store import add_usage
-from ..wire import iso
 from . import rules
 from .rules import Op, PreconditionLost
 
 Q = queries.load("kv")
-Raw = psycopg.Connection[dict[str, Any]]
-Row = dict[str, Any]
 Result = dict[str, Any]
 
 PURGE_INTERVAL_S = 5.0
@@ -46,7 +44,7 @@ PURGE_BATCH = 1000
 _RACES = 50  # a key created and removed by others this many times between our looks: give up
 
 
-def apply(raw: Raw, tenant_id: int, ops: list[Op]) -> list[Result]:
+def apply(raw: DictConnection, tenant_id: int, ops: list[Op]) -> list[Result]:
     """Apply one call's ops (:func:`rules.parse_call`) in the caller's transaction."""
     results: list[Result] = [{}] * len(ops)
     budget = _ReadBudget()
@@ -74,7 +72,7 @@ class _ReadBudget:
     def __init__(self) -> None:
         self.left = rules.MAX_READ_BYTES
 
-    def keep(self, rows: list[Row], value_bytes: Callable[[Row], int]) -> list[Row]:
+    def keep(self, rows: list[DictRow], value_bytes: Callable[[DictRow], int]) -> list[DictRow]:
         """The rows that fit, the one that straddles the budget included."""
         kept = []
         for row in rows:
@@ -89,7 +87,8 @@ def _params(tenant_id: int, op: Op) -> dict[str, Any]:
     return {"tenant_id": tenant_id, "namespace": op.namespace, "key": op.key}
 
 
-def _judged(raw: Raw, tenant_id: int, op: Op, judge: Callable[[Row | None, Row | None], Result],
+def _judged(raw: DictConnection, tenant_id: int, op: Op,
+            judge: Callable[[DictRow | None, DictRow | None], Result],
             *, shared: bool = False) -> Result:
     """``judge(row, live)`` with the op's row locked (``live``: the row unless it expired)."""
     query = Q.lock_shared if shared else Q.lock
@@ -102,8 +101,8 @@ def _judged(raw: Raw, tenant_id: int, op: Op, judge: Callable[[Row | None, Row |
     raise RuntimeError(f"kv: key {op.key!r} kept being created and removed under this call")
 
 
-def _store(raw: Raw, tenant_id: int, op: Op, row: Row | None, text: str, ttl_s: int | None,
-           *, keep_expiry: bool = False) -> Row:
+def _store(raw: DictConnection, tenant_id: int, op: Op, row: DictRow | None, text: str,
+           ttl_s: int | None, *, keep_expiry: bool = False) -> DictRow:
     """Write ``text`` over the locked ``row``, or insert it where there was none."""
     size = len(text.encode())
     params = {**_params(tenant_id, op), "value": text, "size": size, "ttl_s": ttl_s,
@@ -119,7 +118,7 @@ def _store(raw: Raw, tenant_id: int, op: Op, row: Row | None, text: str, ttl_s: 
     return written
 
 
-def _applied(op: Op, value: Any, version: int, written: Row | None = None) -> Result:
+def _applied(op: Op, value: Any, version: int, written: DictRow | None = None) -> Result:
     result = {"index": op.index, "op": op.kind, "applied": True, "key": op.key, "value": value,
               "version": version}
     if written is not None:
@@ -130,7 +129,7 @@ def _applied(op: Op, value: Any, version: int, written: Row | None = None) -> Re
 _AS_READ: Any = object()
 
 
-def _lost(op: Op, reason: str, live: Row | None, value: Any = _AS_READ) -> Result:
+def _lost(op: Op, reason: str, live: DictRow | None, value: Any = _AS_READ) -> Result:
     """Not applied, with what a reader sees now (an expired row is no value: version 0)."""
     if value is _AS_READ:
         value = None if live is None else live["value"]
@@ -138,8 +137,8 @@ def _lost(op: Op, reason: str, live: Row | None, value: Any = _AS_READ) -> Resul
             "value": value, "version": 0 if live is None else live["version"]}
 
 
-def _put(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
-    def judge(row: Row | None, live: Row | None) -> Result:
+def _put(raw: DictConnection, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
+    def judge(row: DictRow | None, live: DictRow | None) -> Result:
         if op.expect == 0 and live is not None:
             return _lost(op, "exists", live)
         if op.expect and (live is None or live["version"] != op.expect):
@@ -150,8 +149,8 @@ def _put(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
     return _judged(raw, tenant_id, op, judge)
 
 
-def _delete(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
-    def judge(row: Row | None, live: Row | None) -> Result:
+def _delete(raw: DictConnection, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
+    def judge(row: DictRow | None, live: DictRow | None) -> Result:
         if op.expect == 0:  # "must not exist": done when it does not, nothing to write
             return (_applied(op, None, 0) if live is None else _lost(op, "exists", live))
         if op.expect and (live is None or live["version"] != op.expect):
@@ -166,8 +165,8 @@ def _delete(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
     return _judged(raw, tenant_id, op, judge)
 
 
-def _incr(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
-    def judge(row: Row | None, live: Row | None) -> Result:
+def _incr(raw: DictConnection, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
+    def judge(row: DictRow | None, live: DictRow | None) -> Result:
         if live is not None and live["number"] is None:
             return _lost(op, "type", live)
         current = Decimal(live["number"]) if live is not None else Decimal(0)
@@ -186,9 +185,9 @@ def _incr(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget) -> Result:
     return _judged(raw, tenant_id, op, judge)
 
 
-def _check(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget, *,
+def _check(raw: DictConnection, tenant_id: int, op: Op, _budget: _ReadBudget, *,
            shared: bool = True) -> Result:
-    def judge(row: Row | None, live: Row | None) -> Result:
+    def judge(row: DictRow | None, live: DictRow | None) -> Result:
         if op.expect == 0:
             if live is None:
                 return {"index": op.index, "op": "check", "applied": True, "key": op.key,
@@ -202,7 +201,7 @@ def _check(raw: Raw, tenant_id: int, op: Op, _budget: _ReadBudget, *,
     return _judged(raw, tenant_id, op, judge, shared=shared)
 
 
-def _entry(row: Row, *, with_value: bool = True) -> Result:
+def _entry(row: DictRow, *, with_value: bool = True) -> Result:
     entry = {"key": row["key"], "value": row["value"], "version": row["version"],
              "expiresAt": iso(row["expires_at"]), "updatedAt": iso(row["updated_at"])}
     if not with_value:
@@ -210,7 +209,7 @@ def _entry(row: Row, *, with_value: bool = True) -> Result:
     return entry
 
 
-def _get(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
+def _get(raw: DictConnection, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
     row = raw.execute(Q.read, _params(tenant_id, op)).fetchone()
     if row is None:
         return {"index": op.index, "op": "get", "found": False, "key": op.key}
@@ -219,7 +218,7 @@ def _get(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
             **_entry({**row, "key": op.key})}
 
 
-def _get_many(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
+def _get_many(raw: DictConnection, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
     rows = raw.execute(Q.get_many, {"tenant_id": tenant_id, "namespace": op.namespace,
                                     "keys": list(op.keys)}).fetchall()
     kept = budget.keep(rows, lambda r: r["size_bytes"])
@@ -231,7 +230,7 @@ def _get_many(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
             "truncated": len(kept) < len(rows)}
 
 
-def _get_prefix(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
+def _get_prefix(raw: DictConnection, tenant_id: int, op: Op, budget: _ReadBudget) -> Result:
     rows = raw.execute(Q.get_prefix, {
         "tenant_id": tenant_id, "namespace": op.namespace, "prefix": op.prefix,
         "end": rules.prefix_end(op.prefix), "after": op.after, "limit": op.limit}).fetchall()
@@ -242,13 +241,13 @@ def _get_prefix(raw: Raw, tenant_id: int, op: Op, budget: _ReadBudget) -> Result
             "truncated": truncated, "nextAfter": kept[-1]["key"] if truncated and kept else None}
 
 
-_APPLY: dict[str, Callable[[Raw, int, Op, _ReadBudget], Result]] = {
+_APPLY: dict[str, Callable[[DictConnection, int, Op, _ReadBudget], Result]] = {
     "put": _put, "putIfAbsent": _put, "delete": _delete, "incr": _incr, "check": _check,
     "get": _get, "getMany": _get_many, "getPrefix": _get_prefix,
 }
 
 
-def purge_expired(raw: Raw, limit: int = PURGE_BATCH) -> int:
+def purge_expired(raw: DictConnection, limit: int = PURGE_BATCH) -> int:
     removed = 0
     for row in raw.execute(Q.purge_expired, {"limit": limit}).fetchall():
         add_usage(raw, row["tenant_id"], -row["bytes"])
@@ -263,7 +262,7 @@ async def run_purger(
 ) -> None:
     """Housekeeping: delete expired keys in batches (they are already invisible to reads)."""
     async def purge() -> None:
-        while await db.run(purge_expired) == PURGE_BATCH:
+        while await db.run_transaction(purge_expired) == PURGE_BATCH:
             await trio.lowlevel.checkpoint()
 
     task_status.started()

@@ -14,21 +14,19 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..errors import NotFound
 from . import frames as log_frames
 from .segments import SegmentCache
 
 Q = queries.load("admin")
 
-Raw = psycopg.Connection[dict[str, Any]]
 
 
 def dead_letter_page(
-    raw: Raw, tenant_id: int, *, queue: str | None, group: str | None, partition: str | None,
+    raw: DictConnection, tenant_id: int, *, queue: str | None, group: str | None,
+    partition: str | None,
     after: int, offset: int, limit: int, since: datetime | None = None,
     until: datetime | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
@@ -41,7 +39,7 @@ def dead_letter_page(
     return [r for r in rows if r["dead_letter_id"] is not None], rows[0]["total"]
 
 
-def partition_states(raw: Raw, tenant_id: int, queue: str | None = None
+def partition_states(raw: DictConnection, tenant_id: int, queue: str | None = None
                      ) -> list[dict[str, Any]]:
     """Every partition of the tenant (of ``queue``) with its message counts."""
     rows = raw.execute(Q.partition_states, {"tenant_id": tenant_id, "queue": queue}).fetchall()
@@ -56,7 +54,7 @@ def partition_states(raw: Raw, tenant_id: int, queue: str | None = None
     return rows
 
 
-def counts(raw: Raw, tenant_id: int, queue: str | None = None) -> dict[str, int]:
+def counts(raw: DictConnection, tenant_id: int, queue: str | None = None) -> dict[str, int]:
     """Queues, dead letters and the partitions holding them."""
     key = {"tenant_id": tenant_id, "queue": queue}
     dead = one(raw.execute(Q.dead_letter_count, key))
@@ -65,7 +63,7 @@ def counts(raw: Raw, tenant_id: int, queue: str | None = None) -> dict[str, int]
 
 
 def message_page(
-    raw: Raw, tenant_id: int, *, queue: str | None, partition: str | None,
+    raw: DictConnection, tenant_id: int, *, queue: str | None, partition: str | None,
     status: str | None, since: datetime, until: datetime, limit: int, offset: int,
     cache: SegmentCache | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
@@ -84,7 +82,7 @@ def message_page(
     return page, rows[0]["total"]
 
 
-def message(raw: Raw, tenant_id: int, partition_id: uuid.UUID, transaction_id: str,
+def message(raw: DictConnection, tenant_id: int, partition_id: uuid.UUID, transaction_id: str,
             cache: SegmentCache | None = None) -> dict[str, Any]:
     """One message by its address, with where each consumer group stands with it. When a
     transactionId occurs twice in a partition (a timer re-used after it fired), the newest."""

@@ -19,14 +19,11 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from .segments import DecodedSegment, Frame, SegmentCache, decode
 
 Q = queries.load("log")
-Raw = psycopg.Connection[dict[str, Any]]
 
 # At most this many segments per read: a pop batch never needs more than a few, and a read may
 # return fewer frames than asked (a pop batch is a maximum, not a promise).
@@ -48,7 +45,7 @@ class ReadFrame:
 
 
 def read(
-    raw: Raw, partition_id: uuid.UUID, from_offset: int, count: int, *,
+    raw: DictConnection, partition_id: uuid.UUID, from_offset: int, count: int, *,
     group: str | None = None, delay_s: int = 0, cache: SegmentCache | None = None,
 ) -> list[ReadFrame]:
     """Frames ``from_offset, from_offset + 1, …`` (at most ``count``), contiguous.
@@ -90,7 +87,7 @@ def read(
     return out
 
 
-def read_one(raw: Raw, partition_id: uuid.UUID, offset: int,
+def read_one(raw: DictConnection, partition_id: uuid.UUID, offset: int,
              cache: SegmentCache | None = None) -> Frame | None:
     got = read(raw, partition_id, offset, 1, cache=cache)
     return got[0].frame if got else None
@@ -105,7 +102,7 @@ def _head_frame(row: dict[str, Any]) -> ReadFrame:
 
 
 def _read_sealed(
-    raw: Raw, partition_id: uuid.UUID, from_offset: int, count: int, firsts: list[int],
+    raw: DictConnection, partition_id: uuid.UUID, from_offset: int, count: int, firsts: list[int],
     cache: SegmentCache | None,
 ) -> list[Frame]:
     """Frames from_offset… out of the segments starting at ``firsts`` (in offset order)."""

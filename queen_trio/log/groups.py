@@ -15,10 +15,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..errors import NotFound, ValidationError
 from . import frames as log_frames
 from .segments import SegmentCache
@@ -27,10 +25,9 @@ from .store import wake_key
 Q = queries.load("groups")
 LOG = queries.load("log")
 
-Raw = psycopg.Connection[dict[str, Any]]
 
 
-def group_partitions(raw: Raw, tenant_id: int, *, group: str | None = None,
+def group_partitions(raw: DictConnection, tenant_id: int, *, group: str | None = None,
                      queue: str | None = None) -> list[dict[str, Any]]:
     """Every cursor of the tenant (of one group, of one queue), with its lag: ``lag_messages``
     and ``lag_seconds`` (the age of the oldest message after the cursor; 0 when none)."""
@@ -43,7 +40,7 @@ def group_partitions(raw: Raw, tenant_id: int, *, group: str | None = None,
     return rows
 
 
-def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None, *,
+def delete_group(raw: DictConnection, tenant_id: int, group: str, queue: str | None, *,
                  metadata: bool = True) -> int:
     """Forget the group (on one queue, or everywhere): its cursors and redelivery counts,
     and with ``metadata`` its subscription records (a ``subscriptionMode=new`` group then
@@ -59,12 +56,12 @@ def delete_group(raw: Raw, tenant_id: int, group: str, queue: str | None, *,
     return len(rows)
 
 
-def _wake(raw: Raw, tenant_id: int, queue: str) -> None:
+def _wake(raw: DictConnection, tenant_id: int, queue: str) -> None:
     raw.execute(LOG.notify_queue, {"payload": wake_key(tenant_id, queue)})
 
 
 def seek(
-    raw: Raw, tenant_id: int, group: str, queue: str, *, to_end: bool = False,
+    raw: DictConnection, tenant_id: int, group: str, queue: str, *, to_end: bool = False,
     at: datetime | None = None, offset: int | None = None, partition: str | None = None,
     cache: SegmentCache | None = None,
 ) -> list[dict[str, Any]]:
@@ -105,7 +102,7 @@ def seek(
     return moved
 
 
-def _first_after(raw: Raw, pid: uuid.UUID, at: datetime, log_start: int, end: int,
+def _first_after(raw: DictConnection, pid: uuid.UUID, at: datetime, log_start: int, end: int,
                  cache: SegmentCache | None) -> int:
     """The first retained offset of the partition whose message was created after ``at``
     (``end`` when none is). A partition's createdAt only grows with its offsets."""

@@ -30,14 +30,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import psycopg
 import trio
 
 from ..config import Settings
 from ..db import Database, queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..db.transient import TRANSIENT_ERRORS, Shunned, backoff_s, survived
 from ..metrics import BrokerMetrics
 from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
@@ -45,7 +44,6 @@ from .store import add_usage
 
 Q = queries.load("segments")
 log = logging.getLogger(__name__)
-Raw = psycopg.Connection[dict[str, Any]]
 T = TypeVar("T")
 
 LOCK_SPACE = 0x5147  # first key of the advisory locks that serialise one partition's housekeeping
@@ -81,7 +79,8 @@ class Sealed:
         return self.last_offset - self.first_offset + 1
 
 
-def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def seal_candidates(raw: DictConnection, policy: SealPolicy,
+                    limit: int = _CANDIDATES_PER_ROUND) -> list:
     rows = raw.execute(Q.seal_candidates, {
         "min_age_s": policy.min_age_ms / 1000, "max_age_s": policy.max_age_ms / 1000,
         "max_frames": policy.max_frames, "max_bytes": policy.max_bytes, "limit": limit,
@@ -89,13 +88,14 @@ def seal_candidates(raw: Raw, policy: SealPolicy, limit: int = _CANDIDATES_PER_R
     return [r["partition_id"] for r in rows]
 
 
-def _try_lock(raw: Raw, partition_id: uuid.UUID) -> bool:
+def _try_lock(raw: DictConnection, partition_id: uuid.UUID) -> bool:
     row = one(raw.execute(Q.try_lock_partition,
                           {"lock_space": LOCK_SPACE, "partition_id": partition_id}))
     return bool(row["locked"])
 
 
-def seal_partition(raw: Raw, partition_id: uuid.UUID, policy: SealPolicy) -> Sealed | None:
+def seal_partition(raw: DictConnection, partition_id: uuid.UUID,
+                   policy: SealPolicy) -> Sealed | None:
     """Seal the head's oldest frames of one partition into a segment, if the policy says so.
 
     Runs in the caller's transaction: the segment insert, the head delete and the usage change
@@ -154,11 +154,11 @@ class Dropped:
     log_start: int  # the new one
 
 
-def retention_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def retention_candidates(raw: DictConnection, limit: int = _CANDIDATES_PER_ROUND) -> list:
     return [r["partition_id"] for r in raw.execute(Q.retention_candidates, {"limit": limit})]
 
 
-def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
+def apply_retention(raw: DictConnection, partition_id: uuid.UUID) -> Dropped | None:
     """Drop the partition's oldest segments that retention allows, advancing log_start."""
     if not _try_lock(raw, partition_id):
         return None
@@ -182,11 +182,11 @@ def apply_retention(raw: Raw, partition_id: uuid.UUID) -> Dropped | None:
     return Dropped(partition_id, len(gone), frames, stored, expected)
 
 
-def head_cut_candidates(raw: Raw, limit: int = _CANDIDATES_PER_ROUND) -> list:
+def head_cut_candidates(raw: DictConnection, limit: int = _CANDIDATES_PER_ROUND) -> list:
     return [r["partition_id"] for r in raw.execute(Q.head_cut_candidates, {"limit": limit})]
 
 
-def cut_head(raw: Raw, partition_id: uuid.UUID,
+def cut_head(raw: DictConnection, partition_id: uuid.UUID,
              max_frames: int = _HEAD_CUT_FRAMES) -> Dropped | None:
     """Drop the head's oldest frames that retention allows, advancing log_start, when nothing
     is retained before the head (no segment left below it).
@@ -320,9 +320,10 @@ class Housekeeper:
         worked on (an error that is not transient) is skipped; the others go on."""
         sealed = await self.seal_due()
         dropped = []
-        for pid in await self._db.run(retention_candidates):
+        for pid in await self._db.run_transaction(retention_candidates):
             d = await self._each_partition(
-                "retention of", pid, functools.partial(self._db.run, apply_retention, pid))
+                "retention of", pid,
+                functools.partial(self._db.run_transaction, apply_retention, pid))
             if d is not None:
                 dropped.append(d)
         dropped.extend(await self.cut_heads())
@@ -338,10 +339,11 @@ class Housekeeper:
         """Retention of the unsealed heads: every droppable head frame of each candidate,
         a bounded transaction at a time."""
         dropped: list[Dropped] = []
-        for pid in await self._db.run(head_cut_candidates):
+        for pid in await self._db.run_transaction(head_cut_candidates):
             for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
                 d = await self._each_partition(
-                    "retention of the head of", pid, functools.partial(self._db.run, cut_head, pid))
+                    "retention of the head of", pid,
+                    functools.partial(self._db.run_transaction, cut_head, pid))
                 if d is None:
                     break
                 dropped.append(d)
@@ -351,7 +353,7 @@ class Housekeeper:
 
     async def seal_due(self) -> list[Sealed]:
         sealed: list[Sealed] = []
-        for pid in await self._db.run(seal_candidates, self.policy):
+        for pid in await self._db.run_transaction(seal_candidates, self.policy):
             await self._each_partition("sealing of", pid,
                                        functools.partial(self._seal, pid, sealed))
         return sealed
@@ -360,7 +362,7 @@ class Housekeeper:
         for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
             started = time.perf_counter()
             # Compresses a whole segment: CPU work kept off the event loop.
-            one = await self._db.run_in_thread(seal_partition, pid, self.policy)
+            one = await self._db.run_transaction_in_thread(seal_partition, pid, self.policy)
             if one is None:
                 break
             sealed.append(one)

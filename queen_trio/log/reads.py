@@ -21,18 +21,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..errors import ValidationError
-from ..wire import iso
+from ..formats import iso
 from . import frames as log_frames
 from .rules import DEFAULT_PARTITION, timestamp
 from .segments import SegmentCache
 
 Q = queries.load("reads")
-Raw = psycopg.Connection[dict[str, Any]]
 
 OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
 UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
@@ -181,7 +178,7 @@ class FetchAnswer:
     bounds: list[tuple[int, int]]  # (highWatermark, logStartOffset) of each entry
 
 
-def fetch(raw: Raw, tenant_id: int, req: FetchRequest,
+def fetch(raw: DictConnection, tenant_id: int, req: FetchRequest,
           cache: SegmentCache | None = None) -> FetchAnswer:
     """Each entry's records from its offset, contiguous, within its byte budget and the call's
     (the first record of the call always goes, so one large record cannot stall a reader), up
@@ -219,7 +216,7 @@ def fetch(raw: Raw, tenant_id: int, req: FetchRequest,
     return FetchAnswer({"entries": out}, spent, any_error, bounds)
 
 
-def _read_entry(raw: Raw, pid: uuid.UUID, e: FetchEntry, high: int, budget: int,
+def _read_entry(raw: DictConnection, pid: uuid.UUID, e: FetchEntry, high: int, budget: int,
                 delivered: int, cache: SegmentCache | None) -> tuple[list[dict[str, Any]], int]:
     records: list[dict[str, Any]] = []
     size = 0
@@ -241,7 +238,8 @@ def _read_entry(raw: Raw, pid: uuid.UUID, e: FetchEntry, high: int, budget: int,
     return records, size
 
 
-def moved(raw: Raw, tenant_id: int, req: FetchRequest, bounds: list[tuple[int, int]]) -> bool:
+def moved(raw: DictConnection, tenant_id: int, req: FetchRequest,
+          bounds: list[tuple[int, int]]) -> bool:
     """Whether any asked partition's bounds changed since ``bounds`` (a parked fetch's cheap
     check before reading again)."""
     rows = raw.execute(Q.fetch_bounds, {
@@ -270,7 +268,7 @@ def _parse_cursor(after: str, since_mode: bool) -> tuple[datetime | None, str] |
     return _EPOCH + timedelta(microseconds=int(us)), name
 
 
-def partitions_changed(raw: Raw, tenant_id: int,
+def partitions_changed(raw: DictConnection, tenant_id: int,
                        entries: list[ChangedEntry]) -> dict[str, Any]:
     # safeTime first: every statement after it sees a later snapshot (READ COMMITTED), so a
     # partition this answer misses was written by a transaction that started after it.

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import PayloadTooLarge, ValidationError
-from ..text import encodable, utf8_len
+from ..text import CONTROL_RE, compact_json, encodable, utf8_len
 
 DEFAULT_PARTITION = "Default"
 QUEUE_MODE_GROUP = "__QUEUE_MODE__"
@@ -36,7 +36,6 @@ SUBSCRIBE_NOW = "now"
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,256}$")
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def queue_name(value: Any, field: str = "queue") -> str:
@@ -81,7 +80,7 @@ def transaction_id(value: Any, field: str = "transactionId") -> str:
             "invalid_transaction_id",
             f"{field} must be a non-empty string of at most {MAX_TRANSACTION_ID_LENGTH} characters",
         )
-    if _CONTROL_RE.search(value) or not encodable(value):
+    if CONTROL_RE.search(value) or not encodable(value):
         raise ValidationError(
             "invalid_transaction_id", f"{field} must not contain control characters or surrogates"
         )
@@ -105,14 +104,10 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-# json.dumps with any keyword builds a new encoder per call (a timer batch makes 256 of them).
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-
-
 def payload_json(payload: Any, ceiling: int, where: str) -> str:
     """The payload as the compact JSON text that is stored, checked against the ceiling (the
     store writes this text rather than serialize the payload again)."""
-    text = _COMPACT.encode(payload)
+    text = compact_json(payload)
     try:
         size = utf8_len(text)
     except UnicodeEncodeError:
@@ -195,7 +190,7 @@ class QueueOptions:
 # Options of Queen's configure that have no effect here. They are validated, echoed with the
 # value sent (or Queen's default) and named in the answer's ``ignored`` list whenever they are
 # sent with a value other than that default, which is the only value whose meaning this broker
-# honours (README: Compatibility with Queen).
+# honours (docs/queen-compatibility.md).
 #   priority            Queen serves higher-priority queues first; here every queue is equal.
 #   dlqAfterMaxRetries  here deadLetterQueue alone decides (dead-lettered after retryLimit).
 IGNORED_OPTIONS: dict[str, Any] = {

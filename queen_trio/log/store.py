@@ -1,29 +1,28 @@
 """The log's database operations.
 
 Each public function takes a raw psycopg connection that is already inside a transaction and
-does all of its statements there, so the API runs it through ``Database.run`` in one call
-and one transaction (a bundle in ``POST /transaction`` runs several of them in one transaction).
+does all of its statements there, so the API runs it through ``Database.run_transaction`` in one
+call and one transaction (a bundle in ``POST /transaction`` runs several of them in one
+transaction).
 SQL text lives in ``queen_trio/sql/log.sql``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import msgspec
-import psycopg
 
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..errors import ClientError, Conflict, NotFound
+from ..formats import message_id
 from ..sealing import PayloadCipher, is_envelope
-from ..text import utf8_len
-from ..wire import message_id
+from ..text import compact_json, utf8_len
 from . import frames as log_frames
 from . import rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
@@ -32,7 +31,6 @@ from .segments import Frame, SegmentCache
 Q = queries.load("log")
 NOTIFY_CHANNEL = "queen_log"
 
-Raw = psycopg.Connection[dict[str, Any]]
 
 
 # -- append (push, replay, and later timer fires) --------------------------------------------
@@ -63,7 +61,7 @@ class Appended:
 
 
 def append(
-    raw: Raw, tenant_id: int, frames: Sequence[NewFrame], *, usage_offset: int = 0,
+    raw: DictConnection, tenant_id: int, frames: Sequence[NewFrame], *, usage_offset: int = 0,
     cipher: PayloadCipher | None = None, notify: bool = True,
 ) -> list[Appended]:
     """Append frames to their partitions (creating queues and partitions as needed).
@@ -150,7 +148,7 @@ def _sealed(cipher: PayloadCipher | None, queue: str, text: str) -> str:
     return cipher.seal(text)
 
 
-def _holders(raw: Raw, partition_id: uuid.UUID, txns: list[str]) -> dict[str, str]:
+def _holders(raw: DictConnection, partition_id: uuid.UUID, txns: list[str]) -> dict[str, str]:
     """The message id holding each of ``txns`` already in the partition, sealed or not (the
     first, should a transaction id be there twice). A frame's id may come from its ``meta``
     (a timer's promised id), which a sealed frame keeps in its segment."""
@@ -168,7 +166,7 @@ def _holders(raw: Raw, partition_id: uuid.UUID, txns: list[str]) -> dict[str, st
     return holders
 
 
-def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],
+def _check_max_size(raw: DictConnection, partitions: dict[tuple[str, str], dict[str, Any]],
                     inserts: list[dict[str, Any]]) -> None:
     """Refuse the push (409 ``queue_full``) if it takes a queue past its ``maxSize``."""
     capped = {p["partition_id"]: p for p in partitions.values() if p["max_size"] > 0}
@@ -199,7 +197,7 @@ def _check_max_size(raw: Raw, partitions: dict[tuple[str, str], dict[str, Any]],
 
 
 def _lock_partitions(
-    raw: Raw, tenant_id: int, pairs: list[tuple[str, str]]
+    raw: DictConnection, tenant_id: int, pairs: list[tuple[str, str]]
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Lock the (queue, partition) rows, creating the missing ones first."""
     params: dict[str, Any] = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
@@ -217,12 +215,12 @@ def _lock_partitions(
     return {(row["queue"], row["name"]): row for row in rows}
 
 
-def ensure_queue(raw: Raw, tenant_id: int, name: str) -> None:
+def ensure_queue(raw: DictConnection, tenant_id: int, name: str) -> None:
     """Create the queue with default options unless it exists (implicit creation)."""
     raw.execute(Q.ensure_queues, {"tenant_id": tenant_id, "names": [name]})
 
 
-def add_usage(raw: Raw, tenant_id: int, delta_bytes: int) -> None:
+def add_usage(raw: DictConnection, tenant_id: int, delta_bytes: int) -> None:
     """Record a change of the tenant's stored bytes (folded into its usage every second)."""
     if delta_bytes:
         raw.execute(Q.add_usage, {"tenant_id": tenant_id, "bytes": delta_bytes})
@@ -235,13 +233,14 @@ def wake_key(tenant_id: int, queue: str) -> str:
 
 def to_json(value: Any) -> str:
     """Compact JSON text: what is stored and what sizes are measured on."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return compact_json(value)
 
 
 # -- configure --------------------------------------------------------------------------------
 
 
-def configure(raw: Raw, tenant_id: int, name: str, options: QueueOptions) -> dict[str, Any]:
+def configure(raw: DictConnection, tenant_id: int, name: str,
+              options: QueueOptions) -> dict[str, Any]:
     row = one(raw.execute(
         Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
     partition_id = row["default_partition_id"]
@@ -310,7 +309,7 @@ def _commit_level(sync_commit: bool) -> str | None:
     return None if sync_commit else "off"  # None: as the server is configured
 
 
-def pop_head(raw: Raw, tenant_id: int, req: PopRequest, *,
+def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
              sync_commit: bool = True) -> PopOutcome | None:
     """The common pop in one statement (it may run in autocommit); None when the case needs
     :func:`pop` (a first pop, an expired lease, sealed or retried frames, delayedProcessing,
@@ -328,7 +327,7 @@ def pop_head(raw: Raw, tenant_id: int, req: PopRequest, *,
     return _head_outcome(req, rows, texts=True)
 
 
-def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
+def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_before: float,
                    give_up: float, *, sync_commit: bool = True) -> PopOutcome | None:
     """:func:`pop_head` for a timer about to fire into the queue: the backend waits for the
     due instant ``not_before`` and tries until the frame is there or ``give_up`` has passed
@@ -344,7 +343,7 @@ def pop_head_after(raw: Raw, tenant_id: int, req: PopRequest, not_before: float,
     return _head_outcome(req, rows, texts=True)
 
 
-def next_look_in_s(raw: Raw, tenant_id: int, req: PopRequest) -> float | None:
+def next_look_in_s(raw: DictConnection, tenant_id: int, req: PopRequest) -> float | None:
     """For a waiting pop that found nothing: in how many seconds something in its queue
     becomes poppable for it unannounced (a lease or retry hold ends, a delayed frame
     matures); 0 or less if something looks poppable already, None if nothing will before a
@@ -408,7 +407,7 @@ def _time_or_none(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def release_batch(raw: Raw, tenant_id: int, batch: PopBatch) -> None:
+def release_batch(raw: DictConnection, tenant_id: int, batch: PopBatch) -> None:
     """Hand a leased batch back whole, no retry spent (its consumer has gone before it got
     it): the messages are delivered again from the group's cursor at the next pop."""
     if batch.lease_id is None:
@@ -417,7 +416,7 @@ def release_batch(raw: Raw, tenant_id: int, batch: PopBatch) -> None:
                              batch.lease_id, None) for i, m in enumerate(batch.messages)])
 
 
-def subscribe(raw: Raw, tenant_id: int, req: PopRequest) -> None:
+def subscribe(raw: DictConnection, tenant_id: int, req: PopRequest) -> None:
     """Record the group's subscription instant on the queue (``subscriptionMode=new``) unless
     it has one: partitions it first pops later start there (see ``_start_after``)."""
     raw.execute(Q.subscribe_group, {"tenant_id": tenant_id, "name": req.queue, "group": req.group})
@@ -426,7 +425,7 @@ def subscribe(raw: Raw, tenant_id: int, req: PopRequest) -> None:
 _MAX_CANDIDATE_ROUNDS = 64
 
 
-def pop(raw: Raw, tenant_id: int, req: PopRequest,
+def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
         cache: SegmentCache | None = None, *, sync_commit: bool = True) -> PopOutcome:
     """The general pop, in the caller's transaction (``sync_commit`` as for :func:`pop_head`).
 
@@ -473,7 +472,7 @@ def pop(raw: Raw, tenant_id: int, req: PopRequest,
     return PopOutcome(batches[0], skipped=skipped, more=tuple(batches[1:]))
 
 
-def _start_after(raw: Raw, tenant_id: int, req: PopRequest, cand: dict[str, Any],
+def _start_after(raw: DictConnection, tenant_id: int, req: PopRequest, cand: dict[str, Any],
                  cache: SegmentCache | None) -> int:
     """Where a group's new cursor on this partition starts (its ``committed``): before
     log_start, or, for a group subscribing from an instant, before the first frame created at
@@ -506,8 +505,8 @@ def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip 
 
 
 def _pop_partition(
-    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
-    cache: SegmentCache | None, lease_id: uuid.UUID | None = None,
+    raw: DictConnection, tenant_id: int, req: PopRequest, queue: dict[str, Any],
+    cand: dict[str, Any], cache: SegmentCache | None, lease_id: uuid.UUID | None = None,
 ) -> tuple[PopBatch | None, float | None, Skip | None, bool]:
     """One partition's part of a pop: its batch, when a held-back frame matures, the skip over
     log_start, and whether a new cursor started past the partition's end (a subscription)."""
@@ -530,8 +529,8 @@ def _pop_partition(
 
 
 def _pop_cursor(
-    raw: Raw, tenant_id: int, req: PopRequest, queue: dict[str, Any], cand: dict[str, Any],
-    cache: SegmentCache | None, key: dict[str, Any], cursor: dict[str, Any],
+    raw: DictConnection, tenant_id: int, req: PopRequest, queue: dict[str, Any],
+    cand: dict[str, Any], cache: SegmentCache | None, key: dict[str, Any], cursor: dict[str, Any],
     lease_id: uuid.UUID | None = None,
 ) -> tuple[PopBatch | None, float | None, Skip | None]:
     pid = cand["partition_id"]
@@ -619,7 +618,7 @@ def advance(committed: int, ahead: Iterable[int]) -> tuple[int, list[int]]:
 
 
 def _dead_letter(
-    raw: Raw, tenant_id: int, queue: dict[str, Any], partition_id: uuid.UUID, group: str,
+    raw: DictConnection, tenant_id: int, queue: dict[str, Any], partition_id: uuid.UUID, group: str,
     frame: Frame | int, retry_count: int, error: str | None,
 ) -> bool:
     """Copy a frame (or the frame at an offset) into the group's dead letters."""
@@ -680,7 +679,7 @@ class AckResult:
         return self.refused is None and not self.already_acked
 
 
-def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
+def ack(raw: DictConnection, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
     """Apply acknowledgements in the caller's transaction, each with its own verdict (see the
     top of this section). Acks are grouped per (partition, consumer group): one lookup of
     their frames, one lock of the cursor, one write of it, whatever the batch size."""
@@ -698,7 +697,7 @@ def ack(raw: Raw, tenant_id: int, acks: Sequence[Ack]) -> list[AckResult]:
     return ordered
 
 
-def ack_head(raw: Raw, tenant_id: int, acks: Sequence[Ack], *,
+def ack_head(raw: DictConnection, tenant_id: int, acks: Sequence[Ack], *,
              sync_commit: bool = True) -> list[AckResult] | None:
     """The common acknowledgement in one statement (it may run in autocommit): ``completed``
     for frames of one partition and group, each still in the head and open under the
@@ -732,7 +731,7 @@ def _where(a: Ack) -> str:
 
 
 def _ack_partition(
-    raw: Raw, tenant_id: int, partition_id: uuid.UUID, group: str,
+    raw: DictConnection, tenant_id: int, partition_id: uuid.UUID, group: str,
     items: list[tuple[int, Ack]],
 ) -> dict[int, AckResult]:
     key = {"partition_id": partition_id, "group": group, "tenant_id": tenant_id}
@@ -878,7 +877,7 @@ class Renewal:
     reason: str | None = None
 
 
-def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) -> Renewal:
+def extend_lease(raw: DictConnection, tenant_id: int, lease_id: uuid.UUID, seconds: int) -> Renewal:
     row = one(raw.execute(
         Q.extend_lease, {"lease_id": lease_id, "tenant_id": tenant_id, "seconds": seconds}))
     if row["renewed"]:
@@ -890,7 +889,7 @@ def extend_lease(raw: Raw, tenant_id: int, lease_id: uuid.UUID, seconds: int) ->
 # -- dead letters -----------------------------------------------------------------------------
 
 
-def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int, *,
+def replay_dead_letter(raw: DictConnection, tenant_id: int, dead_letter_id: int, *,
                        cipher: PayloadCipher | None = None) -> Appended:
     row = raw.execute(Q.lock_dead_letter, {"id": dead_letter_id, "tenant_id": tenant_id}).fetchone()
     if row is None:
@@ -921,11 +920,11 @@ def replay_dead_letter(raw: Raw, tenant_id: int, dead_letter_id: int, *,
 # -- resources --------------------------------------------------------------------------------
 
 
-def list_queues(raw: Raw, tenant_id: int) -> list[dict[str, Any]]:
+def list_queues(raw: DictConnection, tenant_id: int) -> list[dict[str, Any]]:
     return raw.execute(Q.list_queues, {"tenant_id": tenant_id}).fetchall()
 
 
-def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
+def queue_detail(raw: DictConnection, tenant_id: int, name: str) -> dict[str, Any]:
     queue = raw.execute(Q.queue_detail, {"tenant_id": tenant_id, "name": name}).fetchone()
     if queue is None:
         raise NotFound("queue_not_found", f"no queue {name!r}")
@@ -939,7 +938,7 @@ def queue_detail(raw: Raw, tenant_id: int, name: str) -> dict[str, Any]:
     }
 
 
-def delete_queue(raw: Raw, tenant_id: int, name: str) -> bool:
+def delete_queue(raw: DictConnection, tenant_id: int, name: str) -> bool:
     gone = raw.execute(Q.delete_queue, {"tenant_id": tenant_id, "name": name}).fetchone()
     if gone is None:
         return False

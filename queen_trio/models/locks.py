@@ -1,14 +1,44 @@
-"""Queen's locks wire: the answers of ``POST /api/v1/locks``, one result per op, tagged by
-``op``. What the ops do is :mod:`queen_trio.locks`'; the route encodes its results through
-these models."""
+"""Queen's locks wire: the request of ``POST /api/v1/locks`` (:class:`LockOp`) and its
+answers, one result per op, tagged by ``op``. What an op may carry beyond its types, and what
+the ops do, is :mod:`queen_trio.locks`'; the route decodes the request through these models (a
+body they refuse takes the rules' precise path) and encodes its results through them."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .kv import Stamp
+
+MAX_OPS_PER_CALL = 64  # (locks.MAX_OPS, which the rules enforce)
+
+
+class LockOp(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel",
+             omit_defaults=True):
+    """acquire {name, ttlSeconds, owner?, limit? (1..1024 slots: a semaphore)} | renew {name,
+    token, ttlSeconds, slot?, owner?} | release {name, token, slot?} | get {name}. name: 1-256
+    bytes, no control characters, no '#'. A lock has no forever. A lock is named once per
+    call."""
+
+    op: Literal["acquire", "renew", "release", "get"]
+    name: str
+    ttl_seconds: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    owner: str | None | UnsetType = UNSET
+    limit: Annotated[int, Meta(ge=1, le=1024)] | None | UnsetType = UNSET
+    token: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    slot: Annotated[int, Meta(ge=0, le=1023)] | None | UnsetType = UNSET
+
+
+class LockCall(Struct, forbid_unknown_fields=True):
+    """``POST /api/v1/locks``: up to 64 independent ops (a bare array of ops is the same
+    call)."""
+
+    operations: Annotated[list[LockOp], Meta(max_length=MAX_OPS_PER_CALL)]
+
+
+CALL_DECODER = msgspec.json.Decoder(LockCall | list[LockOp])
 
 
 class LockHolder(Struct, kw_only=True, rename="camel", omit_defaults=True):
@@ -90,3 +120,6 @@ LockResult = LockAcquire | LockRenew | LockRelease | LockGet
 
 class LockResults(Struct, rename="camel", omit_defaults=True):
     results: list[LockResult]
+
+
+RESULTS_DECODER = msgspec.json.Decoder(list[LockResult])

@@ -13,8 +13,10 @@ REF = "#/components/schemas/{name}"
 MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult,
                            timers.TimerResults, timers.TimerRow, timers.TimerFound,
                            timers.TimerMissing, timers.TimerPage, timers.TimerCount,
-                           kv.KvResults, kv.KvPreconditionFailed, locks.LockResults,
-                           transaction.TransactionDone,
+                           kv.KvOp, kv.KvCall, kv.KvPutBody, kv.KvDeleteBody,
+                           kv.KvResults, kv.KvPreconditionFailed,
+                           locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
+                           transaction.TransactionDone, transaction.TransactionRefused,
                            log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
 
 

@@ -74,7 +74,7 @@ class TenantDirectory:
                                     count=self._count_error)
 
     async def refresh(self) -> None:
-        plans = await self._db.run(store.fold_usage_and_load_plans)
+        plans = await self._db.run_transaction(store.fold_usage_and_load_plans)
         self._plans = {p.tenant_id: p for p in plans}
         self.loaded.set()
 
@@ -117,7 +117,7 @@ class TenantDirectory:
                 raise AuthThrottled(wait)
         done = self._lookups[token] = trio.Event()
         try:
-            tenant_id = await self._db.run(store.tenant_for_token, token)
+            tenant_id = await self._db.run_transaction(store.tenant_for_token, token)
         finally:
             del self._lookups[token]
             done.set()

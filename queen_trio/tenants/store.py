@@ -1,7 +1,7 @@
 """Tenants, tokens, plans and storage usage in the database.
 
 Plain functions over a psycopg connection, shared by the CLI (``queen-trio tenants …``, which
-works whether or not a broker is running) and the broker (through ``Database.run``).
+works whether or not a broker is running) and the broker (through ``Database.run_transaction``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import dataclasses
 import re
 from typing import Any
 
-import psycopg
-
 from ..db import queries
+from ..db.rows import DictConnection
 from ..errors import Conflict, NotFound, ValidationError
 from . import tokens
 
@@ -20,7 +19,6 @@ Q = queries.load("tenants")
 PLANS_CHANNEL = "queen_tenants"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-Raw = psycopg.Connection[dict[str, Any]]  # dict rows, as the pool and the CLI open them
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,25 +40,25 @@ def check_name(name: str) -> str:
     return name
 
 
-def create_tenant(raw: Raw, name: str) -> int:
+def create_tenant(raw: DictConnection, name: str) -> int:
     row = raw.execute(Q.create_tenant, {"name": check_name(name)}).fetchone()
     if row is None:
         raise Conflict("tenant_exists", f"tenant {name!r} already exists")
     return row["tenant_id"]
 
 
-def list_tenants(raw: Raw) -> list[dict[str, Any]]:
+def list_tenants(raw: DictConnection) -> list[dict[str, Any]]:
     return raw.execute(Q.list_tenants).fetchall()
 
 
-def tenant_id(raw: Raw, name: str) -> int:
+def tenant_id(raw: DictConnection, name: str) -> int:
     row = raw.execute(Q.tenant_id_by_name, {"name": name}).fetchone()
     if row is None:
         raise NotFound("tenant_not_found", f"no tenant {name!r}")
     return row["tenant_id"]
 
 
-def create_token(raw: Raw, name: str) -> str:
+def create_token(raw: DictConnection, name: str) -> str:
     new = tokens.generate()
     raw.execute(
         Q.insert_token,
@@ -70,7 +68,7 @@ def create_token(raw: Raw, name: str) -> str:
     return new.token
 
 
-def revoke_token(raw: Raw, prefix: str) -> None:
+def revoke_token(raw: DictConnection, prefix: str) -> None:
     # Accept the whole token or its "qt_<prefix>" head as well as the bare prefix.
     parsed = tokens.parse(prefix)
     if parsed is not None:
@@ -81,7 +79,7 @@ def revoke_token(raw: Raw, prefix: str) -> None:
 
 
 def set_plan(
-    raw: Raw, name: str, *, max_message_bytes: int | None = None,
+    raw: DictConnection, name: str, *, max_message_bytes: int | None = None,
     max_stored_bytes: int | None = None, requests_per_second: int | None = None,
     set_stored: bool = False, set_rate: bool = False, set_message: bool | None = None,
 ) -> dict[str, Any]:
@@ -101,7 +99,7 @@ def set_plan(
     return row
 
 
-def tenant_for_token(raw: Raw, token: str) -> int | None:
+def tenant_for_token(raw: DictConnection, token: str) -> int | None:
     """The tenant a bearer token belongs to, or None (malformed, unknown or revoked)."""
     parsed = tokens.parse(token)
     if parsed is None:
@@ -116,6 +114,6 @@ def tenant_for_token(raw: Raw, token: str) -> int | None:
     return row["tenant_id"] if ok else None
 
 
-def fold_usage_and_load_plans(raw: Raw) -> list[Plan]:
+def fold_usage_and_load_plans(raw: DictConnection) -> list[Plan]:
     raw.execute(Q.fold_usage)
     return [Plan(**row) for row in raw.execute(Q.plans).fetchall()]

@@ -160,11 +160,11 @@ class ScheduleBatcher:
         """One statement: its own transaction, so it may run in autocommit."""
         self.batches += 1
         if len(schedules) == 1:
-            outcomes = [await self._db.run_statement(
+            outcomes = [await self._db.run_autocommit(
                 store.schedule, tenant_id, schedules[0], notify_within_ms=self._notify_within_ms,
                 cipher=self._cipher)]
         else:
-            outcomes = await self._db.run_statement(
+            outcomes = await self._db.run_autocommit(
                 store.schedule_many, tenant_id, schedules, notify_within_ms=self._notify_within_ms,
                 cipher=self._cipher)
         if len(outcomes) != len(schedules):

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from ..db import queries
-from ..db.rows import one
+from ..db.rows import DictConnection, one
 from ..db.transient import TRANSIENT_ERRORS, describe
 from ..log import rules as log_rules
 from ..log import store as log_store
@@ -30,7 +30,6 @@ NOTIFY_CHANNEL = "queen_timers"
 TIMER_GROUP = log_rules.TIMER_GROUP
 
 log = logging.getLogger(__name__)
-Raw = psycopg.Connection[dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,7 +49,7 @@ class Outcome:
         return self.status in ("scheduled", "rescheduled", "cancelled")
 
 
-def sealed(raw: Raw, tenant_id: int, schedules: list[Schedule],
+def sealed(raw: DictConnection, tenant_id: int, schedules: list[Schedule],
            cipher: PayloadCipher | None) -> list[Schedule]:
     """The schedules, with the payloads of timers for queues configured with encryptionEnabled
     sealed (their rows, their fired frames and their dead letters then hold only ciphertext).
@@ -73,7 +72,7 @@ def _json_text(s: Schedule) -> str:
     return s.json_bytes.decode() if s.json_bytes is not None else log_store.to_json(s.payload)
 
 
-def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int,
+def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_ms: int,
              cipher: PayloadCipher | None = None) -> Outcome:
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
 
@@ -90,7 +89,7 @@ def schedule(raw: Raw, tenant_id: int, s: Schedule, *, notify_within_ms: int,
 
 
 def schedule_many(
-    raw: Raw, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int,
+    raw: DictConnection, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int,
     cipher: PayloadCipher | None = None,
 ) -> list[Outcome]:
     """Schedule several timers in the caller's transaction, in order, in one statement.
@@ -116,7 +115,7 @@ def schedule_many(
     return [_outcome(s, row) for s, row in zip(schedules, rows, strict=True)]
 
 
-def _planned_now(raw: Raw, query: str, params: dict[str, Any] | None = None
+def _planned_now(raw: DictConnection, query: str, params: dict[str, Any] | None = None
                  ) -> psycopg.Cursor[dict[str, Any]]:
     """Run a statement that finds timers by key (or the next due), planned afresh every time.
 
@@ -137,7 +136,8 @@ def _outcome(s: Schedule, row: dict[str, Any]) -> Outcome:
                    s.message_id)
 
 
-def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None) -> Outcome:
+def cancel(raw: DictConnection, tenant_id: int, queue: str, key: str,
+           echo_txn: str | None) -> Outcome:
     """Delete a pending timer, in one statement (it may run in autocommit). ``absent`` also
     covers "already delivered" and "another tenant's": the log, not this answer, says whether a
     message went out."""
@@ -146,7 +146,7 @@ def cancel(raw: Raw, tenant_id: int, queue: str, key: str, echo_txn: str | None)
     return Outcome(row["status"], queue, key, row["txn"])
 
 
-def cancel_many(raw: Raw, tenant_id: int, cancels: list[Cancel]) -> list[Outcome]:
+def cancel_many(raw: DictConnection, tenant_id: int, cancels: list[Cancel]) -> list[Outcome]:
     """Cancel several distinct timers in the caller's transaction, in one statement."""
     if not cancels:
         return []
@@ -158,8 +158,8 @@ def cancel_many(raw: Raw, tenant_id: int, cancels: list[Cancel]) -> list[Outcome
             for c, r in zip(cancels, rows, strict=True)]
 
 
-def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_within_ms: int,
-          cipher: PayloadCipher | None = None) -> list[Outcome]:
+def apply(raw: DictConnection, tenant_id: int, ops: list[Schedule | Cancel], *,
+          notify_within_ms: int, cipher: PayloadCipher | None = None) -> list[Outcome]:
     """Schedule and cancel distinct timers in the caller's transaction, answering in input
     order: every schedule in one statement, every cancel in another (the keys are distinct, so
     their order does not matter), after the names' locks for all of them, taken in one order."""
@@ -175,13 +175,13 @@ def apply(raw: Raw, tenant_id: int, ops: list[Schedule | Cancel], *, notify_with
     return [next(scheduled) if isinstance(op, Schedule) else next(cancelled) for op in ops]
 
 
-def peek(raw: Raw, tenant_id: int, queue: str, key: str) -> dict[str, Any] | None:
+def peek(raw: DictConnection, tenant_id: int, queue: str, key: str) -> dict[str, Any] | None:
     """The pending timer's row (``payload`` as stored, ``payload_zstd`` says how), or None."""
     return _planned_now(
         raw, Q.peek, {"tenant_id": tenant_id, "queue": queue, "key": key}).fetchone()
 
 
-def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int
+def list_timers(raw: DictConnection, tenant_id: int, queue: str, after: str, limit: int
                 ) -> tuple[list[dict[str, Any]], bool]:
     """Up to ``limit`` pending timers of a queue with a key after ``after``, in key order, and
     whether more follow."""
@@ -191,7 +191,7 @@ def list_timers(raw: Raw, tenant_id: int, queue: str, after: str, limit: int
     return rows[:limit], len(rows) > limit
 
 
-def count_timers(raw: Raw, tenant_id: int, queue: str, prefix: str) -> int:
+def count_timers(raw: DictConnection, tenant_id: int, queue: str, prefix: str) -> int:
     return one(_planned_now(
         raw, Q.count, {"tenant_id": tenant_id, "queue": queue, "prefix": prefix}))["n"]
 
@@ -236,7 +236,8 @@ class NextDue:
 
 
 def sweep(
-    raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *, max_payload: int,
+    raw: DictConnection, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
+    max_payload: int,
     fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
     pop: log_rules.PopRequest | None = None,
 ) -> SweepResult:
@@ -287,7 +288,8 @@ def sweep(
     return SweepResult(fired, claimed, next_due, db_now, popped)
 
 
-def claim(raw: Raw, token: uuid.UUID, broker: str, batch: int, lease_ms: int) -> SweepResult:
+def claim(raw: DictConnection, token: uuid.UUID, broker: str, batch: int,
+          lease_ms: int) -> SweepResult:
     """Claim every due row under a lease, firing none (the two-phase path, step one)."""
     return sweep(raw, token, broker, batch, lease_ms, max_payload=0, fire=False)
 
@@ -304,7 +306,7 @@ class FireResult:
 
 
 def fire(
-    raw: Raw, token: uuid.UUID, claimed: list[Claimed], *, ceilings: dict[int, int],
+    raw: DictConnection, token: uuid.UUID, claimed: list[Claimed], *, ceilings: dict[int, int],
     max_attempts: int, backoff_ms: int,
 ) -> FireResult:
     """Append the claimed timers' frames and delete their rows, in the caller's transaction.
@@ -349,7 +351,7 @@ def fire(
 
 
 def fire_each(
-    raw: Raw, token: uuid.UUID, claimed: list[Claimed], *, ceilings: dict[int, int],
+    raw: DictConnection, token: uuid.UUID, claimed: list[Claimed], *, ceilings: dict[int, int],
     max_attempts: int, backoff_ms: int,
 ) -> FireResult:
     """:func:`fire`, one row at a time, each under a savepoint, in the caller's transaction:
@@ -406,7 +408,8 @@ def _storable(error: str) -> str:
 
 
 def _spend_attempt(
-    raw: Raw, token: uuid.UUID, c: Claimed, error: str, max_attempts: int, backoff_ms: int
+    raw: DictConnection, token: uuid.UUID, c: Claimed, error: str, max_attempts: int,
+    backoff_ms: int,
 ) -> bool:
     """Record a permanent failure; True if it exhausted the budget (row dead-lettered)."""
     where = {"tenant_id": c.tenant_id, "queue": c.queue, "key": c.key, "token": token}
@@ -426,7 +429,7 @@ def _spend_attempt(
     return True
 
 
-def _dead_letter(raw: Raw, c: Claimed, attempts: int, error: str) -> str:
+def _dead_letter(raw: DictConnection, c: Claimed, attempts: int, error: str) -> str:
     """Write the dead letter of a timer past its budget; answers the JSON text it holds: the
     payload, or, if it cannot be decoded or PostgreSQL refuses it as jsonb, a description of
     it (rules.undecodable)."""
@@ -444,15 +447,15 @@ def _dead_letter(raw: Raw, c: Claimed, attempts: int, error: str) -> str:
     return text
 
 
-def release(raw: Raw, token: uuid.UUID) -> int:
+def release(raw: DictConnection, token: uuid.UUID) -> int:
     return raw.execute(Q.release_claim, {"token": token}).rowcount
 
 
-def pending_count(raw: Raw) -> int:
+def pending_count(raw: DictConnection) -> int:
     return one(raw.execute(Q.pending_count))["n"]
 
 
-def next_due(raw: Raw) -> NextDue | None:
+def next_due(raw: DictConnection) -> NextDue | None:
     row = _planned_now(raw, Q.next_due).fetchone()
     return None if row is None else NextDue(row["tenant_id"], row["queue"], row["partition"],
                                             row["due"])

@@ -1,4 +1,4 @@
-"""The timer scale bench (issue 31) stays runnable: ``bench.timer_scale`` at a tiny N, every
+"""The timer scale bench stays runnable: ``bench.timer_scale`` at a tiny N, every
 phase (fill, ops and idle lag side by side, the held snapshot, a burst), its own embedded
 server with pg_stat_statements, two real broker subprocesses and the SDK consumers."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import fire_lag
+from bench.fire_lag import suite as fire_lag
 from tests.pgserver import Databases
 
 pytestmark = pytest.mark.slow

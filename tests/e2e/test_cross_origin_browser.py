@@ -1,5 +1,5 @@
 """Attacks on a broker running with auth off, from a real browser (headless chromium, through
-tests/e2e/cdp.py; issue 28, item 6). Without chromium these tests fail: they do not skip.
+tests/e2e/cdp.py). Without chromium these tests fail: they do not skip.
 
 - A page served from another origin (another port of 127.0.0.1: same-site; and localhost:
   cross-site) sends every write a page can send without asking: ``fetch(url, {mode:

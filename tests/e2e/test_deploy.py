@@ -72,7 +72,7 @@ def test_the_socket_and_the_service_agree() -> None:
 @pytest.mark.slow
 def test_the_service_has_descriptors_for_a_crowd_of_connections() -> None:
     """Each connection (a parked long-poll too) holds a descriptor: systemd's usual 1,024 let
-    1,009 idle connections lock every client out (issue 28)."""
+    1,009 idle connections lock every client out."""
     limits = [value for key, value in _unit("queen-trio.service")["Service"]
               if key == "LimitNOFILE"]
     assert limits and int(limits[-1].split(":")[0]) >= 65536, limits

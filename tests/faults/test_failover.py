@@ -1,5 +1,5 @@
 """Losing the database server: a primary with a streaming standby, two brokers on the multi-host
-URL, the primary SIGKILLed mid-fire and the standby promoted (issue 23).
+URL, the primary SIGKILLed mid-fire and the standby promoted.
 
 Synchronous replication (``synchronous_standby_names`` naming the standby,
 ``synchronous_commit=on``): nothing a client was told is lost. Every timer answered

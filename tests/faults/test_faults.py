@@ -1,4 +1,4 @@
-"""Fault injection against real broker processes and a real PostgreSQL (issue 9, part 1).
+"""Fault injection against real broker processes and a real PostgreSQL.
 
 Every scenario ends the same way: each timer a client scheduled is in the log exactly once or
 still pending, never both and never neither, checked by txn against what the clients were

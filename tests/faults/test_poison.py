@@ -1,5 +1,5 @@
-"""Poison rows against real broker processes (issue 28, item 1): rows no background service can
-process must never stop the broker.
+"""Poison rows against real broker processes: rows no background service can process must
+never stop the broker.
 
 Timers are planted straight into queen.timers, bypassing the API (which may refuse such payloads
 at its edge): payloads PostgreSQL's jsonb refuses although Python's json accepts them (NaN,

@@ -1,4 +1,4 @@
-"""Every attack of issue 28 at once, against one broker process (QUEEN_AUTH=on, short idle
+"""Every attack of tests/hostile/ at once, against one broker process (QUEEN_AUTH=on, short idle
 timeout), while a well-behaved client keeps a ledger of what the broker acknowledged.
 
 For ~20 s, concurrently: the ledger client pushes, schedules short timers, pops and acks;
@@ -26,7 +26,7 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
-from bench.parked_polls import raise_fd_limit
+from bench.harness.brokers import raise_fd_limit
 from queen_trio.tenants import store
 
 from ..brokers import BrokerProcess

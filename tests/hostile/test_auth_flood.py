@@ -1,4 +1,4 @@
-"""A flood of wrong tokens does not slow the tenants who have good ones (issue 28, item 7).
+"""A flood of wrong tokens does not slow the tenants who have good ones.
 
 Each wrong token used to cost a database lookup: a client sending them as fast as it could
 held the pool, and good pushes took 1.2-3.8 s. Failed lookups are now limited per client

@@ -1,6 +1,6 @@
-"""Connections end when HTTP says so, on every request of a connection (issue 28 item 3).
+"""Connections end when HTTP says so, on every request of a connection.
 
-Until issue 28 a connection that had carried one request was never closed by the broker: not
+Once, a connection that had carried one request was never closed by the broker: not
 when idle, not for ``Connection: close``, not for HTTP/1.0; and the request-head deadline only
 covered a connection's first request. 1,009 such connections locked every client out of a
 broker with 1,024 descriptors (queen_trio/api/connections.py has the cause).

@@ -1,5 +1,5 @@
-"""A web page in the operator's browser must not write to a broker running with auth off
-(issue 28, item 6): requests shaped as a browser sends them for another origin's page are
+"""A web page in the operator's browser must not write to a broker running with auth off:
+requests shaped as a browser sends them for another origin's page are
 refused, and so are requests for a host name that could have been rebound to 127.0.0.1.
 Everything else keeps working: programs that are not browsers send neither Origin nor
 Sec-Fetch-Site, and talk to 127.0.0.1 / localhost. (tests/e2e/test_ui_browser.py makes the

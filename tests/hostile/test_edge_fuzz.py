@@ -1,4 +1,4 @@
-"""Edge values on every route (issue 28): nothing answers 5xx, and the broker stays healthy.
+"""Edge values on every route: nothing answers 5xx, and the broker stays healthy.
 
 Every operation of the OpenAPI description (which tests/integration/test_http_ops.py holds to
 cover every route the app serves, so a new route is fuzzed as soon as it exists) gets requests

@@ -1,4 +1,4 @@
-"""Hostile input against a live broker process (issue 9, part 3): generated timer and
+"""Hostile input against a live broker process: generated timer and
 transaction bodies, huge and deeply nested JSON, names that are not UTF-8 or not properly
 percent-encoded, requests whose body arrives late, and slow-loris clients.
 
@@ -247,7 +247,7 @@ def test_a_doubled_slash_is_a_json_404_never_a_redirect(http: httpx.Client, path
 
 @pytest.mark.parametrize("path", [f"{API}/timers/q//key", f"{API}/kv/ns//key"])
 def test_a_key_with_a_leading_slash_is_that_key(http: httpx.Client, path: str) -> None:
-    """A key sent with an unencoded leading '/' (issue 21 item 7) names "/key": never a
+    """A key sent with an unencoded leading '/' names "/key": never a
     redirect, never the router's 404."""
     body = {"value": 1, "forever": True} if "/kv/" in path else {"delayMs": 60_000,
                                                                   "payload": 1}
@@ -281,7 +281,7 @@ def test_names_mean_their_decoded_text(http: httpx.Client) -> None:
 @pytest.mark.parametrize("raw", ["%00", "%0A", "%1B", "%7F"])
 def test_control_characters_in_keys_are_a_400(http: httpx.Client, raw: str) -> None:
     r = http.put(f"{API}/timers/names/x{raw}y", json={"delayMs": 1000, "payload": 1})
-    assert assert_error(r, 400)["reason"] == "invalid_key"  # not the router's 404 (issue 21)
+    assert assert_error(r, 400)["reason"] == "invalid_key"  # not the router's 404
 
 
 def raw_request(port: int, data: bytes, *, then: bytes | None = None, pause: float = 0.0,
@@ -334,8 +334,8 @@ def assert_raw_json_error(got: bytes) -> dict[str, Any]:
 def test_a_raw_non_ascii_byte_in_the_query_string_gets_a_json_error(
     live_broker: BrokerProcess, target: bytes
 ) -> None:
-    """Issue 21 item 6: h11 refuses the request line and hypercorn used to answer an empty
-    400; the answer is now the broker's JSON error."""
+    """h11 refuses the request line and hypercorn used to answer an empty 400; the answer is
+    now the broker's JSON error."""
     got = b"".join(raw_request(live_broker.port, b"DELETE " + target + b" HTTP/1.1\r\n"
                                b"Host: localhost\r\nConnection: close\r\n\r\n"))
     assert got.startswith(b"HTTP/1.1 400"), got[:300]
@@ -360,7 +360,8 @@ def test_an_early_answer_closes_the_connection_and_never_hangs(
     request.
 
     Regressions: before 0b05bb2 hypercorn never answered the next request (found by
-    schemathesis); until issue 28 the broker read every body before admission to avoid that."""
+    schemathesis); then, to avoid that, the broker read every body before admission, until
+    bodies came to be read only when a handler asks (test_request_bodies.py)."""
     body = b'{"seconds": 5, "a": 1}'
     head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()

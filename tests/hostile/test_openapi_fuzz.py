@@ -1,4 +1,4 @@
-"""schemathesis against /openapi.json of a live broker (issue 9, part 3).
+"""schemathesis against /openapi.json of a live broker.
 
 Checked: no 5xx, every status code documented, every JSON answer valid against its schema,
 content types and headers as described. Not checked: that every schema-valid request is

@@ -1,7 +1,6 @@
-"""Request bodies are read after admission, within the body limit and the broker's body budget
-(issue 28 item 4).
+"""Request bodies are read after admission, within the body limit and the broker's body budget.
 
-Until issue 28, 60 concurrent 50 MB chunked uploads were each answered only after 8-13 MB had
+Once, 60 concurrent 50 MB chunked uploads were each answered only after 8-13 MB had
 been read, without a token too, and the broker's RSS went from 68 to 1,081 MB: every body was
 buffered up to the body limit before admission, and all of them at once.
 """

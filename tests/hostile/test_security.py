@@ -1,4 +1,4 @@
-"""Security against a live broker with QUEEN_AUTH=on (issue 9, part 4).
+"""Security against a live broker with QUEEN_AUTH=on.
 
 - Two tenants on the timer routes (peek, list, cancel, reschedule, bundles), resources and
   the log the timers fire into; the log, KV, DLQ and transaction routes are covered by

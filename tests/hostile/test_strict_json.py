@@ -1,4 +1,4 @@
-"""The 500s of issue 28 (item 2), each reproduced against a live broker: values JSON or
+"""Inputs that once answered 500, each reproduced against a live broker: values JSON or
 PostgreSQL cannot carry in a push, a KV value, a bundle, a timer or an ack; extreme timestamps;
 a timers-list cursor that decodes to NUL bytes. Each must be a 400 that names the field or the
 parameter, with nothing written, and the broker still healthy.

@@ -1,4 +1,4 @@
-"""Queen's consumer-group and admin read routes over real HTTP (issue 20): list / get / lagging
+"""Queen's consumer-group and admin read routes over real HTTP: list / get / lagging
 / delete / seek a group, DLQ paging both ways, the operators' read routes, tenant isolation."""
 
 from __future__ import annotations

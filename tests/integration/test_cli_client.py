@@ -59,7 +59,7 @@ async def test_timers_schedule_peek_list_cancel(qt: Cli) -> None:
     await qt("timers", "schedule", "reminders", "welcome:42", "--delay", "1h")
     code, rows = await qt.json("timers", "list", "reminders")
     assert code == 0 and [t["key"] for t in rows] == ["trial-ending:42", "welcome:42"]
-    assert not any("payload" in t for t in rows)  # not "payload": null (issue 21 item 9)
+    assert not any("payload" in t for t in rows)  # a list leaves payloads out, not "payload": null
     code, out, _ = await qt("timers", "list", "reminders", "--limit", "1")
     header, *lines = out.splitlines()
     assert header.split()[:3] == ["KEY", "DELIVER_AT", "STATE"]

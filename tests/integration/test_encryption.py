@@ -1,4 +1,4 @@
-"""At-rest encryption (issue 30): a queue configured with ``encryptionEnabled`` stores its
+"""At-rest encryption: a queue configured with ``encryptionEnabled`` stores its
 payloads sealed (AES-256-GCM under QUEEN_ENCRYPTION_KEY) in every table that holds them, and
 every read a client makes opens them. Driven through Queen's own client where it has the call.
 """

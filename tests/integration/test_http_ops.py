@@ -78,7 +78,7 @@ async def test_metrics_expose_process_pool_and_http_figures(http: httpx.AsyncCli
             "queen_db_pool_max 5.0",
             "queen_listener_connected 1.0",
             'queen_http_requests_total{method="GET",route="/health",status="200"}',
-            # issue 21 item 12: by method too, and fire lag resolves below 1 ms
+            # by method too, and fire lag resolves below 1 ms
             'queen_http_request_seconds_count{method="GET",route="/health"}',
             'queen_timers_fire_lag_seconds_bucket{le="0.0005"}',
         ):
@@ -206,8 +206,8 @@ async def test_shutdown_answers_a_parked_long_poll_at_once(settings) -> None:  #
 async def test_one_compact_json_style_and_no_content_type_on_empty_answers(
     http: httpx.AsyncClient,
 ) -> None:
-    """Issue 21 item 9: errors were spaced JSON while answers were compact, and a 204
-    long-poll said ``content-type: text/html``."""
+    """Errors are compact JSON like the answers (they were once spaced), and a 204 long-poll
+    does not say ``content-type: text/html`` (it once did)."""
     for r in (await http.get("/health"), await http.get("/api/v1/nope"),
               await http.put("/api/v1/timers/q/k", content=b"{")):
         assert r.headers["content-type"] == "application/json", r.headers

@@ -18,6 +18,7 @@ from quart import Blueprint
 from queen_trio.api import create_app
 from queen_trio.api.tenancy import current_tenant_id, enforce_storage_gate, never_refused
 from queen_trio.config import Settings
+from queen_trio.db.rows import DictConnection
 from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
 
@@ -30,7 +31,7 @@ API = "/api/v1"
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(database_url: str) -> DictConnection:
     return psycopg.connect(database_url, row_factory=dict_row, autocommit=True)
 
 

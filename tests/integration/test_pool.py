@@ -73,14 +73,14 @@ async def test_run_does_a_whole_transaction_in_one_hop(db: Database) -> None:
         raw.execute("INSERT INTO items VALUES (%s, 'a'), (%s, 'b')", (first, first + 1))
         return raw.execute("SELECT count(*) AS n FROM items").fetchone()["n"]
 
-    assert await db.run(insert_two, 10) == 2
+    assert await db.run_transaction(insert_two, 10) == 2
 
     def fails(raw: DictConnection) -> None:
         raw.execute("INSERT INTO items VALUES (20, 'gone')")
         raise ValueError("nope")
 
     with pytest.raises(ValueError):
-        await db.run(fails)
+        await db.run_transaction(fails)
     assert await _count(db) == 2
 
 
@@ -173,7 +173,7 @@ async def test_run_cancelled_mid_statement_logs_no_failed_rollback(
         raw.execute("SELECT pg_sleep(30)")
 
     with caplog.at_level("WARNING"), trio.move_on_after(0.2):
-        await db.run(slow)
+        await db.run_transaction(slow)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
     assert await _count(db) == 0
 
@@ -262,22 +262,22 @@ async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Da
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         async with db.connection() as conn:
-            assert await conn.run(slow) == 7
+            assert await conn.run_raw(slow) == 7
         nursery.cancel_scope.cancel()
     assert ran_in == [threading.main_thread()]
     assert ticks >= 15  # ~30 possible; a blocked loop would manage 0
 
 
-async def test_run_in_thread_uses_a_worker_thread(db: Database) -> None:
+async def test_run_in_a_worker_thread_uses_one(db: Database) -> None:
     ran_in: list[threading.Thread] = []
 
     def where(raw: DictConnection) -> int:
         ran_in.append(threading.current_thread())
         return raw.execute("SELECT 1 AS one").fetchone()["one"]
 
-    assert await db.run_in_thread(where) == 1
+    assert await db.run_transaction_in_thread(where) == 1
     async with db.connection() as conn:
-        assert await conn.run_in_thread(where) == 1
+        assert await conn.run_raw_in_thread(where) == 1
     assert len(ran_in) == 2
     assert threading.main_thread() not in ran_in
 
@@ -290,7 +290,7 @@ async def test_a_cancelled_thread_call_returns_at_once_and_the_server_stops_it(
     started = trio.current_time()
     with trio.move_on_after(0.2):
         async with db.connection() as conn:
-            await conn.run_in_thread(lambda raw: raw.execute("SELECT pg_sleep(30)"))
+            await conn.run_raw_in_thread(lambda raw: raw.execute("SELECT pg_sleep(30)"))
     assert trio.current_time() - started < 1.0
     with _admin(database_url) as admin:
         for _ in range(100):

@@ -1,4 +1,4 @@
-"""Queen's configure options over real HTTP (issue 20): what is applied (maxSize, retryDelay,
+"""Queen's configure options over real HTTP: what is applied (maxSize, retryDelay,
 ttl / retentionSeconds, completedRetentionSeconds, retentionEnabled), what is echoed, what is
 ignored or refused, and the settable message ceiling (QUEEN_MAX_MESSAGE_BYTES)."""
 

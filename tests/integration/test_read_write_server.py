@@ -1,4 +1,4 @@
-"""Brokers find the writable server and never write through a read-only one (issue 23).
+"""Brokers find the writable server and never write through a read-only one.
 
 A multi-host URL whose first host is down (a closed port) must serve from the second: the
 pool, the LISTEN connection and a whole broker, whose /health says where it is. A read-only

@@ -34,6 +34,7 @@ from queen_trio.client import (
     TimerResult,
     TimerState,
     TimerStatus,
+    TransactionRefused,
 )
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle
@@ -319,6 +320,45 @@ async def test_a_failing_transaction_commits_nothing(queen: Client) -> None:
     assert too_big.value.status == 413
     assert await queen.kv.get("saga", "x") is None
     assert (await queen.ack(message)).already_acked is False  # the ack was rolled back too
+
+
+async def test_a_bundle_refused_whole_raises_transaction_refused(queen: Client) -> None:
+    """An ack under a lease that ran out refuses the bundle whole (200 success: false on
+    Queen's wire): the SDK raises TransactionRefused, a Conflict, and nothing was written."""
+    await queen.configure("tx-fenced", lease_time=1)
+    await queen.push("tx-fenced", 1)
+    message = await pop_one(queen, "tx-fenced")
+    await trio.sleep(1.2)
+    taken = await pop_one(queen, "tx-fenced")  # another consumer holds it now
+    with pytest.raises(TransactionRefused) as refused:
+        await (queen.transaction().push("tx-fenced-out", 1).ack(message)
+               .kv.put("saga", "fenced", 1, forever=True).commit())
+    error = refused.value
+    assert isinstance(error, Conflict)
+    assert (error.status, error.code, error.failed_index) == (200, "lease_lost", 1)
+    assert "rolled back" in error.message
+    assert len(await queen.pop("tx-fenced-out")) == 0
+    assert await queen.kv.get("saga", "fenced") is None
+    assert await queen.transaction().ack(taken).commit()  # its holder settles it
+
+
+async def test_a_handler_whose_bundle_committed_nothing_leaves_the_ack_to_the_loop(
+        queen: Client) -> None:
+    """A handler's transaction that lost its once-only gate committed nothing, its ack
+    included: the consume loop still settles the message (it was left stuck before, acked by
+    nobody and redelivered forever)."""
+    await queen.kv.put("once", "job-1", True, forever=True)  # another delivery did the work
+    await queen.push("gated-consume", {"job": 1})
+
+    async def handler(message: Message) -> None:
+        done = await (queen.transaction().once("once", "job-1", forever=True)
+                      .ack(message).push("gated-side", 1).commit())
+        assert not done and done.precondition is not None
+
+    stats = await queen.consume("gated-consume", handler, max_messages=1)
+    assert (stats.settled_by_handler, stats.completed, stats.ack_errors) == (0, 1, 0)
+    assert len(await queen.pop("gated-consume")) == 0
+    assert len(await queen.pop("gated-side")) == 0
 
 
 async def test_builders_are_reusable_and_immutable(queen: Client) -> None:

@@ -1,4 +1,4 @@
-"""The SDK and the CLI refuse what JSON or the broker cannot carry (issue 28): NaN, infinities,
+"""The SDK and the CLI refuse what JSON or the broker cannot carry: NaN, infinities,
 U+0000 and unpaired surrogates before anything is sent, naming the value's path; an integer
 beyond the range of a double the broker refuses, and the SDK says so as a BadRequest."""
 

@@ -1,4 +1,5 @@
-"""Timer races against a real PostgreSQL and real broker processes (README: "How a timer fires").
+"""Timer races against a real PostgreSQL and real broker processes (docs/internals.md, "How a
+timer fires").
 
 What every test here defends is the one promise of the feature: a due timer becomes exactly one
 frame in the log — never two, never none — whatever else happens at the same time (a cancel or
@@ -574,8 +575,8 @@ async def test_a_broker_frozen_mid_fire_is_taken_over_and_appends_nothing_on_wak
     database_url: str, path: str
 ) -> None:
     """A broker frozen mid-fire (SIGSTOP, a stalled VM) must not pin its rows past the
-    lease (README, "How a timer fires"): the server ends its open fire transaction (broker
-    path; on the postgres path the fire is one statement, which the server finishes without
+    lease (docs/internals.md, "How a timer fires"): the server ends its open fire transaction
+    (broker path; on the postgres path the fire is one statement, which the server finishes without
     its frozen client), another broker takes the rows over, and the frozen one, when it
     wakes, appends nothing. (That it also survives waking is checked by
     test_a_broker_frozen_between_statements_of_a_fire_survives_waking.)"""

@@ -60,10 +60,12 @@ async def test_a_failing_last_operation_leaves_no_trace(http: httpx.AsyncClient)
         {"type": "ack", "transactionId": "ghost", "partitionId": message["partitionId"]},
     ], "kv": [{"op": "put", "ns": "saga", "key": "b2", "value": {"step": "new"},
                "forever": True}]})
-    assert r.status_code == 404
+    # Refused whole as Queen answers it: 200, success false, the text in error.
+    assert r.status_code == 200, r.text
     body = r.json()
-    assert (body["ok"], body["error"], body["operation"]) == (False, "unresolvable", 2)
-    assert body["message"].startswith("operations[2]:")
+    assert (body["success"], body["code"], body["operation"], body["failedIndex"],
+            body["results"]) == (False, "unresolvable", 2, 2, [])
+    assert body["error"].startswith("operations[2]:") and "rolled back" in body["error"]
     # Nothing happened: no audit message, the KV value is unchanged, the ack was undone.
     assert await pop(http, "audit") is None
     assert (await http.get(f"{API}/kv/saga/b2")).json()["value"] == {"step": "old"}
@@ -112,8 +114,10 @@ async def test_required_leases_must_be_live(http: httpx.AsyncClient) -> None:
         "operations": [bare, {"type": "push", "items": [{"queue": "after", "payload": 1}]}],
         "kv": [{"op": "put", "ns": "leases", "key": "k", "value": 1, "forever": True}],
         "requiredLeases": [lease]})
-    assert (r.status_code, r.json()["error"], r.json()["lease"]) == (409, "lease_lost", lease)
-    assert "rolled back" in r.json()["message"]
+    body = r.json()
+    assert (r.status_code, body["success"], body["code"], body["lease"], body["results"]) == (
+        200, False, "lease_lost", lease, [])
+    assert "rolled back" in body["error"] and "failedIndex" not in body
     assert await pop(http, "after") is None
     assert (await http.get(f"{API}/kv/leases/k")).json()["found"] is False
     again = (await pop(http, "leased"))["messages"][0]
@@ -121,6 +125,34 @@ async def test_required_leases_must_be_live(http: httpx.AsyncClient) -> None:
     r = await http.post(f"{API}/transaction", json={
         "operations": [bare], "requiredLeases": [again["leaseId"]]})
     assert r.status_code == 200 and r.json()["results"][0]["status"] == "completed"
+
+
+async def test_an_ack_under_an_expired_lease_refuses_the_bundle_whole(
+        http: httpx.AsyncClient) -> None:
+    """Queen's answer (py26 test_a_bundle_with_an_ack_under_an_expired_lease_is_refused_whole):
+    200 ``success: false`` with the text in ``error`` and no results, not a 409; nothing of
+    the bundle is written, and each holder still settles its own message afterwards."""
+    await http.post(f"{API}/configure", json={"queue": "fenced-a", "options": {"leaseTime": 1}})
+    await push(http, "fenced-a", ["a"])
+    await push(http, "fenced-b", ["b"])
+    a = (await pop(http, "fenced-a"))["messages"][0]
+    b = (await pop(http, "fenced-b"))["messages"][0]
+    await trio.sleep(1.2)  # lease A runs out, and another consumer takes the message
+    taken = (await pop(http, "fenced-a"))["messages"][0]
+    assert taken["transactionId"] == a["transactionId"]
+    r = await http.post(f"{API}/transaction", json={
+        "operations": [_ack_op(b), _ack_op(a),
+                       {"type": "push", "items": [{"queue": "fenced-out", "payload": 1}]}],
+        "kv": [{"op": "put", "ns": "fenced", "key": "k", "value": 1, "forever": True}]})
+    body = r.json()
+    assert (r.status_code, body["success"], body["ok"], body["results"]) == (200, False, False, [])
+    assert (body["code"], body["operation"], body["failedIndex"]) == ("lease_lost", 1, 1)
+    assert "rolled back" in body["error"] and body["transactionId"]
+    assert await pop(http, "fenced-out") is None
+    assert (await http.get(f"{API}/kv/fenced/k")).json()["found"] is False
+    for holder in (taken, b):  # b's ack was rolled back with the rest
+        r = await http.post(f"{API}/transaction", json={"operations": [_ack_op(holder)]})
+        assert (r.status_code, r.json()["success"]) == (200, True), r.text
 
 
 @pytest.mark.parametrize(

@@ -224,9 +224,17 @@ async def test_transaction_answers_validate_against_the_generated_schemas(
     assert (lost.json()["success"], lost.json()["failedIndex"]) == (False, 1)
     assert lost.json()["transactionId"]
 
+    refused = await http.post(path, json={"operations": [
+        {"type": "ack", "transactionId": "ghost", "partitionId": results[0]["partitionId"]}]})
+    check(document, path, "post", refused)
+    assert (refused.json()["success"], refused.json()["code"]) == (False, "unresolvable")
+
     assert refuses(document, path, "post", {**done.json(), "success": "yes"})
     assert refuses(document, path, "post", {k: v for k, v in lost.json().items()
                                             if k != "kvReason"})
+    assert refuses(document, path, "post", {**refused.json(), "code": "whatever"})
+    assert refuses(document, path, "post", {**done.json(), "results": [
+        {**results[0], "type": "mystery"}]})
 
 
 async def test_log_answers_validate_against_the_generated_schemas(
@@ -305,3 +313,75 @@ async def test_log_answers_validate_against_the_generated_schemas(
     assert len(settled_sdk.batch) == 1
     with pytest.raises(msgspec.ValidationError):
         sdk.Batch.from_wire(broken)
+
+
+def _request_schema(document: dict[str, Any], path: str, method: str = "post") -> dict[str, Any]:
+    declared = document["paths"][path][method]["requestBody"]["content"]["application/json"][
+        "schema"]
+    return {**declared, "components": document["components"]}
+
+
+def _declared(document: dict[str, Any], path: str, body: Any, method: str = "post") -> bool:
+    try:
+        jsonschema.validate(body, _request_schema(document, path, method),
+                            cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+async def test_kv_locks_and_transaction_requests_are_the_models_the_routes_take(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """The request bodies /openapi.json declares for KV, locks and transactions are the models
+    the routes decode through (issue 29): what queen-mq sends is declared and taken; a field
+    the model does not have is neither (the route names it, as its rules always did)."""
+    from queen.kv import ops as queen_kv
+
+    kv_ops = [queen_kv.put("wm-req", "k", {"n": 1}, forever=True),
+              queen_kv.put_if_absent("wm-req", "once", True, ttl_seconds=60),
+              queen_kv.incr("wm-req", "hits", delta=2, forever=True),
+              queen_kv.get_many("wm-req", ["k", "nothing"]),
+              queen_kv.get_prefix("wm-req", "k"),
+              queen_kv.check("wm-req", "k", expect=0)]
+    call = {"operations": kv_ops}
+    assert _declared(document, f"{API}/kv", call) and _declared(document, f"{API}/kv", kv_ops)
+    r = await http.post(f"{API}/kv", json=call)
+    check(document, f"{API}/kv", "post", r)
+    assert [x["op"] for x in r.json()["results"]] == [o["op"] for o in kv_ops]
+    typo = {"operations": [{**kv_ops[0], "vaule": 2}]}
+    assert not _declared(document, f"{API}/kv", typo)
+    r = await http.post(f"{API}/kv", json=typo)
+    assert (r.status_code, r.json()["error"], r.json()["reason"]) == (
+        400, "kv_bad_request", "kv_unknown_field")
+
+    path = f"{API}/kv/{{namespace}}/{{key}}"
+    assert _declared(document, path, {"value": [1, 2], "ttlSeconds": 30}, "put")
+    assert not _declared(document, path, {"value": 1, "forever": True, "key": "x"}, "put")
+    assert not _declared(document, path, {"expect": 1, "value": 2}, "delete")
+
+    locks = {"operations": [{"op": "acquire", "name": "wm-lock", "ttlSeconds": 30,
+                             "owner": "me", "limit": 2}, {"op": "get", "name": "other"}]}
+    assert _declared(document, f"{API}/locks", locks)
+    r = await http.post(f"{API}/locks", json=locks)
+    check(document, f"{API}/locks", "post", r)
+    assert r.json()["results"][0]["acquired"] is True
+    forever = [{"op": "acquire", "name": "wm-lock2", "ttlSeconds": 30, "forever": True}]
+    assert not _declared(document, f"{API}/locks", forever)
+    r = await http.post(f"{API}/locks", json=forever)
+    assert (r.status_code, r.json()["reason"]) == (400, "locks_ttl_required")
+
+    bundle = {"operations": [{"type": "push", "items": [
+                  {"queue": "wm-req", "payload": {"a": 1}, "transactionId": "wm-req-1"}]}],
+              "requiredLeases": [],
+              "kv": [queen_kv.put("wm-req", "tx", 1, forever=True)],
+              "timers": [timer_op("wm-req", "t", 60_000, {"n": 1})]}
+    assert _declared(document, f"{API}/transaction", bundle)
+    r = await http.post(f"{API}/transaction", json=bundle)
+    check(document, f"{API}/transaction", "post", r)
+    assert r.json()["success"] is True
+    bare_ack = {"operations": [{"type": "ack", "partitionId": str(uuid.uuid4())}]}
+    assert not _declared(document, f"{API}/transaction", bare_ack)
+    r = await http.post(f"{API}/transaction", json=bare_ack)
+    assert (r.status_code, r.json()["error"]) == (400, "missing_field")
+    assert not _declared(document, f"{API}/transaction", {**bundle, "kvOps": []})

@@ -19,7 +19,8 @@ def test_the_exported_names() -> None:
         "PushResult", "PushStatus", "QueenClientError", "QueueConfig", "RateLimited",
         "Replayed", "RetryPolicy", "ServerError", "StorageFull", "SyncClient", "SyncLock",
         "TimerInfo",
-        "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionResult",
+        "TimerMark", "TimerResult", "TimerState", "TimerStatus", "TransactionRefused",
+        "TransactionResult",
         "Unauthorized", "delay_ms", "format_ms", "ttl_seconds",
     }
     for name in sdk.__all__:
@@ -33,7 +34,8 @@ def test_the_package_offers_both_clients() -> None:
 
 def test_every_api_error_is_a_client_error() -> None:
     for name in ("BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict",
-                 "PayloadTooLarge", "RateLimited", "StorageFull", "ServerError"):
+                 "PayloadTooLarge", "RateLimited", "StorageFull", "ServerError",
+                 "TransactionRefused"):
         assert issubclass(getattr(sdk, name), sdk.ApiError)
     assert issubclass(sdk.ApiError, sdk.QueenClientError)
     assert issubclass(sdk.BrokerUnreachable, sdk.QueenClientError)
@@ -47,7 +49,7 @@ def test_statuses_compare_equal_to_their_wire_strings() -> None:
 
 
 def test_every_sdk_name_is_importable_from_the_package() -> None:
-    """Issue 21 item 13: ``from queen_trio import ApiError, TimerStatus`` as documented."""
+    """``from queen_trio import ApiError, TimerStatus`` works, as the docs show it."""
     from queen_trio import ApiError, TimerStatus
 
     assert ApiError is sdk.ApiError and TimerStatus is sdk.TimerStatus

@@ -192,7 +192,7 @@ def test_run_blocking_refuses_a_coroutine_that_suspends() -> None:
 
 
 def test_a_body_json_cannot_carry_is_refused_before_the_first_send() -> None:
-    """Issue 28: NaN, infinities, U+0000 and unpaired surrogates never leave the client."""
+    """NaN, infinities, U+0000 and unpaired surrogates never leave the client."""
     for value, path in ((float("nan"), "items[0].payload.price"),
                         (float("inf"), "items[0].payload.price"),
                         ("a\x00b", "items[0].payload.price"), ("\udfff", "items[0].payload.price")):

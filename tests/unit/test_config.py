@@ -113,7 +113,7 @@ def test_bad_values_name_the_variable(variable: str, value: str) -> None:
 
 
 def test_the_message_ceiling_is_settable_and_the_body_limit_follows() -> None:
-    # 16 MiB: what a Queen user pushes (issue 30); the body limit leaves room for escapes.
+    # 16 MiB: what a Queen user pushes (Queen has no cap); the body limit leaves room for escapes.
     assert load_settings({}).max_message_bytes == 16 * ONE_MIB
     assert load_settings({}).http_body_limit() == 64 * ONE_MIB
     assert load_settings({"QUEEN_MAX_MESSAGE_BYTES": str(ONE_MIB)}

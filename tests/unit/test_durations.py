@@ -127,7 +127,7 @@ def test_an_int_ttl_counts_seconds_not_milliseconds() -> None:
     assert whole_seconds(0, "delayedProcessing") == 0
 
 
-# -- issue 21 item 8: negative only where the wire allows it ----------------------------------
+# -- negative only where the wire allows it ---------------------------------------------------
 
 
 def test_a_timer_delay_may_be_negative_as_on_the_wire() -> None:

@@ -1,4 +1,4 @@
-"""queen_trio.strict_json: JSON by the standard, and only what PostgreSQL can store (issue 28).
+"""queen_trio.strict_json: JSON by the standard, and only what PostgreSQL can store.
 
 The decoder must agree with ``json.loads`` on every document it accepts, refuse exactly the
 values the module's description lists (naming their path), and the encoder must refuse what

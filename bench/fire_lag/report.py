@@ -15,8 +15,8 @@ from typing import Any
 from bench.harness.stats import qname
 
 # The generated sections live in the performance page (docs/performance.md).
-RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+README = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 PARTIES = ("ours", "ours-w2", "ours-sync", "ours-wire", "peer-default", "peer-best")
 LABELS = {"ours": "queen-trio, Client.consume() at its defaults (handler start)",
           "ours-w2": "queen-trio, Client.consume() against QUEEN_WORKERS=2 (handler start)",

@@ -1,4 +1,5 @@
-"""Small helpers shared by the routes' JSON encoders."""
+"""How the answers write two of Queen's fields: an instant (ISO-8601, as Queen writes
+createdAt) and a message's id."""
 
 from __future__ import annotations
 

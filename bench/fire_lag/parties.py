@@ -16,10 +16,11 @@ from typing import Any
 
 import trio
 
-from bench import peer_procrastinate as peer
+from bench.fire_lag import peer_procrastinate as peer
 from bench.harness.api import Api
 from bench.harness.metrics import Metrics, merge
 from bench.harness.report import Failures
+from bench.harness.sdk_consumer import SdkConsumer
 from bench.harness.timers import (
     BUNDLE,
     FAR_DELAY_MS,
@@ -30,7 +31,6 @@ from bench.harness.timers import (
     settle_metrics,
     timer_ops,
 )
-from bench.sdk_consumer import SdkConsumer
 
 CALIBRATION_BUNDLES = 6
 

@@ -21,9 +21,9 @@ the ``deliverAt`` the broker returned (and the broker's histogram
 ``queen_timers_fire_lag_seconds``: fire commit minus deliver_at on PostgreSQL's clock); the peer
 = job start time minus ``scheduled_at``. All parties run on this machine and read one clock.
 The peer runs idle, steady and burst at Procrastinate's default settings and at its best
-latency settings (see ``bench.peer_procrastinate.PROFILES``); a peer that has not started a job
-by the end of the scenario's wait has it counted as not started in time (shown as "> wait"),
-never as lost.
+latency settings (see ``bench.fire_lag.peer_procrastinate.PROFILES``); a peer that has not
+started a job by the end of the scenario's wait has it counted as not started in time (shown
+as "> wait"), never as lost.
 
 ``--explore`` instead runs idle and burst (smaller: 150 timers, 30,000) for every
 QUEEN_SWEEPER_MIN_SLEEP_MS in {1, 5, 10, 25} x QUEEN_SWEEPER_BATCH in {100, 500, 2000}.
@@ -59,9 +59,9 @@ from typing import Any
 import httpx
 import trio
 
-from bench import fire_lag_report as report
-from bench import peer_procrastinate as peer
-from bench.fire_parties import Ours, Peer, arrival_lags
+from bench.fire_lag import peer_procrastinate as peer
+from bench.fire_lag import report
+from bench.fire_lag.parties import Ours, Peer, arrival_lags
 from bench.harness.api import API, REQUEST_TIMEOUT_S, Api, epoch, event
 from bench.harness.brokers import brokers
 from bench.harness.collector import collector_paused
@@ -84,11 +84,11 @@ from bench.harness.timers import (
 )
 from queen_trio.client.wire import LeanClient
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 SCENARIOS = ("idle", "steady", "burst", "api-load", "multi-broker", "cancel-race")
 WITH_PEER = ("idle", "steady", "burst")
 # Beside the verdict (``ours``: Client.consume() at its defaults), in the peer's scenarios: the
-# sync client's consume() and the wire-level consumer (see bench.fire_parties.CONSUMERS).
+# sync client's consume() and the wire-level consumer (see bench.fire_lag.parties.CONSUMERS).
 OURS_BESIDE = ("ours-sync", "ours-wire")
 PARTY_ENV = {"ours-w2": {"QUEEN_WORKERS": "2"}}  # the burst again with two broker processes
 EXPLORE_MIN_SLEEP_MS = (1, 5, 10, 25)
@@ -777,6 +777,3 @@ def save(path: Path, info: dict[str, Any], sizes: Sizes, scenarios: dict[str, An
     stamp(summary, started)
     path.write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from bench.fire_lag.suite import main
+
+sys.exit(main())
