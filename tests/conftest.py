@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +17,7 @@ import trio
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
 
-from .pgserver import Databases, session_server
+from .pgserver import Databases, memory_root, session_server
 
 _server_description = "not started"
 
@@ -31,6 +34,15 @@ def databases() -> Iterator[Databases]:
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
     terminalreporter.write_line(f"database server: {_server_description}")
+
+
+@pytest.fixture
+def memory_path() -> Iterator[Path]:
+    """A fresh directory for a PostgreSQL data directory (initdb, pg_basebackup): in memory
+    where the machine allows (see ``memory_root``), removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="t-", dir=memory_root()))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

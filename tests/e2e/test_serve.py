@@ -58,10 +58,10 @@ def _postgres_processes_for(data_dir: Path) -> list[psutil.Process]:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
 def test_serve_on_embedded_postgres_then_stop_signal(
-    tmp_path: Path, stop_signal: signal.Signals
+    memory_path: Path, stop_signal: signal.Signals
 ) -> None:
     """SIGHUP (the terminal closing) stops the broker and its PostgreSQL like SIGTERM."""
-    data_dir = tmp_path / "queen-data"
+    data_dir = memory_path / "queen-data"
     port = _free_port()
     proc = subprocess.Popen(
         CLI + ["serve"],
@@ -186,9 +186,9 @@ def test_version_and_help() -> None:
     assert bare.returncode == 2
 
 
-def test_a_repeated_sigterm_still_stops_postgres(tmp_path: Path) -> None:
+def test_a_repeated_sigterm_still_stops_postgres(memory_path: Path) -> None:
     """A supervisor that repeats itself (or an impatient Ctrl-C) must not orphan PostgreSQL."""
-    data_dir = tmp_path / "queen-data"
+    data_dir = memory_path / "queen-data"
     port = _free_port()
     proc = subprocess.Popen(
         CLI + ["serve"],
@@ -294,9 +294,9 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root makes the embedded server's user")
-def test_run_as_root_the_system_user_is_said_once(tmp_path: Path) -> None:
+def test_run_as_root_the_system_user_is_said_once(memory_path: Path) -> None:
     port = _free_port()
-    proc = subprocess.Popen(CLI + ["serve"], env=_env(QUEEN_DATA_DIR=str(tmp_path / "d"),
+    proc = subprocess.Popen(CLI + ["serve"], env=_env(QUEEN_DATA_DIR=str(memory_path / "d"),
                                                       QUEEN_PORT=str(port)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -28,8 +28,8 @@ def test_no_embedded_database_is_created_without_init(tmp_path: Path) -> None:
     assert not data_dir.exists()
 
 
-def test_init_creates_it_and_says_so_quietly(tmp_path: Path) -> None:
-    data_dir = tmp_path / "fresh"
+def test_init_creates_it_and_says_so_quietly(memory_path: Path) -> None:
+    data_dir = memory_path / "fresh"
     env = _env(QUEEN_DATA_DIR=str(data_dir))
     result = subprocess.run(CLI + ["create", "acme", "--init"], env=env,
                             capture_output=True, text=True, timeout=60)

@@ -46,8 +46,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ReplicatedPostgres]:
-    c = ReplicatedPostgres(tmp_path, synchronous=True)
+def cluster(memory_path: Path) -> Iterator[ReplicatedPostgres]:
+    c = ReplicatedPostgres(memory_path, synchronous=True)
     try:
         c.start()
         yield c
@@ -408,9 +408,9 @@ def _report(mode: str, figures: list[Failover], timers: TimerBook, log: LogBook,
 
 
 @pytest.fixture
-async def async_cluster(tmp_path: Path, nursery: trio.Nursery
+async def async_cluster(memory_path: Path, nursery: trio.Nursery
                         ) -> AsyncIterator[tuple[ReplicatedPostgres, PgProxy]]:
-    c = ReplicatedPostgres(tmp_path, synchronous=False)
+    c = ReplicatedPostgres(memory_path, synchronous=False)
     try:
         await trio.to_thread.run_sync(c.primary.server.start)
         proxy: PgProxy = await nursery.start(PgProxy(c.primary.url).run)

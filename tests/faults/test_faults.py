@@ -218,11 +218,12 @@ async def _healthy(http: httpx.AsyncClient) -> bool:
 
 
 async def test_postgres_stopped_and_started_during_a_burst_under_traffic(
-    tmp_path: Path,
+    memory_path: Path,
 ) -> None:
     from queen_trio.embedded import EmbeddedPostgres
 
-    server = EmbeddedPostgres(tmp_path / "pg", database="queen", server_settings={"fsync": "off"})
+    server = EmbeddedPostgres(memory_path / "pg", database="queen",
+                              server_settings={"fsync": "off"})
     env = {**ENV, "QUEEN_SWEEPER_MAX_ATTEMPTS": "1", "QUEEN_SWEEPER_MAX_SLEEP_MS": "200"}
     book = TimerBook()
     try:

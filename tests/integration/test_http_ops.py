@@ -15,6 +15,7 @@ from queen_trio.api.errors import read_json_object
 from queen_trio.db.migrations import latest_version
 from queen_trio.server import BrokerHandle
 
+from ..helpers import parked
 from ..pgserver import url_params, with_dbname
 
 
@@ -163,7 +164,7 @@ async def test_shutdown_lets_an_in_flight_request_finish(settings) -> None:  # t
                 answers.append(r.status_code)
 
         nursery.start_soon(long_poll)
-        await trio.sleep(0.2)  # the pop is parked on the broker now
+        await parked(handle)
         started = _time.monotonic()
         handle.shutdown()
     assert answers == [204]
@@ -195,7 +196,7 @@ async def test_shutdown_answers_a_parked_long_poll_at_once(settings) -> None:  #
                 answers.append(r.status_code)
 
         nursery.start_soon(long_poll)
-        await trio.sleep(0.3)  # the pop is parked on the broker now
+        await parked(handle)
         started = _time.monotonic()
         handle.shutdown()
     assert answers == [204]

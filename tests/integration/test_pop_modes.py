@@ -12,7 +12,9 @@ import pytest
 import trio
 
 from queen_trio.db.rows import one
+from queen_trio.server import BrokerHandle
 
+from ..helpers import parked
 from .test_log import API, ack, configure, pop, push
 
 
@@ -75,7 +77,7 @@ async def test_a_queue_deleted_and_made_again_is_new_to_a_subscribed_group(
 
 
 async def test_a_long_poll_with_mode_new_gets_the_push_that_wakes_it(
-    http: httpx.AsyncClient,
+    broker: BrokerHandle, http: httpx.AsyncClient,
 ) -> None:
     await push(http, "ev", [{"old": 1}])
     answer: dict = {}
@@ -86,7 +88,7 @@ async def test_a_long_poll_with_mode_new_gets_the_push_that_wakes_it(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
-        await trio.sleep(0.3)
+        await parked(broker)
         await push(http, "ev", [{"new": 1}])
     assert [m["data"] for m in answer["r"]["messages"]] == [{"new": 1}]
 

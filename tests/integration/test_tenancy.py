@@ -20,7 +20,7 @@ from queen_trio.server import BrokerHandle, run_broker
 from queen_trio.tenants import store
 
 from ..conftest import replace_settings
-from ..helpers import eventually
+from ..helpers import eventually, parked
 
 API = "/api/v1"
 
@@ -381,7 +381,7 @@ async def test_two_tenants_never_see_each_other(
 
 
 async def test_pushes_and_long_polls_wake_only_their_own_tenant(
-    http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
+    auth_broker: BrokerHandle, http_a: httpx.AsyncClient, http_b: httpx.AsyncClient
 ) -> None:
     got: dict[str, httpx.Response] = {}
 
@@ -391,7 +391,7 @@ async def test_pushes_and_long_polls_wake_only_their_own_tenant(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait_b)
-        await trio.sleep(0.2)
+        await parked(auth_broker)
         r = await http_a.post(f"{API}/push", json={"items": [{"queue": "orders", "payload": "A"}]})
         assert r.status_code == 201
     assert got["b"].status_code == 204  # A's push neither woke nor fed B's pop
