@@ -307,14 +307,10 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
 
 
 def _log_paths() -> dict[str, Any]:
-    ack_schema = {"$ref": "#/components/schemas/Ack"}
     ack_results = _json({"type": "array", "items": schema.ref(log_models.AckResult)},
                         "One verdict per acknowledgement, in order")
-    settle_body = {"required": False, "content": {"application/json": {"schema": {
-        "type": "object", "properties": {
-            "consumerGroup": {"type": "string"}, "partitionId": {"type": "string"},
-            "leaseId": {"type": "string"},
-            "acknowledgments": {"type": "array", "items": ack_schema}}}}}}
+    settle_body = {"required": False, "content": {"application/json": {
+        "schema": schema.ref(log_models.SettleBody)}}}
     return {
         "/api/v1/configure": {"post": {
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
@@ -399,11 +395,7 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Append 0..N messages, any mix of queues and partitions, atomically "
                        "(no items: 201 [])",
             "operationId": "push",
-            "requestBody": _body({"type": "object", "required": ["items"], "properties": {
-                "items": {"type": "array", "items": {
-                    "type": "object", "required": ["queue", "payload"], "properties": {
-                        "queue": {"type": "string"}, "partition": {"type": "string"},
-                        "payload": {}, "transactionId": {"type": "string"}}}}}}),
+            "requestBody": _body(schema.ref(log_models.PushBody)),
             "responses": {
                 "201": _json({"type": "array", "items": schema.ref(log_models.Pushed)},
                              "One result per item, in order"),
@@ -451,17 +443,14 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Acknowledge one message (completed, failed, dlq or retry)",
             "description": _ACK_AS_COMMIT,
             "operationId": "ack",
-            "requestBody": _body(ack_schema),
+            "requestBody": _body(schema.ref(log_models.Ack)),
             "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/ack/batch": {"post": {
             "summary": "Acknowledge several messages, each with its verdict",
             "description": _ACK_AS_COMMIT,
             "operationId": "ackBatch",
-            "requestBody": _body({"type": "object", "required": ["acknowledgments"],
-                                  "properties": {"consumerGroup": {"type": "string"},
-                                                 "acknowledgments": {"type": "array",
-                                                                     "items": ack_schema}}}),
+            "requestBody": _body(schema.ref(log_models.AckBatch)),
             "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/lease/{lease_id}/extend": {"post": {
@@ -471,8 +460,8 @@ def _log_paths() -> dict[str, Any]:
                            "error, and code lease_expired or lease_not_found) when none was.",
             "operationId": "extendLease",
             "parameters": [_path_param("lease_id", "lease id from a pop")],
-            "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
+            "requestBody": {"required": False, "content": {"application/json": {
+                "schema": schema.ref(log_models.ExtendBody)}}},
             "responses": {"200": _json(schema.ref(log_models.LeaseExtended), "What was renewed"),
                           **_errors(400)},
         }},
@@ -1064,14 +1053,6 @@ def _document() -> dict[str, Any]:
                         "nextDeliverAt": {"type": ["string", "null"],
                                           "description": "the earliest deliverAt among them"}}},
                     "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
-                "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
-                        "properties": {
-                            "transactionId": {"type": "string"},
-                            "partitionId": {"type": "string"},
-                            "status": {"enum": ["completed", "success", "failed", "dlq",
-                                                "retry"]},
-                            "consumerGroup": {"type": "string"},
-                            "leaseId": {"type": "string"}, "error": {"type": "string"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

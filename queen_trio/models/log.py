@@ -1,14 +1,104 @@
-"""Queen's log wire: the answers of push, pop (plain and settle-and-pop), ack, ack/batch and
-lease extend. Fields that are always written (null included) have no default; the few an
-answer carries only sometimes default to UNSET, which msgspec leaves out."""
+"""Queen's log wire: the request bodies of push, ack, ack/batch, settle-and-pop and lease
+extend, and the answers of push, pop (plain and settle-and-pop), ack, ack/batch and lease
+extend. The routes decode the requests through these models (a body a model refuses takes the
+strict decoder and :mod:`queen_trio.log.rules`, which say precisely what is wrong); fields
+they do not name are ignored, as Queen ignores them. In answers, fields that are always written
+(null included) have no default; the few an answer carries only sometimes default to UNSET,
+which msgspec leaves out."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 Id = str  # ids travel as strings (a partition's uuid, a lease's uuid)
+MAX_PUSH_ITEMS = 10_000  # (log.rules.MAX_PUSH_ITEMS, which the rules enforce)
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class PushItem(Struct, kw_only=True):
+    """One message to push (other fields are ignored)."""
+
+    queue: str
+    partition: Annotated[str | None, Meta(description="default: Default")] \
+        | UnsetType = UNSET
+    payload: Annotated[Any, Meta(description="any JSON: the message's data")]
+    transactionId: Annotated[str | None, Meta(description=(
+        "the client's id for the message (a repeat is a duplicate); default: one is "
+        "minted"))] | UnsetType = UNSET
+
+
+class PushBody(Struct, kw_only=True):
+    """``POST /api/v1/push``: 0..N messages, any mix of queues and partitions, appended
+    atomically."""
+
+    items: Annotated[list[PushItem], Meta(max_length=MAX_PUSH_ITEMS)]
+
+
+class _AckFields(Struct, kw_only=True):
+    transactionId: str
+    leaseId: Annotated[Id | None, Meta(description=(
+        "the lease of the pop that delivered it; in a batch, default: the batch's "
+        "leaseId"))] | UnsetType = UNSET
+    status: Annotated[str | None, Meta(description=(
+        "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
+    consumerGroup: str | None | UnsetType = UNSET
+    error: Annotated[Any, Meta(description="a failure's reason (text; other JSON is kept as "
+                                           "its text)")] | UnsetType = UNSET
+
+
+class Ack(_AckFields, kw_only=True):
+    """``POST /api/v1/ack``: one acknowledgement (other fields are ignored)."""
+
+    partitionId: Id
+
+
+class BatchAck(_AckFields, kw_only=True):
+    """One acknowledgement of a batch (other fields are ignored)."""
+
+    partitionId: Annotated[Id, Meta(description="default: the batch's partitionId")] \
+        | UnsetType = UNSET
+
+
+class _AckDefaults(Struct, kw_only=True):
+    consumerGroup: Annotated[str | None, Meta(description=(
+        "overrides each acknowledgement's"))] | UnsetType = UNSET
+    partitionId: Annotated[Id | None, Meta(description=(
+        "for the acknowledgements that name none"))] | UnsetType = UNSET
+    leaseId: Annotated[Id | None, Meta(description=(
+        "for the acknowledgements that name none"))] | UnsetType = UNSET
+
+
+class AckBatch(_AckDefaults, kw_only=True):
+    """``POST /api/v1/ack/batch``: at least one acknowledgement, each with its verdict."""
+
+    acknowledgments: Annotated[list[BatchAck], Meta(min_length=1)]
+
+
+class SettleBody(_AckDefaults, kw_only=True):
+    """A settle-and-pop's body (optional): the acknowledgements to commit before the pop,
+    as for ``/ack/batch``."""
+
+    acknowledgments: list[BatchAck] | UnsetType = UNSET
+
+
+class ExtendBody(Struct, kw_only=True):
+    """``POST /api/v1/lease/{lease_id}/extend`` (the body is optional)."""
+
+    seconds: Annotated[int, Meta(ge=1, le=86_400, description="default 60")] \
+        | UnsetType = UNSET
+
+
+PUSH_DECODER = msgspec.json.Decoder(PushBody)
+ACK_DECODER = msgspec.json.Decoder(Ack)
+ACK_BATCH_DECODER = msgspec.json.Decoder(AckBatch)
+SETTLE_DECODER = msgspec.json.Decoder(SettleBody)
+EXTEND_DECODER = msgspec.json.Decoder(ExtendBody)
+
+# -- answers ----------------------------------------------------------------------------------
 
 
 class Pushed(Struct, kw_only=True):

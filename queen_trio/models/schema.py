@@ -17,7 +17,9 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            kv.KvResults, kv.KvPreconditionFailed,
                            locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
                            transaction.TransactionDone, transaction.TransactionRefused,
-                           log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
+                           log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
+                           log.ExtendBody, log.Pushed, log.PopResponse, log.AckResult,
+                           log.LeaseExtended)
 
 
 def components() -> dict[str, Any]:
