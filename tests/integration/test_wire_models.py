@@ -385,3 +385,66 @@ async def test_kv_locks_and_transaction_requests_are_the_models_the_routes_take(
     r = await http.post(f"{API}/transaction", json=bare_ack)
     assert (r.status_code, r.json()["error"]) == (400, "missing_field")
     assert not _declared(document, f"{API}/transaction", {**bundle, "kvOps": []})
+
+
+async def test_log_requests_are_the_models_the_routes_take(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """The request bodies /openapi.json declares for push, ack, ack/batch, settle-and-pop and
+    lease extend are the models the routes decode through (issue 29): a declared body is
+    taken; one the model refuses is not declared, and the route answers the precise 400 its
+    rules always gave (fields a model does not name are ignored, as Queen ignores them)."""
+    push = {"items": [{"queue": "wm-log", "partition": "a", "payload": {"n": 1},
+                       "transactionId": "wm-log-1", "traceId": "ignored"},
+                      {"queue": "wm-log", "payload": [1, "two", None]}]}
+    assert _declared(document, f"{API}/push", push)
+    r = await http.post(f"{API}/push", json=push)
+    check(document, f"{API}/push", "post", r, status=201)
+    assert [x["partition"] for x in r.json()] == ["a", "Default"]
+    for bad, code in (({"items": [{"queue": 7, "payload": 1}]}, "invalid_queue"),
+                      ({"items": [{"queue": "wm-log"}]}, "missing_field"),
+                      ({"items": [{"queue": "wm-log", "payload": 1, "transactionId": 5}]},
+                       "invalid_transaction_id"),
+                      ({"items": "no"}, "invalid_items")):
+        assert not _declared(document, f"{API}/push", bad)
+        r = await http.post(f"{API}/push", json=bad)
+        assert (r.status_code, r.json()["error"]) == (400, code), bad
+
+    got = (await http.get(f"{API}/pop/queue/wm-log/partition/a",
+                          params={"consumerGroup": "g"})).json()
+    m = got["messages"][0]
+    one = {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+           "leaseId": got["leaseId"], "consumerGroup": "g", "status": "completed",
+           "error": None}
+    assert _declared(document, f"{API}/ack", one)
+    no_partition = {k: v for k, v in one.items() if k != "partitionId"}
+    assert not _declared(document, f"{API}/ack", no_partition)
+    r = await http.post(f"{API}/ack", json=no_partition)
+    assert (r.status_code, r.json()["error"]) == (400, "missing_field")
+    # In a batch, the batch's partitionId and leaseId stand in for an entry's.
+    batch = {"consumerGroup": "g", "partitionId": m["partitionId"], "leaseId": got["leaseId"],
+             "acknowledgments": [{"transactionId": m["transactionId"], "status": "success"}]}
+    assert _declared(document, f"{API}/ack/batch", batch)
+    r = await http.post(f"{API}/ack/batch", json=batch)
+    check(document, f"{API}/ack/batch", "post", r)
+    assert r.json()[0]["success"] is True
+    for bad, code in (({"acknowledgments": []}, "invalid_body"),
+                      ({"acknowledgments": [{**one, "partitionId": "nope"}]},
+                       "invalid_partition_id"),
+                      ([one], "invalid_body")):
+        r = await http.post(f"{API}/ack/batch", json=bad)
+        assert (r.status_code, r.json()["error"]) == (400, code), bad
+    assert not _declared(document, f"{API}/ack/batch", {"acknowledgments": []})
+
+    settle_path = f"{API}/pop/queue/{{queue}}/partition/{{partition}}"
+    assert _declared(document, settle_path, batch)
+    r = await http.post(f"{API}/pop/queue/wm-log/partition/a", params={"consumerGroup": "g"},
+                        json=batch)
+    check(document, settle_path, "post", r)
+    assert r.json()["acks"]["count"] == 1
+
+    lease_path = f"{API}/lease/{{lease_id}}/extend"
+    assert _declared(document, lease_path, {"seconds": 30})
+    assert not _declared(document, lease_path, {"seconds": 0})
+    r = await http.post(f"{API}/lease/{uuid.uuid4()}/extend", json={"seconds": 0})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_parameter")
