@@ -475,21 +475,7 @@ def _log_paths() -> dict[str, Any]:
                            "call always goes. maxWaitMs parks an answer with fewer than "
                            "minBytes payload bytes.",
             "operationId": "fetch",
-            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
-                "entries": {"type": "array", "maxItems": 1024, "items": {
-                    "type": "object", "required": ["queue", "offset"],
-                    "additionalProperties": False, "properties": {
-                        "queue": {"type": "string"},
-                        "partition": {"type": ["string", "integer"],
-                                      "description": "default Default; a number names the "
-                                                     "partition of its digits"},
-                        "offset": {"type": "integer", "minimum": 0},
-                        "maxBytes": {"type": "integer",
-                                     "description": "default 1 MiB, clamped to 1..8 MiB"}}}},
-                "maxBytes": {"type": "integer", "description": "the call's budget, at most "
-                                                              "64 MiB"},
-                "maxWaitMs": {"type": "integer", "minimum": 0, "description": "at most 30000"},
-                "minBytes": {"type": "integer", "minimum": 0, "description": "default 1"}}}),
+            "requestBody": _body(schema.ref(log_models.FetchBody)),
             "responses": {"200": _json({"type": "object", "properties": {"entries": {
                 "type": "array", "items": {"type": "object", "properties": {
                     "queue": {"type": "string"}, "partition": {"type": "string"},
@@ -510,14 +496,7 @@ def _log_paths() -> dict[str, Any]:
                            "the end; BAD_CURSOR: another mode's). safeTime: no write can still "
                            "land at or before it; pass it as the next since.",
             "operationId": "partitionsChanged",
-            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
-                "entries": {"type": "array", "maxItems": 64, "items": {
-                    "type": "object", "required": ["queue"], "additionalProperties": False,
-                    "properties": {
-                        "queue": {"type": "string"},
-                        "since": {"type": "string", "format": "date-time"},
-                        "after": {"type": "string"},
-                        "limit": {"type": "integer"}}}}}}),
+            "requestBody": _body(schema.ref(log_models.ChangedBody)),
             "responses": {"200": _json({"type": "object", "properties": {
                 "safeTime": {"type": "string", "format": "date-time"},
                 "safeTimeDegraded": {"type": "boolean"},

@@ -14,7 +14,11 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 Id = str  # ids travel as strings (a partition's uuid, a lease's uuid)
-MAX_PUSH_ITEMS = 10_000  # (log.rules.MAX_PUSH_ITEMS, which the rules enforce)
+# (log.rules.MAX_PUSH_ITEMS, log.reads.MAX_FETCH_ENTRIES and MAX_CHANGED_ENTRIES, which the
+# rules enforce)
+MAX_PUSH_ITEMS = 10_000
+MAX_FETCH_ENTRIES = 1024
+MAX_CHANGED_ENTRIES = 64
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -92,11 +96,51 @@ class ExtendBody(Struct, kw_only=True):
         | UnsetType = UNSET
 
 
+class FetchEntry(Struct, forbid_unknown_fields=True, kw_only=True):
+    queue: Annotated[str, Meta(min_length=1)]
+    partition: Annotated[str | int | None, Meta(description=(
+        "default Default; a number names the partition of its digits"))] | UnsetType = UNSET
+    offset: Annotated[int, Meta(ge=0)]
+    maxBytes: Annotated[int, Meta(ge=0, description=(
+        "default 1 MiB, clamped to 1..8 MiB"))] | None | UnsetType = UNSET
+
+
+class FetchBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /api/v1/fetch``: records by absolute offset, per entry (at most 1,024). Any
+    other field is a 400."""
+
+    entries: Annotated[list[FetchEntry], Meta(max_length=MAX_FETCH_ENTRIES)] \
+        | UnsetType = UNSET
+    maxBytes: Annotated[int, Meta(ge=0, description=(
+        "the call's budget, at most 64 MiB"))] | None | UnsetType = UNSET
+    maxWaitMs: Annotated[int, Meta(ge=0, description="at most 30000")] \
+        | None | UnsetType = UNSET
+    minBytes: Annotated[int, Meta(ge=0, description="default 1")] | None | UnsetType = UNSET
+
+
+class ChangedEntry(Struct, forbid_unknown_fields=True, kw_only=True):
+    queue: Annotated[str, Meta(min_length=1)]
+    since: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "only the partitions last written at or after it"))] | None | UnsetType = UNSET
+    after: Annotated[str | None, Meta(description=(
+        "the next of a previous answer"))] | UnsetType = UNSET
+    limit: Annotated[int | None, Meta(description="clamped to 1..1000")] | UnsetType = UNSET
+
+
+class ChangedBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /api/v1/partitions/changed``: at most 64 entries. Any other field is a 400."""
+
+    entries: Annotated[list[ChangedEntry], Meta(max_length=MAX_CHANGED_ENTRIES)] \
+        | UnsetType = UNSET
+
+
 PUSH_DECODER = msgspec.json.Decoder(PushBody)
 ACK_DECODER = msgspec.json.Decoder(Ack)
 ACK_BATCH_DECODER = msgspec.json.Decoder(AckBatch)
 SETTLE_DECODER = msgspec.json.Decoder(SettleBody)
 EXTEND_DECODER = msgspec.json.Decoder(ExtendBody)
+FETCH_DECODER = msgspec.json.Decoder(FetchBody)
+CHANGED_DECODER = msgspec.json.Decoder(ChangedBody)
 
 # -- answers ----------------------------------------------------------------------------------
 

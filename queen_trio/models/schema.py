@@ -18,8 +18,8 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
                            transaction.TransactionDone, transaction.TransactionRefused,
                            log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
-                           log.ExtendBody, log.Pushed, log.PopResponse, log.AckResult,
-                           log.LeaseExtended)
+                           log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
+                           log.PopResponse, log.AckResult, log.LeaseExtended)
 
 
 def components() -> dict[str, Any]:

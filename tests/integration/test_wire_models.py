@@ -401,11 +401,13 @@ async def test_log_requests_are_the_models_the_routes_take(
     r = await http.post(f"{API}/push", json=push)
     check(document, f"{API}/push", "post", r, status=201)
     assert [x["partition"] for x in r.json()] == ["a", "Default"]
-    for bad, code in (({"items": [{"queue": 7, "payload": 1}]}, "invalid_queue"),
-                      ({"items": [{"queue": "wm-log"}]}, "missing_field"),
-                      ({"items": [{"queue": "wm-log", "payload": 1, "transactionId": 5}]},
-                       "invalid_transaction_id"),
-                      ({"items": "no"}, "invalid_items")):
+    refused: list[tuple[Any, str]] = [
+        ({"items": [{"queue": 7, "payload": 1}]}, "invalid_queue"),
+        ({"items": [{"queue": "wm-log"}]}, "missing_field"),
+        ({"items": [{"queue": "wm-log", "payload": 1, "transactionId": 5}]},
+         "invalid_transaction_id"),
+        ({"items": "no"}, "invalid_items")]
+    for bad, code in refused:
         assert not _declared(document, f"{API}/push", bad)
         r = await http.post(f"{API}/push", json=bad)
         assert (r.status_code, r.json()["error"]) == (400, code), bad
@@ -428,10 +430,10 @@ async def test_log_requests_are_the_models_the_routes_take(
     r = await http.post(f"{API}/ack/batch", json=batch)
     check(document, f"{API}/ack/batch", "post", r)
     assert r.json()[0]["success"] is True
-    for bad, code in (({"acknowledgments": []}, "invalid_body"),
-                      ({"acknowledgments": [{**one, "partitionId": "nope"}]},
-                       "invalid_partition_id"),
-                      ([one], "invalid_body")):
+    refused = [({"acknowledgments": []}, "invalid_body"),
+               ({"acknowledgments": [{**one, "partitionId": "nope"}]}, "invalid_partition_id"),
+               ([one], "invalid_body")]
+    for bad, code in refused:
         r = await http.post(f"{API}/ack/batch", json=bad)
         assert (r.status_code, r.json()["error"]) == (400, code), bad
     assert not _declared(document, f"{API}/ack/batch", {"acknowledgments": []})
@@ -442,6 +444,29 @@ async def test_log_requests_are_the_models_the_routes_take(
                         json=batch)
     check(document, settle_path, "post", r)
     assert r.json()["acks"]["count"] == 1
+
+    reads: list[tuple[str, dict[str, Any], str | None]] = [
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": 0, "partition": "a"}],
+                       "maxWaitMs": None}, None),
+            ("fetch", {"entries": [{"queue": "wm-log"}]}, "missing_field"),
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": 0, "max": 1}]},
+             "unknown_field"),
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": -1}]}, "invalid_field"),
+            ("partitions/changed", {"entries": [{"queue": "wm-log", "limit": 5,
+                                                 "since": "2020-01-01T00:00:00Z"}]}, None),
+            ("partitions/changed", {"entries": [{"queue": "wm-log", "after": 3}]},
+             "invalid_field"),
+            ("partitions/changed", {"entries": [], "cursor": "x"}, "unknown_field")]
+    for path, body, want in reads:
+        assert _declared(document, f"{API}/{path}", body) is (want is None), body
+        r = await http.post(f"{API}/{path}", json=body)
+        if want is None:
+            check(document, f"{API}/{path}", "post", r)
+        else:
+            assert (r.status_code, r.json()["error"]) == (400, want), body
+    changed = (await http.post(f"{API}/partitions/changed",
+                               json={"entries": [{"queue": "wm-log"}]})).json()
+    assert {p["name"] for p in changed["entries"][0]["partitions"]} >= {"a", "Default"}
 
     lease_path = f"{API}/lease/{{lease_id}}/extend"
     assert _declared(document, lease_path, {"seconds": 30})
