@@ -31,7 +31,7 @@ from ..sealing import PayloadCipher, opened
 from .common import broker as _broker
 from .common import json_response as _json
 from .common import model_response
-from .errors import ApiError, read_json_object, read_object_via
+from .errors import ApiError, read_object_via
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
@@ -46,7 +46,7 @@ async def configure() -> Response:
     the Default partition, ``options`` with every option Queen echoes), plus ``created`` and
     ``ignored``: the options sent that this broker does not act on, and unknown names (also
     listed in ``unknown``). Options it cannot honour safely are refused with a 400."""
-    body = await read_json_object()
+    body = await read_object_via(models.CONFIGURE_DECODER)
     name, req = rules.configure_request(body)
     broker = _broker()
     if req.options.encryption_enabled and broker.cipher is None:

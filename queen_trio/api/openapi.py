@@ -315,62 +315,7 @@ def _log_paths() -> dict[str, Any]:
         "/api/v1/configure": {"post": {
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
             "operationId": "configure",
-            "requestBody": _body({"type": "object", "required": ["queue"], "properties": {
-                "queue": {"type": "string"},
-                "options": {"type": "object", "properties": {
-                    "leaseTime": {"type": "integer"}, "retryLimit": {"type": "integer"},
-                    "delayedProcessing": {"type": "integer"},
-                    "retentionSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "drop sealed segments whose newest message is older "
-                                       "than this (0: keep forever); log_start advances"},
-                    "retainUntilConsumed": {
-                        "type": "boolean",
-                        "description": "with retentionSeconds: drop a segment only once every "
-                                       "consumer group of its partition has committed past "
-                                       "it (a partition no group ever read keeps it)"},
-                    "deadLetterQueue": {"type": "boolean"},
-                    "maxSize": {
-                        "type": "integer", "minimum": 0,
-                        "description": "the most messages the queue holds that queue-mode "
-                                       "consumers have not consumed; a push past it is "
-                                       "refused whole, 409 queue_full (0: no limit)"},
-                    "retryDelay": {
-                        "type": "integer", "minimum": 0, "maximum": 3_600_000,
-                        "description": "milliseconds: a failed message (and its partition, "
-                                       "for that consumer group) is handed out again no "
-                                       "sooner than this (0: at once)"},
-                    "ttl": {
-                        "type": "integer", "minimum": 0,
-                        "description": "seconds a message lives: applied by retention like "
-                                       "retentionSeconds (the smaller non-zero one counts; "
-                                       "0: none)"},
-                    "completedRetentionSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "drop sealed segments every consumer group has "
-                                       "committed past once their newest message is this "
-                                       "old (0: never)"},
-                    "retentionEnabled": {
-                        "type": "boolean", "default": True,
-                        "description": "false: no age-based drop at all for this queue"},
-                    "maxWaitTimeSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "evict (drop, not dead-letter) messages older than "
-                                       "this, for every consumer group, "
-                                       "whatever retentionEnabled says (0: never)"},
-                    "encryptionEnabled": {
-                        "type": "boolean", "default": False,
-                        "description": "payloads stored sealed with AES-256-GCM under "
-                                       "QUEEN_ENCRYPTION_KEY; without a key on the broker "
-                                       "true is a 400 encryption_key_missing"},
-                    **{name: {"description": "accepted, echoed and listed in ignored when "
-                                             "not at Queen's default; no effect here"}
-                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries")}},
-                    "additionalProperties": {
-                        "description": "unknown option names are listed in ignored and "
-                                       "unknown"}},
-                "namespace": {"type": "string", "description": "echoed; ignored"},
-                "task": {"type": "string", "description": "echoed; ignored"}}}),
+            "requestBody": _body(schema.ref(log_models.ConfigureBody)),
             "responses": {"200": _json({"type": "object", "properties": {
                 "configured": {"type": "boolean"}, "created": {"type": "boolean"},
                 "queue": {"type": "string"}, "queueId": {"type": "string"},

@@ -23,6 +23,81 @@ MAX_CHANGED_ENTRIES = 64
 # -- requests ---------------------------------------------------------------------------------
 
 
+_YEARS_10 = 10 * 365 * 86_400
+_INT_MAX = 2_147_483_647
+
+
+class QueueOptions(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A queue's options (omitted or null: the default). Unknown names are accepted and
+    listed in the answer's ``ignored`` and ``unknown`` (the route reads them from the body
+    itself: a body with one skips this model)."""
+
+    leaseTime: Annotated[int, Meta(ge=1, le=86_400, description=(
+        "seconds a pop's lease lasts (default 300)"))] \
+        | None | UnsetType = UNSET
+    retryLimit: Annotated[int, Meta(ge=0, le=1000, description=(
+        "retries before a failed message is dead-lettered (default 3)"))] \
+        | None | UnsetType = UNSET
+    delayedProcessing: Annotated[int, Meta(ge=0, le=7 * 86_400, description=(
+        "seconds a message waits before it is handed out"))] \
+        | None | UnsetType = UNSET
+    retentionSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "drop sealed segments whose newest message is older than this (0: keep forever); "
+        "log_start advances"))] \
+        | None | UnsetType = UNSET
+    retainUntilConsumed: Annotated[bool, Meta(description=(
+        "with retentionSeconds: drop a segment only once every consumer group of its "
+        "partition has committed past it (a partition no group ever read keeps it)"))] \
+        | None | UnsetType = UNSET
+    deadLetterQueue: Annotated[bool, Meta(description="default true")] \
+        | None | UnsetType = UNSET
+    maxSize: Annotated[int, Meta(ge=0, le=_INT_MAX, description=(
+        "the most messages the queue holds that queue-mode consumers have not consumed; a "
+        "push past it is refused whole, 409 queue_full (0: no limit)"))] \
+        | None | UnsetType = UNSET
+    retryDelay: Annotated[int, Meta(ge=0, le=3_600_000, description=(
+        "milliseconds: a failed message (and its partition, for that consumer group) is "
+        "handed out again no sooner than this (0: at once)"))] \
+        | None | UnsetType = UNSET
+    ttl: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "seconds a message lives: applied by retention like retentionSeconds (the smaller "
+        "non-zero one counts; 0: none)"))] \
+        | None | UnsetType = UNSET
+    completedRetentionSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "drop sealed segments every consumer group has committed past once their newest "
+        "message is this old (0: never)"))] \
+        | None | UnsetType = UNSET
+    retentionEnabled: Annotated[bool, Meta(description=(
+        "false: no age-based drop at all for this queue (default true)"))] \
+        | None | UnsetType = UNSET
+    maxWaitTimeSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "evict (drop, not dead-letter) messages older than this, for every consumer group, "
+        "whatever retentionEnabled says (0: never)"))] \
+        | None | UnsetType = UNSET
+    windowBuffer: Annotated[int, Meta(ge=0, le=7 * 86_400, description=(
+        "seconds: a partition is not handed out until its newest message is this old"))] \
+        | None | UnsetType = UNSET
+    encryptionEnabled: Annotated[bool, Meta(description=(
+        "payloads stored sealed with AES-256-GCM under QUEEN_ENCRYPTION_KEY; without a key "
+        "on the broker true is a 400 encryption_key_missing"))] | None | UnsetType = UNSET
+    priority: Annotated[int, Meta(ge=0, le=_INT_MAX, description=(
+        "accepted, echoed and listed in ignored when not 0; no effect here"))] \
+        | None | UnsetType = UNSET
+    dlqAfterMaxRetries: Annotated[bool, Meta(description=(
+        "accepted, echoed and listed in ignored when true; no effect here"))] \
+        | None | UnsetType = UNSET
+
+
+class ConfigureBody(Struct, kw_only=True):
+    """``POST /api/v1/configure``: create or reconfigure a queue (omitted options take their
+    defaults)."""
+
+    queue: str
+    options: QueueOptions | None | UnsetType = UNSET
+    namespace: Annotated[str | None, Meta(description="echoed; ignored")] | UnsetType = UNSET
+    task: Annotated[str | None, Meta(description="echoed; ignored")] | UnsetType = UNSET
+
+
 class PushItem(Struct, kw_only=True):
     """One message to push (other fields are ignored)."""
 
@@ -134,6 +209,7 @@ class ChangedBody(Struct, forbid_unknown_fields=True, kw_only=True):
         | UnsetType = UNSET
 
 
+CONFIGURE_DECODER = msgspec.json.Decoder(ConfigureBody)
 PUSH_DECODER = msgspec.json.Decoder(PushBody)
 ACK_DECODER = msgspec.json.Decoder(Ack)
 ACK_BATCH_DECODER = msgspec.json.Decoder(AckBatch)

@@ -468,6 +468,24 @@ async def test_log_requests_are_the_models_the_routes_take(
                                json={"entries": [{"queue": "wm-log"}]})).json()
     assert {p["name"] for p in changed["entries"][0]["partitions"]} >= {"a", "Default"}
 
+    configure = {"queue": "wm-conf", "options": {"leaseTime": 30, "ttl": None,
+                                                 "priority": 2},
+                 "namespace": "ns"}
+    assert _declared(document, f"{API}/configure", configure)
+    r = await http.post(f"{API}/configure", json=configure)
+    check(document, f"{API}/configure", "post", r)
+    assert (r.json()["options"]["leaseTime"], r.json()["ignored"]) == (30, ["priority",
+                                                                            "namespace"])
+    # An option name nobody knows is declared and taken (listed), as Queen takes it.
+    odd = {"queue": "wm-conf", "options": {"leaseTime": 30, "shinyNew": 1}}
+    assert _declared(document, f"{API}/configure", odd)
+    r = await http.post(f"{API}/configure", json=odd)
+    assert (r.status_code, r.json()["unknown"]) == (200, ["shinyNew"])
+    no_lease = {"queue": "wm-conf", "options": {"leaseTime": 0}}
+    assert not _declared(document, f"{API}/configure", no_lease)
+    r = await http.post(f"{API}/configure", json=no_lease)
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_option")
+
     lease_path = f"{API}/lease/{{lease_id}}/extend"
     assert _declared(document, lease_path, {"seconds": 30})
     assert not _declared(document, lease_path, {"seconds": 0})
