@@ -21,16 +21,19 @@ import json
 import logging
 from typing import Any
 
+import msgspec
 import psycopg
 from quart import Blueprint, Quart, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import strict_json
 from ..errors import ApiError, DatabaseUnavailable, PoolExhausted, RequestError, http_status
+from ..models import codec
 
 # ApiError lives in the one tree (queen_trio.errors); the routes import it from here.
 __all__ = ["ApiError", "error_body", "error_json", "error_response", "install_error_handlers",
-           "install_family_errors", "parse_json_body", "read_json_body", "read_json_object"]
+           "install_family_errors", "parse_json_body", "read_json_body", "read_json_object",
+           "read_object_via"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,23 @@ def parse_json_body(raw: bytes | str) -> Any:
 
 
 async def read_json_object() -> dict[str, Any]:
-    body = await read_json_body()
+    return _an_object(await read_json_body())
+
+
+async def read_object_via(decoder: msgspec.json.Decoder[Any], *,
+                          optional: bool = False) -> dict[str, Any]:
+    """:func:`read_json_object`, decoded through ``decoder``'s model first (:mod:`..models`):
+    a body the model takes skips the strict walk; one it refuses takes the strict decoder, so
+    the answers are the same. ``optional``: an empty (or blank) body is ``{}``."""
+    raw = await request.get_data(cache=False, as_text=False)
+    raw = raw.encode() if isinstance(raw, str) else raw
+    if optional and not raw.strip():
+        return {}
+    body = codec.fast_builtins(raw, decoder)
+    return _an_object(parse_json_body(raw) if body is codec.FALLBACK else body)
+
+
+def _an_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_body", "the request body must be a JSON object")
     return body

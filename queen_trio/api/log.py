@@ -31,7 +31,7 @@ from ..sealing import PayloadCipher, opened
 from .common import broker as _broker
 from .common import json_response as _json
 from .common import model_response
-from .errors import ApiError, read_json_object
+from .errors import ApiError, read_object_via
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
 log_routes = Blueprint("log", __name__, url_prefix="/api/v1")
@@ -46,7 +46,7 @@ async def configure() -> Response:
     the Default partition, ``options`` with every option Queen echoes), plus ``created`` and
     ``ignored``: the options sent that this broker does not act on, and unknown names (also
     listed in ``unknown``). Options it cannot honour safely are refused with a 400."""
-    body = await read_json_object()
+    body = await read_object_via(models.CONFIGURE_DECODER)
     name, req = rules.configure_request(body)
     broker = _broker()
     if req.options.encryption_enabled and broker.cipher is None:
@@ -87,7 +87,7 @@ async def push() -> Response:
     frames = [
         store.NewFrame(i.queue, i.partition, None, i.transaction_id,
                        dedupe=i.client_transaction_id, payload_json=i.payload_json)
-        for i in rules.push_items(await read_json_object(), message_ceiling())
+        for i in rules.push_items(await read_object_via(models.PUSH_DECODER), message_ceiling())
     ]
     if not frames:
         return _json([], status=201)  # as Queen answers an empty push
@@ -161,8 +161,7 @@ async def _settle_and_pop(queue: str, partition: str | None) -> Response:
     200, with ``messages`` empty when nothing was ready and ``acks`` counting what the acks
     did (:func:`ack_summary`)."""
     req = await _resolved(rules.pop_request(queue, partition, dict(request.args)))
-    raw = await request.get_data()
-    body = await read_json_object() if raw.strip() else {}
+    body = await read_object_via(models.SETTLE_DECODER, optional=True)
     acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
     broker = _broker()
     results: list[store.AckResult] = []
@@ -511,13 +510,13 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
 @log_routes.post("/ack")
 async def ack() -> Response:
     """Always 200 once the body is valid: each acknowledgement says whether it was taken."""
-    body = await read_json_object()
+    body = await read_object_via(models.ACK_DECODER)
     return model_response([ack_result(r) for r in await settle([rules.ack(body, 0)])])
 
 
 @log_routes.post("/ack/batch")
 async def ack_batch() -> Response:
-    body = await read_json_object()
+    body = await read_object_via(models.ACK_BATCH_DECODER)
     return model_response([ack_result(r) for r in await settle(rules.ack_batch(body))])
 
 
@@ -528,8 +527,7 @@ async def extend_lease(lease_id: str) -> Response:
     ``error``) when none was: the lease expired, was released by an ack or nack, or never
     existed."""
     lease = rules.lease_id(lease_id)
-    raw = await request.get_data()
-    body = await read_json_object() if raw.strip() else {}
+    body = await read_object_via(models.EXTEND_DECODER, optional=True)
     seconds = body.get("seconds", 60)
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 86_400:
         raise ValidationError("invalid_parameter", "seconds must be an integer from 1 to 86400")

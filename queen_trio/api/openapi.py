@@ -307,74 +307,15 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
 
 
 def _log_paths() -> dict[str, Any]:
-    ack_schema = {"$ref": "#/components/schemas/Ack"}
     ack_results = _json({"type": "array", "items": schema.ref(log_models.AckResult)},
                         "One verdict per acknowledgement, in order")
-    settle_body = {"required": False, "content": {"application/json": {"schema": {
-        "type": "object", "properties": {
-            "consumerGroup": {"type": "string"}, "partitionId": {"type": "string"},
-            "leaseId": {"type": "string"},
-            "acknowledgments": {"type": "array", "items": ack_schema}}}}}}
+    settle_body = {"required": False, "content": {"application/json": {
+        "schema": schema.ref(log_models.SettleBody)}}}
     return {
         "/api/v1/configure": {"post": {
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
             "operationId": "configure",
-            "requestBody": _body({"type": "object", "required": ["queue"], "properties": {
-                "queue": {"type": "string"},
-                "options": {"type": "object", "properties": {
-                    "leaseTime": {"type": "integer"}, "retryLimit": {"type": "integer"},
-                    "delayedProcessing": {"type": "integer"},
-                    "retentionSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "drop sealed segments whose newest message is older "
-                                       "than this (0: keep forever); log_start advances"},
-                    "retainUntilConsumed": {
-                        "type": "boolean",
-                        "description": "with retentionSeconds: drop a segment only once every "
-                                       "consumer group of its partition has committed past "
-                                       "it (a partition no group ever read keeps it)"},
-                    "deadLetterQueue": {"type": "boolean"},
-                    "maxSize": {
-                        "type": "integer", "minimum": 0,
-                        "description": "the most messages the queue holds that queue-mode "
-                                       "consumers have not consumed; a push past it is "
-                                       "refused whole, 409 queue_full (0: no limit)"},
-                    "retryDelay": {
-                        "type": "integer", "minimum": 0, "maximum": 3_600_000,
-                        "description": "milliseconds: a failed message (and its partition, "
-                                       "for that consumer group) is handed out again no "
-                                       "sooner than this (0: at once)"},
-                    "ttl": {
-                        "type": "integer", "minimum": 0,
-                        "description": "seconds a message lives: applied by retention like "
-                                       "retentionSeconds (the smaller non-zero one counts; "
-                                       "0: none)"},
-                    "completedRetentionSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "drop sealed segments every consumer group has "
-                                       "committed past once their newest message is this "
-                                       "old (0: never)"},
-                    "retentionEnabled": {
-                        "type": "boolean", "default": True,
-                        "description": "false: no age-based drop at all for this queue"},
-                    "maxWaitTimeSeconds": {
-                        "type": "integer", "minimum": 0,
-                        "description": "evict (drop, not dead-letter) messages older than "
-                                       "this, for every consumer group, "
-                                       "whatever retentionEnabled says (0: never)"},
-                    "encryptionEnabled": {
-                        "type": "boolean", "default": False,
-                        "description": "payloads stored sealed with AES-256-GCM under "
-                                       "QUEEN_ENCRYPTION_KEY; without a key on the broker "
-                                       "true is a 400 encryption_key_missing"},
-                    **{name: {"description": "accepted, echoed and listed in ignored when "
-                                             "not at Queen's default; no effect here"}
-                       for name in ("priority", "windowBuffer", "dlqAfterMaxRetries")}},
-                    "additionalProperties": {
-                        "description": "unknown option names are listed in ignored and "
-                                       "unknown"}},
-                "namespace": {"type": "string", "description": "echoed; ignored"},
-                "task": {"type": "string", "description": "echoed; ignored"}}}),
+            "requestBody": _body(schema.ref(log_models.ConfigureBody)),
             "responses": {"200": _json({"type": "object", "properties": {
                 "configured": {"type": "boolean"}, "created": {"type": "boolean"},
                 "queue": {"type": "string"}, "queueId": {"type": "string"},
@@ -399,11 +340,7 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Append 0..N messages, any mix of queues and partitions, atomically "
                        "(no items: 201 [])",
             "operationId": "push",
-            "requestBody": _body({"type": "object", "required": ["items"], "properties": {
-                "items": {"type": "array", "items": {
-                    "type": "object", "required": ["queue", "payload"], "properties": {
-                        "queue": {"type": "string"}, "partition": {"type": "string"},
-                        "payload": {}, "transactionId": {"type": "string"}}}}}}),
+            "requestBody": _body(schema.ref(log_models.PushBody)),
             "responses": {
                 "201": _json({"type": "array", "items": schema.ref(log_models.Pushed)},
                              "One result per item, in order"),
@@ -451,17 +388,14 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Acknowledge one message (completed, failed, dlq or retry)",
             "description": _ACK_AS_COMMIT,
             "operationId": "ack",
-            "requestBody": _body(ack_schema),
+            "requestBody": _body(schema.ref(log_models.Ack)),
             "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/ack/batch": {"post": {
             "summary": "Acknowledge several messages, each with its verdict",
             "description": _ACK_AS_COMMIT,
             "operationId": "ackBatch",
-            "requestBody": _body({"type": "object", "required": ["acknowledgments"],
-                                  "properties": {"consumerGroup": {"type": "string"},
-                                                 "acknowledgments": {"type": "array",
-                                                                     "items": ack_schema}}}),
+            "requestBody": _body(schema.ref(log_models.AckBatch)),
             "responses": {"200": ack_results, **_errors(400)},
         }},
         "/api/v1/lease/{lease_id}/extend": {"post": {
@@ -471,8 +405,8 @@ def _log_paths() -> dict[str, Any]:
                            "error, and code lease_expired or lease_not_found) when none was.",
             "operationId": "extendLease",
             "parameters": [_path_param("lease_id", "lease id from a pop")],
-            "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"seconds": {"type": "integer"}}}}}},
+            "requestBody": {"required": False, "content": {"application/json": {
+                "schema": schema.ref(log_models.ExtendBody)}}},
             "responses": {"200": _json(schema.ref(log_models.LeaseExtended), "What was renewed"),
                           **_errors(400)},
         }},
@@ -486,21 +420,7 @@ def _log_paths() -> dict[str, Any]:
                            "call always goes. maxWaitMs parks an answer with fewer than "
                            "minBytes payload bytes.",
             "operationId": "fetch",
-            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
-                "entries": {"type": "array", "maxItems": 1024, "items": {
-                    "type": "object", "required": ["queue", "offset"],
-                    "additionalProperties": False, "properties": {
-                        "queue": {"type": "string"},
-                        "partition": {"type": ["string", "integer"],
-                                      "description": "default Default; a number names the "
-                                                     "partition of its digits"},
-                        "offset": {"type": "integer", "minimum": 0},
-                        "maxBytes": {"type": "integer",
-                                     "description": "default 1 MiB, clamped to 1..8 MiB"}}}},
-                "maxBytes": {"type": "integer", "description": "the call's budget, at most "
-                                                              "64 MiB"},
-                "maxWaitMs": {"type": "integer", "minimum": 0, "description": "at most 30000"},
-                "minBytes": {"type": "integer", "minimum": 0, "description": "default 1"}}}),
+            "requestBody": _body(schema.ref(log_models.FetchBody)),
             "responses": {"200": _json({"type": "object", "properties": {"entries": {
                 "type": "array", "items": {"type": "object", "properties": {
                     "queue": {"type": "string"}, "partition": {"type": "string"},
@@ -521,14 +441,7 @@ def _log_paths() -> dict[str, Any]:
                            "the end; BAD_CURSOR: another mode's). safeTime: no write can still "
                            "land at or before it; pass it as the next since.",
             "operationId": "partitionsChanged",
-            "requestBody": _body({"type": "object", "additionalProperties": False, "properties": {
-                "entries": {"type": "array", "maxItems": 64, "items": {
-                    "type": "object", "required": ["queue"], "additionalProperties": False,
-                    "properties": {
-                        "queue": {"type": "string"},
-                        "since": {"type": "string", "format": "date-time"},
-                        "after": {"type": "string"},
-                        "limit": {"type": "integer"}}}}}}),
+            "requestBody": _body(schema.ref(log_models.ChangedBody)),
             "responses": {"200": _json({"type": "object", "properties": {
                 "safeTime": {"type": "string", "format": "date-time"},
                 "safeTimeDegraded": {"type": "boolean"},
@@ -1064,14 +977,6 @@ def _document() -> dict[str, Any]:
                         "nextDeliverAt": {"type": ["string", "null"],
                                           "description": "the earliest deliverAt among them"}}},
                     "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
-                "Ack": {"type": "object", "required": ["transactionId", "partitionId"],
-                        "properties": {
-                            "transactionId": {"type": "string"},
-                            "partitionId": {"type": "string"},
-                            "status": {"enum": ["completed", "success", "failed", "dlq",
-                                                "retry"]},
-                            "consumerGroup": {"type": "string"},
-                            "leaseId": {"type": "string"}, "error": {"type": "string"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

@@ -7,9 +7,10 @@ import trio
 from quart import Blueprint, Response
 
 from ..log import reads
+from ..models import log as models
 from .common import broker as _broker
 from .common import json_response as _json
-from .errors import read_json_object
+from .errors import read_object_via
 from .tenancy import current_tenant_id
 
 read_routes = Blueprint("reads", __name__, url_prefix="/api/v1")
@@ -25,7 +26,7 @@ async def fetch() -> Response:
     ``highWatermark`` and ``logStartOffset``; per-entry ``OFFSET_OUT_OF_RANGE`` (below the
     log start, or above the high watermark) and ``UNKNOWN_TOPIC_OR_PARTITION`` (no such queue).
     With ``maxWaitMs`` an answer with fewer than ``minBytes`` payload bytes waits for more."""
-    req = reads.fetch_request(await read_json_object())
+    req = reads.fetch_request(await read_object_via(models.FETCH_DECODER))
     if not req.entries:
         return _json({"entries": []})
     broker = _broker()
@@ -47,6 +48,6 @@ async def partitions_changed() -> Response:
     """Each queue's partitions (by name, or those written at or after ``since`` by last write)
     a page at a time (``next``), with ``lastOffset``, ``logStart``, ``lastWriteAt``, and the
     ``safeTime`` to pass as the next ``since``."""
-    entries = reads.changed_request(await read_json_object())
+    entries = reads.changed_request(await read_object_via(models.CHANGED_DECODER))
     return _json(await _broker().db.run_transaction(reads.partitions_changed, current_tenant_id(),
                                                     entries))

@@ -1,14 +1,224 @@
-"""Queen's log wire: the answers of push, pop (plain and settle-and-pop), ack, ack/batch and
-lease extend. Fields that are always written (null included) have no default; the few an
-answer carries only sometimes default to UNSET, which msgspec leaves out."""
+"""Queen's log wire: the request bodies of push, ack, ack/batch, settle-and-pop and lease
+extend, and the answers of push, pop (plain and settle-and-pop), ack, ack/batch and lease
+extend. The routes decode the requests through these models (a body a model refuses takes the
+strict decoder and :mod:`queen_trio.log.rules`, which say precisely what is wrong); fields
+they do not name are ignored, as Queen ignores them. In answers, fields that are always written
+(null included) have no default; the few an answer carries only sometimes default to UNSET,
+which msgspec leaves out."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 Id = str  # ids travel as strings (a partition's uuid, a lease's uuid)
+# (log.rules.MAX_PUSH_ITEMS, log.reads.MAX_FETCH_ENTRIES and MAX_CHANGED_ENTRIES, which the
+# rules enforce)
+MAX_PUSH_ITEMS = 10_000
+MAX_FETCH_ENTRIES = 1024
+MAX_CHANGED_ENTRIES = 64
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+_YEARS_10 = 10 * 365 * 86_400
+_INT_MAX = 2_147_483_647
+
+
+class QueueOptions(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A queue's options (omitted or null: the default). Unknown names are accepted and
+    listed in the answer's ``ignored`` and ``unknown`` (the route reads them from the body
+    itself: a body with one skips this model)."""
+
+    leaseTime: Annotated[int, Meta(ge=1, le=86_400, description=(
+        "seconds a pop's lease lasts (default 300)"))] \
+        | None | UnsetType = UNSET
+    retryLimit: Annotated[int, Meta(ge=0, le=1000, description=(
+        "retries before a failed message is dead-lettered (default 3)"))] \
+        | None | UnsetType = UNSET
+    delayedProcessing: Annotated[int, Meta(ge=0, le=7 * 86_400, description=(
+        "seconds a message waits before it is handed out"))] \
+        | None | UnsetType = UNSET
+    retentionSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "drop sealed segments whose newest message is older than this (0: keep forever); "
+        "log_start advances"))] \
+        | None | UnsetType = UNSET
+    retainUntilConsumed: Annotated[bool, Meta(description=(
+        "with retentionSeconds: drop a segment only once every consumer group of its "
+        "partition has committed past it (a partition no group ever read keeps it)"))] \
+        | None | UnsetType = UNSET
+    deadLetterQueue: Annotated[bool, Meta(description="default true")] \
+        | None | UnsetType = UNSET
+    maxSize: Annotated[int, Meta(ge=0, le=_INT_MAX, description=(
+        "the most messages the queue holds that queue-mode consumers have not consumed; a "
+        "push past it is refused whole, 409 queue_full (0: no limit)"))] \
+        | None | UnsetType = UNSET
+    retryDelay: Annotated[int, Meta(ge=0, le=3_600_000, description=(
+        "milliseconds: a failed message (and its partition, for that consumer group) is "
+        "handed out again no sooner than this (0: at once)"))] \
+        | None | UnsetType = UNSET
+    ttl: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "seconds a message lives: applied by retention like retentionSeconds (the smaller "
+        "non-zero one counts; 0: none)"))] \
+        | None | UnsetType = UNSET
+    completedRetentionSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "drop sealed segments every consumer group has committed past once their newest "
+        "message is this old (0: never)"))] \
+        | None | UnsetType = UNSET
+    retentionEnabled: Annotated[bool, Meta(description=(
+        "false: no age-based drop at all for this queue (default true)"))] \
+        | None | UnsetType = UNSET
+    maxWaitTimeSeconds: Annotated[int, Meta(ge=0, le=_YEARS_10, description=(
+        "evict (drop, not dead-letter) messages older than this, for every consumer group, "
+        "whatever retentionEnabled says (0: never)"))] \
+        | None | UnsetType = UNSET
+    windowBuffer: Annotated[int, Meta(ge=0, le=7 * 86_400, description=(
+        "seconds: a partition is not handed out until its newest message is this old"))] \
+        | None | UnsetType = UNSET
+    encryptionEnabled: Annotated[bool, Meta(description=(
+        "payloads stored sealed with AES-256-GCM under QUEEN_ENCRYPTION_KEY; without a key "
+        "on the broker true is a 400 encryption_key_missing"))] | None | UnsetType = UNSET
+    priority: Annotated[int, Meta(ge=0, le=_INT_MAX, description=(
+        "accepted, echoed and listed in ignored when not 0; no effect here"))] \
+        | None | UnsetType = UNSET
+    dlqAfterMaxRetries: Annotated[bool, Meta(description=(
+        "accepted, echoed and listed in ignored when true; no effect here"))] \
+        | None | UnsetType = UNSET
+
+
+class ConfigureBody(Struct, kw_only=True):
+    """``POST /api/v1/configure``: create or reconfigure a queue (omitted options take their
+    defaults)."""
+
+    queue: str
+    options: QueueOptions | None | UnsetType = UNSET
+    namespace: Annotated[str | None, Meta(description="echoed; ignored")] | UnsetType = UNSET
+    task: Annotated[str | None, Meta(description="echoed; ignored")] | UnsetType = UNSET
+
+
+class PushItem(Struct, kw_only=True):
+    """One message to push (other fields are ignored)."""
+
+    queue: str
+    partition: Annotated[str | None, Meta(description="default: Default")] \
+        | UnsetType = UNSET
+    payload: Annotated[Any, Meta(description="any JSON: the message's data")]
+    transactionId: Annotated[str | None, Meta(description=(
+        "the client's id for the message (a repeat is a duplicate); default: one is "
+        "minted"))] | UnsetType = UNSET
+
+
+class PushBody(Struct, kw_only=True):
+    """``POST /api/v1/push``: 0..N messages, any mix of queues and partitions, appended
+    atomically."""
+
+    items: Annotated[list[PushItem], Meta(max_length=MAX_PUSH_ITEMS)]
+
+
+class _AckFields(Struct, kw_only=True):
+    transactionId: str
+    leaseId: Annotated[Id | None, Meta(description=(
+        "the lease of the pop that delivered it; in a batch, default: the batch's "
+        "leaseId"))] | UnsetType = UNSET
+    status: Annotated[str | None, Meta(description=(
+        "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
+    consumerGroup: str | None | UnsetType = UNSET
+    error: Annotated[Any, Meta(description="a failure's reason (text; other JSON is kept as "
+                                           "its text)")] | UnsetType = UNSET
+
+
+class Ack(_AckFields, kw_only=True):
+    """``POST /api/v1/ack``: one acknowledgement (other fields are ignored)."""
+
+    partitionId: Id
+
+
+class BatchAck(_AckFields, kw_only=True):
+    """One acknowledgement of a batch (other fields are ignored)."""
+
+    partitionId: Annotated[Id, Meta(description="default: the batch's partitionId")] \
+        | UnsetType = UNSET
+
+
+class _AckDefaults(Struct, kw_only=True):
+    consumerGroup: Annotated[str | None, Meta(description=(
+        "overrides each acknowledgement's"))] | UnsetType = UNSET
+    partitionId: Annotated[Id | None, Meta(description=(
+        "for the acknowledgements that name none"))] | UnsetType = UNSET
+    leaseId: Annotated[Id | None, Meta(description=(
+        "for the acknowledgements that name none"))] | UnsetType = UNSET
+
+
+class AckBatch(_AckDefaults, kw_only=True):
+    """``POST /api/v1/ack/batch``: at least one acknowledgement, each with its verdict."""
+
+    acknowledgments: Annotated[list[BatchAck], Meta(min_length=1)]
+
+
+class SettleBody(_AckDefaults, kw_only=True):
+    """A settle-and-pop's body (optional): the acknowledgements to commit before the pop,
+    as for ``/ack/batch``."""
+
+    acknowledgments: list[BatchAck] | UnsetType = UNSET
+
+
+class ExtendBody(Struct, kw_only=True):
+    """``POST /api/v1/lease/{lease_id}/extend`` (the body is optional)."""
+
+    seconds: Annotated[int, Meta(ge=1, le=86_400, description="default 60")] \
+        | UnsetType = UNSET
+
+
+class FetchEntry(Struct, forbid_unknown_fields=True, kw_only=True):
+    queue: Annotated[str, Meta(min_length=1)]
+    partition: Annotated[str | int | None, Meta(description=(
+        "default Default; a number names the partition of its digits"))] | UnsetType = UNSET
+    offset: Annotated[int, Meta(ge=0)]
+    maxBytes: Annotated[int, Meta(ge=0, description=(
+        "default 1 MiB, clamped to 1..8 MiB"))] | None | UnsetType = UNSET
+
+
+class FetchBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /api/v1/fetch``: records by absolute offset, per entry (at most 1,024). Any
+    other field is a 400."""
+
+    entries: Annotated[list[FetchEntry], Meta(max_length=MAX_FETCH_ENTRIES)] \
+        | UnsetType = UNSET
+    maxBytes: Annotated[int, Meta(ge=0, description=(
+        "the call's budget, at most 64 MiB"))] | None | UnsetType = UNSET
+    maxWaitMs: Annotated[int, Meta(ge=0, description="at most 30000")] \
+        | None | UnsetType = UNSET
+    minBytes: Annotated[int, Meta(ge=0, description="default 1")] | None | UnsetType = UNSET
+
+
+class ChangedEntry(Struct, forbid_unknown_fields=True, kw_only=True):
+    queue: Annotated[str, Meta(min_length=1)]
+    since: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "only the partitions last written at or after it"))] | None | UnsetType = UNSET
+    after: Annotated[str | None, Meta(description=(
+        "the next of a previous answer"))] | UnsetType = UNSET
+    limit: Annotated[int | None, Meta(description="clamped to 1..1000")] | UnsetType = UNSET
+
+
+class ChangedBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /api/v1/partitions/changed``: at most 64 entries. Any other field is a 400."""
+
+    entries: Annotated[list[ChangedEntry], Meta(max_length=MAX_CHANGED_ENTRIES)] \
+        | UnsetType = UNSET
+
+
+CONFIGURE_DECODER = msgspec.json.Decoder(ConfigureBody)
+PUSH_DECODER = msgspec.json.Decoder(PushBody)
+ACK_DECODER = msgspec.json.Decoder(Ack)
+ACK_BATCH_DECODER = msgspec.json.Decoder(AckBatch)
+SETTLE_DECODER = msgspec.json.Decoder(SettleBody)
+EXTEND_DECODER = msgspec.json.Decoder(ExtendBody)
+FETCH_DECODER = msgspec.json.Decoder(FetchBody)
+CHANGED_DECODER = msgspec.json.Decoder(ChangedBody)
+
+# -- answers ----------------------------------------------------------------------------------
 
 
 class Pushed(Struct, kw_only=True):

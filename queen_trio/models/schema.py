@@ -17,7 +17,9 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            kv.KvResults, kv.KvPreconditionFailed,
                            locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
                            transaction.TransactionDone, transaction.TransactionRefused,
-                           log.Pushed, log.PopResponse, log.AckResult, log.LeaseExtended)
+                           log.ConfigureBody, log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
+                           log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
+                           log.PopResponse, log.AckResult, log.LeaseExtended)
 
 
 def components() -> dict[str, Any]:
@@ -25,6 +27,9 @@ def components() -> dict[str, Any]:
     _, schemas = msgspec.json.schema_components(MODELS, ref_template=REF)
     for schema in schemas.values():
         schema.pop("title", None)  # (the name already says it)
+    # The route takes unknown option names (and lists them); only the model refuses them.
+    schemas["QueueOptions"]["additionalProperties"] = {
+        "description": "unknown option names are listed in ignored and unknown"}
     return schemas
 
 

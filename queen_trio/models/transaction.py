@@ -12,23 +12,12 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .kv import KvEntry, KvOp, KvReason, Stamp
-from .log import AckCode, AckResult, Pushed
+from .log import AckCode, AckResult, Pushed, PushItem
 from .timers import TimerOp, TimerResult
 
 MAX_KV_OPS = 64  # (kv.rules.MAX_OPS_IN_TRANSACTION, which the rules enforce)
 
 # -- the request ------------------------------------------------------------------------------
-
-
-class PushItem(Struct, kw_only=True):
-    """One message to push (other fields are ignored, as on ``POST /api/v1/push``)."""
-
-    queue: str
-    partition: str | None | UnsetType = UNSET
-    payload: Annotated[Any, Meta(description="any JSON: the message's data")]
-    transactionId: Annotated[str | None, Meta(description=(
-        "the client's id for the message (a repeat is a duplicate); default: one is "
-        "minted"))] | UnsetType = UNSET
 
 
 class PushOp(Struct, tag="push", tag_field="type", kw_only=True):

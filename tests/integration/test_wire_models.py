@@ -385,3 +385,109 @@ async def test_kv_locks_and_transaction_requests_are_the_models_the_routes_take(
     r = await http.post(f"{API}/transaction", json=bare_ack)
     assert (r.status_code, r.json()["error"]) == (400, "missing_field")
     assert not _declared(document, f"{API}/transaction", {**bundle, "kvOps": []})
+
+
+async def test_log_requests_are_the_models_the_routes_take(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """The request bodies /openapi.json declares for push, ack, ack/batch, settle-and-pop and
+    lease extend are the models the routes decode through (issue 29): a declared body is
+    taken; one the model refuses is not declared, and the route answers the precise 400 its
+    rules always gave (fields a model does not name are ignored, as Queen ignores them)."""
+    push = {"items": [{"queue": "wm-log", "partition": "a", "payload": {"n": 1},
+                       "transactionId": "wm-log-1", "traceId": "ignored"},
+                      {"queue": "wm-log", "payload": [1, "two", None]}]}
+    assert _declared(document, f"{API}/push", push)
+    r = await http.post(f"{API}/push", json=push)
+    check(document, f"{API}/push", "post", r, status=201)
+    assert [x["partition"] for x in r.json()] == ["a", "Default"]
+    refused: list[tuple[Any, str]] = [
+        ({"items": [{"queue": 7, "payload": 1}]}, "invalid_queue"),
+        ({"items": [{"queue": "wm-log"}]}, "missing_field"),
+        ({"items": [{"queue": "wm-log", "payload": 1, "transactionId": 5}]},
+         "invalid_transaction_id"),
+        ({"items": "no"}, "invalid_items")]
+    for bad, code in refused:
+        assert not _declared(document, f"{API}/push", bad)
+        r = await http.post(f"{API}/push", json=bad)
+        assert (r.status_code, r.json()["error"]) == (400, code), bad
+
+    got = (await http.get(f"{API}/pop/queue/wm-log/partition/a",
+                          params={"consumerGroup": "g"})).json()
+    m = got["messages"][0]
+    one = {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+           "leaseId": got["leaseId"], "consumerGroup": "g", "status": "completed",
+           "error": None}
+    assert _declared(document, f"{API}/ack", one)
+    no_partition = {k: v for k, v in one.items() if k != "partitionId"}
+    assert not _declared(document, f"{API}/ack", no_partition)
+    r = await http.post(f"{API}/ack", json=no_partition)
+    assert (r.status_code, r.json()["error"]) == (400, "missing_field")
+    # In a batch, the batch's partitionId and leaseId stand in for an entry's.
+    batch = {"consumerGroup": "g", "partitionId": m["partitionId"], "leaseId": got["leaseId"],
+             "acknowledgments": [{"transactionId": m["transactionId"], "status": "success"}]}
+    assert _declared(document, f"{API}/ack/batch", batch)
+    r = await http.post(f"{API}/ack/batch", json=batch)
+    check(document, f"{API}/ack/batch", "post", r)
+    assert r.json()[0]["success"] is True
+    refused = [({"acknowledgments": []}, "invalid_body"),
+               ({"acknowledgments": [{**one, "partitionId": "nope"}]}, "invalid_partition_id"),
+               ([one], "invalid_body")]
+    for bad, code in refused:
+        r = await http.post(f"{API}/ack/batch", json=bad)
+        assert (r.status_code, r.json()["error"]) == (400, code), bad
+    assert not _declared(document, f"{API}/ack/batch", {"acknowledgments": []})
+
+    settle_path = f"{API}/pop/queue/{{queue}}/partition/{{partition}}"
+    assert _declared(document, settle_path, batch)
+    r = await http.post(f"{API}/pop/queue/wm-log/partition/a", params={"consumerGroup": "g"},
+                        json=batch)
+    check(document, settle_path, "post", r)
+    assert r.json()["acks"]["count"] == 1
+
+    reads: list[tuple[str, dict[str, Any], str | None]] = [
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": 0, "partition": "a"}],
+                       "maxWaitMs": None}, None),
+            ("fetch", {"entries": [{"queue": "wm-log"}]}, "missing_field"),
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": 0, "max": 1}]},
+             "unknown_field"),
+            ("fetch", {"entries": [{"queue": "wm-log", "offset": -1}]}, "invalid_field"),
+            ("partitions/changed", {"entries": [{"queue": "wm-log", "limit": 5,
+                                                 "since": "2020-01-01T00:00:00Z"}]}, None),
+            ("partitions/changed", {"entries": [{"queue": "wm-log", "after": 3}]},
+             "invalid_field"),
+            ("partitions/changed", {"entries": [], "cursor": "x"}, "unknown_field")]
+    for path, body, want in reads:
+        assert _declared(document, f"{API}/{path}", body) is (want is None), body
+        r = await http.post(f"{API}/{path}", json=body)
+        if want is None:
+            check(document, f"{API}/{path}", "post", r)
+        else:
+            assert (r.status_code, r.json()["error"]) == (400, want), body
+    changed = (await http.post(f"{API}/partitions/changed",
+                               json={"entries": [{"queue": "wm-log"}]})).json()
+    assert {p["name"] for p in changed["entries"][0]["partitions"]} >= {"a", "Default"}
+
+    configure = {"queue": "wm-conf", "options": {"leaseTime": 30, "ttl": None,
+                                                 "priority": 2},
+                 "namespace": "ns"}
+    assert _declared(document, f"{API}/configure", configure)
+    r = await http.post(f"{API}/configure", json=configure)
+    check(document, f"{API}/configure", "post", r)
+    assert (r.json()["options"]["leaseTime"], r.json()["ignored"]) == (30, ["priority",
+                                                                            "namespace"])
+    # An option name nobody knows is declared and taken (listed), as Queen takes it.
+    odd = {"queue": "wm-conf", "options": {"leaseTime": 30, "shinyNew": 1}}
+    assert _declared(document, f"{API}/configure", odd)
+    r = await http.post(f"{API}/configure", json=odd)
+    assert (r.status_code, r.json()["unknown"]) == (200, ["shinyNew"])
+    no_lease = {"queue": "wm-conf", "options": {"leaseTime": 0}}
+    assert not _declared(document, f"{API}/configure", no_lease)
+    r = await http.post(f"{API}/configure", json=no_lease)
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_option")
+
+    lease_path = f"{API}/lease/{{lease_id}}/extend"
+    assert _declared(document, lease_path, {"seconds": 30})
+    assert not _declared(document, lease_path, {"seconds": 0})
+    r = await http.post(f"{API}/lease/{uuid.uuid4()}/extend", json={"seconds": 0})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_parameter")
