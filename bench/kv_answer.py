@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import timeit
 from pathlib import Path
@@ -34,6 +33,7 @@ import msgspec
 
 from bench.harness.brokers import free_port, serve_checkout, wait_healthy
 from bench.harness.pg import shared_server
+from bench.harness.stats import percentile
 
 HERE = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -110,11 +110,6 @@ def rules_ab(baseline: Path, number: int = 5_000) -> list[dict[str, float]]:
     return rounds
 
 
-def _pct(xs: list[float], q: float) -> float:
-    ordered = sorted(xs)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
     sides = (("this", HERE), ("baseline", baseline))
     samples: dict[str, dict[str, list[float]]] = {
@@ -146,9 +141,11 @@ def end_to_end(baseline: Path, rounds: int, n: int) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for side, per in samples.items():
         for what, xs in per.items():
+            ordered = sorted(xs)
             summary[f"{side}.{what}"] = {
-                "p50_ms": statistics.median(xs) * 1000, "p90_ms": _pct(xs, 0.9) * 1000,
-                "p99_ms": _pct(xs, 0.99) * 1000, "max_ms": max(xs) * 1000, "n": len(xs)}
+                "p50_ms": percentile(ordered, 50) * 1000, "p90_ms": percentile(ordered, 90) * 1000,
+                "p99_ms": percentile(ordered, 99) * 1000, "max_ms": ordered[-1] * 1000,
+                "n": len(xs)}
     return summary
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -24,6 +23,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.harness.stats import median
 from queen_trio.db.migrations import apply_migrations
 from queen_trio.embedded import EmbeddedPostgres
 
@@ -65,8 +65,8 @@ def main() -> None:
                         ms.append((time.perf_counter() - t0) * 1000)
                         top = plan[0]["Plan"]
                         buffers.append(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
-                    print(f"{(rnd + 1) * 500:>8}  {way:<10}{statistics.median(ms):>10.2f}"
-                          f"{min(ms):>8.2f}{statistics.median(buffers):>9.0f}", flush=True)
+                    print(f"{(rnd + 1) * 500:>8}  {way:<10}{median(ms):>10.2f}"
+                          f"{min(ms):>8.2f}{median(buffers):>9.0f}", flush=True)
             held.rollback()
     finally:
         pg.stop()
