@@ -49,13 +49,13 @@ from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .sealing import payload_cipher
-from .sweeper import Sweeper, run_pending_gauge
 from .switches import CHANNEL as SWITCHES_CHANNEL
 from .switches import RuntimeSwitches
 from .tenants import store as tenant_store
 from .tenants.directory import TenantDirectory
 from .timers import store as timer_store
 from .timers.batcher import ScheduleBatcher
+from .timers.sweeper import Sweeper, run_pending_gauge
 
 log = logging.getLogger(__name__)
 _HTTP_LOG = logging.getLogger("queen_trio.http")

@@ -43,17 +43,17 @@ from typing import Any, Literal
 
 import trio
 
-from .config import ONE_MIB, Settings
-from .db import MISSED, Database, Listener
-from .db.rows import DictConnection
-from .db.transient import TRANSIENT_ERRORS, describe, every, survived
-from .log import store as log_store
-from .log.rules import PopRequest
-from .log.wakeups import ParkedPop
-from .metrics import BrokerMetrics
-from .switches import RuntimeSwitches
-from .timers import store
-from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
+from ..config import ONE_MIB, Settings
+from ..db import MISSED, Database, Listener
+from ..db.rows import DictConnection
+from ..db.transient import TRANSIENT_ERRORS, describe, every, survived
+from ..log import store as log_store
+from ..log.rules import PopRequest
+from ..log.wakeups import ParkedPop
+from ..metrics import BrokerMetrics
+from ..switches import RuntimeSwitches
+from . import store
+from .store import NOTIFY_CHANNEL, Claimed, SweepResult
 
 log = logging.getLogger(__name__)
 
