@@ -42,7 +42,7 @@ from .db.analyze import run_analyzer
 from .db.migrations import apply_migrations
 from .db.notifier import Notifier
 from .errors import ListenError
-from .kv import store as kv_store
+from .kv.purger import run_purger
 from .log import store as log_store
 from .log.housekeeping import Housekeeper
 from .log.segments import SegmentCache
@@ -152,7 +152,7 @@ async def run_broker(
             await nursery.start(tenants.run, listener)  # plans, usage, token cache
             await nursery.start(switches.run, listener)  # the operator's runtime switches
             await nursery.start(  # expired KV keys
-                functools.partial(kv_store.run_purger, db, count_error=count_error))
+                functools.partial(run_purger, db, count_error=count_error))
             # Plans made while a table was small are dropped once it has grown.
             await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
             await nursery.start(schedules.run)  # schedules of the timer routes, batched
