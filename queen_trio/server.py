@@ -4,8 +4,9 @@
 
 1. migrate the database (advisory-locked, so brokers starting together don't race);
 2. open the connection pool;
-3. in one nursery: the LISTEN connection, then the HTTP server (hypercorn serving the
-   QuartTrio app);
+3. in one nursery: the background services, one list started in order (the LISTEN
+   connection among the first; queen_trio/services.py), then the HTTP server (hypercorn
+   serving the QuartTrio app);
 4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM/SIGHUP from the CLI): answer parked long-polls
    (204, nothing leased), stop accepting connections, let in-flight requests finish for up to
    ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
