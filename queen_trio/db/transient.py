@@ -3,8 +3,9 @@ or this timer is wrong". Background services retry on them; the sweeper spends n
 
 Any other error a background service meets (a row it cannot process, a bug) is logged at ERROR
 with its traceback, counted in ``queen_background_errors_total{service}``, and the service goes
-on after a back-off (:func:`survived`, :func:`every`, :class:`Shunned`): one bad row or tenant
-never stops a service, and with it the broker's nursery.
+on after a back-off (:func:`survived`, :func:`every` and the services built on it,
+:class:`Periodic`, :class:`Shunned`): one bad row or tenant never stops a service, and with
+it the broker's nursery.
 
 A read-only server is such trouble too: during a failover a broker may reach a standby not yet
 promoted, or a demoted primary (SQLSTATE 25006, read_only_sql_transaction). The pool drops
@@ -167,9 +168,9 @@ class PeriodicStatistics:
 
 
 class Periodic:
-    """The service ``name``: ``step()`` every ``interval_s`` (the first one at once with
-    ``at_once``), as :func:`every` loops: ``what`` names a round in
-    its log lines, ``count_error`` counts the errors it survives."""
+    """The service ``name`` (queen_trio/services.py): ``step()`` every ``interval_s`` (the
+    first one at once with ``at_once``), as :func:`every` loops: ``what`` names a round in its
+    log lines, ``count_error`` counts the errors it survives."""
 
     def __init__(self, name: str, interval_s: float, step: Callable[[], Awaitable[object]], *,
                  what: str, count_error: CountError | None = None, at_once: bool = False,
