@@ -46,7 +46,7 @@ def check_cost(number: int = 1_000_000) -> dict[str, float]:
     from queen_trio.switches import RuntimeSwitches
 
     class _Broker:
-        switches = RuntimeSwitches(None)  # type: ignore[arg-type]  # never refreshed here
+        switches = RuntimeSwitches(None, None)  # type: ignore[arg-type]  # never refreshed here
 
     broker: Any = _Broker()
 

@@ -8,6 +8,7 @@ pauses visible, so that a fire-lag outlier can be matched with a collection.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from typing import Any
@@ -37,6 +38,7 @@ class PauseObserver:
     def __init__(self, metrics: BrokerMetrics) -> None:
         self._metrics = metrics
         self._started: float | None = None
+        self.collections = 0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -44,15 +46,37 @@ class PauseObserver:
         elif self._started is not None:
             self._metrics.observe_gc_pause(info["generation"], time.perf_counter() - self._started)
             self._started = None
+            self.collections += 1
 
 
-async def observe(metrics: BrokerMetrics, *,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class GcPauseStatistics:
+    collections: int  # timed since the service started
+
+
+class GcPauses:
     """A service of the broker's nursery: collections are timed while the broker runs."""
-    observer = PauseObserver(metrics)
-    gc.callbacks.append(observer)
-    try:
-        task_status.started()
-        await trio.sleep_forever()
-    finally:
-        gc.callbacks.remove(observer)
+
+    name = "gc_pauses"
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._observer = PauseObserver(metrics)
+        self._alive = False
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def statistics(self) -> GcPauseStatistics:
+        return GcPauseStatistics(self._observer.collections)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        gc.callbacks.append(self._observer)
+        self._alive = True
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._alive = False
+            gc.callbacks.remove(self._observer)

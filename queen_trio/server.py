@@ -4,8 +4,9 @@
 
 1. migrate the database (advisory-locked, so brokers starting together don't race);
 2. open the connection pool;
-3. in one nursery: the LISTEN connection, then the HTTP server (hypercorn serving the
-   QuartTrio app);
+3. in one nursery: the background services, one list started in order (the LISTEN
+   connection among the first; queen_trio/services.py), then the HTTP server (hypercorn
+   serving the QuartTrio app);
 4. on ``BrokerHandle.shutdown()`` (SIGINT/SIGTERM/SIGHUP from the CLI): answer parked long-polls
    (204, nothing leased), stop accepting connections, let in-flight requests finish for up to
    ``QUEEN_GRACEFUL_TIMEOUT_MS``, then cancel the background services and close the pool.
@@ -38,24 +39,27 @@ from .api import protocol as http_protocol
 from .config import Settings
 from .context import BrokerContext
 from .db import Database, Listener, queries
-from .db.analyze import run_analyzer
+from .db.analyze import analyzer
 from .db.migrations import apply_migrations
 from .db.notifier import Notifier
 from .errors import ListenError
-from .kv import store as kv_store
+from .gc_pauses import GcPauses
+from .kv.purger import purger
 from .log import store as log_store
 from .log.housekeeping import Housekeeper
 from .log.segments import SegmentCache
 from .log.wakeups import QueueWakeups
 from .metrics import BrokerMetrics
 from .sealing import payload_cipher
-from .sweeper import Sweeper, run_pending_gauge
+from .services import Service
 from .switches import CHANNEL as SWITCHES_CHANNEL
 from .switches import RuntimeSwitches
 from .tenants import store as tenant_store
 from .tenants.directory import TenantDirectory
 from .timers import store as timer_store
 from .timers.batcher import ScheduleBatcher
+from .timers.pending import pending_gauge
+from .timers.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 _HTTP_LOG = logging.getLogger("queen_trio.http")
@@ -72,6 +76,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 NOTIFY_CHANNELS = (log_store.NOTIFY_CHANNEL, tenant_store.PLANS_CHANNEL, timer_store.NOTIFY_CHANNEL,
                    SWITCHES_CHANNEL)
 TENANTS = queries.load("tenants")
+# The services /health reports (with "http"): their loss is what an operator must see.
+ON_HEALTH = ("listener", "sweeper", "housekeeping")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +132,9 @@ async def run_broker(
                             count_error=count_error)
         wakeups = QueueWakeups(max_parked=_parked_bound(settings),
                                max_per_tenant=settings.longpoll_max_parked_per_tenant,
-                               recheck_concurrency=max(2, settings.db_pool_size // 4))
-        tenants = TenantDirectory(db, default_tenant,
+                               recheck_concurrency=max(2, settings.db_pool_size // 4),
+                               listener=listener)
+        tenants = TenantDirectory(db, default_tenant, listener,
                                   max_message_bytes=settings.max_message_bytes,
                                   count_error=count_error,
                                   auth_failures_per_s=settings.auth_failures_per_s)
@@ -136,7 +143,7 @@ async def run_broker(
         schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms,
                                     cipher=cipher)
         switches = RuntimeSwitches(
-            db, count_error=count_error,
+            db, listener, count_error=count_error,
             on_change=lambda name, on: metrics.switch_enabled.labels(name).set(int(on)))
         notifier = Notifier(db, count_error=count_error)
         context = BrokerContext(settings, db, listener, metrics, tenants, wakeups, schedules,
@@ -144,34 +151,36 @@ async def run_broker(
                                 notifier=notifier)
         metrics.watch(pool=db.statistics, listener=listener.statistics)
         metrics.watch_segment_cache(segment_cache.statistics)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gc_pauses.observe, metrics)  # collector pauses on /metrics
-            await nursery.start(listener.run)
-            context.services["listener"] = lambda: listener.connected
-            await nursery.start(wakeups.run, listener)  # long-poll pops wake on NOTIFY
-            await nursery.start(tenants.run, listener)  # plans, usage, token cache
-            await nursery.start(switches.run, listener)  # the operator's runtime switches
-            await nursery.start(  # expired KV keys
-                functools.partial(kv_store.run_purger, db, count_error=count_error))
+        sweeper = Sweeper(sweeper_db, listener, settings, metrics,
+                          lambda tid: settings.timer_payload_ceiling(tenants.message_ceiling(tid)),
+                          announce_fire=lambda timer, due_local: wakeups.announce_fire(
+                              log_store.wake_key(timer.tenant_id, timer.queue),
+                              timer.partition,
+                              timer.due, due_local),
+                          look_up_db=db, switches=switches)
+        # Every long-lived service, started in this order (each ready before the next starts;
+        # queen_trio/services.py says what a service is).
+        services: tuple[Service, ...] = (
+            GcPauses(metrics),  # collector pauses on /metrics
+            listener,  # the LISTEN connection every NOTIFY below arrives on
+            wakeups,  # long-poll pops wake on NOTIFY
+            tenants,  # plans, usage, token cache
+            switches,  # the operator's runtime switches
+            purger(db, count_error=count_error),  # expired KV keys
             # Plans made while a table was small are dropped once it has grown.
-            await nursery.start(functools.partial(run_analyzer, db, count_error=count_error))
-            await nursery.start(schedules.run)  # schedules of the timer routes, batched
-            await nursery.start(notifier.run)  # pushes' wake-ups, after their commits
-            sweeper = Sweeper(sweeper_db, listener, settings, metrics,
-                              lambda tid: settings.timer_payload_ceiling(
-                                  tenants.message_ceiling(tid)),
-                              announce_fire=lambda timer, due_local: wakeups.announce_fire(
-                                  log_store.wake_key(timer.tenant_id, timer.queue),
-                                  timer.partition,
-                                  timer.due, due_local),
-                              look_up_db=db, switches=switches)
-            await nursery.start(sweeper.run)  # claims due timers and fires them
-            await nursery.start(run_pending_gauge, db, metrics)  # queen_timers_pending
-            context.services["sweeper"] = lambda: sweeper.alive
+            analyzer(db, count_error=count_error),
+            schedules,  # schedules of the timer routes, batched
+            notifier,  # pushes' wake-ups, after their commits
+            sweeper,  # claims due timers and fires them
+            pending_gauge(db, metrics),  # queen_timers_pending
             # Seals the head into zstd segments and applies retention.
-            housekeeper = Housekeeper.from_settings(db, settings, metrics)
-            await nursery.start(housekeeper.run)
-            context.services["housekeeping"] = lambda: housekeeper.alive
+            Housekeeper.from_settings(db, settings, metrics),
+        )
+        async with trio.open_nursery() as nursery:
+            for service in services:
+                await nursery.start(service.run)
+                if service.name in ON_HEALTH:
+                    context.services[service.name] = _alive(service)
 
             http_done = trio.Event()
             async def shutdown_trigger() -> None:
@@ -188,6 +197,10 @@ async def run_broker(
             await http_done.wait()  # the API has drained: now stop the background services
             nursery.cancel_scope.cancel()
     log.info("queen-trio stopped")
+
+
+def _alive(service: Service) -> Callable[[], bool]:
+    return lambda: service.alive
 
 
 def _parked_bound(settings: Settings) -> int:

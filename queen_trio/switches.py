@@ -91,11 +91,17 @@ class SwitchStatistics:
 
 
 class RuntimeSwitches:
-    """This broker's copy of the switches. Start with ``await nursery.start(switches.run,
-    listener)``; until then (and in tests that never start it) every switch reads as on."""
+    """This broker's copy of the switches. Start with ``await nursery.start(switches.run)``
+    (it follows the NOTIFYs of ``listener``); until then (and in tests that never start it)
+    every switch reads as on."""
 
-    def __init__(self, db: Database, *, count_error: CountError | None = None,
+    name = "switches"
+
+    def __init__(self, db: Database, listener: Listener | None, *,
+                 count_error: CountError | None = None,
                  on_change: Callable[[str, bool], None] | None = None) -> None:
+        self._listener = listener
+        self._alive = False
         self._db = db
         self._count_error = count_error
         self._state = dict.fromkeys(NAMES, True)
@@ -132,19 +138,28 @@ class RuntimeSwitches:
 
     # -- the service -------------------------------------------------------------------------
 
-    async def run(self, listener: Listener, *,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        assert self._listener is not None, "RuntimeSwitches(db, listener) runs as a service"
         # Subscribed before the first read: a flip committed in between is not missed.
-        with listener.subscribe(CHANNEL) as changes:
+        with self._listener.subscribe(CHANNEL) as changes:
             await self.refresh()
             if self._on_change is not None:
                 for name, enabled in self._state.items():
                     self._on_change(name, enabled)
-            task_status.started()
-            # A switch changed (or MISSED): read now; the last values stand on an error.
-            await refresh_on_notify(changes, self.refresh, period_s=POLL_S, logger=log,
-                                    service="switches", what="the runtime switches",
-                                    count=self._count_error)
+            self._alive = True
+            try:
+                task_status.started()
+                # A switch changed (or MISSED): read now; the last values stand on an error.
+                await refresh_on_notify(changes, self.refresh, period_s=POLL_S, logger=log,
+                                        service=self.name, what="the runtime switches",
+                                        count=self._count_error)
+            finally:
+                self._alive = False
 
     async def refresh(self) -> None:
         self.adopt(await self._db.run_autocommit(read))

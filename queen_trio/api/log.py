@@ -3,29 +3,18 @@ queue resources."""
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any
 
 import msgspec
-import trio
 from msgspec import UNSET
 from quart import Blueprint, Response, request
 
 from ..errors import ValidationError
 from ..formats import iso, message_id
 from ..log import admin as log_admin
-from ..log import rules, store
-from ..log.wakeups import (
-    BACKGROUND_REASONS,
-    HANDOVER_WAIT_S,
-    ExpectedFire,
-    ParkedPop,
-    ParkLimit,
-    QueueWakeups,
-    Waiter,
-)
-from ..metrics import BrokerMetrics
+from ..log import longpoll, rules, store
+from ..log.wakeups import ParkLimit
 from ..models import log as models
 from ..sealing import PayloadCipher, opened
 from .common import broker as _broker
@@ -243,165 +232,30 @@ def pop_echo(req: rules.PopRequest, answer: models.PopResponse) -> models.PopRes
 
 
 async def _pop_batches(req: rules.PopRequest) -> list[store.PopBatch]:
-    broker = _broker()
-    tenant = current_tenant_id()
-    if req.subscribe_from == rules.SUBSCRIBE_NOW:
-        # The group's subscription instant, before it looks: what is pushed from now on is
-        # new to it, whichever partition it lands in (store.subscribe).
-        await broker.db.run_transaction(store.subscribe, tenant, req)
-    if not req.wait or req.timeout_ms == 0:
-        return _popped(broker.metrics, await _look(tenant, req))
-    key = store.wake_key(tenant, req.queue)
-    with broker.wakeups.waiting(key, tenant, req) as waiter:
-        return _popped(broker.metrics, await _wait_for_messages(tenant, req, key, waiter))
-
-
-async def _look(tenant: int, req: rules.PopRequest,
-                fire: ExpectedFire | None = None) -> store.PopOutcome:
-    """One pop: most are served by one statement, the rest by the general pop (which alone
-    takes several partitions). ``fire``: a timer is about to fire into the queue; wait for its
-    frame in PostgreSQL."""
-    broker = _broker()
-    sync_commit = broker.settings.pop_commit_sync
-    if not _head_served(req):
-        outcome = None
-    elif fire is not None:
-        fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
-        outcome = await broker.db.run_autocommit(
-            store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
-            sync_commit=sync_commit)
-        broker.metrics.pop_fire_waits.labels(
-            "fallback" if outcome is None
-            else "delivered" if outcome.batch is not None else "gave_up").inc()
-    else:
-        outcome = await broker.db.run_autocommit(store.pop_head, tenant, req,
-                                                 sync_commit=sync_commit)
-    if outcome is None:
-        outcome = await broker.db.run_transaction(store.pop, tenant, req, broker.segment_cache,
-                                                  sync_commit=sync_commit)
-    if outcome.skipped:
-        broker.metrics.messages_skipped.inc(outcome.skipped)
-    return outcome
-
-
-async def _wait_for_messages(tenant: int, req: rules.PopRequest, key: str,
-                             waiter: Waiter) -> store.PopOutcome:
-    """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
-    (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
-    instead of waiting (429 for its tenant, 503 for the broker)."""
-    broker = _broker()
-    wakeups, metrics = broker.wakeups, broker.metrics
-    deadline = trio.current_time() + req.timeout_ms / 1000
-    fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
-    parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
-    # A lane whose last look found nothing, with no news since: join it without a look (a
-    # client polling again after its timeout costs no query).
-    known_empty = waiter.lane_known_empty
-    outcome = store.PopOutcome(None)
+    """The pop (log/longpoll.py), for the request's tenant; past a bound on parked pops it is
+    refused instead of waiting (429 for its tenant, 503 for the broker)."""
     try:
-        while True:
-            reason = waiter.begin_look()  # a wake from now on means: look again
-            if parked is not None and parked.reserved:
-                # The sweeper is firing a timer into this queue and pops for us in the fire's
-                # own transaction: wait for its answer rather than look ourselves.
-                handed = await _take_handover(wakeups, parked)
-                parked = None
-                if handed is not None and handed.batch is not None:
-                    waiter.served = True
-                    return handed
-            fire = wakeups.claim_fire(key) if waiter.parked and _head_served(req) else None
-            if fire is not None and (req.partition not in (None, fire.partition)
-                                     or fire.due_local + fire_wait_s > deadline):
-                fire = None
-            if waiter.parked:
-                metrics.longpoll_looks.labels(reason).inc()
-            if known_empty:
-                metrics.longpoll_looks_spared.inc()
-            elif waiter.parked and reason in BACKGROUND_REASONS:
-                async with wakeups.rechecks:  # every lane at once: a few at a time
-                    outcome = await _look(tenant, req, fire)
-            else:
-                outcome = await _look(tenant, req, fire)
-            if outcome.batch is not None:
-                waiter.served = True  # there may be more: the next of the lane looks
-                return outcome
-            if deadline <= trio.current_time() or wakeups.stopping:
-                return outcome
-            if not waiter.parked:
-                _park(waiter)
-                metrics.longpoll_waiters.inc()
-            if parked is None and _head_served(req):
-                parked = ParkedPop(tenant, req, deadline, waiter=waiter)
-                wakeups.offer(key, parked)
-            if known_empty:
-                known_empty = False  # the lane's timer is set already
-            else:
-                # When something becomes poppable that nobody will NOTIFY (a lease or a retry
-                # hold ending, a delayed frame maturing): the lane's timer goes off then.
-                look_in = await broker.db.run_autocommit(store.next_look_in_s, tenant, req)
-                if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
-                    look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
-                wakeups.look_again_in(waiter, look_in)
-            with trio.move_on_at(deadline):
-                await waiter.woken.wait()
-            if wakeups.stopping:  # shutting down: answer "nothing", lease nothing
-                return store.PopOutcome(None)
-            if not waiter.woken.is_set():
-                return outcome  # its time is up, and nothing changed for it since it looked
-    finally:
-        if parked is not None:
-            # Gone (answered, timed out, cancelled): a fire's batch reserved for it goes back.
-            wakeups.withdraw(parked)
-        if waiter.parked:
-            metrics.longpoll_waiters.dec()
-
-
-def _head_served(req: rules.PopRequest) -> bool:
-    """Whether the one-statement pop (queen.pop_head, which the sweeper's hand-over uses too)
-    can serve this pop: one partition, the queue's lease, no conflation."""
-    return req.partitions == 1 and not req.conflation and req.lease_s is None
+        return await longpoll.pop_batches(_broker(), current_tenant_id(), req)
+    except ParkLimit as limit:
+        raise WaitRefused.over(limit) from None
 
 
 class WaitRefused(ApiError):
     """A pop found nothing and may not wait: a bound on waiting pops is reached."""
 
-
-def _park(waiter: Waiter) -> None:
-    broker = _broker()
-    try:
-        broker.wakeups.park(waiter)
-    except ParkLimit as limit:
-        broker.metrics.longpoll_refused.labels(limit.scope).inc()
+    @classmethod
+    def over(cls, limit: ParkLimit) -> WaitRefused:
         if limit.scope == "tenant":
-            raise WaitRefused(
+            return cls(
                 429, "too_many_waiting_pops",
                 f"this tenant already has {limit.limit} pops waiting for messages "
                 "(QUEEN_LONGPOLL_MAX_PARKED_PER_TENANT); retry later, or pop without wait",
-                headers={"Retry-After": "1"}, limit=limit.limit) from None
-        raise WaitRefused(
+                headers={"Retry-After": "1"}, limit=limit.limit)
+        return cls(
             503, "broker_waiting_pops_full",
             f"this broker already has {limit.limit} pops waiting for messages "
             "(QUEEN_LONGPOLL_MAX_PARKED); retry later, or on another broker",
-            headers={"Retry-After": "1"}, limit=limit.limit) from None
-
-
-def _popped(metrics: BrokerMetrics, outcome: store.PopOutcome) -> list[store.PopBatch]:
-    batches = outcome.batches
-    metrics.count_pop(current_tenant_id(), sum(len(b.messages) for b in batches))
-    return batches
-
-
-async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopOutcome | None:
-    """What the sweeper popped for this reserved pop (None: nothing came, or the sweep failed).
-    Bounded: a sweep held up past HANDOVER_WAIT_S after the due instant, or past the pop's own
-    timeout, is not waited for (the sweeper then gives the batch back), nor is one during a
-    shutdown."""
-    assert parked.due_local is not None
-    if not wakeups.stopping:
-        with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
-            await parked.handed.wait()
-    wakeups.withdraw(parked)
-    return parked.outcome if parked.handed.is_set() else None
+            headers={"Retry-After": "1"}, limit=limit.limit)
 
 
 def batches_to_wire(req: rules.PopRequest, batches: list[store.PopBatch],

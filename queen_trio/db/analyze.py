@@ -28,12 +28,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import trio
-
 from . import queries
 from .pool import Database
 from .rows import DictConnection
-from .transient import CountError, every
+from .transient import CountError, Periodic
 
 Q = queries.load("ops")
 log = logging.getLogger(__name__)
@@ -53,12 +51,8 @@ def analyze_grown_tables(raw: DictConnection,
     return rows
 
 
-async def run_analyzer(
-    db: Database, *, interval_s: float = ANALYZE_INTERVAL_S,
-    count_error: CountError | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
+def analyzer(db: Database, *, interval_s: float = ANALYZE_INTERVAL_S,
+             count_error: CountError | None = None) -> Periodic:
     """The service: :func:`analyze_grown_tables` every ``interval_s``."""
-    task_status.started()
-    await every(interval_s, lambda: db.run_transaction(analyze_grown_tables),
-                what="statistics check", service="analyzer", count_error=count_error)
+    return Periodic("analyzer", interval_s, lambda: db.run_transaction(analyze_grown_tables),
+                    what="statistics check", count_error=count_error)

@@ -88,6 +88,8 @@ class Listener:
     channel is being listened to. Subscribe with ``with listener.subscribe(channel) as rx:``.
     """
 
+    name = "listener"
+
     def __init__(
         self,
         conninfo: str,
@@ -140,6 +142,11 @@ class Listener:
     def backend_pid(self) -> int | None:
         """PID of the listening backend, for tests and diagnostics."""
         return None if self._raw is None else self._raw.info.backend_pid
+
+    @property
+    def alive(self) -> bool:
+        """Listening now (between a lost connection and its replacement it is not)."""
+        return self.connected
 
     def statistics(self) -> ListenerStatistics:
         return ListenerStatistics(

@@ -16,6 +16,7 @@ what listeners already recover from (a reconnect delivers MISSED; lanes recheck 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -44,10 +45,20 @@ def _send(raw: psycopg.Connection[Any], pending: list[tuple[str, str]]) -> None:
     raw.execute(_SEND, {"channels": [c for c, _ in pending], "payloads": [p for _, p in pending]})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotifierStatistics:
+    statements: int  # statements sent
+    sent: int  # notifications those statements carried
+    pending: int  # waiting to be sent
+
+
 class Notifier:
     """``notify(channel, payload)`` after a commit; ``await nursery.start(notifier.run)``."""
 
+    name = "notifier"
+
     def __init__(self, db: Database, *, count_error: CountError | None = None) -> None:
+        self._alive = False
         self._db = db
         self._count_error = count_error
         self._pending: dict[tuple[str, str], None] = {}  # insertion-ordered set
@@ -60,9 +71,23 @@ class Notifier:
         self._pending[(channel, payload)] = None
         self._wake.set()
 
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def statistics(self) -> NotifierStatistics:
+        return NotifierStatistics(self.statements, self.sent, len(self._pending))
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        task_status.started()
+        self._alive = True
+        try:
+            task_status.started()
+            await self._send_forever()
+        finally:
+            self._alive = False
+
+    async def _send_forever(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -78,7 +103,7 @@ class Notifier:
                     await trio.sleep(RETRY_S)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a hint is never worth the broker
-                    survived(log, "notifier", "sending wake-up hints", exc, self._count_error)
+                    survived(log, self.name, "sending wake-up hints", exc, self._count_error)
                     await trio.sleep(RETRY_S)
                     continue
                 self.statements += 1

@@ -14,8 +14,6 @@ Transactions:
 * Leaving a :meth:`Database.transaction` block with an exception (cancellation included) rolls
   back inside a bounded shield; if the rollback cannot finish, the connection is discarded
   and the server rolls back when it sees the socket close.
-* ``transaction(shield_commit=True)`` is for a commit that must finish once started: it runs
-  to its end, bounded by ``commit_timeout``; cancellation is delivered afterwards.
 
 Read-only servers (a standby not yet promoted, a demoted or fenced primary): connections ask
 for ``target_session_attrs=read-write`` (:func:`~queen_trio.db.conninfo.broker_conninfo`), so
@@ -90,7 +88,6 @@ class Database:
         acquire_timeout_s: float | None = None,
         max_lifetime_s: float | None = None,
         max_idle_s: float | None = None,
-        commit_timeout_s: float = 10.0,
         application_name: str = "queen-trio",
         session_settings: dict[str, str] | None = None,
         on_read_only: Callable[[str], None] | None = None,
@@ -107,7 +104,6 @@ class Database:
         self._acquire_timeout_s = math.inf if acquire_timeout_s is None else acquire_timeout_s
         self._max_lifetime_s = math.inf if max_lifetime_s is None else max_lifetime_s
         self._max_idle_s = math.inf if max_idle_s is None else max_idle_s
-        self._commit_timeout_s = commit_timeout_s
         self._application_name = application_name
         self._session_settings = dict(session_settings or {})
         self._slots = trio.Semaphore(max_size)
@@ -150,7 +146,7 @@ class Database:
             await self._release(conn)
 
     @asynccontextmanager
-    async def transaction(self, *, shield_commit: bool = False) -> AsyncIterator[Connection]:
+    async def transaction(self) -> AsyncIterator[Connection]:
         """Borrow a connection inside ``BEGIN … COMMIT``; any exception rolls back."""
         conn = await self._acquire()
         try:
@@ -160,7 +156,7 @@ class Database:
             except BaseException:
                 await self._rollback(conn)
                 raise
-            await self._commit(conn, shield=shield_commit)
+            await self._commit(conn)
         finally:
             await self._release(conn)
 
@@ -214,20 +210,11 @@ class Database:
 
     # -- internals ----------------------------------------------------------------------
 
-    async def _commit(self, conn: Connection, *, shield: bool) -> None:
+    async def _commit(self, conn: Connection) -> None:
         if conn._begin_pending:  # nothing was executed: there is nothing to commit
             conn._begin_pending = False
             return
-        if not shield:
-            await conn._call(_commit)
-            return
-        # Shielded from outside cancellation, but bounded: a commit that cannot finish within
-        # commit_timeout_s is abandoned (connection closed) and reported as of unknown outcome.
-        with trio.move_on_after(self._commit_timeout_s, shield=True) as scope:
-            await conn._call(_commit)
-        if scope.cancelled_caught:
-            conn._close()
-            raise DatabaseUnavailable("commit did not finish in time; its outcome is unknown")
+        await conn._call(_commit)
 
     async def _rollback(self, conn: Connection) -> None:
         conn._begin_pending = False

@@ -3,8 +3,9 @@ or this timer is wrong". Background services retry on them; the sweeper spends n
 
 Any other error a background service meets (a row it cannot process, a bug) is logged at ERROR
 with its traceback, counted in ``queen_background_errors_total{service}``, and the service goes
-on after a back-off (:func:`survived`, :func:`every`, :class:`Shunned`): one bad row or tenant
-never stops a service, and with it the broker's nursery.
+on after a back-off (:func:`survived`, :func:`every` and the services built on it,
+:class:`Periodic`, :class:`Shunned`): one bad row or tenant never stops a service, and with
+it the broker's nursery.
 
 A read-only server is such trouble too: during a failover a broker may reach a standby not yet
 promoted, or a demoted primary (SQLSTATE 25006, read_only_sql_transaction). The pool drops
@@ -13,6 +14,7 @@ for the connections outside the pool (the LISTEN connection)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -137,11 +139,12 @@ class Shunned:
 
 async def every(interval_s: float, step: Callable[[], Awaitable[object]], *, what: str,
                 service: str, count_error: CountError | None = None,
-                at_once: bool = False) -> NoReturn:
+                at_once: bool = False, logger: logging.Logger | None = None) -> NoReturn:
     """A background service's loop: ``step()`` every ``interval_s`` (the first one at once
-    with ``at_once``). A transient database error is logged and the next round tries again.
-    Any other error is :func:`survived`, and the rounds back off (``interval_s``, doubling, up
-    to BACKOFF_MAX_S) until one succeeds."""
+    with ``at_once``). A transient database error is logged (on ``logger``, the service's) and
+    the next round tries again. Any other error is :func:`survived`, and the rounds back off
+    (``interval_s``, doubling, up to BACKOFF_MAX_S) until one succeeds."""
+    logger = logger or log
     if not at_once:
         await trio.sleep(interval_s)
     failures = 0  # rounds in a row that failed with something not transient
@@ -150,8 +153,62 @@ async def every(interval_s: float, step: Callable[[], Awaitable[object]], *, wha
             await step()
             failures = 0
         except TRANSIENT_ERRORS as exc:
-            log.warning("%s skipped: %s", what, str(exc).strip())
+            logger.warning("%s skipped: %s", what, str(exc).strip())
         except Exception as exc:
             failures += 1
-            survived(log, service, what, exc, count_error)
+            survived(logger, service, what, exc, count_error)
         await trio.sleep(backoff_s(failures, interval_s))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeriodicStatistics:
+    rounds: int
+    failed_rounds: int  # transient trouble or an error it survived
+    last_round_at: float | None  # trio clock
+
+
+class Periodic:
+    """The service ``name`` (queen_trio/services.py): ``step()`` every ``interval_s`` (the
+    first one at once with ``at_once``), as :func:`every` loops: ``what`` names a round in its
+    log lines, ``count_error`` counts the errors it survives."""
+
+    def __init__(self, name: str, interval_s: float, step: Callable[[], Awaitable[object]], *,
+                 what: str, count_error: CountError | None = None, at_once: bool = False,
+                 logger: logging.Logger | None = None) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self._step = step
+        self._what = what
+        self._count_error = count_error
+        self._at_once = at_once
+        self._logger = logger
+        self._rounds = self._failed = 0
+        self._last_round_at: float | None = None
+        self._alive = False
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def statistics(self) -> PeriodicStatistics:
+        return PeriodicStatistics(self._rounds, self._failed, self._last_round_at)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        self._alive = True
+        try:
+            task_status.started()
+            await every(self.interval_s, self._round, what=self._what, service=self.name,
+                        count_error=self._count_error, at_once=self._at_once,
+                        logger=self._logger)
+        finally:
+            self._alive = False
+
+    async def _round(self) -> None:
+        self._rounds += 1
+        self._last_round_at = trio.current_time()
+        try:
+            await self._step()
+        except Exception:
+            self._failed += 1
+            raise

@@ -1,5 +1,5 @@
-"""KV state in the database: one call's ops applied in the caller's transaction, and the purger
-that removes expired keys.
+"""KV state in the database: one call's ops applied in the caller's transaction, and the batch
+of expired keys the purger (kv/purger.py) removes.
 
 :func:`apply` answers Queen's result elements, in input order, each with ``index`` and ``op``:
 
@@ -26,11 +26,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import trio
-
-from ..db import Database, queries
+from ..db import queries
 from ..db.rows import DictConnection, DictRow
-from ..db.transient import CountError, every
 from ..formats import iso
 from ..log.store import add_usage
 from . import rules
@@ -39,7 +36,6 @@ from .rules import Op, PreconditionLost
 Q = queries.load("kv")
 Result = dict[str, Any]
 
-PURGE_INTERVAL_S = 5.0
 PURGE_BATCH = 1000
 _RACES = 50  # a key created and removed by others this many times between our looks: give up
 
@@ -255,19 +251,4 @@ def purge_expired(raw: DictConnection, limit: int = PURGE_BATCH) -> int:
     return removed
 
 
-async def run_purger(
-    db: Database, *, interval_s: float = PURGE_INTERVAL_S,
-    count_error: CountError | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Housekeeping: delete expired keys in batches (they are already invisible to reads)."""
-    async def purge() -> None:
-        while await db.run_transaction(purge_expired) == PURGE_BATCH:
-            await trio.lowlevel.checkpoint()
-
-    task_status.started()
-    await every(interval_s, purge, what="KV purge", service="kv_purger",
-                count_error=count_error)
-
-
-__all__ = ["PreconditionLost", "apply", "purge_expired", "run_purger"]
+__all__ = ["PreconditionLost", "apply", "purge_expired"]

@@ -37,7 +37,7 @@ import trio
 from ..config import Settings
 from ..db import Database, queries
 from ..db.rows import DictConnection, one
-from ..db.transient import TRANSIENT_ERRORS, Shunned, backoff_s, survived
+from ..db.transient import TRANSIENT_ERRORS, Shunned, every, survived
 from ..metrics import BrokerMetrics
 from .segments import CODEC_ZSTD, HeadFrame, SealPolicy, cut, encode
 from .store import add_usage
@@ -266,6 +266,8 @@ class Housekeeper:
         return cls(db, policy_from_settings(settings),
                    interval_ms=settings.housekeeping_interval_ms, metrics=metrics)
 
+    name = "housekeeping"
+
     @property
     def alive(self) -> bool:
         return self._alive
@@ -274,25 +276,21 @@ class Housekeeper:
         self._alive = True
         task_status.started()
         try:
-            await self._rounds_forever()
+            # A round that met transient trouble is tried again at the next; one that failed
+            # otherwise is logged, counted, and the rounds back off.
+            await every(self._interval_s, self._round, what="a log housekeeping round",
+                        service=self.name, logger=log,
+                        count_error=None if self._metrics is None
+                        else self._metrics.count_background_error)
         finally:
             self._alive = False
 
-    async def _rounds_forever(self) -> None:
-        failures = 0  # rounds in a row that failed with something not transient
-        while True:
-            await trio.sleep(backoff_s(failures, self._interval_s))
-            try:
-                await self.run_once()
-                failures = 0
-            except TRANSIENT_ERRORS as exc:
-                # The database is in trouble: the next round tries again.
-                self._failed += 1
-                log.warning("log housekeeping round skipped: %s", str(exc).strip())
-            except Exception as exc:
-                self._failed += 1
-                failures += 1
-                self._survived(exc, "a log housekeeping round")
+    async def _round(self) -> None:
+        try:
+            await self.run_once()
+        except Exception:
+            self._failed += 1
+            raise
 
     def _survived(self, exc: BaseException, what: str) -> None:
         survived(log, "housekeeping", what, exc,

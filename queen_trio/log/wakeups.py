@@ -191,8 +191,15 @@ class WakeupStatistics:
 
 
 class QueueWakeups:
+    """The long-poll lanes; as a service (``run``) it hands the NOTIFYs of ``listener`` to the
+    lanes and runs the lanes' timers."""
+
+    name = "wakeups"
+
     def __init__(self, *, max_parked: int = 10_000, max_per_tenant: int = 5_000,
-                 recheck_concurrency: int = 4) -> None:
+                 recheck_concurrency: int = 4, listener: Listener | None = None) -> None:
+        self._listener = listener
+        self._alive = False
         self.max_parked = max_parked
         self.max_per_tenant = max_per_tenant
         # Looks of every lane at once (missed notifications, the safety net) go a few at a
@@ -412,16 +419,25 @@ class QueueWakeups:
                 for waiter in lane.waiters:
                     waiter.wake("stop")
 
-    async def run(
-        self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
         """Hand notifications to the lanes, and run the lanes' timers."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._run_timers)
-            with listener.subscribe(NOTIFY_CHANNEL) as notifications:
-                task_status.started()
-                async for item in notifications:
-                    if item is MISSED:
-                        self.notify_all("missed")  # anything may have changed while we were deaf
-                    else:
-                        self.notify(item.payload)
+        listener = self._listener
+        assert listener is not None, "QueueWakeups(listener=...) runs as a service"
+        self._alive = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_timers)
+                with listener.subscribe(NOTIFY_CHANNEL) as notifications:
+                    task_status.started()
+                    async for item in notifications:
+                        if item is MISSED:
+                            self.notify_all("missed")  # anything may have changed meanwhile
+                        else:
+                            self.notify(item.payload)
+        finally:
+            self._alive = False

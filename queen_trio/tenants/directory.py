@@ -42,10 +42,27 @@ class AuthThrottled(Exception):
         self.wait_s = wait_s
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantStatistics:
+    plans: int  # tenants whose plan is loaded
+    tokens: int  # tokens verified and remembered
+    refreshes: int
+    last_refresh_at: float | None  # trio clock
+
+
 class TenantDirectory:
-    def __init__(self, db: Database, default_tenant_id: int, *,
+    """Plans, usage and verified tokens of every tenant; as a service (``run``) it reloads
+    them on each NOTIFY of a plan change (from ``listener``) and at least every few seconds."""
+
+    name = "tenants"
+
+    def __init__(self, db: Database, default_tenant_id: int, listener: Listener, *,
                  max_message_bytes: int = 1024 * 1024, auth_failures_per_s: int = 10,
                  count_error: CountError | None = None) -> None:
+        self._listener = listener
+        self._alive = False
+        self._refreshes = 0
+        self._last_refresh_at: float | None = None
         self._max_message_bytes = max_message_bytes
         self._count_error = count_error
         self._db = db
@@ -61,21 +78,34 @@ class TenantDirectory:
 
     # -- the service ----------------------------------------------------------------------
 
-    async def run(
-        self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def statistics(self) -> TenantStatistics:
+        return TenantStatistics(len(self._plans), len(self._tokens), self._refreshes,
+                                self._last_refresh_at)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
         await self.refresh()
-        with listener.subscribe(PLANS_CHANNEL) as changes:
-            task_status.started()
-            # A plan changed (or MISSED): reload now. On an error the broker keeps serving with
-            # the plans it has: a tenant row it cannot load never stops it.
-            await refresh_on_notify(changes, self.refresh, period_s=_REFRESH_S, logger=log,
-                                    service="tenants", what="tenant plans and usage",
-                                    count=self._count_error)
+        self._alive = True
+        try:
+            with self._listener.subscribe(PLANS_CHANNEL) as changes:
+                task_status.started()
+                # A plan changed (or MISSED): reload now. On an error the broker keeps serving
+                # with the plans it has: a tenant row it cannot load never stops it.
+                await refresh_on_notify(changes, self.refresh, period_s=_REFRESH_S, logger=log,
+                                        service=self.name, what="tenant plans and usage",
+                                        count=self._count_error)
+        finally:
+            self._alive = False
 
     async def refresh(self) -> None:
         plans = await self._db.run_transaction(store.fold_usage_and_load_plans)
         self._plans = {p.tenant_id: p for p in plans}
+        self._refreshes += 1
+        self._last_refresh_at = trio.current_time()
         self.loaded.set()
 
     # -- questions the API asks -----------------------------------------------------------

@@ -69,8 +69,17 @@ class _Request:
         self.done.set()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatcherStatistics:
+    batches: int  # statements sent
+    scheduled: int  # timers those statements scheduled (or answered too_late for)
+
+
 class ScheduleBatcher:
     """Start it with ``await nursery.start(batcher.run)``; then ``await batcher.schedule(...)``."""
+
+    name = "schedules"
+    _alive = False
 
     def __init__(self, db: Database, *, notify_within_ms: int, max_batch: int = MAX_BATCH,
                  cipher: PayloadCipher | None = None):
@@ -100,11 +109,22 @@ class ScheduleBatcher:
         assert request.outcomes is not None
         return request.outcomes
 
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def statistics(self) -> BatcherStatistics:
+        return BatcherStatistics(self.batches, self.scheduled)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            for _ in range(WRITERS):
-                nursery.start_soon(self._writer, self._receive.clone())
-            task_status.started()
+        self._alive = True
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(WRITERS):
+                    nursery.start_soon(self._writer, self._receive.clone())
+                task_status.started()
+        finally:
+            self._alive = False
 
     async def _writer(self, receive: trio.MemoryReceiveChannel[_Request]) -> None:
         held: _Request | None = None  # taken, but past this statement's cap: the next one's

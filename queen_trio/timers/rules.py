@@ -30,7 +30,7 @@ from ..errors import Forbidden, PayloadTooLarge, ValidationError
 from ..log import rules as log_rules
 from ..models import codec
 from ..models.timers import BATCH_DECODER, MAX_OPS_PER_CALL, TimerBatch, TimerOp
-from ..text import utf8_name
+from ..text import compact_json, utf8_name
 
 MAX_KEY_BYTES = 512
 MAX_BACKOFF_MS = 60_000
@@ -387,7 +387,7 @@ def pack(payload: Any, raw: bytes | None = None) -> tuple[bytes, int, bool]:
     queen.sweep_timers in schema/functions/timers.sql).
     """
     if raw is None:
-        raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        raw = compact_json(payload).encode()
     if len(raw) >= MIN_COMPRESSED_BYTES:
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - len(raw) // 8:

@@ -1,5 +1,5 @@
 """Timers in the database: schedule, cancel, peek and list for clients; claim and fire for the
-sweeper. SQL text lives in ``queen_trio/sql/timers.sql``.
+sweeper. SQL text lives in ``queen_trio/sql/timer_store.sql``.
 
 Client-side functions run inside the caller's transaction (a single request, or a bundle of
 ``POST /transaction``), never wait on a row a sweeper has locked, and answer ``too_late`` for
@@ -25,7 +25,7 @@ from ..sealing import PayloadCipher
 from . import rules
 from .rules import Cancel, Schedule
 
-Q = queries.load("timers")
+Q = queries.load("timer_store")
 NOTIFY_CHANNEL = "queen_timers"
 TIMER_GROUP = log_rules.TIMER_GROUP
 

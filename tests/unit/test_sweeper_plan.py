@@ -17,14 +17,14 @@ import pytest
 import trio
 import trio.testing
 
-from queen_trio import sweeper as sweeper_module
 from queen_trio.config import Settings
 from queen_trio.db import MISSED
 from queen_trio.db.listener import Notification
 from queen_trio.errors import DatabaseUnavailable
 from queen_trio.metrics import BrokerMetrics
-from queen_trio.sweeper import Plan, Sweeper, floored, next_plan, retry_delay
+from queen_trio.timers import sweeper as sweeper_module
 from queen_trio.timers.store import NOTIFY_CHANNEL, NextDue, SweepResult
+from queen_trio.timers.sweeper import Plan, Sweeper, floored, next_plan, retry_delay
 
 MIN_SLEEP = 0.010
 MAX_SLEEP = 1.0

@@ -76,8 +76,6 @@ async def test_a_pop_that_leaves_with_a_wake_it_did_not_use_passes_it_on() -> No
 async def test_a_lane_looks_once_when_a_lease_ends_and_the_safety_net_is_jittered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    w = QueueWakeups()
-
     class Listener:  # no notifications: only the lanes' timers run
         @contextlib.contextmanager
         def subscribe(self, channel: str):  # type: ignore[no-untyped-def]
@@ -85,8 +83,10 @@ async def test_a_lane_looks_once_when_a_lease_ends_and_the_safety_net_is_jittere
             with send:
                 yield receive
 
+    w = QueueWakeups(listener=Listener())  # type: ignore[arg-type]
+
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, Listener())
+        await nursery.start(w.run)
         with w.waiting("1:q", 1, req()) as a, w.waiting("1:q", 1, req()) as b:
             start = trio.current_time()
             for waiter, seconds in ((a, 2.0), (b, 5.0)):  # each saw the lease; the earliest counts

@@ -1,5 +1,6 @@
--- Runtime queries of timers (queen_trio/timers/store.py). Every query is tenant-scoped except
--- the sweeper's claim, which serves every tenant.
+-- Runtime queries of the timer store (queen_trio/timers/store.py); the functions they call are
+-- in schema/functions/timers.sql. Every query is tenant-scoped except the sweeper's claim,
+-- which serves every tenant.
 
 -- name: lock_timer_names
 -- Waits for any other schedule or cancel of these timers to commit (queen.lock_timer_names in

@@ -43,22 +43,21 @@ from typing import Any, Literal
 
 import trio
 
-from .config import ONE_MIB, Settings
-from .db import MISSED, Database, Listener
-from .db.rows import DictConnection
-from .db.transient import TRANSIENT_ERRORS, describe, every, survived
-from .log import store as log_store
-from .log.rules import PopRequest
-from .log.wakeups import ParkedPop
-from .metrics import BrokerMetrics
-from .switches import RuntimeSwitches
-from .timers import store
-from .timers.store import NOTIFY_CHANNEL, Claimed, SweepResult
+from ..config import ONE_MIB, Settings
+from ..db import MISSED, Database, Listener
+from ..db.rows import DictConnection
+from ..db.transient import TRANSIENT_ERRORS, describe, survived
+from ..log import store as log_store
+from ..log.rules import PopRequest
+from ..log.wakeups import ParkedPop
+from ..metrics import BrokerMetrics
+from ..switches import RuntimeSwitches
+from . import store
+from .store import NOTIFY_CHANNEL, Claimed, SweepResult
 
 log = logging.getLogger(__name__)
 
 _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
-PENDING_REFRESH_S = 5.0
 # How long before a planned cycle its statement is sent; PostgreSQL waits out the rest. More
 # than trio's sleep overshoot (epoll counts whole milliseconds) plus the hop to the backend.
 _EARLY_SEND_S = 0.006
@@ -147,6 +146,8 @@ class SweeperStatistics:
 
 
 class Sweeper:
+    name = "sweeper"
+
     def __init__(
         self,
         db: Database,
@@ -173,7 +174,8 @@ class Sweeper:
         # Where the look-up for an announcement runs: not on the sweeper's own connections,
         # so a look-up that is cut short never costs the sweep its connection.
         self._look_up_db = look_up_db or db
-        self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # Who claims: the claims this sweeper takes carry it.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._min_sleep = settings.sweeper_min_sleep_ms / 1000
         self._max_sleep = settings.sweeper_max_sleep_ms / 1000
         # The ceiling PostgreSQL applies when it fires a timer itself (least of this and the
@@ -421,7 +423,7 @@ class Sweeper:
         slice_ends = time.monotonic() + _DRAIN_SLICE_S
         swept = []
         while True:
-            result = store.sweep(raw, token, self.name, s.sweeper_batch, s.sweeper_lease_ms,
+            result = store.sweep(raw, token, self.owner, s.sweeper_batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
                                  fire_lock=announced, pop=pop)
             swept.append((result, time.time()))
@@ -508,7 +510,7 @@ class Sweeper:
             return await self._db.run_transaction_in_thread(store.fire_each, token, rows, **budget)
 
     def _survived(self, exc: BaseException, what: str) -> None:
-        survived(log, "sweeper", what, exc, self._metrics.count_background_error)
+        survived(log, self.name, what, exc, self._metrics.count_background_error)
 
     async def _release(self, token: uuid.UUID) -> None:
         """After transient trouble, hand our claimed rows back now rather than at lease end."""
@@ -519,22 +521,6 @@ class Sweeper:
             except TRANSIENT:
                 pass
         self._unreleased.append(token)  # the next cycle tries again
-
-
-async def run_pending_gauge(
-    db: Database, metrics: BrokerMetrics, *, interval_s: float = PENDING_REFRESH_S,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Keeps ``queen_timers_pending`` current: every pending timer counted, every
-    ``interval_s``, on the API's connections. Not in the sweeper's own loop: with a million
-    timers pending the count takes 20-30 ms (longer before a vacuum), and the sweeper would
-    fire nothing meanwhile."""
-    async def count() -> None:
-        metrics.timers_pending.set(await db.run_transaction(store.pending_count))
-
-    task_status.started()
-    await every(interval_s, count, what="pending-timers count", service="pending_gauge",
-                count_error=metrics.count_background_error, at_once=True)
 
 
 def _identity(c: Claimed) -> str:

@@ -1,0 +1,193 @@
+"""The log's pop, waiting: a pop with ``wait`` looks, and while nothing comes it is parked in
+its lane until something may have changed for it (log/wakeups.py) or its timeout ends.
+
+A parked pop on a queue a timer is about to fire into is offered to the sweeper: the fire pops
+for it in its own transaction and hands the outcome over (:func:`_take_handover`), or the pop
+waits for the frame in PostgreSQL (``queen.pop_head_after``). The HTTP route (api/log.py) only
+reads the request and writes the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import trio
+
+from ..config import Settings
+from ..db import Database
+from ..metrics import BrokerMetrics
+from . import rules, store
+from .segments import SegmentCache
+from .wakeups import (
+    BACKGROUND_REASONS,
+    HANDOVER_WAIT_S,
+    ExpectedFire,
+    ParkedPop,
+    ParkLimit,
+    QueueWakeups,
+    Waiter,
+)
+
+
+class PopBroker(Protocol):
+    """What a pop uses of its broker (queen_trio.context.BrokerContext is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def db(self) -> Database: ...
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+    @property
+    def wakeups(self) -> QueueWakeups: ...
+    @property
+    def segment_cache(self) -> SegmentCache: ...
+
+
+async def pop_batches(broker: PopBroker, tenant: int,
+                      req: rules.PopRequest) -> list[store.PopBatch]:
+    """The pop ``req`` of ``tenant``: one look, or with ``wait`` a long-poll
+    (:func:`_wait_for_messages`); :class:`~.wakeups.ParkLimit` when it may not wait."""
+    if req.subscribe_from == rules.SUBSCRIBE_NOW:
+        # The group's subscription instant, before it looks: what is pushed from now on is
+        # new to it, whichever partition it lands in (store.subscribe).
+        await broker.db.run_transaction(store.subscribe, tenant, req)
+    if not req.wait or req.timeout_ms == 0:
+        return _popped(broker.metrics, tenant, await _look(broker, tenant, req))
+    key = store.wake_key(tenant, req.queue)
+    with broker.wakeups.waiting(key, tenant, req) as waiter:
+        return _popped(broker.metrics, tenant,
+                       await _wait_for_messages(broker, tenant, req, key, waiter))
+
+
+async def _look(broker: PopBroker, tenant: int, req: rules.PopRequest,
+                fire: ExpectedFire | None = None) -> store.PopOutcome:
+    """One pop: most are served by one statement, the rest by the general pop (which alone
+    takes several partitions). ``fire``: a timer is about to fire into the queue; wait for its
+    frame in PostgreSQL."""
+    sync_commit = broker.settings.pop_commit_sync
+    if not _head_served(req):
+        outcome = None
+    elif fire is not None:
+        fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
+        outcome = await broker.db.run_autocommit(
+            store.pop_head_after, tenant, req, fire.due_db, fire.due_db + fire_wait_s,
+            sync_commit=sync_commit)
+        broker.metrics.pop_fire_waits.labels(
+            "fallback" if outcome is None
+            else "delivered" if outcome.batch is not None else "gave_up").inc()
+    else:
+        outcome = await broker.db.run_autocommit(store.pop_head, tenant, req,
+                                                 sync_commit=sync_commit)
+    if outcome is None:
+        outcome = await broker.db.run_transaction(store.pop, tenant, req, broker.segment_cache,
+                                                  sync_commit=sync_commit)
+    if outcome.skipped:
+        broker.metrics.messages_skipped.inc(outcome.skipped)
+    return outcome
+
+
+async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopRequest, key: str,
+                             waiter: Waiter) -> store.PopOutcome:
+    """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
+    (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
+    instead of waiting (:class:`~.wakeups.ParkLimit`)."""
+    wakeups, metrics = broker.wakeups, broker.metrics
+    deadline = trio.current_time() + req.timeout_ms / 1000
+    fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
+    parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
+    # A lane whose last look found nothing, with no news since: join it without a look (a
+    # client polling again after its timeout costs no query).
+    known_empty = waiter.lane_known_empty
+    outcome = store.PopOutcome(None)
+    try:
+        while True:
+            reason = waiter.begin_look()  # a wake from now on means: look again
+            if parked is not None and parked.reserved:
+                # The sweeper is firing a timer into this queue and pops for us in the fire's
+                # own transaction: wait for its answer rather than look ourselves.
+                handed = await _take_handover(wakeups, parked)
+                parked = None
+                if handed is not None and handed.batch is not None:
+                    waiter.served = True
+                    return handed
+            fire = wakeups.claim_fire(key) if waiter.parked and _head_served(req) else None
+            if fire is not None and (req.partition not in (None, fire.partition)
+                                     or fire.due_local + fire_wait_s > deadline):
+                fire = None
+            if waiter.parked:
+                metrics.longpoll_looks.labels(reason).inc()
+            if known_empty:
+                metrics.longpoll_looks_spared.inc()
+            elif waiter.parked and reason in BACKGROUND_REASONS:
+                async with wakeups.rechecks:  # every lane at once: a few at a time
+                    outcome = await _look(broker, tenant, req, fire)
+            else:
+                outcome = await _look(broker, tenant, req, fire)
+            if outcome.batch is not None:
+                waiter.served = True  # there may be more: the next of the lane looks
+                return outcome
+            if deadline <= trio.current_time() or wakeups.stopping:
+                return outcome
+            if not waiter.parked:
+                _park(broker, waiter)
+                metrics.longpoll_waiters.inc()
+            if parked is None and _head_served(req):
+                parked = ParkedPop(tenant, req, deadline, waiter=waiter)
+                wakeups.offer(key, parked)
+            if known_empty:
+                known_empty = False  # the lane's timer is set already
+            else:
+                # When something becomes poppable that nobody will NOTIFY (a lease or a retry
+                # hold ending, a delayed frame maturing): the lane's timer goes off then.
+                look_in = await broker.db.run_autocommit(store.next_look_in_s, tenant, req)
+                if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
+                    look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
+                wakeups.look_again_in(waiter, look_in)
+            with trio.move_on_at(deadline):
+                await waiter.woken.wait()
+            if wakeups.stopping:  # shutting down: answer "nothing", lease nothing
+                return store.PopOutcome(None)
+            if not waiter.woken.is_set():
+                return outcome  # its time is up, and nothing changed for it since it looked
+    finally:
+        if parked is not None:
+            # Gone (answered, timed out, cancelled): a fire's batch reserved for it goes back.
+            wakeups.withdraw(parked)
+        if waiter.parked:
+            metrics.longpoll_waiters.dec()
+
+
+def _head_served(req: rules.PopRequest) -> bool:
+    """Whether the one-statement pop (queen.pop_head, which the sweeper's hand-over uses too)
+    can serve this pop: one partition, the queue's lease, no conflation."""
+    return req.partitions == 1 and not req.conflation and req.lease_s is None
+
+
+def _park(broker: PopBroker, waiter: Waiter) -> None:
+    try:
+        broker.wakeups.park(waiter)
+    except ParkLimit as limit:
+        broker.metrics.longpoll_refused.labels(limit.scope).inc()
+        raise
+
+
+def _popped(metrics: BrokerMetrics, tenant: int,
+            outcome: store.PopOutcome) -> list[store.PopBatch]:
+    batches = outcome.batches
+    metrics.count_pop(tenant, sum(len(b.messages) for b in batches))
+    return batches
+
+
+async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopOutcome | None:
+    """What the sweeper popped for this reserved pop (None: nothing came, or the sweep failed).
+    Bounded: a sweep held up past HANDOVER_WAIT_S after the due instant, or past the pop's own
+    timeout, is not waited for (the sweeper then gives the batch back), nor is one during a
+    shutdown."""
+    assert parked.due_local is not None
+    if not wakeups.stopping:
+        with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
+            await parked.handed.wait()
+    wakeups.withdraw(parked)
+    return parked.outcome if parked.handed.is_set() else None
