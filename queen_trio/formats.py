@@ -9,7 +9,9 @@ from typing import Any
 
 def iso(ts: datetime | None) -> str | None:
     """ISO-8601 UTC with microseconds and a Z, as Queen writes createdAt."""
-    return None if ts is None else ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # (isoformat is several times cheaper than strftime, for a bundle's 500 answers; in UTC it
+    # ends in +00:00)
+    return None if ts is None else ts.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def message_id(partition_id: str, offset: int, meta: dict[str, Any] | None) -> str:

@@ -30,6 +30,7 @@ from .kv import rules as kv_rules
 from .kv import store as kv_store
 from .log import rules as log_rules
 from .log import store as log_store
+from .models.timers import TimerOp
 from .sealing import PayloadCipher
 from .timers import rules as timer_rules
 from .timers import store as timer_store
@@ -133,12 +134,18 @@ def parse(body: dict[str, Any], limits: Limits) -> Bundle:
 
 def _parse_timers(entries: list[Any], limits: Limits
                   ) -> list[timer_rules.Schedule | timer_rules.Cancel]:
-    """The ``timers`` rider: Queen's timer operations, each timer at most once. A malformed
-    one is Queen's 400 ``timers_bad_request`` (our precise code as ``reason``)."""
+    """The ``timers`` rider: Queen's timer operations, each timer at most once, as JSON dicts
+    or already decoded into the wire's model (:class:`TimerOp`). A malformed one is Queen's 400
+    ``timers_bad_request`` (our precise code as ``reason``)."""
     try:
-        timers = [timer_rules.operation(t, f"timers[{i}]", horizon_s=limits.timer_horizon_s,
-                                        ceiling=limits.timer_payload_ceiling)
-                  for i, t in enumerate(entries)]
+        if all(isinstance(t, TimerOp) for t in entries):  # decoded into the wire's model
+            timers = timer_rules.typed_operations(entries, "timers",
+                                                  horizon_s=limits.timer_horizon_s,
+                                                  ceiling=limits.timer_payload_ceiling)
+        else:
+            timers = [timer_rules.operation(t, f"timers[{i}]", horizon_s=limits.timer_horizon_s,
+                                            ceiling=limits.timer_payload_ceiling)
+                      for i, t in enumerate(entries)]
         timer_rules.check_distinct(timers, "timers")
     except ClientError as exc:
         if exc.status != 400:

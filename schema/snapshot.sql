@@ -308,6 +308,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.delete_tenants_timers() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM queen.timers t USING gone g WHERE t.tenant_id = g.tenant_id;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION queen.find_transactions(p_partition uuid, p_txns text[]) RETURNS TABLE(transaction_id text, "offset" bigint)
     LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
@@ -377,20 +386,14 @@ CREATE FUNCTION queen.fire_lock_key(p_tenant integer, p_queue text) RETURNS inte
     AS $$ SELECT hashtext(p_tenant::text || ':' || p_queue) $$;
 
 CREATE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[]) RETURNS void
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    v_name integer;
-BEGIN
-    FOR v_name IN
-        SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
-                                 || '/' || u.k)
-        FROM unnest(p_queues, p_keys) AS u(q, k)
-        ORDER BY 1
-    LOOP
-        PERFORM pg_advisory_xact_lock(1363170305, v_name);
-    END LOOP;
-END
+    -- One statement: the locks are taken as the sorted rows go by.
+    SELECT count(pg_advisory_xact_lock(1363170305, h.name))
+    FROM (SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
+                                   || '/' || u.k) AS name
+          FROM unnest(p_queues, p_keys) AS u(q, k)
+          ORDER BY 1) AS h;
 $$;
 
 CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RETURNS timestamp with time zone
@@ -561,16 +564,19 @@ $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
-CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[], p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[], p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, deliver_at timestamp with time zone)
+CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_timers json, p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, message_id uuid, deliver_at timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
-    n integer := cardinality(p_keys);
+    n integer := json_array_length(p_timers);
+    v_queues text[];
+    v_keys text[];
     v_ords integer[];
     v_status text[];
     v_txns text[];
+    v_ids uuid[];
     v_at timestamptz[];
     v_delta bigint;
     v_soonest timestamptz;
@@ -578,35 +584,53 @@ DECLARE
 BEGIN
     IF p_attempt > 2 THEN
         -- Created and gone again under us twice in a row: a fire is racing us.
-        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::uuid, NULL::timestamptz
                      FROM generate_series(1, n) AS g;
         RETURN;
     END IF;
-    PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
-    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(p_queues, p_keys) AS u(q, k)) < n THEN
-        -- The same timer more than once: one at a time, in order, as separate calls would.
+    -- What timers' foreign key to tenants did per row, once: the tenant must exist, and is not
+    -- deleted before this transaction ends (queen.delete_tenants_timers then deletes these).
+    PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
+    END IF;
+    SELECT array_agg(x.q), array_agg(x.k) INTO v_queues, v_keys
+    FROM json_to_recordset(p_timers) AS x(q text, k text);
+    -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
+    -- these names that committed while we waited for their locks.
+    PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
+    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
+        -- The same timer more than once (requests merged by the broker's batcher): one at a
+        -- time, in order, as separate calls would.
         FOR i IN 1..n LOOP
             RETURN QUERY
-            SELECT i, s.status, s.txn, s.deliver_at
-            FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                       p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
-                                       p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+            SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+            FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
                                        p_notify_within_ms) s;
         END LOOP;
         RETURN;
     END IF;
 
-    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID
-    -- scan) that the planner cannot flatten: with the table's statistics stale (it grew since the last ANALYZE), a join
-    -- would be planned as a scan of all the tenant's timers, for every bundle.
+    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID scan)
+    -- that the planner cannot flatten: with the table's statistics stale (it grew since the
+    -- last ANALYZE), a join would be planned as a scan of all the tenant's timers, for every
+    -- bundle. New names (the usual bundle) cost one probe each; only a timer that exists is
+    -- probed again, under its row lock.
     WITH input AS (
-        SELECT u.queue, u.timer_key, u.partition, u.txn, u.message_id, u.payload, u.zstd,
-               u.bytes, u.ord::integer AS ord,
-               now() + make_interval(secs => u.delay_ms / 1000.0) AS due
-        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_message_ids, p_payloads, p_zstd,
-                    p_bytes, p_delays_ms) WITH ORDINALITY
-             AS u(queue, timer_key, partition, txn, message_id, payload, zstd, bytes, delay_ms,
-                  ord)
+        SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
+               -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
+               CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
+                    ELSE decode(x.z, 'base64') END AS payload,
+               x.z IS NOT NULL AS zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
+               now() + make_interval(secs => x.d / 1000.0) AS due,
+               encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                      PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                                  * 1000)::bigint) FROM 3)
+                      FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS message_id
+        FROM ROWS FROM (json_to_recordset(p_timers)
+                        AS (q text, k text, p text, t text, d bigint, b integer, j json,
+                            z text))
+             WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -616,20 +640,17 @@ BEGIN
             LIMIT 1  -- (keeps the planner from flattening the probe into a join)
         ) t
     ), locked AS (
-        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
-        SELECT i.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
-        FROM input i
+        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below); a row
+        -- changed since this statement's snapshot (a sweeper's retry) is too.
+        SELECT e.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
+        FROM existing e
         CROSS JOIN LATERAL (
             SELECT x.ctid AS row_id, x.txn, x.payload_bytes,
                    x.claim_token IS NOT NULL AND x.visible_at > now() AS claimed
             FROM queen.timers x
-            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            WHERE x.ctid = e.row_id
             FOR UPDATE SKIP LOCKED
         ) t
-    ), busy AS (
-        SELECT e.ord, e.txn
-        FROM existing e
-        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
     ), rescheduled AS (
         -- A reschedule is a new timer under an old name: the failure budget starts again.
         UPDATE queen.timers t
@@ -640,42 +661,45 @@ BEGIN
         FROM locked l
         JOIN input i ON i.ord = l.ord
         WHERE t.ctid = l.row_id AND NOT l.claimed
-        RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
+        RETURNING i.ord, t.message_id, t.deliver_at, i.bytes - l.payload_bytes AS delta
     ), inserted AS (
         INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
                                   payload, payload_zstd, payload_bytes, deliver_at, visible_at)
-        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.message_id, i.payload,
-               i.zstd, i.bytes, i.due, i.due
+        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.message_id,
+               i.payload, i.zstd, i.bytes, i.due, i.due
         FROM input i
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
         ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
         ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
-        RETURNING queue, timer_key, deliver_at
+        RETURNING queue, timer_key, message_id, deliver_at
     ), answers AS (
-        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.message_id, r.deliver_at, r.delta
         FROM rescheduled r JOIN input i ON i.ord = r.ord
         UNION ALL
-        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
+        SELECT i.ord, 'scheduled', i.txn, x.message_id, x.deliver_at, i.bytes
         FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
         UNION ALL
-        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
+        SELECT l.ord, 'too_late', l.txn, NULL, NULL, 0 FROM locked l WHERE l.claimed
         UNION ALL
-        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
+        SELECT e.ord, 'too_late', e.txn, NULL, NULL, 0
+        FROM existing e
+        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
     )
     SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
-           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
-           coalesce(sum(a.delta), 0),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.message_id ORDER BY a.ord),
+           array_agg(a.deliver_at ORDER BY a.ord), coalesce(sum(a.delta), 0),
            min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
-                                     AND p_delays_ms[a.ord] < p_notify_within_ms)
-    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
+                                     AND a.deliver_at < now() + make_interval(
+                                         secs => p_notify_within_ms / 1000.0))
+    INTO v_ords, v_status, v_txns, v_ids, v_at, v_delta, v_soonest
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
-    SELECT DISTINCT p_tenant, p_queues[a.o]
+    SELECT DISTINCT p_tenant, v_queues[a.o]
     FROM unnest(v_ords, v_status) AS a(o, s)
     WHERE a.s = 'scheduled'
       AND NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = p_tenant AND q.name = p_queues[a.o])
+                      WHERE q.tenant_id = p_tenant AND q.name = v_queues[a.o])
     ON CONFLICT (tenant_id, name) DO NOTHING;
     IF v_delta <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
@@ -689,16 +713,15 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
+    SELECT a.o, a.s, a.t, a.m, a.at
+    FROM unnest(v_ords, v_status, v_txns, v_ids, v_at) AS a(o, s, t, m, at);
 
     -- A timer created by a concurrent transaction after this statement's snapshot was neither
     -- updated nor inserted here: decide it again with a fresh look.
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
-        SELECT i, s.status, s.txn, s.deliver_at
-        FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                   p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
-                                   p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+        SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+        FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
                                    p_notify_within_ms, p_attempt + 1) s;
     END LOOP;
 END
@@ -1308,6 +1331,8 @@ CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR 
 
 CREATE TRIGGER segments_not_truncated BEFORE TRUNCATE ON queen.segments FOR EACH STATEMENT EXECUTE FUNCTION queen.segments_are_immutable();
 
+CREATE TRIGGER tenants_delete_timers AFTER DELETE ON queen.tenants REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_tenants_timers();
+
 CREATE TRIGGER timers_visible_above_floor BEFORE INSERT OR UPDATE OF visible_at ON queen.timers FOR EACH ROW WHEN ((new.visible_at < (clock_timestamp() + '00:01:00'::interval))) EXECUTE FUNCTION queen.timers_visible_above_floor();
 
 ALTER TABLE ONLY queen.cursors
@@ -1351,9 +1376,6 @@ ALTER TABLE ONLY queen.tenant_tokens
 
 ALTER TABLE ONLY queen.tenant_usage
     ADD CONSTRAINT tenant_usage_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY queen.timers
-    ADD CONSTRAINT timers_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY queen.usage_deltas
     ADD CONSTRAINT usage_deltas_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;

@@ -53,15 +53,18 @@ def _horizon_s() -> int:
     return _broker().settings.timers_max_horizon_s
 
 
-def outcome_model(o: store.Outcome) -> models.TimerResult:
-    """One result of Queen's timer wire (a batch, a bundle, a PUT or a DELETE)."""
+def outcome_fields(o: store.Outcome) -> dict[str, Any]:
+    """The fields of one result of Queen's timer wire (a batch, a bundle, a PUT or a DELETE)."""
     if o.status in ("scheduled", "rescheduled"):
-        return models.TimerResult(ok=o.ok, status=o.status,  # type: ignore[arg-type]
-                                  queue=o.queue, timer_key=o.key, txn=o.txn,
-                                  message_id=o.message_id, deliver_at=iso(o.deliver_at),
-                                  partition=o.partition)
-    return models.TimerResult(ok=o.ok, status=o.status,  # type: ignore[arg-type]
-                              queue=o.queue, timer_key=o.key, txn=o.txn)
+        return {"ok": o.ok, "status": o.status, "queue": o.queue, "timer_key": o.key,
+                "txn": o.txn, "message_id": o.message_id, "deliver_at": iso(o.deliver_at),
+                "partition": o.partition}
+    return {"ok": o.ok, "status": o.status, "queue": o.queue, "timer_key": o.key, "txn": o.txn}
+
+
+def outcome_model(o: store.Outcome) -> models.TimerResult:
+    """One result of Queen's timer wire, as its model."""
+    return models.TimerResult(**outcome_fields(o))
 
 
 def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]

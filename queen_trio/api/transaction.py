@@ -30,7 +30,7 @@ from .kv import precondition_answer, result_models
 from .log import ack_result, pushed
 from .switches import paused
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
-from .timers import count_outcomes, outcome_model
+from .timers import count_outcomes, outcome_fields
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
@@ -51,7 +51,7 @@ def _flat_results(bundle: transactions.Bundle, results: list[Any],
                          op=r.__struct_config__.tag)  # type: ignore[arg-type]
              for r in result_models(kv_results)]
     base = len(flat)
-    flat += [models.TxTimer(**asdict(outcome_model(o)), index=base + i)
+    flat += [models.TxTimer(**outcome_fields(o), index=base + i)
              for i, o in enumerate(outcomes)]
     return flat
 
@@ -95,9 +95,15 @@ async def _bundle() -> dict[str, Any]:
     """The request body, decoded through its model (:class:`models.Bundle`); one the model
     refuses is decoded by the strict decoder, and the rules say what is wrong."""
     raw = await request.get_data(cache=False, as_text=False)
-    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw,
-                               models.BUNDLE_DECODER)
-    if body is codec.FALLBACK:
+    decoded = codec.fast(raw.encode() if isinstance(raw, str) else raw, models.BUNDLE_DECODER)
+    if decoded is not codec.FALLBACK:
+        # The timers stay models (transactions._parse_timers takes them as they are: a
+        # bundle of 500 timers as dicts cost more to check than to commit).
+        timers, decoded.timers = decoded.timers, msgspec.UNSET
+        body = msgspec.to_builtins(decoded)
+        if timers is not msgspec.UNSET:
+            body["timers"] = timers
+    else:
         body = parse_json_body(raw)
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_body", "the request body must be a JSON object")

@@ -50,17 +50,22 @@ class TimerBuilder(Generic[R]):
 
     def key(self, key: str) -> TimerBuilder[R]:
         """The timer's name within its queue: 1-512 UTF-8 bytes; '/', ':' and spaces are fine."""
-        return self._with(_key=calls._name(key, "timer key"))
+        # (positional construction: builders of 500-timer bundles take four steps per timer)
+        return TimerBuilder(self._owner, self._queue, calls._name(key, "timer key"),
+                            self._delay_ms, self._payload, self._partition, self._txn)
 
     def delay(self, delay: Duration) -> TimerBuilder[R]:
         """How long from now (PostgreSQL's now) until it is due: int milliseconds, a
         timedelta, or a string such as "250ms", "30m", "72h", "1h30m". Zero or negative
         ("-5s") is legal, as on the wire: the timer fires on the first sweep cycle."""
-        return self._with(_delay_ms=delay_ms(delay))
+        return TimerBuilder(self._owner, self._queue, self._key,
+                            delay if type(delay) is int else delay_ms(delay), self._payload,
+                            self._partition, self._txn)
 
     def payload(self, payload: Any) -> TimerBuilder[R]:
         """Any JSON value; it becomes the message's ``data``."""
-        return self._with(_payload=payload)
+        return TimerBuilder(self._owner, self._queue, self._key, self._delay_ms, payload,
+                            self._partition, self._txn)
 
     def partition(self, partition: str) -> TimerBuilder[R]:
         return self._with(_partition=calls._name(partition, "partition"))

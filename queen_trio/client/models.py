@@ -95,11 +95,6 @@ class TimerResult:
         return cls.from_model(msgspec.convert(w, wire_timers.TimerResult))
 
     @classmethod
-    def many_from_wire(cls, ws: list[dict[str, Any]]) -> tuple[TimerResult, ...]:
-        """Results of a bundle's timers: decoded as one list (one call into msgspec)."""
-        return tuple(map(cls.from_model, msgspec.convert(ws, list[wire_timers.TimerResult])))
-
-    @classmethod
     def from_model(cls, r: wire_timers.TimerResult) -> TimerResult:
         """From the broker's own model of it."""
         return cls(r.ok, _TIMER_STATUS[r.status], r.queue, r.timer_key, r.txn, r.partition,
@@ -565,8 +560,8 @@ class TransactionResult:
         base = sum(not isinstance(typed, wire_transaction.TxKv) for typed, _ in entries
                    if not isinstance(typed, wire_transaction.TxTimer))
         return cls(tuple(_flat_result(r, kv, base) for r in flat),
-                   TimerResult.many_from_wire([raw for typed, raw in entries
-                                               if isinstance(typed, wire_transaction.TxTimer)]))
+                   tuple(TimerResult.from_model(typed) for typed in done.results
+                         if isinstance(typed, wire_transaction.TxTimer)))
 
 
 def _flat_result(w: dict[str, Any], kv: list[dict[str, Any]], base: int) -> OperationResult:

@@ -11,23 +11,10 @@ SELECT queen.lock_timer_names(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[
 -- name: schedule
 -- Upserts a list of timers in one statement (schema/functions/timers.sql): decided under the
 -- rows' locks, answering one row per input by position; queues, usage and the sweepers' NOTIFY
--- included.
-SELECT ord, status, txn, deliver_at
-FROM queen.schedule_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[],
-                           %(partitions)b::text[], %(txns)b::text[], %(message_ids)b::uuid[],
-                           %(payloads)b::bytea[], %(zstd)b::boolean[], %(bytes)b::integer[],
-                           %(delays)b::bigint[], %(notify_within_ms)s::bigint)
+-- included. The timers travel as one JSON text (timers/store.py: timers_document).
+SELECT ord, status, txn, message_id, deliver_at
+FROM queen.schedule_timers(%(tenant_id)s, %(timers)s::json, %(notify_within_ms)s::bigint)
 ORDER BY ord
-
--- name: schedule_one
--- The same for a single timer (PUT / POST), with scalar parameters: building the one-element
--- arrays here is much cheaper for the broker than sending arrays.
-SELECT ord, status, txn, deliver_at
-FROM queen.schedule_timers(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text],
-                           ARRAY[%(partition)s::text], ARRAY[%(txn)s::text],
-                           ARRAY[%(message_id)s::uuid], ARRAY[%(payload)b::bytea],
-                           ARRAY[%(zstd)s::boolean], ARRAY[%(bytes)s::integer],
-                           ARRAY[%(delay)s::bigint], %(notify_within_ms)s::bigint)
 
 -- name: cancel
 -- Cancels a list of distinct timers in one statement (queen.cancel_timers): decided under the

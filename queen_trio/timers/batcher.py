@@ -7,8 +7,9 @@ are not sent one by one: a writer takes every schedule that is waiting when it i
 them in one ``queen.schedule_timers`` statement, which decides each timer under its own row lock
 in arrival order (the same key twice in one batch is scheduled, then rescheduled, exactly as two
 PUTs one after the other). Each caller waits for its batch's commit, so its answer still means
-"durable". With nothing else waiting a schedule goes alone and at once: batching costs no
-latency, it only stops concurrent schedules from queueing for a statement each.
+"durable". With nothing else being written a schedule goes alone and at once, from its own
+request's task (no hand-over to a writer): batching costs no latency, it only stops concurrent
+schedules from queueing for a statement each.
 
 A request may carry several timers (a ``POST /api/v1/timers`` batch): they travel in the same
 statement as whatever else is waiting, and commit with it or not at all. Statements are capped
@@ -88,6 +89,7 @@ class ScheduleBatcher:
         self._notify_within_ms = notify_within_ms
         self._max_batch = max_batch
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
+        self._in_flight = 0  # statements being written (a writer's, or one sent at once)
         self.batches = 0  # statements sent, for tests and diagnostics
         self.scheduled = 0  # timers those statements scheduled (or answered too_late for)
 
@@ -99,8 +101,15 @@ class ScheduleBatcher:
     async def schedule_many(self, tenant_id: int, schedules: list[Schedule]) -> list[Outcome]:
         """Create or replace distinct timers, all in one statement (with whatever else is
         waiting); answers once it has committed, in order."""
-        if len(schedules) >= ALONE:
-            return await self._one(tenant_id, schedules)
+        if len(schedules) >= ALONE or not self._in_flight:
+            # Alone (nothing else being written) or large: sent at once, from the caller's
+            # own task. A hand-over to a writer task would only add a wait to a single
+            # schedule on an idle broker; what arrives meanwhile queues for the writers.
+            self._in_flight += 1
+            try:
+                return await self._one(tenant_id, schedules)
+            finally:
+                self._in_flight -= 1
         request = _Request(tenant_id, schedules)
         self._send.send_nowait(request)
         await request.done.wait()
@@ -146,14 +155,18 @@ class ScheduleBatcher:
                     break
                 batch.append(request)
                 timers += len(request.schedules)
-            for tenant_id, requests in _by_tenant(batch):
-                try:
-                    await self._write(tenant_id, requests)
-                except Exception as exc:  # noqa: BLE001 - never take the broker down for one batch
-                    log.exception("schedule batch failed unexpectedly")
-                    for r in requests:
-                        if not r.done.is_set():
-                            r.fail(exc)
+            self._in_flight += 1
+            try:
+                for tenant_id, requests in _by_tenant(batch):
+                    try:
+                        await self._write(tenant_id, requests)
+                    except Exception as exc:  # noqa: BLE001 - never take the broker down for one batch
+                        log.exception("schedule batch failed unexpectedly")
+                        for r in requests:
+                            if not r.done.is_set():
+                                r.fail(exc)
+            finally:
+                self._in_flight -= 1
 
     async def _write(self, tenant_id: int, requests: list[_Request]) -> None:
         try:

@@ -19,7 +19,6 @@ import dataclasses
 import io
 import json
 import threading
-import uuid
 from typing import Any
 
 import msgspec
@@ -28,9 +27,10 @@ import zstandard
 from .. import strict_json
 from ..errors import Forbidden, PayloadTooLarge, ValidationError
 from ..log import rules as log_rules
+from ..log.rules import DEFAULT_PARTITION
 from ..models import codec
 from ..models.timers import BATCH_DECODER, MAX_OPS_PER_CALL, TimerBatch, TimerOp
-from ..text import compact_json, utf8_name
+from ..text import CONTROL_RE, compact_json, encodable, utf8_name
 
 MAX_KEY_BYTES = 512
 MAX_BACKOFF_MS = 60_000
@@ -85,9 +85,6 @@ class Schedule:
     payload: Any
     partition: str
     txn: str | None  # None: the broker generates one
-    # The id of the message the timer becomes: promised when it is scheduled, carried by the
-    # frame its fire appends.
-    message_id: uuid.UUID = dataclasses.field(default_factory=log_rules.uuid7)
     # The payload's compact JSON, UTF-8, when validation already made it (saves a second
     # serialization in pack).
     json_bytes: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -171,8 +168,7 @@ def operations_from_bytes(raw: bytes, *, horizon_s: int, ceiling: int
     ops = decoded.operations if isinstance(decoded, TimerBatch) else decoded
     if len(ops) > MAX_OPS_PER_CALL:
         return None
-    parsed = [typed_operation(op, f"operations[{i}]", horizon_s=horizon_s, ceiling=ceiling)
-              for i, op in enumerate(ops)]
+    parsed = typed_operations(ops, "operations", horizon_s=horizon_s, ceiling=ceiling)
     check_distinct(parsed, "operations")
     return parsed
 
@@ -256,6 +252,48 @@ def typed_operation(op: TimerOp, where: str, *, horizon_s: int, ceiling: int
     return _operation(op.op, op.queue, op.timer_key, _or_none(op.txn), _or_none(op.encrypted),
                       op.delay_ms, False if op.payload_zstd is _ABSENT else op.payload_zstd,
                       _or_none(op.payload), _or_none(op.partition), where, horizon_s, ceiling)
+
+
+def typed_operations(ops: list[TimerOp], where: str, *, horizon_s: int, ceiling: int
+                     ) -> list[Schedule | Cancel]:
+    """:func:`typed_operation` of each of ``ops`` (``where[i]`` names the i-th), the same
+    answers and the same refusals, at a fraction of the cost for a bundle: the names a bundle
+    repeats (its queues, its partitions) are checked once, and its keys' and txns' characters
+    in one pass over all of them. An operation the quick checks do not clear takes
+    :func:`typed_operation`, which accepts it or names what is wrong."""
+    keys_and_txns = [op.timer_key for op in ops]
+    keys_and_txns += [op.txn for op in ops if isinstance(op.txn, str)]
+    # One search and one encode for all of them: a control character or an unpaired
+    # surrogate anywhere sends every operation down the precise path.
+    text = "".join(keys_and_txns)
+    clean = not CONTROL_RE.search(text) and encodable(text)
+    queues: set[str] = set()
+    partitions: set[str] = set()
+    limit = horizon_s * 1000
+    out: list[Schedule | Cancel] = []
+    for i, op in enumerate(ops):
+        queue, key, txn, partition, delay = (op.queue, op.timer_key, op.txn, op.partition,
+                                             op.delay_ms)
+        if (clean and op.op != "cancel" and queue in queues
+                and (partition is _ABSENT or partition in partitions)
+                # at most 128 characters: at most 512 UTF-8 bytes
+                and 0 < len(key) <= MAX_KEY_BYTES // 4
+                and isinstance(txn, str) and 0 < len(txn) <= log_rules.MAX_TRANSACTION_ID_LENGTH
+                and op.payload_zstd is not True and op.encrypted is _ABSENT
+                and type(delay) is int and -limit <= delay <= limit
+                and type(op.payload) is str):
+            payload, raw = payload_value(op.payload, False, ceiling, f"{where}[{i}]")
+            out.append(Schedule(queue, key, delay, payload,
+                                DEFAULT_PARTITION if partition is _ABSENT else partition, txn,
+                                raw))
+            continue
+        parsed = typed_operation(op, f"{where}[{i}]", horizon_s=horizon_s, ceiling=ceiling)
+        if isinstance(parsed, Schedule):
+            queues.add(parsed.queue)  # valid names, now known: the next ones skip the check
+            if partition is not _ABSENT:
+                partitions.add(parsed.partition)
+        out.append(parsed)
+    return out
 
 
 def _present(op: TimerOp) -> set[str]:

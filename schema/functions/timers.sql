@@ -22,53 +22,55 @@
 -- makes two unrelated schedules wait for each other.
 CREATE OR REPLACE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[])
 RETURNS void
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_name integer;
-BEGIN
-    FOR v_name IN
-        SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
-                                 || '/' || u.k)
-        FROM unnest(p_queues, p_keys) AS u(q, k)
-        ORDER BY 1
-    LOOP
-        PERFORM pg_advisory_xact_lock(1363170305, v_name);
-    END LOOP;
-END
+LANGUAGE sql AS $fn$
+    -- One statement: the locks are taken as the sorted rows go by.
+    SELECT count(pg_advisory_xact_lock(1363170305, h.name))
+    FROM (SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
+                                   || '/' || u.k) AS name
+          FROM unnest(p_queues, p_keys) AS u(q, k)
+          ORDER BY 1) AS h;
 $fn$;
 
 -- Schedules (creates or replaces) timers of one tenant in one statement, the caller's
 -- transaction deciding their fate: an upsert decided under the rows' locks, never waiting on a
 -- row a sweeper holds (that one answers too_late), as is a row under a live claim. The timer
 -- names' locks (queen.lock_timer_names) are taken first. Answers one row per input, by position
--- (ord, 1-based). p_message_ids are the ids the timers' frames will carry (minted by the broker,
--- which promises them; a reschedule takes the new one: it is a new timer under an old name). Also creates the queues of new timers, records the change of stored bytes
--- and, for a timer due within p_notify_within_ms, wakes the sweepers with a NOTIFY (sent only
--- if the caller commits).
+-- (ord, 1-based), with the message id minted for each scheduled timer (a reschedule takes a new
+-- one: it is a new timer under an old name): a version 7 UUID, its first 48 bits the Unix time
+-- in milliseconds, then random bits (PostgreSQL 18's uuidv7(), spelled for older servers). Also creates the queues of
+-- new timers, records the change of stored bytes and, for a timer due within
+-- p_notify_within_ms, wakes the sweepers with a NOTIFY (sent only if the caller commits).
 --
--- enable_seqscan = off: the look-up of existing timers always uses the primary key. The
--- function probes queen.timers once per timer in the bundle. A PL/pgSQL statement's plan is
--- cached per connection and, after a few calls, kept as a generic plan; one made while the
--- table was nearly empty (a broker's first schedules, or statistics taken then) probes with a
--- sequential scan, the cheapest way to read one page. The table then grows and every probe
--- reads all of it: in a benchmark, bundles of 500 timers went from 12 ms to 1.3-2.3 s each once
--- 30,000 timers were pending (auto_explain: "Seq Scan on timers" inside the function), until a
--- new ANALYZE invalidated the plan. With sequential scans off inside the function, every plan
--- it makes probes the index, whatever the statistics said when it was made.
+-- The timers come as one JSON array of objects (queen_trio/timers/store.py builds it):
+-- {"q": queue, "k": key, "p": partition, "t": txn, "d": delayMs, "b": JSON size, and "j": the
+-- payload's JSON text as it is stored, or "z": base64 of its zstd bytes}. One text parameter
+-- that PostgreSQL parses in C: ten arrays of 500 elements cost the broker more to encode than
+-- the statement costs PostgreSQL to run, and "j" is the stored text itself (json keeps it
+-- verbatim), not a re-encoding.
+--
+-- enable_seqscan = off: the look-up of existing timers always uses the primary key. A PL/pgSQL
+-- statement's plan is cached per connection and, after a few calls, kept as a generic plan; one
+-- made while the table was nearly empty (a broker's first schedules, or statistics taken then)
+-- probes with a sequential scan, the cheapest way to read one page. The table then grows and
+-- every probe reads all of it: in a benchmark, bundles of 500 timers went from 12 ms to 1.3-2.3 s
+-- each once 30,000 timers were pending (auto_explain: "Seq Scan on timers" inside the function),
+-- until a new ANALYZE invalidated the plan. With sequential scans off inside the function, every
+-- plan it makes probes the index, whatever the statistics said when it was made.
 CREATE OR REPLACE FUNCTION queen.schedule_timers(
-    p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[],
-    p_message_ids uuid[], p_payloads bytea[], p_zstd boolean[], p_bytes integer[],
-    p_delays_ms bigint[], p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
-RETURNS TABLE (ord integer, status text, txn text, deliver_at timestamptz)
+    p_tenant integer, p_timers json, p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
+RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    n integer := cardinality(p_keys);
+    n integer := json_array_length(p_timers);
+    v_queues text[];
+    v_keys text[];
     v_ords integer[];
     v_status text[];
     v_txns text[];
+    v_ids uuid[];
     v_at timestamptz[];
     v_delta bigint;
     v_soonest timestamptz;
@@ -76,35 +78,53 @@ DECLARE
 BEGIN
     IF p_attempt > 2 THEN
         -- Created and gone again under us twice in a row: a fire is racing us.
-        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::timestamptz
+        RETURN QUERY SELECT g, 'too_late', NULL::text, NULL::uuid, NULL::timestamptz
                      FROM generate_series(1, n) AS g;
         RETURN;
     END IF;
-    PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
-    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(p_queues, p_keys) AS u(q, k)) < n THEN
-        -- The same timer more than once: one at a time, in order, as separate calls would.
+    -- What timers' foreign key to tenants did per row, once: the tenant must exist, and is not
+    -- deleted before this transaction ends (queen.delete_tenants_timers then deletes these).
+    PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
+    END IF;
+    SELECT array_agg(x.q), array_agg(x.k) INTO v_queues, v_keys
+    FROM json_to_recordset(p_timers) AS x(q text, k text);
+    -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
+    -- these names that committed while we waited for their locks.
+    PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
+    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
+        -- The same timer more than once (requests merged by the broker's batcher): one at a
+        -- time, in order, as separate calls would.
         FOR i IN 1..n LOOP
             RETURN QUERY
-            SELECT i, s.status, s.txn, s.deliver_at
-            FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                       p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
-                                       p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+            SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+            FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
                                        p_notify_within_ms) s;
         END LOOP;
         RETURN;
     END IF;
 
-    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID
-    -- scan) that the planner cannot flatten: with the table's statistics stale (it grew since the last ANALYZE), a join
-    -- would be planned as a scan of all the tenant's timers, for every bundle.
+    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID scan)
+    -- that the planner cannot flatten: with the table's statistics stale (it grew since the
+    -- last ANALYZE), a join would be planned as a scan of all the tenant's timers, for every
+    -- bundle. New names (the usual bundle) cost one probe each; only a timer that exists is
+    -- probed again, under its row lock.
     WITH input AS (
-        SELECT u.queue, u.timer_key, u.partition, u.txn, u.message_id, u.payload, u.zstd,
-               u.bytes, u.ord::integer AS ord,
-               now() + make_interval(secs => u.delay_ms / 1000.0) AS due
-        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_message_ids, p_payloads, p_zstd,
-                    p_bytes, p_delays_ms) WITH ORDINALITY
-             AS u(queue, timer_key, partition, txn, message_id, payload, zstd, bytes, delay_ms,
-                  ord)
+        SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
+               -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
+               CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
+                    ELSE decode(x.z, 'base64') END AS payload,
+               x.z IS NOT NULL AS zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
+               now() + make_interval(secs => x.d / 1000.0) AS due,
+               encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                      PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                                  * 1000)::bigint) FROM 3)
+                      FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS message_id
+        FROM ROWS FROM (json_to_recordset(p_timers)
+                        AS (q text, k text, p text, t text, d bigint, b integer, j json,
+                            z text))
+             WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -114,20 +134,17 @@ BEGIN
             LIMIT 1  -- (keeps the planner from flattening the probe into a join)
         ) t
     ), locked AS (
-        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below).
-        SELECT i.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
-        FROM input i
+        -- SKIP LOCKED: a row locked by a firing sweeper is left alone (too_late below); a row
+        -- changed since this statement's snapshot (a sweeper's retry) is too.
+        SELECT e.ord, t.row_id, t.txn, t.payload_bytes, t.claimed
+        FROM existing e
         CROSS JOIN LATERAL (
             SELECT x.ctid AS row_id, x.txn, x.payload_bytes,
                    x.claim_token IS NOT NULL AND x.visible_at > now() AS claimed
             FROM queen.timers x
-            WHERE x.tenant_id = p_tenant AND x.queue = i.queue AND x.timer_key = i.timer_key
+            WHERE x.ctid = e.row_id
             FOR UPDATE SKIP LOCKED
         ) t
-    ), busy AS (
-        SELECT e.ord, e.txn
-        FROM existing e
-        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
     ), rescheduled AS (
         -- A reschedule is a new timer under an old name: the failure budget starts again.
         UPDATE queen.timers t
@@ -138,42 +155,45 @@ BEGIN
         FROM locked l
         JOIN input i ON i.ord = l.ord
         WHERE t.ctid = l.row_id AND NOT l.claimed
-        RETURNING i.ord, t.deliver_at, i.bytes - l.payload_bytes AS delta
+        RETURNING i.ord, t.message_id, t.deliver_at, i.bytes - l.payload_bytes AS delta
     ), inserted AS (
         INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
                                   payload, payload_zstd, payload_bytes, deliver_at, visible_at)
-        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.message_id, i.payload,
-               i.zstd, i.bytes, i.due, i.due
+        SELECT p_tenant, i.queue, i.timer_key, i.partition, i.txn, i.message_id,
+               i.payload, i.zstd, i.bytes, i.due, i.due
         FROM input i
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
         ORDER BY i.queue, i.timer_key  -- one lock order for concurrent bundles
         ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING
-        RETURNING queue, timer_key, deliver_at
+        RETURNING queue, timer_key, message_id, deliver_at
     ), answers AS (
-        SELECT r.ord, 'rescheduled' AS status, i.txn, r.deliver_at, r.delta
+        SELECT r.ord, 'rescheduled' AS status, i.txn, r.message_id, r.deliver_at, r.delta
         FROM rescheduled r JOIN input i ON i.ord = r.ord
         UNION ALL
-        SELECT i.ord, 'scheduled', i.txn, x.deliver_at, i.bytes
+        SELECT i.ord, 'scheduled', i.txn, x.message_id, x.deliver_at, i.bytes
         FROM inserted x JOIN input i ON i.queue = x.queue AND i.timer_key = x.timer_key
         UNION ALL
-        SELECT l.ord, 'too_late', l.txn, NULL, 0 FROM locked l WHERE l.claimed
+        SELECT l.ord, 'too_late', l.txn, NULL, NULL, 0 FROM locked l WHERE l.claimed
         UNION ALL
-        SELECT b.ord, 'too_late', b.txn, NULL, 0 FROM busy b
+        SELECT e.ord, 'too_late', e.txn, NULL, NULL, 0
+        FROM existing e
+        WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.ord = e.ord)
     )
     SELECT coalesce(array_agg(a.ord ORDER BY a.ord), '{}'), array_agg(a.status ORDER BY a.ord),
-           array_agg(a.txn ORDER BY a.ord), array_agg(a.deliver_at ORDER BY a.ord),
-           coalesce(sum(a.delta), 0),
+           array_agg(a.txn ORDER BY a.ord), array_agg(a.message_id ORDER BY a.ord),
+           array_agg(a.deliver_at ORDER BY a.ord), coalesce(sum(a.delta), 0),
            min(a.deliver_at) FILTER (WHERE a.status <> 'too_late'
-                                     AND p_delays_ms[a.ord] < p_notify_within_ms)
-    INTO v_ords, v_status, v_txns, v_at, v_delta, v_soonest
+                                     AND a.deliver_at < now() + make_interval(
+                                         secs => p_notify_within_ms / 1000.0))
+    INTO v_ords, v_status, v_txns, v_ids, v_at, v_delta, v_soonest
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
-    SELECT DISTINCT p_tenant, p_queues[a.o]
+    SELECT DISTINCT p_tenant, v_queues[a.o]
     FROM unnest(v_ords, v_status) AS a(o, s)
     WHERE a.s = 'scheduled'
       AND NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = p_tenant AND q.name = p_queues[a.o])
+                      WHERE q.tenant_id = p_tenant AND q.name = v_queues[a.o])
     ON CONFLICT (tenant_id, name) DO NOTHING;
     IF v_delta <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
@@ -187,20 +207,34 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT a.o, a.s, a.t, a.at FROM unnest(v_ords, v_status, v_txns, v_at) AS a(o, s, t, at);
+    SELECT a.o, a.s, a.t, a.m, a.at
+    FROM unnest(v_ords, v_status, v_txns, v_ids, v_at) AS a(o, s, t, m, at);
 
     -- A timer created by a concurrent transaction after this statement's snapshot was neither
     -- updated nor inserted here: decide it again with a fresh look.
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
-        SELECT i, s.status, s.txn, s.deliver_at
-        FROM queen.schedule_timers(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
-                                   p_txns[i:i], p_message_ids[i:i], p_payloads[i:i],
-                                   p_zstd[i:i], p_bytes[i:i], p_delays_ms[i:i],
+        SELECT i, s.status, s.txn, s.message_id, s.deliver_at
+        FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
                                    p_notify_within_ms, p_attempt + 1) s;
     END LOOP;
 END
 $fn$;
+
+-- timers has no foreign key to tenants (its per-row check was the costliest step of scheduling
+-- a bundle: schema/012_schedule_timers_json.sql). What the key did besides, the cascade when a
+-- tenant is deleted, is kept by this one statement-level trigger.
+CREATE OR REPLACE FUNCTION queen.delete_tenants_timers() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM queen.timers t USING gone g WHERE t.tenant_id = g.tenant_id;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE TRIGGER tenants_delete_timers AFTER DELETE ON queen.tenants
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_tenants_timers();
 
 -- Cancels timers of one tenant in one statement (the caller's transaction deciding their fate),
 -- after the timer names' locks (queen.lock_timer_names): a pending timer is deleted (cancelled,

@@ -355,7 +355,7 @@ def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url
         tenant = primed(conn, "q")
         due = timer("q", "due", -10, {"n": 1})
         with conn.transaction():
-            timer_store.schedule_many(conn, tenant, [due], notify_within_ms=0)
+            (scheduled,) = timer_store.schedule_many(conn, tenant, [due], notify_within_ms=0)
         leased = PopRequest(queue="q", partition=None, group=GROUP, batch=10, wait=True,
                             timeout_ms=5000, auto_ack=False)
         swept = timer_store.sweep(sweeping, uuid.uuid4(), "test", 10, 60_000,
@@ -366,7 +366,7 @@ def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url
         batch = swept.popped.batch
         assert [log_store.payload_value(m) for m in batch.messages] == [{"n": 1}]
         assert batch.lease_id is not None and batch.partition == "Default"
-        assert batch.messages[0].meta == {"messageId": str(due.message_id),
+        assert batch.messages[0].meta == {"messageId": str(scheduled.message_id),
                                           "timer": {"key": "due", "deliverAt": ANY_TEXT}}
         # Exactly what the ordinary pop answers for the same frame, once released.
         assert log_store.pop_head(conn, tenant, leased) == log_store.PopOutcome(None)

@@ -190,3 +190,23 @@ async def test_large_batches_each_go_alone_and_are_answered_in_full(
     assert row["n"] == size * count
     assert batcher.scheduled - scheduled_before == size * count
     assert batcher.batches - before == count  # one statement each, none merged
+
+
+async def test_a_lone_schedule_is_written_at_once_from_its_own_task(
+    broker: BrokerHandle, database_url: str,
+) -> None:
+    """Issue 32: no waiting in a single schedule beyond its commit. With nothing else being
+    written, a schedule does not wait for a writer task to take it: a batcher whose writers
+    never started still answers it."""
+    from queen_trio.timers.batcher import ScheduleBatcher
+    from queen_trio.timers.rules import Schedule
+
+    (tenant,) = sql(database_url, "SELECT tenant_id FROM queen.tenants WHERE name = 'default'")
+    idle = ScheduleBatcher(broker.context.db, notify_within_ms=0)  # (its run() never started)
+    with trio.fail_after(30):
+        outcome = await idle.schedule(tenant["tenant_id"], Schedule(
+            queue="lone", key="k", delay_ms=60_000, payload={"v": 1}, partition="Default",
+            txn=None))
+    assert (outcome.status, idle.batches) == ("scheduled", 1)
+    assert sql(database_url, "SELECT timer_key FROM queen.timers WHERE queue = 'lone'") == [
+        {"timer_key": "k"}]

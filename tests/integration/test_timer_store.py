@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from queen_trio.db.analyze import analyze_grown_tables
@@ -570,3 +571,25 @@ def test_the_fire_walks_indexes_once_the_analyzer_has_seen_the_tables_grow(
         assert not _scans(plans), _scans(plans)
     else:
         assert _scans(plans)
+
+
+def test_deleting_a_tenant_deletes_its_timers_and_a_missing_tenant_schedules_none(
+        database_url: str) -> None:
+    """timers has no per-row foreign key to tenants (schema/012_schedule_timers_json.sql): a
+    statement trigger keeps the cascade, and the schedule checks the tenant once."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        other = conn.execute("INSERT INTO queen.tenants (name) VALUES ('leaving') "
+                             "RETURNING tenant_id").fetchone()["tenant_id"]
+        for owner in (tenant, other):
+            with conn.transaction():
+                store.schedule_many(conn, owner, [timer("q", f"k{i}", 60_000, i)
+                                                  for i in range(3)], notify_within_ms=0)
+        conn.execute("DELETE FROM queen.tenants WHERE tenant_id = %s", (other,))
+        left = conn.execute("SELECT tenant_id, count(*) AS n FROM queen.timers "
+                            "GROUP BY tenant_id").fetchall()
+        assert left == [{"tenant_id": tenant, "n": 3}]
+        with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
+            store.schedule_many(conn, other, [timer("q", "late", 60_000, 1)],
+                                notify_within_ms=0)
+        assert conn.execute("SELECT count(*) AS n FROM queen.timers").fetchone()["n"] == 3

@@ -82,6 +82,8 @@ async def test_a_schedule_promises_the_message_id_the_fired_frame_carries(
     assert (res["ok"], res["status"], res["queue"], res["timerKey"]) == (
         True, "scheduled", q, "trial-ending:42")
     assert uuid.UUID(res["messageId"]).version == 7
+    # (a version 7 UUID starts with its minting instant, in Unix milliseconds)
+    assert abs(int(res["messageId"][:13].replace("-", ""), 16) / 1000 - time.time()) < 600
     assert res["deliverAt"].endswith("Z") and res["txn"]
     (m,) = messages
     assert m["id"] == res["messageId"]  # the id promised at schedule time

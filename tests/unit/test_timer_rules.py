@@ -12,6 +12,8 @@ import zstandard
 
 from queen_trio import strict_json
 from queen_trio.errors import ClientError, PayloadTooLarge, ValidationError
+from queen_trio.models import codec
+from queen_trio.models.timers import BATCH_DECODER
 from queen_trio.timers import rules
 
 
@@ -105,7 +107,6 @@ def test_a_queen_operation_carries_the_json_its_client_encoded() -> None:
     s = rules.operation(op, "op", horizon_s=10, ceiling=1000)
     assert isinstance(s, rules.Schedule)
     assert (s.payload, s.txn, s.key, s.partition) == ({"note": "café"}, "t", "k", "Default")
-    assert s.message_id.version == 7
     cancel = rules.operation({"op": "cancel", "queue": "q", "timerKey": "k"}, "op",
                              horizon_s=10, ceiling=1000)
     assert cancel == rules.Cancel("q", "k", None)
@@ -226,3 +227,42 @@ def test_a_clean_batch_takes_the_models_fast_path() -> None:
     assert [type(op) for op in ops] == [rules.Schedule, rules.Cancel]
     assert ops[0].payload == {"a": [1, 2.5, "é"]}
     assert ops[0].json_bytes == '{"a":[1,2.5,"é"]}'.encode()
+
+
+_BAD_AFTER_A_CLEAN_ONE = [
+    _op(delayMs=None), _op(txn=None), _op(txn=""), _op(txn="t" * 257), _op(txn="a\u0001b"),
+    _op(encrypted=False), _op(payloadZstd=1), _op(queue="no spaces"), _op(timerKey=""),
+    _op(timerKey="a\u007fb"), _op(timerKey="é" * 256), _op(timerKey="é" * 257),
+    _op(timerKey="x" * 129), _op(partition="p2"), _op(partition="bad partition"),
+    _op(delayMs=3_600_000), _op(delayMs=3_600_001), _op(delayMs=-3_600_001), _op(delayMs=True),
+    _op(payload="%%"), _op(payload=_b64(b"NaN")), _op(payload=_b64(b"x" * 2000)),
+    _op(op="reschedule"), _op(op="cancel", payload=_DROP, delayMs=_DROP),
+]
+
+
+@pytest.mark.parametrize("second", _BAD_AFTER_A_CLEAN_ONE)
+def test_a_batch_is_judged_per_operation_after_its_names_are_known(second: dict) -> None:
+    """typed_operations checks a bundle's repeated names once and its keys' characters in one
+    pass: an operation after clean ones (its queue and partition already known) is judged
+    exactly as on its own, the same operations or the same refusal naming the same place."""
+    body = [_op(timerKey="first", partition="p"),
+            {k: v for k, v in second.items() if v is not _DROP}]
+    raw = json.dumps(body).encode()
+
+    def judged(decide: object) -> object:
+        try:
+            ops = decide()  # type: ignore[operator]
+        except (ClientError, strict_json.JsonRefused) as exc:
+            return (type(exc), exc.code, exc.message)
+        return None if ops is None else [
+            (type(op), op.queue, op.key, op.txn, op.partition if hasattr(op, "partition")
+             else None, getattr(op, "json_bytes", None), getattr(op, "delay_ms", None))
+            for op in ops]
+
+    kw = {"horizon_s": 3600, "ceiling": 1024}
+    fast = judged(lambda: rules.operations_from_bytes(raw, **kw))
+    precise = judged(lambda: rules.operations(strict_json.loads(raw), **kw))
+    if codec.fast(raw, BATCH_DECODER) is not codec.FALLBACK:  # the models took it
+        assert fast == precise
+    else:
+        assert fast is None
