@@ -228,6 +228,27 @@ async def test_delivery_attempt_counts_the_times_a_batch_is_handed_out(
     ]
 
 
+async def test_a_batch_handed_back_with_retry_counts_another_attempt(
+    broker: BrokerHandle,
+) -> None:
+    """A ``retry`` ack hands the batch back without spending a retry; the next pop (which the
+    one-statement pop would otherwise serve) is the batch's next delivery attempt."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        await c.queue(q).partition("p").push([{"data": {"n": n}} for n in range(2)])
+        seen = []
+        for _ in range(3):
+            # (one partition named: the pop the one-statement pop serves when it can)
+            msgs = await c.queue(q).partition("p").group("g").batch(2).wait(False).pop()
+            seen.append([(m["data"]["n"], m["deliveryAttempt"], m["retryCount"]) for m in msgs])
+            await c.ack(msgs, "retry", {"group": "g"})
+        return seen
+
+    assert await run(broker, flow) == [[(0, a, 0), (1, a, 0)] for a in (1, 2, 3)]
+
+
 async def test_a_conflated_lease_commits_the_cursor_when_its_message_is_acked(
     broker: BrokerHandle,
 ) -> None:
