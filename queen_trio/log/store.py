@@ -415,8 +415,11 @@ def release_batch(raw: DictConnection, tenant_id: int, batch: PopBatch) -> None:
     it): the messages are delivered again from the group's cursor at the next pop."""
     if batch.lease_id is None:
         return  # autoAck: nothing is held
-    ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry", batch.group,
-                             batch.lease_id, None) for i, m in enumerate(batch.messages)])
+    results = ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry",
+                                       batch.group, batch.lease_id, None)
+                                   for i, m in enumerate(batch.messages)])
+    if any(r.applied for r in results):  # (its lease was live: no other pop has leased since)
+        raw.execute(Q.undo_attempt, {"partition_id": batch.partition_id, "group": batch.group})
 
 
 def subscribe(raw: DictConnection, tenant_id: int, req: PopRequest) -> None:

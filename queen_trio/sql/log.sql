@@ -326,6 +326,14 @@ WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
 RETURNING lease_id, lease_expires_at, attempt_count,
           set_config('synchronous_commit', 'off', true)
 
+-- name: undo_attempt
+-- A batch handed back before its consumer got it was no delivery: its attempt is not counted
+-- (a first delivery's leaves no mark, so the next pop hands it out as attempt 1 again).
+UPDATE queen.cursors
+SET attempt_count = greatest(attempt_count - 1, 0),
+    attempt_offset = CASE WHEN attempt_count > 1 THEN attempt_offset END
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
+
 -- name: save_cursor
 UPDATE queen.cursors
 SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
