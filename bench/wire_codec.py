@@ -153,7 +153,7 @@ def pop_encode_today(ms: list[dict[str, Any]], data: Callable[[Any], Any] = lamb
                       "partitionId": _PID, "partition": "Default", "queue": "orders",
                       "offset": m["offset"], "leaseId": _LEASE, "consumerGroup": "billing",
                       "data": data(m["payload"]), "createdAt": iso(m["created_at"]),
-                      "retryCount": 0} for m in ms],
+                      "retryCount": 0, "deliveryAttempt": 1} for m in ms],
         "skipped": None}).encode()
 
 
@@ -166,7 +166,8 @@ def pop_encode_models(ms: list[dict[str, Any]], data: Callable[[Any], Any] = lam
             id=f"{_PID}:{m['offset']}", transactionId=m["transaction_id"], partitionId=_PID,
             partition="Default", queue="orders", offset=m["offset"], leaseId=_LEASE,
             consumerGroup="billing", data=data(m["payload"]),
-            createdAt=iso(m["created_at"]) or "", retryCount=0) for m in ms],
+            createdAt=iso(m["created_at"]) or "", retryCount=0, deliveryAttempt=1)
+            for m in ms],
         skipped=None))
 
 

@@ -445,7 +445,8 @@ BEGIN
             v_fallback := true;
             EXIT;
         END IF;
-        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to INTO cur
+        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to, c.attempt_offset
+        INTO cur
         FROM queen.cursors c
         WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
@@ -458,9 +459,12 @@ BEGIN
             END IF;
             CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
+        -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
+        -- the general pop counts.)
         IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
            OR (cur.lease_expires_at IS NOT NULL
-               AND coalesce(cur.leased_to, -1) > cur.committed) THEN
+               AND coalesce(cur.leased_to, -1) > cur.committed)
+           OR (NOT p_auto_ack AND cur.attempt_offset = cur.committed + 1) THEN
             v_fallback := true;
             EXIT;
         END IF;
@@ -502,7 +506,9 @@ BEGIN
             UPDATE queen.cursors c
             SET lease_id = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
-                leased_to = v_last, updated_at = now()
+                leased_to = v_last, updated_at = now(),
+                -- Fresh work (redeliveries fell back above): delivery attempt 1.
+                attempt_offset = cur.committed + 1, attempt_count = 1
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
@@ -1021,7 +1027,9 @@ CREATE TABLE queen.cursors (
     lease_expires_at timestamp with time zone,
     leased_to bigint,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    retry_at timestamp with time zone
+    retry_at timestamp with time zone,
+    attempt_offset bigint,
+    attempt_count integer DEFAULT 0 NOT NULL
 );
 
 CREATE TABLE queen.dead_letters (

@@ -116,6 +116,7 @@ def messages_to_wire(batch: store.PopBatch,
             leaseId=lease, consumerGroup=batch.group,
             data=m.payload if cipher is None else opened(cipher, store.payload_value(m)),
             createdAt=created, retryCount=m.retry_count,  # type: ignore[arg-type]
+            deliveryAttempt=batch.delivery_attempt,
             timer=meta["timer"] if meta and "timer" in meta else UNSET))
     return out
 

@@ -291,6 +291,9 @@ class PopBatch:
     lease_expires_at: datetime | None
     messages: list[Message]
     skipped: Skip | None = None
+    # Queen's deliveryAttempt: how many times in a row the group has been handed this batch
+    # (schema/013_delivery_attempts.sql); 1 for a first delivery and for autoAck.
+    delivery_attempt: int = 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -412,8 +415,11 @@ def release_batch(raw: DictConnection, tenant_id: int, batch: PopBatch) -> None:
     it): the messages are delivered again from the group's cursor at the next pop."""
     if batch.lease_id is None:
         return  # autoAck: nothing is held
-    ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry", batch.group,
-                             batch.lease_id, None) for i, m in enumerate(batch.messages)])
+    results = ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry",
+                                       batch.group, batch.lease_id, None)
+                                   for i, m in enumerate(batch.messages)])
+    if any(r.applied for r in results):  # (its lease was live: no other pop has leased since)
+        raw.execute(Q.undo_attempt, {"partition_id": batch.partition_id, "group": batch.group})
 
 
 def subscribe(raw: DictConnection, tenant_id: int, req: PopRequest) -> None:
@@ -559,20 +565,21 @@ def _pop_cursor(
 
     # A lease that ran out with deliveries unacknowledged hands them out again, spending no
     # retry: as in Queen, only a failed ack counts against retryLimit.
-    if req.conflation and cand["next_offset"] - 1 > committed + 1:
-        # Conflation: only the newest message is delivered; what lies behind it is retired
-        # (the cursor moves up to it now, as Queen's ack of the tail would move it).
-        committed, ahead = cand["next_offset"] - 2, set()
-        req = dataclasses.replace(req, batch=1)
-    elif req.conflation:
+    read_from = committed + 1
+    if req.conflation:
+        # Conflation: only the newest message is delivered. The lease covers everything up to
+        # it and the cursor stays: the ack of that message commits it there, retiring what lies
+        # behind (as Queen's does); a nack or an expiry leaves it all pending.
+        read_from = max(read_from, cand["next_offset"] - 1)
         req = dataclasses.replace(req, batch=1)
 
     frames = log_frames.read(
-        raw, pid, committed + 1, req.batch + len(ahead), group=req.group,
+        raw, pid, read_from, req.batch + len(ahead), group=req.group,
         delay_s=queue["delayed_processing_s"], cache=cache,
     )
     picked: list[Message] = []
     matures_in = None
+    start = committed
     for f in frames:
         offset = f.offset
         if offset in ahead:
@@ -580,6 +587,8 @@ def _pop_cursor(
         if f.retry_count > queue["retry_limit"]:
             _dead_letter(raw, tenant_id, queue, pid, req.group, f.frame, f.retry_count,
                          f.last_error or "retries exhausted")
+            if req.conflation:
+                committed = offset  # settled, and with it what it had retired
             ahead.add(offset)
             continue
         if f.matures_in_s > 0:
@@ -593,7 +602,6 @@ def _pop_cursor(
 
     if req.auto_ack:
         ahead.update(m.offset for m in picked)
-    start = committed
     committed, ahead_left = advance(committed, ahead)
     cursor_key = {**key, "committed": committed, "acked_ahead": ahead_left}
     if picked and not req.auto_ack:
@@ -603,7 +611,7 @@ def _pop_cursor(
             {**cursor_key, "lease_s": req.lease_s or queue["lease_time_s"],
              "leased_to": picked[-1].offset, "lease_id": lease_id}))
         batch = PopBatch(req.queue, cand["name"], pid, req.group, lease["lease_id"],
-                         lease["lease_expires_at"], picked, skip)
+                         lease["lease_expires_at"], picked, skip, lease["attempt_count"])
         return batch, None, skip
     # The skip over log_start is written (and reported) with the next change of the cursor.
     changed = (committed != start or ahead_left != sorted(cursor["acked_ahead"])

@@ -262,6 +262,9 @@ class Message(Struct, kw_only=True):
     data: Annotated[Any, Meta(description="the payload pushed")]
     createdAt: str
     retryCount: int
+    deliveryAttempt: Annotated[int, Meta(description=(
+        "how many times in a row the consumer group has been handed this partition's batch "
+        "(1: first delivery; a nack or an expired lease hands it out again)"))]
     timer: Annotated[dict[str, Any], Meta(description="a fired timer's key and schedule")] \
         | UnsetType = UNSET
 

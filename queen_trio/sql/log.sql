@@ -314,11 +314,25 @@ SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
     lease_id = coalesce(%(lease_id)s::uuid, gen_random_uuid()),
     lease_expires_at = now() + make_interval(secs => %(lease_s)s),
     leased_to = %(leased_to)s,
+    -- Queen's deliveryAttempt (schema/012_delivery_attempts.sql): a lease starting where the
+    -- previous one started hands the same batch out again (the SET reads the old values).
+    attempt_count = CASE WHEN attempt_offset = %(committed)s + 1 THEN attempt_count + 1
+                         ELSE 1 END,
+    attempt_offset = %(committed)s + 1,
     updated_at = now()
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
 -- Losing this commit in a crash only loses a lease, which is what expiry does anyway: the
 -- frames are handed out again. So the transaction need not wait for the disk.
-RETURNING lease_id, lease_expires_at, set_config('synchronous_commit', 'off', true)
+RETURNING lease_id, lease_expires_at, attempt_count,
+          set_config('synchronous_commit', 'off', true)
+
+-- name: undo_attempt
+-- A batch handed back before its consumer got it was no delivery: its attempt is not counted
+-- (a first delivery's leaves no mark, so the next pop hands it out as attempt 1 again).
+UPDATE queen.cursors
+SET attempt_count = greatest(attempt_count - 1, 0),
+    attempt_offset = CASE WHEN attempt_count > 1 THEN attempt_offset END
+WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
 
 -- name: save_cursor
 UPDATE queen.cursors

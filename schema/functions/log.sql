@@ -58,8 +58,9 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- partition, lock the group's cursor, read the frames, take the lease (or, with autoAck,
 -- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
 -- with frames it handed out, frames sealed into segments or with a retry history,
--- delayedProcessing or windowBuffer, a cursor behind log_start) answers 'fallback' having changed nothing,
--- and the broker runs its general pop (queen_trio/log/store.py) instead.
+-- delayedProcessing or windowBuffer, a cursor behind log_start, a batch handed out again after
+-- a nack) answers 'fallback' having changed nothing, and the broker runs its general pop
+-- (queen_trio/log/store.py) instead.
 CREATE OR REPLACE FUNCTION queen.pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
     p_auto_ack boolean)
@@ -102,7 +103,8 @@ BEGIN
             v_fallback := true;
             EXIT;
         END IF;
-        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to INTO cur
+        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to, c.attempt_offset
+        INTO cur
         FROM queen.cursors c
         WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
@@ -115,9 +117,12 @@ BEGIN
             END IF;
             CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
+        -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
+        -- the general pop counts.)
         IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
            OR (cur.lease_expires_at IS NOT NULL
-               AND coalesce(cur.leased_to, -1) > cur.committed) THEN
+               AND coalesce(cur.leased_to, -1) > cur.committed)
+           OR (NOT p_auto_ack AND cur.attempt_offset = cur.committed + 1) THEN
             v_fallback := true;
             EXIT;
         END IF;
@@ -159,7 +164,9 @@ BEGIN
             UPDATE queen.cursors c
             SET lease_id = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
-                leased_to = v_last, updated_at = now()
+                leased_to = v_last, updated_at = now(),
+                -- Fresh work (redeliveries fell back above): delivery attempt 1.
+                attempt_offset = cur.committed + 1, attempt_count = 1
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;

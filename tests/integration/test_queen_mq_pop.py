@@ -187,3 +187,94 @@ async def test_window_buffer_through_the_client(broker: BrokerHandle) -> None:
     created, early, late = await run(broker, flow)
     assert created["options"]["windowBuffer"] == 2
     assert early == [] and [m["data"]["n"] for m in late] == [0, 1, 2]
+
+
+async def test_delivery_attempt_counts_the_times_a_batch_is_handed_out(
+    broker: BrokerHandle,
+) -> None:
+    """Queen's ``deliveryAttempt``: 1 for a batch's first delivery, one more each time the
+    group is handed the same batch again (a nack, or a lease that runs out), 1 again once the
+    cursor has moved; autoAck never redelivers, so it is always 1."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).config({"lease_time": 1, "retry_limit": 10}).create()
+        await c.queue(q).push([{"data": {"n": n}} for n in range(3)])
+        seen = []
+        first = await c.queue(q).group("g").batch(3).wait(False).pop()
+        seen.append(first)
+        await c.ack(first, False, {"group": "g"})  # a nack: the batch comes back
+        seen.append(await c.queue(q).group("g").batch(3).wait(False).pop())
+        await asyncio.sleep(1.5)  # its lease runs out unacknowledged: back again
+        third = await c.queue(q).group("g").batch(3).wait(False).pop()
+        seen.append(third)
+        await c.ack(third[0], True, {"group": "g"})  # the cursor moves past the first
+        await asyncio.sleep(1.5)
+        seen.append(await c.queue(q).group("g").batch(3).wait(False).pop())
+        await c.ack(seen[-1], True, {"group": "g"})
+        await c.queue(q).push([{"data": {"n": 3}}])
+        seen.append(await c.queue(q).group("g").batch(3).wait(False).pop())  # fresh work
+        seen.append(await c.queue(q).group("auto").batch(4).auto_ack(True).wait(False).pop())
+        return seen
+
+    seen = await run(broker, flow)
+    assert [[(m["data"]["n"], m["deliveryAttempt"]) for m in msgs] for msgs in seen] == [
+        [(0, 1), (1, 1), (2, 1)],
+        [(0, 2), (1, 2), (2, 2)],
+        [(0, 3), (1, 3), (2, 3)],
+        [(1, 1), (2, 1)],  # a new batch: it starts after the committed offset
+        [(3, 1)],
+        [(0, 1), (1, 1), (2, 1), (3, 1)],
+    ]
+
+
+async def test_a_batch_handed_back_with_retry_counts_another_attempt(
+    broker: BrokerHandle,
+) -> None:
+    """A ``retry`` ack hands the batch back without spending a retry; the next pop (which the
+    one-statement pop would otherwise serve) is the batch's next delivery attempt."""
+    q = name()
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        await c.queue(q).partition("p").push([{"data": {"n": n}} for n in range(2)])
+        seen = []
+        for _ in range(3):
+            # (one partition named: the pop the one-statement pop serves when it can)
+            msgs = await c.queue(q).partition("p").group("g").batch(2).wait(False).pop()
+            seen.append([(m["data"]["n"], m["deliveryAttempt"], m["retryCount"]) for m in msgs])
+            await c.ack(msgs, "retry", {"group": "g"})
+        return seen
+
+    assert await run(broker, flow) == [[(0, a, 0), (1, a, 0)] for a in (1, 2, 3)]
+
+
+async def test_a_conflated_lease_commits_the_cursor_when_its_message_is_acked(
+    broker: BrokerHandle,
+) -> None:
+    """As Queen's: a conflating pop hands out the newest message under a lease over everything
+    up to it and leaves the cursor where it is; the ack of that message commits it there. Until
+    then the group's lag counts every message, and a nack leaves them all pending."""
+    q = name()
+
+    async def lag(c: Any) -> int:
+        groups = await c.admin.list_consumer_groups()
+        return next(g["totalLag"] for g in groups if g["name"] == "latest")
+
+    async def flow(c: Any) -> list[Any]:
+        await c.queue(q).create()
+        await c.queue(q).push([{"data": {"v": v}} for v in range(5)])
+        popped = await c.queue(q).group("latest").conflation().wait(False).pop()
+        leased = await lag(c)
+        await c.ack(popped, False, {"group": "latest"})
+        nacked = await lag(c)
+        again = await c.queue(q).group("latest").conflation().wait(False).pop()
+        await c.ack(again, True, {"group": "latest"})
+        return [popped, leased, nacked, again, await lag(c),
+                await c.queue(q).group("latest").conflation().wait(False).pop()]
+
+    popped, leased, nacked, again, acked, after = await run(broker, flow)
+    assert [(m["data"]["v"], m["deliveryAttempt"]) for m in popped] == [(4, 1)]
+    assert leased == 5 and nacked == 5  # nothing committed before the ack
+    assert [(m["data"]["v"], m["deliveryAttempt"]) for m in again] == [(4, 2)]
+    assert acked == 0 and after == []
