@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +21,30 @@ from queen_trio.server import BrokerHandle, run_broker
 from .pgserver import Databases, memory_root, session_server
 
 _server_description = "not started"
+
+
+def _share_the_default_ssl_context() -> None:
+    """Every httpx client builds an SSL context from certifi's bundle, even for http:// (40 ms
+    of CPU; 0.3 s of wall time on a loaded 2-core machine), and the suite makes thousands of
+    clients. They share one here: a context holds no per-connection state. Only the default
+    (``verify=True``, no client certificate) is shared; anything else is built as asked."""
+    from httpx._transports import default as transports
+
+    build = transports.create_ssl_context
+    shared: dict[bool, ssl.SSLContext] = {}
+
+    def create_ssl_context(verify: Any = True, cert: Any = None,
+                           trust_env: bool = True) -> ssl.SSLContext:
+        if verify is not True or cert is not None:
+            return build(verify=verify, cert=cert, trust_env=trust_env)
+        if trust_env not in shared:
+            shared[trust_env] = build(verify=True, cert=None, trust_env=trust_env)
+        return shared[trust_env]
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_share_the_default_ssl_context()
 
 
 @pytest.fixture(scope="session")

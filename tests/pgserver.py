@@ -109,6 +109,7 @@ class Databases:
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
         self.template = self._build_template()
+        self._clone = self._clone_statement()
 
     def _admin(self) -> psycopg.Connection:
         return psycopg.connect(self.admin_url, autocommit=True)
@@ -137,12 +138,22 @@ class Databases:
         name = f"queen_t_{uuid.uuid4().hex[:16]}"
         template = self.template if migrated else "template0"
         with self._admin() as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(template)
-                )
-            )
+            conn.execute(self._clone.format(sql.Identifier(name), sql.Identifier(template)))
         return with_dbname(self.admin_url, name)
+
+    def _clone_statement(self) -> sql.SQL:
+        """How each test's database is cloned. On a server without fsync (the embedded one, see
+        FAST_SETTINGS) a file copy (PostgreSQL 15+) takes half the time of the default, which
+        writes every block of the template to the WAL (at load 18: 0.13 s against 0.25 s per
+        test). With fsync on, the two checkpoints a file copy costs make it the slower one."""
+        with self._admin() as conn:
+            row = conn.execute("SELECT current_setting('server_version_num')::int,"
+                               " current_setting('fsync')").fetchone()
+        assert row is not None
+        version, fsync = row
+        if version >= 150000 and fsync == "off":
+            return sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY")
+        return sql.SQL("CREATE DATABASE {} TEMPLATE {}")
 
     def drop(self, url: str) -> None:
         name = url_params(url)["dbname"]
