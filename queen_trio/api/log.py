@@ -57,11 +57,12 @@ async def configure() -> Response:
         )
     outcome = await broker.db.run_transaction(store.configure, current_tenant_id(), name,
                                               req.options)
-    return _json({"configured": True, "created": outcome["created"], "queue": name,
-                  "queueId": str(outcome["queue_id"]),
-                  "partitionId": str(outcome["partition_id"]),
-                  "namespace": body.get("namespace") or "", "task": body.get("task") or "",
-                  "options": req.echo, "ignored": req.ignored, "unknown": req.unknown})
+    return model_response(models.Configured(
+        configured=True, created=outcome["created"], queue=name,
+        queueId=str(outcome["queue_id"]), partitionId=str(outcome["partition_id"]),
+        namespace=body.get("namespace") or "", task=body.get("task") or "",
+        options=models.ConfiguredOptions(**req.echo), ignored=req.ignored,
+        unknown=req.unknown))
 
 
 def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:

@@ -316,25 +316,8 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
             "operationId": "configure",
             "requestBody": _body(schema.ref(log_models.ConfigureBody)),
-            "responses": {"200": _json({"type": "object", "properties": {
-                "configured": {"type": "boolean"}, "created": {"type": "boolean"},
-                "queue": {"type": "string"}, "queueId": {"type": "string"},
-                "partitionId": {"type": "string", "description": "the Default partition"},
-                "namespace": {"type": "string"}, "task": {"type": "string"},
-                "options": {"type": "object",
-                            "description": "every option Queen echoes (priority, leaseTime, "
-                                           "retryLimit, retryDelay, maxSize, ttl, "
-                                           "deadLetterQueue, dlqAfterMaxRetries, "
-                                           "delayedProcessing, windowBuffer, "
-                                           "retentionSeconds, completedRetentionSeconds, "
-                                           "retentionEnabled, encryptionEnabled, "
-                                           "maxWaitTimeSeconds) and retainUntilConsumed, as "
-                                           "applied"},
-                "ignored": {"type": "array", "items": {"type": "string"},
-                            "description": "options sent that have no effect here (see "
-                                           "docs/http-api.md, Queue options)"},
-                "unknown": {"type": "array", "items": {"type": "string"}}}},
-                "Configured"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.Configured), "Configured"),
+                          **_errors(400)},
         }},
         "/api/v1/push": {"post": {
             "summary": "Append 0..N messages, any mix of queues and partitions, atomically "
@@ -421,17 +404,8 @@ def _log_paths() -> dict[str, Any]:
                            "minBytes payload bytes.",
             "operationId": "fetch",
             "requestBody": _body(schema.ref(log_models.FetchBody)),
-            "responses": {"200": _json({"type": "object", "properties": {"entries": {
-                "type": "array", "items": {"type": "object", "properties": {
-                    "queue": {"type": "string"}, "partition": {"type": "string"},
-                    "records": {"type": "array", "items": {"type": "object", "properties": {
-                        "offset": {"type": "integer"}, "transactionId": {"type": "string"},
-                        "payload": {}, "ts": {"type": "string", "format": "date-time"}}}},
-                    "highWatermark": {"type": "integer"},
-                    "logStartOffset": {"type": "integer"},
-                    "error": {"type": "string", "enum": ["OFFSET_OUT_OF_RANGE",
-                                                         "UNKNOWN_TOPIC_OR_PARTITION"]}}}}}},
-                "Records and bounds per entry"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.Fetched),
+                                       "Records and bounds per entry"), **_errors(400)},
         }},
         "/api/v1/partitions/changed": {"post": {
             "summary": "A queue's partitions, or those written since an instant (discovery)",
@@ -442,19 +416,9 @@ def _log_paths() -> dict[str, Any]:
                            "land at or before it; pass it as the next since.",
             "operationId": "partitionsChanged",
             "requestBody": _body(schema.ref(log_models.ChangedBody)),
-            "responses": {"200": _json({"type": "object", "properties": {
-                "safeTime": {"type": "string", "format": "date-time"},
-                "safeTimeDegraded": {"type": "boolean"},
-                "entries": {"type": "array", "items": {"type": "object", "properties": {
-                    "queue": {"type": "string"},
-                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
-                        "name": {"type": "string"}, "id": {"type": "string"},
-                        "lastOffset": {"type": "integer"}, "logStart": {"type": "integer"},
-                        "lastWriteAt": {"type": "string", "format": "date-time"}}}},
-                    "next": {"type": ["string", "null"]},
-                    "error": {"type": "string", "enum": ["UNKNOWN_TOPIC_OR_PARTITION",
-                                                         "BAD_CURSOR"]}}}}}},
-                "Partitions per entry, and the watermark"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.PartitionsChanged),
+                                       "Partitions per entry, and the watermark"),
+                          **_errors(400)},
         }},
         "/api/v1/dlq": {"get": {
             "summary": "List dead letters, oldest first: offset pages (Queen) or cursor pages",

@@ -377,3 +377,112 @@ class LeaseExtended(Struct, kw_only=True):
     lease_expires_at: str | None
     error: str | None
     code: Literal["lease_expired", "lease_not_found"] | None
+
+
+class QueueSettings(Struct, kw_only=True):
+    """A queue's options as applied (every one, defaults included)."""
+
+    leaseTime: int
+    retryLimit: int
+    retryDelay: int
+    maxSize: int
+    ttl: int
+    deadLetterQueue: bool
+    delayedProcessing: int
+    retentionSeconds: int
+    completedRetentionSeconds: int
+    retentionEnabled: bool
+    retainUntilConsumed: bool
+    maxWaitTimeSeconds: int
+    windowBuffer: int
+    encryptionEnabled: bool
+
+
+class ConfiguredOptions(QueueSettings, kw_only=True):
+    """Every option Queen echoes, as applied, and the two it takes that have no effect here,
+    as sent (or their default)."""
+
+    priority: int
+    dlqAfterMaxRetries: bool
+
+
+class Configured(Struct, kw_only=True):
+    """``POST /api/v1/configure``'s answer: Queen's, plus ``created``, ``queueId``,
+    ``ignored`` and ``unknown``."""
+
+    configured: Literal[True]
+    created: Annotated[bool, Meta(description="false: it existed and was reconfigured")]
+    queue: str
+    queueId: Id
+    partitionId: Annotated[Id, Meta(description="the Default partition")]
+    namespace: Annotated[str, Meta(description="echoed (empty when none was sent)")]
+    task: Annotated[str, Meta(description="echoed (empty when none was sent)")]
+    options: ConfiguredOptions
+    ignored: Annotated[list[str], Meta(description=(
+        "options sent that have no effect here (see docs/http-api.md, Queue options), unknown "
+        "names, and namespace and task when sent"))]
+    unknown: Annotated[list[str], Meta(description="option names neither Queen nor this "
+                                                   "broker knows")]
+
+
+FetchError = Literal["OFFSET_OUT_OF_RANGE", "UNKNOWN_TOPIC_OR_PARTITION"]
+
+
+class FetchedRecord(Struct, kw_only=True):
+    offset: int
+    transactionId: str
+    payload: Annotated[Any, Meta(description="the payload pushed")]
+    ts: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "when the push that wrote it was stored"))]
+
+
+class FetchedEntry(Struct, kw_only=True):
+    """One entry's records, in the order asked, and the partition's bounds."""
+
+    queue: str
+    partition: str
+    records: list[FetchedRecord]
+    highWatermark: Annotated[int, Meta(description="the next offset to be assigned")]
+    logStartOffset: Annotated[int, Meta(description="the oldest offset retention kept")]
+    error: Annotated[FetchError, Meta(description=(
+        "OFFSET_OUT_OF_RANGE: below the log start or past the high watermark; "
+        "UNKNOWN_TOPIC_OR_PARTITION: no such queue"))] | UnsetType = UNSET
+
+
+class Fetched(Struct, kw_only=True):
+    """``POST /api/v1/fetch``'s answer: an entry per entry asked, in order."""
+
+    entries: list[FetchedEntry]
+
+
+ChangedError = Literal["UNKNOWN_TOPIC_OR_PARTITION", "BAD_CURSOR"]
+
+
+class ChangedPartition(Struct, kw_only=True):
+    name: str
+    id: Id
+    lastOffset: Annotated[int, Meta(description="the offset of its last record (-1: none)")]
+    logStart: int
+    lastWriteAt: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+
+
+class ChangedQueue(Struct, kw_only=True):
+    """One entry's page of partitions (or its error)."""
+
+    queue: str
+    partitions: list[ChangedPartition] | UnsetType = UNSET
+    next: Annotated[str | None, Meta(description=(
+        "the cursor to pass as after (null: the end)"))] | UnsetType = UNSET
+    error: Annotated[ChangedError, Meta(description=(
+        "UNKNOWN_TOPIC_OR_PARTITION: no such queue; BAD_CURSOR: after is not a cursor of "
+        "this mode"))] | UnsetType = UNSET
+
+
+class PartitionsChanged(Struct, kw_only=True):
+    """``POST /api/v1/partitions/changed``'s answer."""
+
+    safeTime: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "no write can still land at or before it: pass it as the next since"))]
+    safeTimeDegraded: Annotated[bool, Meta(description=(
+        "the broker could not see every session: safeTime is now less a margin"))]
+    entries: list[ChangedQueue]

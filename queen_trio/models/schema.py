@@ -19,7 +19,8 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            transaction.TransactionDone, transaction.TransactionRefused,
                            log.ConfigureBody, log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
                            log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
-                           log.PopResponse, log.AckResult, log.LeaseExtended)
+                           log.PopResponse, log.AckResult, log.LeaseExtended, log.Configured,
+                           log.Fetched, log.PartitionsChanged)
 
 
 def components() -> dict[str, Any]:
