@@ -121,7 +121,7 @@ class _AckFields(Struct, kw_only=True):
     transactionId: str
     leaseId: Annotated[Id | None, Meta(description=(
         "the lease of the pop that delivered it; in a batch, default: the batch's "
-        "leaseId"))] | UnsetType = UNSET
+        "leaseId; in a transaction, the bundle's one required lease"))] | UnsetType = UNSET
     status: Annotated[str | None, Meta(description=(
         "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
     consumerGroup: str | None | UnsetType = UNSET

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .kv import KvEntry, KvOp, KvReason, Stamp
-from .log import AckCode, AckResult, Pushed, PushItem
+from .log import Ack, AckCode, AckResult, Pushed, PushItem
 from .timers import TimerOp, TimerResult
 
 MAX_KV_OPS = 64  # (kv.rules.MAX_OPS_IN_TRANSACTION, which the rules enforce)
@@ -24,18 +24,9 @@ class PushOp(Struct, tag="push", tag_field="type", kw_only=True):
     items: list[PushItem]
 
 
-class AckOp(Struct, tag="ack", tag_field="type", kw_only=True):
-    """An acknowledgement, fenced by its leaseId (default: the bundle's one required lease,
-    when it names exactly one); other fields are ignored."""
-
-    transactionId: str
-    partitionId: str
-    leaseId: str | None | UnsetType = UNSET
-    status: Annotated[str | None, Meta(description=(
-        "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
-    consumerGroup: str | None | UnsetType = UNSET
-    error: Annotated[Any, Meta(description="a failure's reason (text; other JSON is kept as "
-                                           "its text)")] | UnsetType = UNSET
+class AckOp(Ack, tag="ack", tag_field="type", kw_only=True):
+    """An acknowledgement (as ``POST /api/v1/ack`` takes it), fenced by its leaseId (default:
+    the bundle's one required lease, when it names exactly one); other fields are ignored."""
 
 
 class Bundle(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel",
