@@ -15,17 +15,16 @@ from typing import Any
 
 import msgspec
 from msgspec.structs import asdict
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
-from ..models import codec
 from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
 from .common import json_response, model_response
-from .errors import ApiError, parse_json_body
+from .errors import read_object_via
 from .kv import precondition_answer, result_models
 from .log import ack_result, pushed
 from .switches import paused
@@ -91,22 +90,9 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
                           "results": []}, status=403)
 
 
-async def _bundle() -> dict[str, Any]:
-    """The request body, decoded through its model (:class:`models.Bundle`); one the model
-    refuses is decoded by the strict decoder, and the rules say what is wrong."""
-    raw = await request.get_data(cache=False, as_text=False)
-    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw,
-                               models.BUNDLE_DECODER)
-    if body is codec.FALLBACK:
-        body = parse_json_body(raw)
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_body", "the request body must be a JSON object")
-    return body
-
-
 @transaction_routes.post("/transaction")
 async def transaction() -> Response:
-    body = await _bundle()
+    body = await read_object_via(models.BUNDLE_DECODER)
     broker: BrokerContext = current_app.config["BROKER"]
     settings = broker.settings
     ceiling = message_ceiling()
