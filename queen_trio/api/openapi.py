@@ -760,7 +760,8 @@ def _paused(paths: dict[str, Any]) -> dict[str, Any]:
                     "headers": {"Retry-After": {"schema": {"type": "integer"},
                                                 "description": "1 (seconds)"}}}
             if operation["operationId"] == "transaction":
-                operation["responses"]["403"] = _json(_ERROR, (
+                operation["responses"]["403"] = _json({"anyOf": [
+                    schema.ref(transaction_models.TransactionPaused), _ERROR]}, (
                     "kv_disabled: a kv rider while an operator has paused KV; "
                     "timers_disabled: a timers rider that schedules while scheduling is "
                     "paused (permanent: not to be retried in a loop; the code is in error and "

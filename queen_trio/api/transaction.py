@@ -23,7 +23,7 @@ from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
 from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
-from .common import json_response, model_response
+from .common import model_response
 from .errors import read_object_via
 from .kv import precondition_answer, result_models
 from .log import ack_result, pushed
@@ -84,10 +84,10 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
     else:
         return None
     refusal = paused(name, status=403)
-    return json_response({"ok": False, "success": False,
-                          "transactionId": log_rules.new_transaction_id(),
-                          "error": refusal.code, "message": refusal.message, **refusal.extra,
-                          "results": []}, status=403)
+    return model_response(models.TransactionPaused(
+        ok=False, success=False, transaction_id=log_rules.new_transaction_id(),
+        error=refusal.code, message=refusal.message,  # type: ignore[arg-type]
+        reason=refusal.extra["reason"], results=[]), status=403)
 
 
 @transaction_routes.post("/transaction")

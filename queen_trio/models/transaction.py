@@ -122,3 +122,22 @@ class TransactionRefused(Struct, kw_only=True, rename="camel", omit_defaults=Tru
     operation: Annotated[int, Meta(description="the refused entry of operations")] \
         | UnsetType = UNSET
     lease: Annotated[str, Meta(description="the lease that is not live")] | UnsetType = UNSET
+
+
+PausedCode = Literal["kv_disabled", "timers_disabled"]
+
+
+class TransactionPaused(Struct, kw_only=True, rename="camel"):
+    """403: a ``kv`` rider while an operator has paused KV, or a ``timers`` rider that
+    schedules while scheduling is paused; nothing written. Permanent on purpose (a bundle
+    carries messages: one retried in a loop against a paused broker is a storm on the hot
+    path). The code is in ``error`` and in ``reason``, where Queen's clients read a
+    transaction's."""
+
+    ok: Literal[False]
+    success: Literal[False]
+    transaction_id: str
+    error: PausedCode
+    message: str
+    reason: PausedCode
+    results: Annotated[list[TransactionItem], Meta(max_length=0)]

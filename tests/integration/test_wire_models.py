@@ -581,3 +581,25 @@ async def test_a_transactions_ack_is_declared_as_the_ack_route_takes_it(
     assert ack_op.pop("type") == {"enum": ["ack"]}
     assert ack_op == schemas["Ack"]["properties"]
     assert schemas["AckOp"]["required"] == ["type", *schemas["Ack"]["required"]]
+
+
+async def test_a_paused_rider_answers_its_model(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """A transaction whose rider uses a paused surface answers 403 as TransactionPaused
+    declares it (the code in error and reason, an empty results, no detail)."""
+    switches = f"{API}/system/kv-timers"
+    assert (await http.post(switches, json={"kv": False})).status_code == 200
+    try:
+        r = await http.post(f"{API}/transaction", json={
+            "kv": [{"op": "put", "ns": "wm-p", "key": "k", "value": 1, "forever": True}]})
+    finally:
+        assert (await http.post(switches, json={"kv": True})).status_code == 200
+    check(document, f"{API}/transaction", "post", r, status=403)
+    answer = r.json()
+    assert list(answer) == ["ok", "success", "transactionId", "error", "message", "reason",
+                            "results"]
+    assert (answer["error"], answer["reason"], answer["results"]) == ("kv_disabled",
+                                                                      "kv_disabled", [])
+    assert refuses(document, f"{API}/transaction", "post",
+                   {**answer, "error": "kv_busy", "reason": "kv_busy"}, status=403)
