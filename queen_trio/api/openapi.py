@@ -459,21 +459,22 @@ def _log_paths() -> dict[str, Any]:
                            "all of them while no group has read the partition), processing "
                            "(leased).",
             "operationId": "listQueues",
-            "responses": {"200": _json({"type": "object"}, "Queues")},
+            "responses": {"200": _json(schema.ref(log_models.QueueList), "Queues")},
         }},
         "/api/v1/resources/queues/{queue}": {
             "get": {
                 "summary": "One queue: options, partitions, offsets, consumer groups, storage",
                 "operationId": "getQueue",
                 "parameters": [_path_param("queue", "queue name")],
-                "responses": {"200": _json({"$ref": "#/components/schemas/QueueDetail"},
-                                           "Queue"), **_errors(400, 404)},
+                "responses": {"200": _json(schema.ref(log_models.QueueDetail), "Queue"),
+                              **_errors(400, 404)},
             },
             "delete": {
                 "summary": "Delete a queue with its messages, cursors and dead letters",
                 "operationId": "deleteQueue",
                 "parameters": [_path_param("queue", "queue name")],
-                "responses": {"200": _json({"type": "object"}, "Deleted"), **_errors(400)},
+                "responses": {"200": _json(schema.ref(log_models.QueueDeleted), "Deleted"),
+                              **_errors(400)},
             },
         },
     }
@@ -908,40 +909,6 @@ def _document() -> dict[str, Any]:
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
                 **schema.components(),  # timers, log answers: declared once in queen_trio/models
-                "PartitionStorage": {
-                    "type": "object",
-                    "description": "Where a partition's retained messages are stored: the "
-                                   "head (recent, plain rows) and sealed zstd segments",
-                    "properties": {
-                        "headFrames": {"type": "integer"},
-                        "headBytes": {"type": "integer",
-                                      "description": "payload JSON bytes in the head"},
-                        "segments": {"type": "integer"},
-                        "segmentFrames": {"type": "integer"},
-                        "rawBytes": {"type": "integer",
-                                     "description": "payload JSON bytes sealed in segments"},
-                        "compressedBytes": {"type": "integer",
-                                            "description": "what those segments store"}}},
-                "QueueDetail": {"type": "object", "properties": {
-                    "name": {"type": "string"}, "createdAt": {"type": "string"},
-                    "options": {"type": "object"},
-                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
-                        "id": {"type": "string"}, "name": {"type": "string"},
-                        "logStart": {"type": "integer",
-                                     "description": "first retained offset"},
-                        "nextOffset": {"type": "integer"},
-                        "messages": {"type": "integer",
-                                     "description": "nextOffset - logStart"},
-                        "storage": {"$ref": "#/components/schemas/PartitionStorage"},
-                        "groups": {"type": "object"}}}},
-                    "consumerGroups": {"type": "array", "items": {"type": "string"}},
-                    "totals": {"type": "object"},
-                    "timers": {"type": "object", "properties": {
-                        "pending": {"type": "integer",
-                                    "description": "timers not yet fired into this queue"},
-                        "nextDeliverAt": {"type": ["string", "null"],
-                                          "description": "the earliest deliverAt among them"}}},
-                    "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

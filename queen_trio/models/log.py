@@ -486,3 +486,93 @@ class PartitionsChanged(Struct, kw_only=True):
     safeTimeDegraded: Annotated[bool, Meta(description=(
         "the broker could not see every session: safeTime is now less a margin"))]
     entries: list[ChangedQueue]
+
+
+# -- queue resources --------------------------------------------------------------------------
+
+
+class MessageCounts(Struct, kw_only=True):
+    total: Annotated[int, Meta(description="retained")]
+    pending: Annotated[int, Meta(description=(
+        "not yet done by the slowest consumer group (all of them while no group has read the "
+        "partition)"))]
+    processing: Annotated[int, Meta(description="leased")]
+
+
+class QueueSummary(Struct, kw_only=True):
+    name: str
+    createdAt: str
+    partitions: int
+    messages: MessageCounts
+    options: QueueSettings
+
+
+class QueueList(Struct, kw_only=True):
+    """``GET /api/v1/resources/queues``: the tenant's queues (Queen's shape)."""
+
+    queues: list[QueueSummary]
+
+
+class PartitionStorage(Struct, kw_only=True):
+    """Where a partition's retained messages are stored: the head (recent, plain rows) and
+    sealed zstd segments."""
+
+    headFrames: int
+    headBytes: Annotated[int, Meta(description="payload JSON bytes in the head")]
+    segments: int
+    segmentFrames: int
+    rawBytes: Annotated[int, Meta(description="payload JSON bytes sealed in segments")]
+    compressedBytes: Annotated[int, Meta(description="what those segments store")]
+
+
+class GroupPosition(Struct, kw_only=True):
+    """A consumer group on one partition."""
+
+    committed: Annotated[int, Meta(description="the last offset done (-1: none)")]
+    lag: Annotated[int, Meta(description="messages after the cursor")]
+    leased: bool
+
+
+class PartitionDetail(Struct, kw_only=True):
+    id: Id
+    name: str
+    createdAt: str
+    logStart: Annotated[int, Meta(description="first retained offset")]
+    nextOffset: int
+    messages: Annotated[int, Meta(description="nextOffset - logStart")]
+    storage: PartitionStorage
+    groups: Annotated[dict[str, GroupPosition], Meta(description=(
+        "the consumer groups that have a cursor on it, by name"))]
+
+
+class QueueTotals(Struct, kw_only=True):
+    messages: int
+    deadLetters: int
+
+
+class QueueTimers(Struct, kw_only=True):
+    pending: Annotated[int, Meta(description="timers not yet fired into this queue")]
+    nextDeliverAt: Annotated[str | None, Meta(description=(
+        "the earliest deliverAt among them"))]
+
+
+class QueueDetail(Struct, kw_only=True):
+    """``GET /api/v1/resources/queues/{queue}``: options, partitions, offsets, consumer
+    groups, storage."""
+
+    name: str
+    createdAt: str
+    options: QueueSettings
+    partitions: list[PartitionDetail]
+    consumerGroups: list[str]
+    totals: QueueTotals
+    timers: QueueTimers
+    storage: Annotated[PartitionStorage, Meta(description="the partitions' summed")]
+
+
+class QueueDeleted(Struct, kw_only=True):
+    """``DELETE /api/v1/resources/queues/{queue}``."""
+
+    deleted: Literal[True]
+    queue: str
+    existed: Annotated[bool, Meta(description="false: there was no such queue")]

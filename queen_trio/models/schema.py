@@ -21,7 +21,8 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            log.ConfigureBody, log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
                            log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
                            log.PopResponse, log.AckResult, log.LeaseExtended, log.Configured,
-                           log.Fetched, log.PartitionsChanged)
+                           log.Fetched, log.PartitionsChanged, log.QueueList, log.QueueDetail,
+                           log.QueueDeleted)
 
 
 def components() -> dict[str, Any]:

@@ -603,3 +603,50 @@ async def test_a_paused_rider_answers_its_model(
                                                                       "kv_disabled", [])
     assert refuses(document, f"{API}/transaction", "post",
                    {**answer, "error": "kv_busy", "reason": "kv_busy"}, status=403)
+
+
+async def test_queue_resource_answers_are_their_models(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """The queue list, a queue's detail and its deletion answer through their models, and
+    /openapi.json declares each by its generated schema (they were an untyped object, and a
+    hand-written QueueDetail)."""
+    generated = schema.components()
+    for model in (log_models.QueueList, log_models.QueueDetail, log_models.QueueDeleted,
+                  log_models.PartitionStorage):
+        assert document["components"]["schemas"][model.__name__] == generated[model.__name__]
+    await http.post(f"{API}/configure", json={"queue": "wm-res", "options": {"leaseTime": 40}})
+    await http.post(f"{API}/push", json={"items": [
+        {"queue": "wm-res", "partition": p, "payload": {"n": 1}} for p in ("a", "b", "b")]})
+    await http.get(f"{API}/pop/queue/wm-res/partition/b", params={"consumerGroup": "g"})
+
+    listed = await http.get(f"{API}/resources/queues")
+    check(document, f"{API}/resources/queues", "get", listed)
+    (mine,) = [q for q in listed.json()["queues"] if q["name"] == "wm-res"]
+    assert list(mine) == ["name", "createdAt", "partitions", "messages", "options"]
+    assert (mine["messages"], mine["options"]["leaseTime"]) == (
+        {"total": 3, "pending": 2, "processing": 1}, 40)
+
+    path = f"{API}/resources/queues/{{queue}}"
+    detail = await http.get(f"{API}/resources/queues/wm-res")
+    check(document, path, "get", detail)
+    d = detail.json()
+    assert list(d) == ["name", "createdAt", "options", "partitions", "consumerGroups",
+                       "totals", "timers", "storage"]
+    b = next(p for p in d["partitions"] if p["name"] == "b")
+    assert list(b) == ["id", "name", "createdAt", "logStart", "nextOffset", "messages",
+                       "storage", "groups"]
+    assert b["groups"] == {"g": {"committed": -1, "lag": 2, "leased": True}}
+    assert (d["consumerGroups"], d["totals"], d["timers"]) == (
+        ["g"], {"messages": 3, "deadLetters": 0}, {"pending": 0, "nextDeliverAt": None})
+    assert d["storage"]["headFrames"] == 3 and list(d["storage"]) == [
+        "headFrames", "headBytes", "segments", "segmentFrames", "rawBytes", "compressedBytes"]
+    assert refuses(document, path, "get", {**d, "storage": {**d["storage"], "segments": None}})
+    assert refuses(document, f"{API}/resources/queues", "get",
+                   {"queues": [{**mine, "messages": {"total": 3}}]})
+
+    deleted = await http.delete(f"{API}/resources/queues/wm-res")
+    check(document, path, "delete", deleted)
+    assert deleted.json() == {"deleted": True, "queue": "wm-res", "existed": True}
+    again = await http.delete(f"{API}/resources/queues/wm-res")
+    assert again.json() == {"deleted": True, "queue": "wm-res", "existed": False}
