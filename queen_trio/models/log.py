@@ -1,10 +1,10 @@
-"""Queen's log wire: the request bodies of push, ack, ack/batch, settle-and-pop and lease
-extend, and the answers of push, pop (plain and settle-and-pop), ack, ack/batch and lease
-extend. The routes decode the requests through these models (a body a model refuses takes the
-strict decoder and :mod:`queen_trio.log.rules`, which say precisely what is wrong); fields
-they do not name are ignored, as Queen ignores them. In answers, fields that are always written
-(null included) have no default; the few an answer carries only sometimes default to UNSET,
-which msgspec leaves out."""
+"""Queen's log wire: the request bodies of configure, push, ack, ack/batch, settle-and-pop,
+lease extend, fetch and partitions/changed, and the answers of those and of the queue
+resources (list, detail, delete). The routes decode the requests through these models (a body
+a model refuses takes the strict decoder and :mod:`queen_trio.log.rules`, which say precisely
+what is wrong); fields they do not name are ignored, as Queen ignores them. In answers, fields
+that are always written (null included) have no default; the few an answer carries only
+sometimes default to UNSET, which msgspec leaves out."""
 
 from __future__ import annotations
 
