@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -32,8 +33,8 @@ from ..models import codec
 
 # ApiError lives in the one tree (queen_trio.errors); the routes import it from here.
 __all__ = ["ApiError", "error_body", "error_json", "error_response", "install_error_handlers",
-           "install_family_errors", "parse_json_body", "read_json_body", "read_json_object",
-           "read_object_via"]
+           "install_family_errors", "parse_json_body", "read_body_via", "read_json_body",
+           "read_json_object", "read_object_via"]
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +107,26 @@ async def read_json_object() -> dict[str, Any]:
     return _an_object(await read_json_body())
 
 
-async def read_object_via(decoder: msgspec.json.Decoder[Any], *,
-                          optional: bool = False) -> dict[str, Any]:
-    """:func:`read_json_object`, decoded through ``decoder``'s model first (:mod:`..models`):
+async def read_body_via(decoder: msgspec.json.Decoder[Any], *, optional: bool = False,
+                        builtins: Callable[[Any], Any] = msgspec.to_builtins) -> Any:
+    """:func:`read_json_body`, decoded through ``decoder``'s model first (:mod:`..models`):
     a body the model takes skips the strict walk; one it refuses takes the strict decoder, so
-    the answers are the same. ``optional``: an empty (or blank) body is ``{}``."""
+    the answers are the same (the route's rules then say what is wrong with it). ``optional``:
+    an empty (or blank) body is ``{}``."""
     raw = await request.get_data(cache=False, as_text=False)
     raw = raw.encode() if isinstance(raw, str) else raw
     if optional and not raw.strip():
         return {}
-    body = codec.fast_builtins(raw, decoder)
-    return _an_object(parse_json_body(raw) if body is codec.FALLBACK else body)
+    decoded = codec.fast(raw, decoder)
+    return parse_json_body(raw) if decoded is codec.FALLBACK else builtins(decoded)
+
+
+async def read_object_via(decoder: msgspec.json.Decoder[Any], *, optional: bool = False,
+                          builtins: Callable[[Any], Any] = msgspec.to_builtins
+                          ) -> dict[str, Any]:
+    """:func:`read_body_via` for a route whose body is a JSON object (anything else: 400
+    ``invalid_body``)."""
+    return _an_object(await read_body_via(decoder, optional=optional, builtins=builtins))
 
 
 def _an_object(body: Any) -> dict[str, Any]:

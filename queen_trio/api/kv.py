@@ -19,7 +19,7 @@ from ..models import codec
 from ..models import kv as models
 from .common import broker as _broker
 from .common import model_response
-from .errors import install_family_errors, parse_json_body
+from .errors import install_family_errors, read_body_via
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -65,17 +65,9 @@ async def apply_ops(ops: list[rules.Op]) -> list[models.KvResult] | models.KvPre
         return precondition_answer(lost, lost.result["index"])
 
 
-async def _body(decoder: msgspec.json.Decoder[Any]) -> Any:
-    """The request body, decoded through its model (:mod:`queen_trio.models.kv`); one the
-    model refuses is decoded by the strict decoder, and the rules say what is wrong."""
-    raw = await request.get_data(cache=False, as_text=False)
-    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw, decoder)
-    return parse_json_body(raw) if body is codec.FALLBACK else body
-
-
 @kv_routes.post("")
 async def batch() -> Response:
-    body = await _body(models.CALL_DECODER)
+    body = await read_body_via(models.CALL_DECODER)
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     if not isinstance(body, list):
@@ -96,9 +88,7 @@ def _no_query() -> None:
 
 async def _path_body(allowed: frozenset[str], decoder: msgspec.json.Decoder[Any]
                      ) -> dict[str, Any]:
-    if not await request.get_data(as_text=False):
-        return {}
-    body = await _body(decoder)
+    body = await read_body_via(decoder, optional=True)
     if not isinstance(body, dict):
         raise bad("kv_bad_body", "the body must be a JSON object")
     for field in ("op", "ns", "namespace", "key"):

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from .. import locks
 from ..models import codec
 from ..models import locks as models
 from .common import broker as _broker
 from .common import model_response
-from .errors import install_family_errors, parse_json_body
+from .errors import install_family_errors, read_body_via
 from .switches import require_kv
 from .tenancy import current_tenant_id, enforce_storage_gate
 
@@ -25,13 +25,7 @@ install_family_errors(lock_routes, "locks_bad_request")
 
 @lock_routes.post("")
 async def batch() -> Response:
-    # Decoded through its model (models/locks.py); a body it refuses is decoded by the strict
-    # decoder, and the rules say what is wrong.
-    raw = await request.get_data(cache=False, as_text=False)
-    body = codec.fast_builtins(raw.encode() if isinstance(raw, str) else raw,
-                               models.CALL_DECODER)
-    if body is codec.FALLBACK:
-        body = parse_json_body(raw)
+    body = await read_body_via(models.CALL_DECODER)
     if isinstance(body, dict) and set(body) == {"operations"}:
         body = body["operations"]
     ops = locks.parse_call(body)

@@ -46,11 +46,12 @@ async def configure() -> Response:
         )
     outcome = await broker.db.run_transaction(store.configure, current_tenant_id(), name,
                                               req.options)
-    return _json({"configured": True, "created": outcome["created"], "queue": name,
-                  "queueId": str(outcome["queue_id"]),
-                  "partitionId": str(outcome["partition_id"]),
-                  "namespace": body.get("namespace") or "", "task": body.get("task") or "",
-                  "options": req.echo, "ignored": req.ignored, "unknown": req.unknown})
+    return model_response(models.Configured(
+        configured=True, created=outcome["created"], queue=name,
+        queueId=str(outcome["queue_id"]), partitionId=str(outcome["partition_id"]),
+        namespace=body.get("namespace") or "", task=body.get("task") or "",
+        options=models.ConfiguredOptions(**req.echo), ignored=req.ignored,
+        unknown=req.unknown))
 
 
 def appended_to_wire(index: int, a: store.Appended) -> dict[str, Any]:
@@ -465,8 +466,8 @@ async def replay_dead_letter(dead_letter_id: int) -> Response:
 # -- queue resources --------------------------------------------------------------------------
 
 
-def _options_wire(q: dict[str, Any]) -> dict[str, Any]:
-    return rules.QueueOptions.from_row(q).to_wire()
+def _options_wire(q: dict[str, Any]) -> models.QueueSettings:
+    return models.QueueSettings(**rules.QueueOptions.from_row(q).to_wire())
 
 
 @log_routes.get("/resources/queues")
@@ -484,12 +485,15 @@ async def list_queues() -> Response:
         m = messages.setdefault(p["queue"], {"total": 0, "pending": 0, "processing": 0})
         for k in m:
             m[k] += p["counts"][k]
-    return _json({"queues": [
-        {"name": r["name"], "createdAt": iso(r["created_at"]), "partitions": r["partitions"],
-         "messages": messages.get(r["name"], {"total": 0, "pending": 0, "processing": 0}),
-         "options": _options_wire(r)}
+    return model_response(models.QueueList(queues=[
+        models.QueueSummary(
+            name=r["name"], createdAt=iso(r["created_at"]),  # type: ignore[arg-type]
+            partitions=r["partitions"],
+            messages=models.MessageCounts(**messages.get(r["name"], {
+                "total": 0, "pending": 0, "processing": 0})),
+            options=_options_wire(r))
         for r in rows
-    ]})
+    ]))
 
 
 @log_routes.get("/resources/queues/<queue>")
@@ -503,50 +507,36 @@ async def queue_detail(queue: str) -> Response:
     partitions = []
     for p in detail["partitions"]:
         pid = str(p["partition_id"])
-        partitions.append({
-            "id": pid,
-            "name": p["name"],
-            "createdAt": iso(p["created_at"]),
-            "logStart": p["log_start"],
-            "nextOffset": p["next_offset"],
-            "messages": p["next_offset"] - p["log_start"],
-            "storage": _storage_wire(p),
-            "groups": {
-                g: {"committed": c[pid]["committed"],
-                    "lag": p["next_offset"] - 1 - max(c[pid]["committed"], p["log_start"] - 1),
-                    "leased": bool(c[pid]["leased"])}
+        partitions.append(models.PartitionDetail(
+            id=pid, name=p["name"], createdAt=iso(p["created_at"]),  # type: ignore[arg-type]
+            logStart=p["log_start"], nextOffset=p["next_offset"],
+            messages=p["next_offset"] - p["log_start"], storage=_storage_wire(p),
+            groups={
+                g: models.GroupPosition(
+                    committed=c[pid]["committed"],
+                    lag=p["next_offset"] - 1 - max(c[pid]["committed"], p["log_start"] - 1),
+                    leased=bool(c[pid]["leased"]))
                 for g, c in groups.items() if pid in c
-            },
-        })
-    return _json({
-        "name": q["name"],
-        "createdAt": iso(q["created_at"]),
-        "options": _options_wire(q),
-        "partitions": partitions,
-        "consumerGroups": sorted(groups),
-        "totals": {"messages": sum(p["messages"] for p in partitions),
-                   "deadLetters": detail["dead_letters"]},
-        "timers": {"pending": detail["timers"]["pending"],
-                   "nextDeliverAt": iso(detail["timers"]["next_deliver_at"])},
-        "storage": {k: sum(p["storage"][k] for p in partitions) for k in _STORAGE_FIELDS},
-    })
+            }))
+    storage = {f: sum(getattr(p.storage, f) for p in partitions)
+               for f in models.PartitionStorage.__struct_fields__}
+    return model_response(models.QueueDetail(
+        name=q["name"], createdAt=iso(q["created_at"]),  # type: ignore[arg-type]
+        options=_options_wire(q), partitions=partitions, consumerGroups=sorted(groups),
+        totals=models.QueueTotals(messages=sum(p.messages for p in partitions),
+                                  deadLetters=detail["dead_letters"]),
+        timers=models.QueueTimers(pending=detail["timers"]["pending"],
+                                  nextDeliverAt=iso(detail["timers"]["next_deliver_at"])),
+        storage=models.PartitionStorage(**storage)))
 
 
-_STORAGE_FIELDS = ("headFrames", "headBytes", "segments", "segmentFrames", "rawBytes",
-                   "compressedBytes")
-
-
-def _storage_wire(p: dict[str, Any]) -> dict[str, int]:
+def _storage_wire(p: dict[str, Any]) -> models.PartitionStorage:
     """Where a partition's frames are: the head (plain rows) and sealed segments, whose
     payload bytes (raw) and stored zstd bytes (compressed) are both shown."""
-    return {
-        "headFrames": p["head_frames"],
-        "headBytes": p["head_bytes"],
-        "segments": p["segments"],
-        "segmentFrames": p["segment_frames"],
-        "rawBytes": p["segment_raw_bytes"],
-        "compressedBytes": p["segment_stored_bytes"],
-    }
+    return models.PartitionStorage(
+        headFrames=p["head_frames"], headBytes=p["head_bytes"], segments=p["segments"],
+        segmentFrames=p["segment_frames"], rawBytes=p["segment_raw_bytes"],
+        compressedBytes=p["segment_stored_bytes"])
 
 
 @log_routes.delete("/resources/queues/<queue>")
@@ -555,4 +545,4 @@ async def delete_queue(queue: str) -> Response:
     broker = _broker()
     existed = await broker.db.run_transaction(store.delete_queue, current_tenant_id(), name)
     broker.group_policies.clear(current_tenant_id(), name)
-    return _json({"deleted": True, "queue": name, "existed": existed})
+    return model_response(models.QueueDeleted(deleted=True, queue=name, existed=existed))

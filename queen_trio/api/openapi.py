@@ -316,25 +316,8 @@ def _log_paths() -> dict[str, Any]:
             "summary": "Create or reconfigure a queue (omitted options take their defaults)",
             "operationId": "configure",
             "requestBody": _body(schema.ref(log_models.ConfigureBody)),
-            "responses": {"200": _json({"type": "object", "properties": {
-                "configured": {"type": "boolean"}, "created": {"type": "boolean"},
-                "queue": {"type": "string"}, "queueId": {"type": "string"},
-                "partitionId": {"type": "string", "description": "the Default partition"},
-                "namespace": {"type": "string"}, "task": {"type": "string"},
-                "options": {"type": "object",
-                            "description": "every option Queen echoes (priority, leaseTime, "
-                                           "retryLimit, retryDelay, maxSize, ttl, "
-                                           "deadLetterQueue, dlqAfterMaxRetries, "
-                                           "delayedProcessing, windowBuffer, "
-                                           "retentionSeconds, completedRetentionSeconds, "
-                                           "retentionEnabled, encryptionEnabled, "
-                                           "maxWaitTimeSeconds) and retainUntilConsumed, as "
-                                           "applied"},
-                "ignored": {"type": "array", "items": {"type": "string"},
-                            "description": "options sent that have no effect here (see "
-                                           "docs/http-api.md, Queue options)"},
-                "unknown": {"type": "array", "items": {"type": "string"}}}},
-                "Configured"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.Configured), "Configured"),
+                          **_errors(400)},
         }},
         "/api/v1/push": {"post": {
             "summary": "Append 0..N messages, any mix of queues and partitions, atomically "
@@ -421,17 +404,8 @@ def _log_paths() -> dict[str, Any]:
                            "minBytes payload bytes.",
             "operationId": "fetch",
             "requestBody": _body(schema.ref(log_models.FetchBody)),
-            "responses": {"200": _json({"type": "object", "properties": {"entries": {
-                "type": "array", "items": {"type": "object", "properties": {
-                    "queue": {"type": "string"}, "partition": {"type": "string"},
-                    "records": {"type": "array", "items": {"type": "object", "properties": {
-                        "offset": {"type": "integer"}, "transactionId": {"type": "string"},
-                        "payload": {}, "ts": {"type": "string", "format": "date-time"}}}},
-                    "highWatermark": {"type": "integer"},
-                    "logStartOffset": {"type": "integer"},
-                    "error": {"type": "string", "enum": ["OFFSET_OUT_OF_RANGE",
-                                                         "UNKNOWN_TOPIC_OR_PARTITION"]}}}}}},
-                "Records and bounds per entry"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.Fetched),
+                                       "Records and bounds per entry"), **_errors(400)},
         }},
         "/api/v1/partitions/changed": {"post": {
             "summary": "A queue's partitions, or those written since an instant (discovery)",
@@ -442,19 +416,9 @@ def _log_paths() -> dict[str, Any]:
                            "land at or before it; pass it as the next since.",
             "operationId": "partitionsChanged",
             "requestBody": _body(schema.ref(log_models.ChangedBody)),
-            "responses": {"200": _json({"type": "object", "properties": {
-                "safeTime": {"type": "string", "format": "date-time"},
-                "safeTimeDegraded": {"type": "boolean"},
-                "entries": {"type": "array", "items": {"type": "object", "properties": {
-                    "queue": {"type": "string"},
-                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
-                        "name": {"type": "string"}, "id": {"type": "string"},
-                        "lastOffset": {"type": "integer"}, "logStart": {"type": "integer"},
-                        "lastWriteAt": {"type": "string", "format": "date-time"}}}},
-                    "next": {"type": ["string", "null"]},
-                    "error": {"type": "string", "enum": ["UNKNOWN_TOPIC_OR_PARTITION",
-                                                         "BAD_CURSOR"]}}}}}},
-                "Partitions per entry, and the watermark"), **_errors(400)},
+            "responses": {"200": _json(schema.ref(log_models.PartitionsChanged),
+                                       "Partitions per entry, and the watermark"),
+                          **_errors(400)},
         }},
         "/api/v1/dlq": {"get": {
             "summary": "List dead letters, oldest first: offset pages (Queen) or cursor pages",
@@ -495,21 +459,22 @@ def _log_paths() -> dict[str, Any]:
                            "all of them while no group has read the partition), processing "
                            "(leased).",
             "operationId": "listQueues",
-            "responses": {"200": _json({"type": "object"}, "Queues")},
+            "responses": {"200": _json(schema.ref(log_models.QueueList), "Queues")},
         }},
         "/api/v1/resources/queues/{queue}": {
             "get": {
                 "summary": "One queue: options, partitions, offsets, consumer groups, storage",
                 "operationId": "getQueue",
                 "parameters": [_path_param("queue", "queue name")],
-                "responses": {"200": _json({"$ref": "#/components/schemas/QueueDetail"},
-                                           "Queue"), **_errors(400, 404)},
+                "responses": {"200": _json(schema.ref(log_models.QueueDetail), "Queue"),
+                              **_errors(400, 404)},
             },
             "delete": {
                 "summary": "Delete a queue with its messages, cursors and dead letters",
                 "operationId": "deleteQueue",
                 "parameters": [_path_param("queue", "queue name")],
-                "responses": {"200": _json({"type": "object"}, "Deleted"), **_errors(400)},
+                "responses": {"200": _json(schema.ref(log_models.QueueDeleted), "Deleted"),
+                              **_errors(400)},
             },
         },
     }
@@ -796,7 +761,8 @@ def _paused(paths: dict[str, Any]) -> dict[str, Any]:
                     "headers": {"Retry-After": {"schema": {"type": "integer"},
                                                 "description": "1 (seconds)"}}}
             if operation["operationId"] == "transaction":
-                operation["responses"]["403"] = _json(_ERROR, (
+                operation["responses"]["403"] = _json({"anyOf": [
+                    schema.ref(transaction_models.TransactionPaused), _ERROR]}, (
                     "kv_disabled: a kv rider while an operator has paused KV; "
                     "timers_disabled: a timers rider that schedules while scheduling is "
                     "paused (permanent: not to be retried in a loop; the code is in error and "
@@ -943,40 +909,6 @@ def _document() -> dict[str, Any]:
                                            "description": "required when QUEEN_AUTH=on"}},
             "schemas": {
                 **schema.components(),  # timers, log answers: declared once in queen_trio/models
-                "PartitionStorage": {
-                    "type": "object",
-                    "description": "Where a partition's retained messages are stored: the "
-                                   "head (recent, plain rows) and sealed zstd segments",
-                    "properties": {
-                        "headFrames": {"type": "integer"},
-                        "headBytes": {"type": "integer",
-                                      "description": "payload JSON bytes in the head"},
-                        "segments": {"type": "integer"},
-                        "segmentFrames": {"type": "integer"},
-                        "rawBytes": {"type": "integer",
-                                     "description": "payload JSON bytes sealed in segments"},
-                        "compressedBytes": {"type": "integer",
-                                            "description": "what those segments store"}}},
-                "QueueDetail": {"type": "object", "properties": {
-                    "name": {"type": "string"}, "createdAt": {"type": "string"},
-                    "options": {"type": "object"},
-                    "partitions": {"type": "array", "items": {"type": "object", "properties": {
-                        "id": {"type": "string"}, "name": {"type": "string"},
-                        "logStart": {"type": "integer",
-                                     "description": "first retained offset"},
-                        "nextOffset": {"type": "integer"},
-                        "messages": {"type": "integer",
-                                     "description": "nextOffset - logStart"},
-                        "storage": {"$ref": "#/components/schemas/PartitionStorage"},
-                        "groups": {"type": "object"}}}},
-                    "consumerGroups": {"type": "array", "items": {"type": "string"}},
-                    "totals": {"type": "object"},
-                    "timers": {"type": "object", "properties": {
-                        "pending": {"type": "integer",
-                                    "description": "timers not yet fired into this queue"},
-                        "nextDeliverAt": {"type": ["string", "null"],
-                                          "description": "the earliest deliverAt among them"}}},
-                    "storage": {"$ref": "#/components/schemas/PartitionStorage"}}},
                 "Error": {
                     "type": "object",
                     "description": "Queen's error shape (error, detail, reason) with our "

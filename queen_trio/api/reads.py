@@ -1,5 +1,6 @@
 """Queen's reads by offset: ``POST /api/v1/fetch`` and ``POST /api/v1/partitions/changed``
-(queen_trio/log/reads.py). Read-only: no lease, no cursor."""
+(queen_trio/log/reads.py). Read-only: no lease, no cursor. Requests and answers are models of
+:mod:`queen_trio.models.log` (``FetchBody``/``Fetched``, ``ChangedBody``/``PartitionsChanged``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from quart import Blueprint, Response
 from ..log import reads
 from ..models import log as models
 from .common import broker as _broker
-from .common import json_response as _json
+from .common import model_response
 from .errors import read_object_via
 from .tenancy import current_tenant_id
 
@@ -28,7 +29,7 @@ async def fetch() -> Response:
     With ``maxWaitMs`` an answer with fewer than ``minBytes`` payload bytes waits for more."""
     req = reads.fetch_request(await read_object_via(models.FETCH_DECODER))
     if not req.entries:
-        return _json({"entries": []})
+        return model_response(models.Fetched(entries=[]))
     broker = _broker()
     tenant = current_tenant_id()
     answer = await broker.db.run_transaction(reads.fetch, tenant, req, broker.segment_cache)
@@ -40,7 +41,7 @@ async def fetch() -> Response:
         await trio.sleep(min(_RECHECK_S, left))
         if await broker.db.run_transaction(reads.moved, tenant, req, answer.bounds):
             answer = await broker.db.run_transaction(reads.fetch, tenant, req, broker.segment_cache)
-    return _json(answer.body)
+    return model_response(answer.body)
 
 
 @read_routes.post("/partitions/changed")
@@ -49,5 +50,5 @@ async def partitions_changed() -> Response:
     a page at a time (``next``), with ``lastOffset``, ``logStart``, ``lastWriteAt``, and the
     ``safeTime`` to pass as the next ``since``."""
     entries = reads.changed_request(await read_object_via(models.CHANGED_DECODER))
-    return _json(await _broker().db.run_transaction(reads.partitions_changed, current_tenant_id(),
-                                                    entries))
+    return model_response(await _broker().db.run_transaction(
+        reads.partitions_changed, current_tenant_id(), entries))

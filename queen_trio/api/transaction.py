@@ -15,17 +15,16 @@ from typing import Any
 
 import msgspec
 from msgspec.structs import asdict
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, current_app
 
 from .. import transactions
 from ..context import BrokerContext
 from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
-from ..models import codec
 from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
-from .common import json_response, model_response
-from .errors import ApiError, parse_json_body
+from .common import model_response
+from .errors import read_object_via
 from .kv import precondition_answer, result_models
 from .log import ack_result, pushed
 from .switches import paused
@@ -85,34 +84,26 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
     else:
         return None
     refusal = paused(name, status=403)
-    return json_response({"ok": False, "success": False,
-                          "transactionId": log_rules.new_transaction_id(),
-                          "error": refusal.code, "message": refusal.message, **refusal.extra,
-                          "results": []}, status=403)
+    return model_response(models.TransactionPaused(
+        ok=False, success=False, transaction_id=log_rules.new_transaction_id(),
+        error=refusal.code, message=refusal.message,  # type: ignore[arg-type]
+        reason=refusal.extra["reason"], results=[]), status=403)
 
 
-async def _bundle() -> dict[str, Any]:
-    """The request body, decoded through its model (:class:`models.Bundle`); one the model
-    refuses is decoded by the strict decoder, and the rules say what is wrong."""
-    raw = await request.get_data(cache=False, as_text=False)
-    decoded = codec.fast(raw.encode() if isinstance(raw, str) else raw, models.BUNDLE_DECODER)
-    if decoded is not codec.FALLBACK:
-        # The timers stay models (transactions._parse_timers takes them as they are: a
-        # bundle of 500 timers as dicts cost more to check than to commit).
-        timers, decoded.timers = decoded.timers, msgspec.UNSET
-        body = msgspec.to_builtins(decoded)
-        if timers is not msgspec.UNSET:
-            body["timers"] = timers
-    else:
-        body = parse_json_body(raw)
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_body", "the request body must be a JSON object")
+def _bundle_builtins(decoded: models.Bundle) -> dict[str, Any]:
+    """A decoded bundle as the dicts the rules read, its timers left as models
+    (transactions._parse_timers takes them as they are: a bundle of 500 timers as dicts cost
+    more to check than to commit)."""
+    timers, decoded.timers = decoded.timers, msgspec.UNSET
+    body: dict[str, Any] = msgspec.to_builtins(decoded)
+    if timers is not msgspec.UNSET:
+        body["timers"] = timers
     return body
 
 
 @transaction_routes.post("/transaction")
 async def transaction() -> Response:
-    body = await _bundle()
+    body = await read_object_via(models.BUNDLE_DECODER, builtins=_bundle_builtins)
     broker: BrokerContext = current_app.config["BROKER"]
     settings = broker.settings
     ceiling = message_ceiling()

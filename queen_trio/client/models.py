@@ -320,12 +320,12 @@ class QueueConfig:
 
     @classmethod
     def from_wire(cls, w: dict[str, Any]) -> QueueConfig:
-        o = w["options"]
-        return cls(w["queue"], w["created"], o["leaseTime"], o["retryLimit"],
-                   o["delayedProcessing"], o["retentionSeconds"], o["deadLetterQueue"],
-                   o.get("maxSize", 0), o.get("retryDelay", 0), o.get("ttl", 0),
-                   o.get("completedRetentionSeconds", 0), o.get("retentionEnabled", True),
-                   tuple(w.get("ignored", ())), o.get("maxWaitTimeSeconds", 0))
+        r = msgspec.convert(w, wire_log.Configured)  # the broker's own model of it
+        o = r.options
+        return cls(r.queue, r.created, o.leaseTime, o.retryLimit, o.delayedProcessing,
+                   o.retentionSeconds, o.deadLetterQueue, o.maxSize, o.retryDelay, o.ttl,
+                   o.completedRetentionSeconds, o.retentionEnabled, tuple(r.ignored),
+                   o.maxWaitTimeSeconds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

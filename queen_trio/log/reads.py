@@ -19,21 +19,24 @@ import dataclasses
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 from ..db import queries
 from ..db.rows import DictConnection, one
 from ..errors import ValidationError
 from ..formats import iso
+from ..models import log as models
 from . import frames as log_frames
 from .rules import DEFAULT_PARTITION, timestamp
 from .segments import SegmentCache
 
 Q = queries.load("reads")
 
-OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
-UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
-BAD_CURSOR = "BAD_CURSOR"
+OFFSET_OUT_OF_RANGE: Final = "OFFSET_OUT_OF_RANGE"
+UNKNOWN_TOPIC_OR_PARTITION: Final = "UNKNOWN_TOPIC_OR_PARTITION"
+BAD_CURSOR: Final = "BAD_CURSOR"
 
 # Queen's ceilings. A fetch: entries per call, payload bytes per entry (default, most) and per
 # call, records per entry. Bytes are the frames' payload JSON bytes (Queen counts compressed
@@ -172,7 +175,7 @@ def changed_request(body: dict[str, Any]) -> list[ChangedEntry]:
 
 @dataclasses.dataclass(slots=True)
 class FetchAnswer:
-    body: dict[str, Any]  # Queen's {"entries": [...]}
+    body: models.Fetched
     bytes: int  # payload bytes delivered
     any_error: bool
     bounds: list[tuple[int, int]]  # (highWatermark, logStartOffset) of each entry
@@ -193,8 +196,8 @@ def fetch(raw: DictConnection, tenant_id: int, req: FetchRequest,
     bounds = []
     for e, b in zip(req.entries, rows, strict=True):
         high, start = b["high"], b["log_start"]
-        entry: dict[str, Any] = {"queue": e.queue, "partition": e.partition, "records": []}
-        error = None
+        records: list[models.FetchedRecord] = []
+        error: models.FetchError | msgspec.UnsetType = msgspec.UNSET
         if b["queue_id"] is None:
             error = UNKNOWN_TOPIC_OR_PARTITION  # also another tenant's queue: the same answer
         elif e.offset < start or e.offset > high:
@@ -202,23 +205,20 @@ def fetch(raw: DictConnection, tenant_id: int, req: FetchRequest,
         elif e.offset < high:
             records, size = _read_entry(raw, b["partition_id"], e, high, budget, delivered,
                                         cache)
-            entry["records"] = records
             delivered += len(records)
             budget -= size
-        entry["highWatermark"] = high
-        entry["logStartOffset"] = start
-        if error is not None:
-            entry["error"] = error
-            any_error = True
-        out.append(entry)
+        any_error = any_error or error is not msgspec.UNSET
+        out.append(models.FetchedEntry(queue=e.queue, partition=e.partition, records=records,
+                                       highWatermark=high, logStartOffset=start, error=error))
         bounds.append((high, start))
     spent = req.max_bytes - budget
-    return FetchAnswer({"entries": out}, spent, any_error, bounds)
+    return FetchAnswer(models.Fetched(entries=out), spent, any_error, bounds)
 
 
 def _read_entry(raw: DictConnection, pid: uuid.UUID, e: FetchEntry, high: int, budget: int,
-                delivered: int, cache: SegmentCache | None) -> tuple[list[dict[str, Any]], int]:
-    records: list[dict[str, Any]] = []
+                delivered: int, cache: SegmentCache | None
+                ) -> tuple[list[models.FetchedRecord], int]:
+    records: list[models.FetchedRecord] = []
     size = 0
     at = e.offset
     while at < high and len(records) < MAX_RECORDS_PER_ENTRY:
@@ -229,8 +229,9 @@ def _read_entry(raw: DictConnection, pid: uuid.UUID, e: FetchEntry, high: int, b
             cost = max(f.size_bytes, 1)  # an empty payload still counts: minBytes 1 = any record
             if (records or delivered) and (size + cost > e.max_bytes or cost > budget - size):
                 return records, size
-            records.append({"offset": f.offset, "transactionId": f.transaction_id,
-                            "payload": f.payload, "ts": iso(f.created_at)})
+            records.append(models.FetchedRecord(
+                offset=f.offset, transactionId=f.transaction_id, payload=f.payload,
+                ts=iso(f.created_at)))  # type: ignore[arg-type]
             size += cost
         if len(got) < want:
             break  # retention dropped what followed meanwhile: the run ends at the gap
@@ -269,20 +270,20 @@ def _parse_cursor(after: str, since_mode: bool) -> tuple[datetime | None, str] |
 
 
 def partitions_changed(raw: DictConnection, tenant_id: int,
-                       entries: list[ChangedEntry]) -> dict[str, Any]:
+                       entries: list[ChangedEntry]) -> models.PartitionsChanged:
     # safeTime first: every statement after it sees a later snapshot (READ COMMITTED), so a
     # partition this answer misses was written by a transaction that started after it.
     safe = one(raw.execute(Q.safe_time, {"guard_s": SAFE_TIME_GUARD_S,
                                          "floor_s": SAFE_TIME_FLOOR_S}))
-    out: list[dict[str, Any]] = []
+    out: list[models.ChangedQueue] = []
     for e in entries:
         found = raw.execute(Q.queue_id, {"tenant_id": tenant_id, "name": e.queue}).fetchone()
         if found is None:
-            out.append({"queue": e.queue, "error": UNKNOWN_TOPIC_OR_PARTITION})
+            out.append(models.ChangedQueue(queue=e.queue, error=UNKNOWN_TOPIC_OR_PARTITION))
             continue
         cursor = None if e.after is None else _parse_cursor(e.after, e.since is not None)
         if e.after is not None and cursor is None:
-            out.append({"queue": e.queue, "error": BAD_CURSOR})
+            out.append(models.ChangedQueue(queue=e.queue, error=BAD_CURSOR))
             continue
         after_at, after = cursor if cursor is not None else (None, None)
         if e.since is None:
@@ -292,14 +293,15 @@ def partitions_changed(raw: DictConnection, tenant_id: int,
             rows = raw.execute(Q.partitions_since, {
                 "queue_id": found["queue_id"], "since": e.since, "after_at": after_at,
                 "after": after, "limit": e.limit}).fetchall()
-        parts = [{"name": r["name"], "id": str(r["partition_id"]),
-                  "lastOffset": r["last_offset"], "logStart": r["log_start"],
-                  "lastWriteAt": iso(r["at"])} for r in rows]
+        parts = [models.ChangedPartition(name=r["name"], id=str(r["partition_id"]),
+                                         lastOffset=r["last_offset"], logStart=r["log_start"],
+                                         lastWriteAt=iso(r["at"]))  # type: ignore[arg-type]
+                 for r in rows]
         nxt = None
         if len(rows) == e.limit:  # a full page: there may be more
             last = rows[-1]
             nxt = ("n|" + last["name"] if e.since is None
                    else _cursor_since(last["at"], last["name"]))
-        out.append({"queue": e.queue, "partitions": parts, "next": nxt})
-    return {"safeTime": iso(safe["safe_time"]), "safeTimeDegraded": safe["degraded"],
-            "entries": out}
+        out.append(models.ChangedQueue(queue=e.queue, partitions=parts, next=nxt))
+    return models.PartitionsChanged(safeTime=iso(safe["safe_time"]),  # type: ignore[arg-type]
+                                    safeTimeDegraded=safe["degraded"], entries=out)

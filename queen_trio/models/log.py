@@ -1,10 +1,10 @@
-"""Queen's log wire: the request bodies of push, ack, ack/batch, settle-and-pop and lease
-extend, and the answers of push, pop (plain and settle-and-pop), ack, ack/batch and lease
-extend. The routes decode the requests through these models (a body a model refuses takes the
-strict decoder and :mod:`queen_trio.log.rules`, which say precisely what is wrong); fields
-they do not name are ignored, as Queen ignores them. In answers, fields that are always written
-(null included) have no default; the few an answer carries only sometimes default to UNSET,
-which msgspec leaves out."""
+"""Queen's log wire: the request bodies of configure, push, ack, ack/batch, settle-and-pop,
+lease extend, fetch and partitions/changed, and the answers of those and of the queue
+resources (list, detail, delete). The routes decode the requests through these models (a body
+a model refuses takes the strict decoder and :mod:`queen_trio.log.rules`, which say precisely
+what is wrong); fields they do not name are ignored, as Queen ignores them. In answers, fields
+that are always written (null included) have no default; the few an answer carries only
+sometimes default to UNSET, which msgspec leaves out."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ class _AckFields(Struct, kw_only=True):
     transactionId: str
     leaseId: Annotated[Id | None, Meta(description=(
         "the lease of the pop that delivered it; in a batch, default: the batch's "
-        "leaseId"))] | UnsetType = UNSET
+        "leaseId; in a transaction, the bundle's one required lease"))] | UnsetType = UNSET
     status: Annotated[str | None, Meta(description=(
         "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
     consumerGroup: str | None | UnsetType = UNSET
@@ -380,3 +380,202 @@ class LeaseExtended(Struct, kw_only=True):
     lease_expires_at: str | None
     error: str | None
     code: Literal["lease_expired", "lease_not_found"] | None
+
+
+class QueueSettings(Struct, kw_only=True):
+    """A queue's options as applied (every one, defaults included)."""
+
+    leaseTime: int
+    retryLimit: int
+    retryDelay: int
+    maxSize: int
+    ttl: int
+    deadLetterQueue: bool
+    delayedProcessing: int
+    retentionSeconds: int
+    completedRetentionSeconds: int
+    retentionEnabled: bool
+    retainUntilConsumed: bool
+    maxWaitTimeSeconds: int
+    windowBuffer: int
+    encryptionEnabled: bool
+
+
+class ConfiguredOptions(QueueSettings, kw_only=True):
+    """Every option Queen echoes, as applied, and the two it takes that have no effect here,
+    as sent (or their default)."""
+
+    priority: int
+    dlqAfterMaxRetries: bool
+
+
+class Configured(Struct, kw_only=True):
+    """``POST /api/v1/configure``'s answer: Queen's, plus ``created``, ``queueId``,
+    ``ignored`` and ``unknown``."""
+
+    configured: Literal[True]
+    created: Annotated[bool, Meta(description="false: it existed and was reconfigured")]
+    queue: str
+    queueId: Id
+    partitionId: Annotated[Id, Meta(description="the Default partition")]
+    namespace: Annotated[str, Meta(description="echoed (empty when none was sent)")]
+    task: Annotated[str, Meta(description="echoed (empty when none was sent)")]
+    options: ConfiguredOptions
+    ignored: Annotated[list[str], Meta(description=(
+        "options sent that have no effect here (see docs/http-api.md, Queue options), unknown "
+        "names, and namespace and task when sent"))]
+    unknown: Annotated[list[str], Meta(description="option names neither Queen nor this "
+                                                   "broker knows")]
+
+
+FetchError = Literal["OFFSET_OUT_OF_RANGE", "UNKNOWN_TOPIC_OR_PARTITION"]
+
+
+class FetchedRecord(Struct, kw_only=True):
+    offset: int
+    transactionId: str
+    payload: Annotated[Any, Meta(description="the payload pushed")]
+    ts: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "when the push that wrote it was stored"))]
+
+
+class FetchedEntry(Struct, kw_only=True):
+    """One entry's records, in the order asked, and the partition's bounds."""
+
+    queue: str
+    partition: str
+    records: list[FetchedRecord]
+    highWatermark: Annotated[int, Meta(description="the next offset to be assigned")]
+    logStartOffset: Annotated[int, Meta(description="the oldest offset retention kept")]
+    error: Annotated[FetchError, Meta(description=(
+        "OFFSET_OUT_OF_RANGE: below the log start or past the high watermark; "
+        "UNKNOWN_TOPIC_OR_PARTITION: no such queue"))] | UnsetType = UNSET
+
+
+class Fetched(Struct, kw_only=True):
+    """``POST /api/v1/fetch``'s answer: an entry per entry asked, in order."""
+
+    entries: list[FetchedEntry]
+
+
+ChangedError = Literal["UNKNOWN_TOPIC_OR_PARTITION", "BAD_CURSOR"]
+
+
+class ChangedPartition(Struct, kw_only=True):
+    name: str
+    id: Id
+    lastOffset: Annotated[int, Meta(description="the offset of its last record (-1: none)")]
+    logStart: int
+    lastWriteAt: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+
+
+class ChangedQueue(Struct, kw_only=True):
+    """One entry's page of partitions (or its error)."""
+
+    queue: str
+    partitions: list[ChangedPartition] | UnsetType = UNSET
+    next: Annotated[str | None, Meta(description=(
+        "the cursor to pass as after (null: the end)"))] | UnsetType = UNSET
+    error: Annotated[ChangedError, Meta(description=(
+        "UNKNOWN_TOPIC_OR_PARTITION: no such queue; BAD_CURSOR: after is not a cursor of "
+        "this mode"))] | UnsetType = UNSET
+
+
+class PartitionsChanged(Struct, kw_only=True):
+    """``POST /api/v1/partitions/changed``'s answer."""
+
+    safeTime: Annotated[str, Meta(extra_json_schema={"format": "date-time"}, description=(
+        "no write can still land at or before it: pass it as the next since"))]
+    safeTimeDegraded: Annotated[bool, Meta(description=(
+        "the broker could not see every session: safeTime is now less a margin"))]
+    entries: list[ChangedQueue]
+
+
+# -- queue resources --------------------------------------------------------------------------
+
+
+class MessageCounts(Struct, kw_only=True):
+    total: Annotated[int, Meta(description="retained")]
+    pending: Annotated[int, Meta(description=(
+        "not yet done by the slowest consumer group (all of them while no group has read the "
+        "partition)"))]
+    processing: Annotated[int, Meta(description="leased")]
+
+
+class QueueSummary(Struct, kw_only=True):
+    name: str
+    createdAt: str
+    partitions: int
+    messages: MessageCounts
+    options: QueueSettings
+
+
+class QueueList(Struct, kw_only=True):
+    """``GET /api/v1/resources/queues``: the tenant's queues (Queen's shape)."""
+
+    queues: list[QueueSummary]
+
+
+class PartitionStorage(Struct, kw_only=True):
+    """Where a partition's retained messages are stored: the head (recent, plain rows) and
+    sealed zstd segments."""
+
+    headFrames: int
+    headBytes: Annotated[int, Meta(description="payload JSON bytes in the head")]
+    segments: int
+    segmentFrames: int
+    rawBytes: Annotated[int, Meta(description="payload JSON bytes sealed in segments")]
+    compressedBytes: Annotated[int, Meta(description="what those segments store")]
+
+
+class GroupPosition(Struct, kw_only=True):
+    """A consumer group on one partition."""
+
+    committed: Annotated[int, Meta(description="the last offset done (-1: none)")]
+    lag: Annotated[int, Meta(description="messages after the cursor")]
+    leased: bool
+
+
+class PartitionDetail(Struct, kw_only=True):
+    id: Id
+    name: str
+    createdAt: str
+    logStart: Annotated[int, Meta(description="first retained offset")]
+    nextOffset: int
+    messages: Annotated[int, Meta(description="nextOffset - logStart")]
+    storage: PartitionStorage
+    groups: Annotated[dict[str, GroupPosition], Meta(description=(
+        "the consumer groups that have a cursor on it, by name"))]
+
+
+class QueueTotals(Struct, kw_only=True):
+    messages: int
+    deadLetters: int
+
+
+class QueueTimers(Struct, kw_only=True):
+    pending: Annotated[int, Meta(description="timers not yet fired into this queue")]
+    nextDeliverAt: Annotated[str | None, Meta(description=(
+        "the earliest deliverAt among them"))]
+
+
+class QueueDetail(Struct, kw_only=True):
+    """``GET /api/v1/resources/queues/{queue}``: options, partitions, offsets, consumer
+    groups, storage."""
+
+    name: str
+    createdAt: str
+    options: QueueSettings
+    partitions: list[PartitionDetail]
+    consumerGroups: list[str]
+    totals: QueueTotals
+    timers: QueueTimers
+    storage: Annotated[PartitionStorage, Meta(description="the partitions' summed")]
+
+
+class QueueDeleted(Struct, kw_only=True):
+    """``DELETE /api/v1/resources/queues/{queue}``."""
+
+    deleted: Literal[True]
+    queue: str
+    existed: Annotated[bool, Meta(description="false: there was no such queue")]

@@ -17,9 +17,12 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            kv.KvResults, kv.KvPreconditionFailed,
                            locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
                            transaction.TransactionDone, transaction.TransactionRefused,
+                           transaction.TransactionPaused,
                            log.ConfigureBody, log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
                            log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
-                           log.PopResponse, log.AckResult, log.LeaseExtended)
+                           log.PopResponse, log.AckResult, log.LeaseExtended, log.Configured,
+                           log.Fetched, log.PartitionsChanged, log.QueueList, log.QueueDetail,
+                           log.QueueDeleted)
 
 
 def components() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .kv import KvEntry, KvOp, KvReason, Stamp
-from .log import AckCode, AckResult, Pushed, PushItem
+from .log import Ack, AckCode, AckResult, Pushed, PushItem
 from .timers import TimerOp, TimerResult
 
 MAX_KV_OPS = 64  # (kv.rules.MAX_OPS_IN_TRANSACTION, which the rules enforce)
@@ -24,18 +24,9 @@ class PushOp(Struct, tag="push", tag_field="type", kw_only=True):
     items: list[PushItem]
 
 
-class AckOp(Struct, tag="ack", tag_field="type", kw_only=True):
-    """An acknowledgement, fenced by its leaseId (default: the bundle's one required lease,
-    when it names exactly one); other fields are ignored."""
-
-    transactionId: str
-    partitionId: str
-    leaseId: str | None | UnsetType = UNSET
-    status: Annotated[str | None, Meta(description=(
-        "completed (default; success is the same) | failed | retry | dlq"))] | UnsetType = UNSET
-    consumerGroup: str | None | UnsetType = UNSET
-    error: Annotated[Any, Meta(description="a failure's reason (text; other JSON is kept as "
-                                           "its text)")] | UnsetType = UNSET
+class AckOp(Ack, tag="ack", tag_field="type", kw_only=True):
+    """An acknowledgement (as ``POST /api/v1/ack`` takes it), fenced by its leaseId (default:
+    the bundle's one required lease, when it names exactly one); other fields are ignored."""
 
 
 class Bundle(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel",
@@ -131,3 +122,22 @@ class TransactionRefused(Struct, kw_only=True, rename="camel", omit_defaults=Tru
     operation: Annotated[int, Meta(description="the refused entry of operations")] \
         | UnsetType = UNSET
     lease: Annotated[str, Meta(description="the lease that is not live")] | UnsetType = UNSET
+
+
+PausedCode = Literal["kv_disabled", "timers_disabled"]
+
+
+class TransactionPaused(Struct, kw_only=True, rename="camel"):
+    """403: a ``kv`` rider while an operator has paused KV, or a ``timers`` rider that
+    schedules while scheduling is paused; nothing written. Permanent on purpose (a bundle
+    carries messages: one retried in a loop against a paused broker is a storm on the hot
+    path). The code is in ``error`` and in ``reason``, where Queen's clients read a
+    transaction's."""
+
+    ok: Literal[False]
+    success: Literal[False]
+    transaction_id: str
+    error: PausedCode
+    message: str
+    reason: PausedCode
+    results: Annotated[list[TransactionItem], Meta(max_length=0)]

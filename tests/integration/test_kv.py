@@ -237,6 +237,18 @@ async def test_bad_path_requests(
     assert rows(database_url) == []
 
 
+async def test_a_blank_body_on_a_path_route_is_no_body(http: httpx.AsyncClient) -> None:
+    """The path routes' body is optional, and blank is empty, as on every route whose body is
+    optional (api/errors.py read_body_via): a DELETE sent with a line break deletes."""
+    await http.put(f"{KV}/ns/blank", json={"value": 1, "forever": True})
+    r = await http.request("DELETE", f"{KV}/ns/blank", content=b" \r\n",
+                           headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["applied"], r.json()["value"]) == (200, True, 1), r.text
+    r = await http.put(f"{KV}/ns/blank", content=b"\n",
+                       headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["reason"]) == (400, "kv_expiry_not_specified"), r.text
+
+
 async def test_a_value_over_the_ceiling_is_413(http: httpx.AsyncClient,
                                                 database_url: str) -> None:
     r = await http.put(f"{KV}/ns/big", json={"value": "x" * 70_000, "forever": True})

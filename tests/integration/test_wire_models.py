@@ -14,6 +14,8 @@ import msgspec
 import pytest
 
 from queen_trio.client import models as sdk
+from queen_trio.models import log as log_models
+from queen_trio.models import schema
 
 from ..timer_ops import timer_op
 
@@ -491,3 +493,160 @@ async def test_log_requests_are_the_models_the_routes_take(
     assert not _declared(document, lease_path, {"seconds": 0})
     r = await http.post(f"{API}/lease/{uuid.uuid4()}/extend", json={"seconds": 0})
     assert (r.status_code, r.json()["error"]) == (400, "invalid_parameter")
+
+
+def _answer_schema(document: dict[str, Any], path: str) -> Any:
+    return document["paths"][path]["post"]["responses"]["200"]["content"]["application/json"][
+        "schema"]
+
+
+async def test_configure_and_read_answers_are_their_models(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """configure, fetch and partitions/changed answer through their models (issue 29): the
+    schema /openapi.json declares for each is the model's, generated from it; the answers keep
+    the fields queen-mq 2.6.0 reads, by the same names, with the same nulls and the same fields
+    left out; the SDK decodes configure's through the model."""
+    generated = schema.components()
+    for path, model in (("configure", log_models.Configured), ("fetch", log_models.Fetched),
+                        ("partitions/changed", log_models.PartitionsChanged)):
+        assert _answer_schema(document, f"{API}/{path}") == schema.ref(model), path
+        assert document["components"]["schemas"][model.__name__] == generated[model.__name__]
+
+    r = await http.post(f"{API}/configure", json={
+        "queue": "wm-ans", "options": {"leaseTime": 30, "priority": 2}, "namespace": "ns"})
+    check(document, f"{API}/configure", "post", r)
+    configured = r.json()
+    assert list(configured) == ["configured", "created", "queue", "queueId", "partitionId",
+                                "namespace", "task", "options", "ignored", "unknown"]
+    assert list(configured["options"]) == [
+        "leaseTime", "retryLimit", "retryDelay", "maxSize", "ttl", "deadLetterQueue",
+        "delayedProcessing", "retentionSeconds", "completedRetentionSeconds",
+        "retentionEnabled", "retainUntilConsumed", "maxWaitTimeSeconds", "windowBuffer",
+        "encryptionEnabled", "priority", "dlqAfterMaxRetries"]
+    assert (configured["namespace"], configured["task"], configured["options"]["priority"],
+            configured["ignored"], configured["unknown"]) == ("ns", "", 2, ["priority",
+                                                                           "namespace"], [])
+    config = sdk.QueueConfig.from_wire(configured)
+    assert (config.queue, config.lease_time_s, config.ignored) == ("wm-ans", 30,
+                                                                   ("priority", "namespace"))
+    broken = {**configured, "options": {**configured["options"], "leaseTime": "30"}}
+    assert refuses(document, f"{API}/configure", "post", broken)
+    with pytest.raises(msgspec.ValidationError):
+        sdk.QueueConfig.from_wire(broken)
+
+    await http.post(f"{API}/push", json={"items": [
+        {"queue": "wm-ans", "partition": "a", "payload": {"n": i}, "transactionId": f"a{i}"}
+        for i in range(2)]})
+    r = await http.post(f"{API}/fetch", json={"entries": [
+        {"queue": "wm-ans", "partition": "a", "offset": 0},
+        {"queue": "wm-nobody", "offset": 0},
+        {"queue": "wm-ans", "partition": "a", "offset": 9}]})
+    check(document, f"{API}/fetch", "post", r)
+    read, unknown, past = r.json()["entries"]
+    assert list(read) == ["queue", "partition", "records", "highWatermark", "logStartOffset"]
+    assert [list(x) for x in read["records"]] == [["offset", "transactionId", "payload", "ts"]] * 2
+    assert [x["payload"] for x in read["records"]] == [{"n": 0}, {"n": 1}]
+    assert (unknown["error"], unknown["partition"], unknown["records"]) == (
+        "UNKNOWN_TOPIC_OR_PARTITION", "Default", [])
+    assert (past["error"], past["highWatermark"]) == ("OFFSET_OUT_OF_RANGE", 2)
+    assert list(past) == [*read, "error"]
+    assert refuses(document, f"{API}/fetch", "post", {"entries": [{**past, "error": "NOPE"}]})
+    assert (await http.post(f"{API}/fetch", json={"entries": []})).json() == {"entries": []}
+
+    r = await http.post(f"{API}/partitions/changed", json={"entries": [
+        {"queue": "wm-ans"}, {"queue": "wm-nobody"}, {"queue": "wm-ans", "after": "t|1|x"}]})
+    check(document, f"{API}/partitions/changed", "post", r)
+    changed = r.json()
+    assert list(changed) == ["safeTime", "safeTimeDegraded", "entries"]
+    page, nobody, bad_cursor = changed["entries"]
+    assert list(page) == ["queue", "partitions", "next"] and page["next"] is None
+    assert [list(p) for p in page["partitions"]] == [
+        ["name", "id", "lastOffset", "logStart", "lastWriteAt"]] * 2
+    assert [(p["name"], p["lastOffset"]) for p in page["partitions"]] == [("Default", -1),
+                                                                          ("a", 1)]
+    assert nobody == {"queue": "wm-nobody", "error": "UNKNOWN_TOPIC_OR_PARTITION"}
+    assert bad_cursor == {"queue": "wm-ans", "error": "BAD_CURSOR"}
+    no_id = {k: v for k, v in page["partitions"][0].items() if k != "id"}
+    assert refuses(document, f"{API}/partitions/changed", "post",
+                   {**changed, "entries": [{**page, "partitions": [no_id]}]})
+
+
+async def test_a_transactions_ack_is_declared_as_the_ack_route_takes_it(
+    document: dict[str, Any],
+) -> None:
+    """A transaction's ack op is ``POST /api/v1/ack``'s body with its tag: one declaration."""
+    schemas = document["components"]["schemas"]
+    ack_op = dict(schemas["AckOp"]["properties"])
+    assert ack_op.pop("type") == {"enum": ["ack"]}
+    assert ack_op == schemas["Ack"]["properties"]
+    assert schemas["AckOp"]["required"] == ["type", *schemas["Ack"]["required"]]
+
+
+async def test_a_paused_rider_answers_its_model(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """A transaction whose rider uses a paused surface answers 403 as TransactionPaused
+    declares it (the code in error and reason, an empty results, no detail)."""
+    switches = f"{API}/system/kv-timers"
+    assert (await http.post(switches, json={"kv": False})).status_code == 200
+    try:
+        r = await http.post(f"{API}/transaction", json={
+            "kv": [{"op": "put", "ns": "wm-p", "key": "k", "value": 1, "forever": True}]})
+    finally:
+        assert (await http.post(switches, json={"kv": True})).status_code == 200
+    check(document, f"{API}/transaction", "post", r, status=403)
+    answer = r.json()
+    assert list(answer) == ["ok", "success", "transactionId", "error", "message", "reason",
+                            "results"]
+    assert (answer["error"], answer["reason"], answer["results"]) == ("kv_disabled",
+                                                                      "kv_disabled", [])
+    assert refuses(document, f"{API}/transaction", "post",
+                   {**answer, "error": "kv_busy", "reason": "kv_busy"}, status=403)
+
+
+async def test_queue_resource_answers_are_their_models(
+    http: httpx.AsyncClient, document: dict[str, Any],
+) -> None:
+    """The queue list, a queue's detail and its deletion answer through their models, and
+    /openapi.json declares each by its generated schema (they were an untyped object, and a
+    hand-written QueueDetail)."""
+    generated = schema.components()
+    for model in (log_models.QueueList, log_models.QueueDetail, log_models.QueueDeleted,
+                  log_models.PartitionStorage):
+        assert document["components"]["schemas"][model.__name__] == generated[model.__name__]
+    await http.post(f"{API}/configure", json={"queue": "wm-res", "options": {"leaseTime": 40}})
+    await http.post(f"{API}/push", json={"items": [
+        {"queue": "wm-res", "partition": p, "payload": {"n": 1}} for p in ("a", "b", "b")]})
+    await http.get(f"{API}/pop/queue/wm-res/partition/b", params={"consumerGroup": "g"})
+
+    listed = await http.get(f"{API}/resources/queues")
+    check(document, f"{API}/resources/queues", "get", listed)
+    (mine,) = [q for q in listed.json()["queues"] if q["name"] == "wm-res"]
+    assert list(mine) == ["name", "createdAt", "partitions", "messages", "options"]
+    assert (mine["messages"], mine["options"]["leaseTime"]) == (
+        {"total": 3, "pending": 2, "processing": 1}, 40)
+
+    path = f"{API}/resources/queues/{{queue}}"
+    detail = await http.get(f"{API}/resources/queues/wm-res")
+    check(document, path, "get", detail)
+    d = detail.json()
+    assert list(d) == ["name", "createdAt", "options", "partitions", "consumerGroups",
+                       "totals", "timers", "storage"]
+    b = next(p for p in d["partitions"] if p["name"] == "b")
+    assert list(b) == ["id", "name", "createdAt", "logStart", "nextOffset", "messages",
+                       "storage", "groups"]
+    assert b["groups"] == {"g": {"committed": -1, "lag": 2, "leased": True}}
+    assert (d["consumerGroups"], d["totals"], d["timers"]) == (
+        ["g"], {"messages": 3, "deadLetters": 0}, {"pending": 0, "nextDeliverAt": None})
+    assert d["storage"]["headFrames"] == 3 and list(d["storage"]) == [
+        "headFrames", "headBytes", "segments", "segmentFrames", "rawBytes", "compressedBytes"]
+    assert refuses(document, path, "get", {**d, "storage": {**d["storage"], "segments": None}})
+    assert refuses(document, f"{API}/resources/queues", "get",
+                   {"queues": [{**mine, "messages": {"total": 3}}]})
+
+    deleted = await http.delete(f"{API}/resources/queues/wm-res")
+    check(document, path, "delete", deleted)
+    assert deleted.json() == {"deleted": True, "queue": "wm-res", "existed": True}
+    again = await http.delete(f"{API}/resources/queues/wm-res")
+    assert again.json() == {"deleted": True, "queue": "wm-res", "existed": False}
