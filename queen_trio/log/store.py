@@ -133,6 +133,45 @@ def append(
     return [r for r in results if r is not None]
 
 
+def append_head(
+    raw: DictConnection, tenant_id: int, frames: Sequence[NewFrame], *, notify: bool = True,
+) -> list[Appended] | None:
+    """:func:`append` in one statement (queen.push_head, schema/functions/push.sql; it may run
+    in autocommit) for the common case: frames in clear (no ``seal=False``), queues without
+    encryptionEnabled or maxSize, duplicates only of frames still in the head. None when the
+    case needs :func:`append`: then no frame was written (partitions it created stay)."""
+    if not frames or not all(f.seal for f in frames):
+        return None if frames else []
+    pairs = sorted({(f.queue, f.partition) for f in frames})
+    index = {pair: i for i, pair in enumerate(pairs, start=1)}
+    rows = raw.execute(Q.push_head, {
+        "tenant_id": tenant_id, "queues": [q for q, _ in pairs], "names": [p for _, p in pairs],
+        "parts": [index[(f.queue, f.partition)] for f in frames],
+        "txns": [f.transaction_id for f in frames], "dedupe": [f.dedupe for f in frames],
+        "payloads": [to_json(f.payload) if f.payload_json is None else f.payload_json
+                     for f in frames],
+        "metas": [None if f.meta is None else to_json(f.meta) for f in frames],
+        "usage_offset": 0, "wake": wake_keys(tenant_id, frames) if notify else [],
+    }).fetchall()
+    if rows[0]["outcome"] == "fallback":
+        return None
+    results: list[Appended] = []
+    for frame, row in zip(frames, rows, strict=True):
+        pid: uuid.UUID = row["partition_id"]
+        if row["outcome"] == "queued":
+            results.append(Appended("queued", frame.queue, frame.partition, pid,
+                                    frame.transaction_id, row["offset"],
+                                    message_id(str(pid), row["offset"], frame.meta)))
+        elif row["held_by"] is not None:  # an earlier frame of this push holds the id
+            results.append(dataclasses.replace(results[row["held_by"] - 1], status="duplicate",
+                                               offset=None))
+        else:
+            results.append(Appended("duplicate", frame.queue, frame.partition, pid,
+                                    frame.transaction_id, None,
+                                    message_id(str(pid), row["offset"], row["held_meta"])))
+    return results
+
+
 def wake_keys(tenant_id: int, frames: Sequence[NewFrame]) -> list[str]:
     """The NOTIFY payloads :func:`append` sends for these frames (one per queue)."""
     return [wake_key(tenant_id, name) for name in sorted({f.queue for f in frames})]
@@ -199,19 +238,11 @@ def _check_max_size(raw: DictConnection, partitions: dict[tuple[str, str], dict[
 def _lock_partitions(
     raw: DictConnection, tenant_id: int, pairs: list[tuple[str, str]]
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """Lock the (queue, partition) rows, creating the missing ones first."""
+    """Lock the (queue, partition) rows, creating the missing ones first (one statement:
+    queen.take_partitions, schema/functions/push.sql)."""
     params: dict[str, Any] = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
-              "names": [p for _, p in pairs]}
-    rows = raw.execute(Q.lock_partitions, params).fetchall()
-    if len(rows) < len(pairs):  # first frames of a partition (or of a queue)
-        # A new partition of an existing queue (5,000 of them for Queen's bootstrap tests)
-        # needs one statement; only a missing queue two.
-        created = raw.execute(Q.ensure_partitions, params).rowcount
-        if len(rows) + created < len(pairs):
-            raw.execute(Q.ensure_queues,
-                        {"tenant_id": tenant_id, "names": sorted(set(params["queues"]))})
-            raw.execute(Q.ensure_partitions, params)
-        rows = raw.execute(Q.lock_partitions, params).fetchall()
+                              "names": [p for _, p in pairs]}
+    rows = raw.execute(Q.take_partitions, params).fetchall()
     return {(row["queue"], row["name"]): row for row in rows}
 
 
@@ -245,12 +276,8 @@ def configure(raw: DictConnection, tenant_id: int, name: str,
         Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
     partition_id = row["default_partition_id"]
     if partition_id is None:
-        raw.execute(
-            Q.ensure_partitions,
-            {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
-        )
         partition_id = one(raw.execute(
-            Q.lock_partitions, {"tenant_id": tenant_id, "queues": [name],
+            Q.take_partitions, {"tenant_id": tenant_id, "queues": [name],
                                 "names": [DEFAULT_PARTITION]}))["partition_id"]
     # A shorter delayedProcessing may have made frames poppable: waiting pops look again.
     raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})

@@ -32,40 +32,28 @@ RETURNING queue_id, (xmax = 0) AS created,
            WHERE p.queue_id = q.queue_id AND p.name = 'Default') AS default_partition_id
 
 -- name: ensure_queues
--- Implicit creation by push (or timer): default options, never overwrites a configured queue.
-INSERT INTO queen.queues (tenant_id, name)
-SELECT %(tenant_id)s, unnest(%(names)s::text[])
-ON CONFLICT (tenant_id, name) DO NOTHING
+-- Implicit creation by push (or timer): default options (schema/functions/push.sql).
+SELECT queen.ensure_queues(%(tenant_id)s, %(names)s::text[])
 
 -- name: ensure_partitions
-INSERT INTO queen.partitions (tenant_id, queue_id, name)
-SELECT %(tenant_id)s, q.queue_id, n.name
-FROM unnest(%(queues)s::text[], %(names)s::text[]) AS n(queue, name)
-JOIN queen.queues q ON q.tenant_id = %(tenant_id)s AND q.name = n.queue
-ORDER BY n.queue, n.name  -- every creator inserts in one order
-ON CONFLICT (queue_id, name) DO NOTHING
+SELECT queen.ensure_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
 
 -- name: lock_partitions
--- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
--- deadlocking each other. NO KEY UPDATE (a push changes next_offset, never the key): it leaves
--- the key-share locks that cursor and retry writes take through their foreign keys free, so an
--- ack or a pop never waits for a push, nor a push for them (FOR UPDATE made such a wait, and a
--- deadlock when an ack's partitions came in another order).
-SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size,
-       q.encryption_enabled
-FROM queen.partitions p
-JOIN queen.queues q USING (queue_id)
-WHERE q.tenant_id = %(tenant_id)s
-  AND (q.name, p.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[]))
-  -- All or nothing: when one is missing, nothing is locked, and the caller creates the missing
-  -- ones holding no partition lock (creating them under other partitions' locks could deadlock
-  -- with a push doing the same in another order). The pairs are distinct.
-  AND (SELECT count(*) FROM queen.partitions p2 JOIN queen.queues q2 USING (queue_id)
-       WHERE q2.tenant_id = %(tenant_id)s
-         AND (q2.name, p2.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[])))
-      = cardinality(%(names)s::text[])
-ORDER BY p.partition_id
-FOR NO KEY UPDATE OF p
+-- All or nothing, in partition order (schema/functions/push.sql).
+SELECT * FROM queen.lock_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
+
+-- name: take_partitions
+-- Lock the pairs, creating the missing ones first (schema/functions/push.sql).
+SELECT * FROM queen.take_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
+
+-- name: push_head
+-- The common push in one statement (schema/functions/push.sql); 'fallback' sends the broker
+-- to its general append. Payloads travel in binary (%%b): quoting thousands of JSON texts
+-- costs more than the insert.
+SELECT * FROM queen.push_head(%(tenant_id)s, %(queues)s::text[], %(names)s::text[],
+                              %(parts)s::integer[], %(txns)b::text[], %(dedupe)s::boolean[],
+                              %(payloads)b::text[], %(metas)b::text[], %(usage_offset)s,
+                              %(wake)s::text[])
 
 -- name: existing_transactions
 -- Push de-duplication: sealed frames count too. A duplicate answers with the id of the message
