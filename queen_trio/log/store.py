@@ -542,6 +542,19 @@ def _start_after(raw: DictConnection, tenant_id: int, req: PopRequest, cand: dic
     return max(start, log_start) - 1
 
 
+def _seed_cursors(raw: DictConnection, tenant_id: int, req: PopRequest,
+                  queue: dict[str, Any]) -> bool:
+    """Create the group's cursor on every partition of the queue it has none on, each where
+    its first pop there would start it (``Q.seed_cursors``): a group's first pass over
+    thousands of partitions then pops each in one statement. Whether it created any."""
+    since = None if req.subscribe_from in (None, rules.SUBSCRIBE_NOW) else req.subscribe_from
+    created = raw.execute(Q.seed_cursors, {
+        "tenant_id": tenant_id, "name": req.queue, "group": req.group,
+        "queue_id": queue["queue_id"], "subscribed": req.subscribe_from is not None,
+        "since": since}).rowcount
+    return created > 0
+
+
 def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip | None:
     if start_after <= committed:
         return None
@@ -561,6 +574,12 @@ def _pop_partition(
                                           {"partition_id": pid}).fetchone() is None:
         return None, None, None, False  # a push holds it (see the query): not this time
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+    if cursor is None and _seed_cursors(raw, tenant_id, req, queue):
+        cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+        if cursor is not None and cursor["committed"] >= cand["log_start"]:
+            batch, matures_in, skip = _pop_cursor(raw, tenant_id, req, queue, cand, cache,
+                                                  key, cursor, lease_id)
+            return batch, matures_in, skip, batch is None
     if cursor is None:
         committed = _start_after(raw, tenant_id, req, cand, cache)
         cursor = raw.execute(Q.create_cursor, {**key, "committed": committed}).fetchone()

@@ -202,6 +202,42 @@ ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
 
+-- name: seed_cursors
+-- A group's first pops of a queue with many partitions (5,000 in Queen's bootstrap tests):
+-- one statement creates the group's cursor on every partition of the queue it has none on,
+-- where its first pop there would have started it (create_cursor, subscription_start): before
+-- log_start, or for a group subscribing from an instant before the first head frame created
+-- at or after it (the end when none is). Partitions with a segment as new as that instant
+-- are left to the first pop there (their frames are compressed: the broker reads them).
+-- After this the group's pops of the queue take the one-statement pop (queen.pop_head)
+-- instead of the general pop per partition. Partition order, as every creator of cursors.
+WITH since AS MATERIALIZED (
+    SELECT CASE WHEN %(subscribed)s THEN
+               coalesce(%(since)s::timestamptz,
+                        (SELECT g.subscribed_at FROM queen.group_subscriptions g
+                         WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
+                           AND g.consumer_group = %(group)s),
+                        clock_timestamp()) END AS at)
+INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
+SELECT p.partition_id, %(group)s, %(tenant_id)s,
+       CASE WHEN since.at IS NULL THEN p.log_start - 1
+            ELSE greatest(coalesce((SELECT min(f."offset") FROM queen.frames f
+                                    WHERE f.partition_id = p.partition_id
+                                      AND f."offset" >= p.log_start
+                                      AND f.created_at >= since.at),
+                                   p.next_offset),
+                          p.log_start) - 1 END
+FROM since, queen.partitions p
+WHERE p.queue_id = %(queue_id)s
+  AND NOT EXISTS (SELECT 1 FROM queen.cursors c
+                  WHERE c.partition_id = p.partition_id AND c.consumer_group = %(group)s)
+  AND (since.at IS NULL
+       OR NOT EXISTS (SELECT 1 FROM queen.segments s
+                      WHERE s.partition_id = p.partition_id AND s.last_offset >= p.log_start
+                        AND s.last_created_at >= since.at))
+ORDER BY p.partition_id
+ON CONFLICT (partition_id, consumer_group) DO NOTHING
+
 -- name: subscribe_group
 -- subscriptionMode=new: the group's subscription instant on this queue, recorded by its first
 -- such pop (queen.group_subscriptions in schema/002_group_subscriptions.sql).
