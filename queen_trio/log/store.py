@@ -133,6 +133,11 @@ def append(
     return [r for r in results if r is not None]
 
 
+# Past this many characters of payload a push skips the one-statement attempt: its round trips
+# weigh little beside the transfer.
+_HEAD_PUSH_MAX_CHARS = 1 << 20
+
+
 def append_head(
     raw: DictConnection, tenant_id: int, frames: Sequence[NewFrame], *, notify: bool = True,
 ) -> list[Appended] | None:
@@ -142,14 +147,16 @@ def append_head(
     case needs :func:`append`: then no frame was written (partitions it created stay)."""
     if not frames or not all(f.seal for f in frames):
         return None if frames else []
+    payloads = [to_json(f.payload) if f.payload_json is None else f.payload_json for f in frames]
+    if sum(map(len, payloads)) > _HEAD_PUSH_MAX_CHARS:
+        return None  # it would travel twice should it need the general append (a sealed queue)
     pairs = sorted({(f.queue, f.partition) for f in frames})
     index = {pair: i for i, pair in enumerate(pairs, start=1)}
     rows = raw.execute(Q.push_head, {
         "tenant_id": tenant_id, "queues": [q for q, _ in pairs], "names": [p for _, p in pairs],
         "parts": [index[(f.queue, f.partition)] for f in frames],
         "txns": [f.transaction_id for f in frames], "dedupe": [f.dedupe for f in frames],
-        "payloads": [to_json(f.payload) if f.payload_json is None else f.payload_json
-                     for f in frames],
+        "payloads": payloads,
         "metas": [None if f.meta is None else to_json(f.meta) for f in frames],
         "usage_offset": 0, "wake": wake_keys(tenant_id, frames) if notify else [],
     }).fetchall()
