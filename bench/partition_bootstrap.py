@@ -35,7 +35,7 @@ from bench.harness.stats import distribution
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "partition_bootstrap.json"
-IDLE_S = 5  # a drain ends after this long without a message (counted out of its time)
+IDLE_S = 5  # seconds: a drain ends after this long without a message (counted out of its time)
 
 
 async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         for phase, group in (("queue_drain", None), ("group_drain", "boot-group")):
             t0 = time.perf_counter()
             stats = await q.consume(queue, lambda m: None, group=group, concurrency=10, batch=1,
-                                    idle_timeout=IDLE_S)
+                                    idle_timeout=f"{IDLE_S}s")
             wall = time.perf_counter() - t0 - IDLE_S
             out[phase] = {"wall_s": round(wall, 2), "handled": stats.handled,
                           "per_s": round(stats.handled / wall) if wall > 0 else None}
