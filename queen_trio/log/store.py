@@ -133,6 +133,52 @@ def append(
     return [r for r in results if r is not None]
 
 
+# Past this many characters of payload a push skips the one-statement attempt: its round trips
+# weigh little beside the transfer.
+_HEAD_PUSH_MAX_CHARS = 1 << 20
+
+
+def append_head(
+    raw: DictConnection, tenant_id: int, frames: Sequence[NewFrame], *, notify: bool = True,
+) -> list[Appended] | None:
+    """:func:`append` in one statement (queen.push_head, schema/functions/push.sql; it may run
+    in autocommit) for the common case: frames in clear (no ``seal=False``), queues without
+    encryptionEnabled or maxSize, duplicates only of frames still in the head. None when the
+    case needs :func:`append`: then no frame was written (partitions it created stay)."""
+    if not frames or not all(f.seal for f in frames):
+        return None if frames else []
+    payloads = [to_json(f.payload) if f.payload_json is None else f.payload_json for f in frames]
+    if sum(map(len, payloads)) > _HEAD_PUSH_MAX_CHARS:
+        return None  # it would travel twice should it need the general append (a sealed queue)
+    pairs = sorted({(f.queue, f.partition) for f in frames})
+    index = {pair: i for i, pair in enumerate(pairs, start=1)}
+    rows = raw.execute(Q.push_head, {
+        "tenant_id": tenant_id, "queues": [q for q, _ in pairs], "names": [p for _, p in pairs],
+        "parts": [index[(f.queue, f.partition)] for f in frames],
+        "txns": [f.transaction_id for f in frames], "dedupe": [f.dedupe for f in frames],
+        "payloads": payloads,
+        "metas": [None if f.meta is None else to_json(f.meta) for f in frames],
+        "usage_offset": 0, "wake": wake_keys(tenant_id, frames) if notify else [],
+    }).fetchall()
+    if rows[0]["outcome"] == "fallback":
+        return None
+    results: list[Appended] = []
+    for frame, row in zip(frames, rows, strict=True):
+        pid: uuid.UUID = row["partition_id"]
+        if row["outcome"] == "queued":
+            results.append(Appended("queued", frame.queue, frame.partition, pid,
+                                    frame.transaction_id, row["offset"],
+                                    message_id(str(pid), row["offset"], frame.meta)))
+        elif row["held_by"] is not None:  # an earlier frame of this push holds the id
+            results.append(dataclasses.replace(results[row["held_by"] - 1], status="duplicate",
+                                               offset=None))
+        else:
+            results.append(Appended("duplicate", frame.queue, frame.partition, pid,
+                                    frame.transaction_id, None,
+                                    message_id(str(pid), row["offset"], row["held_meta"])))
+    return results
+
+
 def wake_keys(tenant_id: int, frames: Sequence[NewFrame]) -> list[str]:
     """The NOTIFY payloads :func:`append` sends for these frames (one per queue)."""
     return [wake_key(tenant_id, name) for name in sorted({f.queue for f in frames})]
@@ -199,19 +245,11 @@ def _check_max_size(raw: DictConnection, partitions: dict[tuple[str, str], dict[
 def _lock_partitions(
     raw: DictConnection, tenant_id: int, pairs: list[tuple[str, str]]
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """Lock the (queue, partition) rows, creating the missing ones first."""
+    """Lock the (queue, partition) rows, creating the missing ones first (one statement:
+    queen.take_partitions, schema/functions/push.sql)."""
     params: dict[str, Any] = {"tenant_id": tenant_id, "queues": [q for q, _ in pairs],
-              "names": [p for _, p in pairs]}
-    rows = raw.execute(Q.lock_partitions, params).fetchall()
-    if len(rows) < len(pairs):  # first frames of a partition (or of a queue)
-        # A new partition of an existing queue (5,000 of them for Queen's bootstrap tests)
-        # needs one statement; only a missing queue two.
-        created = raw.execute(Q.ensure_partitions, params).rowcount
-        if len(rows) + created < len(pairs):
-            raw.execute(Q.ensure_queues,
-                        {"tenant_id": tenant_id, "names": sorted(set(params["queues"]))})
-            raw.execute(Q.ensure_partitions, params)
-        rows = raw.execute(Q.lock_partitions, params).fetchall()
+                              "names": [p for _, p in pairs]}
+    rows = raw.execute(Q.take_partitions, params).fetchall()
     return {(row["queue"], row["name"]): row for row in rows}
 
 
@@ -245,12 +283,8 @@ def configure(raw: DictConnection, tenant_id: int, name: str,
         Q.upsert_queue, {"tenant_id": tenant_id, "name": name, **dataclasses.asdict(options)}))
     partition_id = row["default_partition_id"]
     if partition_id is None:
-        raw.execute(
-            Q.ensure_partitions,
-            {"tenant_id": tenant_id, "queues": [name], "names": [DEFAULT_PARTITION]},
-        )
         partition_id = one(raw.execute(
-            Q.lock_partitions, {"tenant_id": tenant_id, "queues": [name],
+            Q.take_partitions, {"tenant_id": tenant_id, "queues": [name],
                                 "names": [DEFAULT_PARTITION]}))["partition_id"]
     # A shorter delayedProcessing may have made frames poppable: waiting pops look again.
     raw.execute(Q.notify_queue, {"payload": wake_key(tenant_id, name)})
@@ -521,6 +555,19 @@ def _start_after(raw: DictConnection, tenant_id: int, req: PopRequest, cand: dic
     return max(start, log_start) - 1
 
 
+def _seed_cursors(raw: DictConnection, tenant_id: int, req: PopRequest,
+                  queue: dict[str, Any]) -> bool:
+    """Create the group's cursor on every partition of the queue it has none on, each where
+    its first pop there would start it (``Q.seed_cursors``): a group's first pass over
+    thousands of partitions then pops each in one statement. Whether it created any."""
+    since = None if req.subscribe_from in (None, rules.SUBSCRIBE_NOW) else req.subscribe_from
+    created = raw.execute(Q.seed_cursors, {
+        "tenant_id": tenant_id, "name": req.queue, "group": req.group,
+        "queue_id": queue["queue_id"], "subscribed": req.subscribe_from is not None,
+        "since": since}).rowcount
+    return created > 0
+
+
 def _skip(committed: int, start_after: int, acked_ahead: Iterable[int]) -> Skip | None:
     if start_after <= committed:
         return None
@@ -540,6 +587,12 @@ def _pop_partition(
                                           {"partition_id": pid}).fetchone() is None:
         return None, None, None, False  # a push holds it (see the query): not this time
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+    if cursor is None and _seed_cursors(raw, tenant_id, req, queue):
+        cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+        if cursor is not None and cursor["committed"] >= cand["log_start"]:
+            batch, matures_in, skip = _pop_cursor(raw, tenant_id, req, queue, cand, cache,
+                                                  key, cursor, lease_id)
+            return batch, matures_in, skip, batch is None
     if cursor is None:
         committed = _start_after(raw, tenant_id, req, cand, cache)
         cursor = raw.execute(Q.create_cursor, {**key, "committed": committed}).fetchone()

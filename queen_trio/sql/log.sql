@@ -32,40 +32,28 @@ RETURNING queue_id, (xmax = 0) AS created,
            WHERE p.queue_id = q.queue_id AND p.name = 'Default') AS default_partition_id
 
 -- name: ensure_queues
--- Implicit creation by push (or timer): default options, never overwrites a configured queue.
-INSERT INTO queen.queues (tenant_id, name)
-SELECT %(tenant_id)s, unnest(%(names)s::text[])
-ON CONFLICT (tenant_id, name) DO NOTHING
+-- Implicit creation by push (or timer): default options (schema/functions/push.sql).
+SELECT queen.ensure_queues(%(tenant_id)s, %(names)s::text[])
 
 -- name: ensure_partitions
-INSERT INTO queen.partitions (tenant_id, queue_id, name)
-SELECT %(tenant_id)s, q.queue_id, n.name
-FROM unnest(%(queues)s::text[], %(names)s::text[]) AS n(queue, name)
-JOIN queen.queues q ON q.tenant_id = %(tenant_id)s AND q.name = n.queue
-ORDER BY n.queue, n.name  -- every creator inserts in one order
-ON CONFLICT (queue_id, name) DO NOTHING
+SELECT queen.ensure_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
 
 -- name: lock_partitions
--- Pushers serialise per partition here; a fixed lock order keeps multi-partition pushes from
--- deadlocking each other. NO KEY UPDATE (a push changes next_offset, never the key): it leaves
--- the key-share locks that cursor and retry writes take through their foreign keys free, so an
--- ack or a pop never waits for a push, nor a push for them (FOR UPDATE made such a wait, and a
--- deadlock when an ack's partitions came in another order).
-SELECT p.partition_id, q.name AS queue, p.name, p.next_offset, q.queue_id, q.max_size,
-       q.encryption_enabled
-FROM queen.partitions p
-JOIN queen.queues q USING (queue_id)
-WHERE q.tenant_id = %(tenant_id)s
-  AND (q.name, p.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[]))
-  -- All or nothing: when one is missing, nothing is locked, and the caller creates the missing
-  -- ones holding no partition lock (creating them under other partitions' locks could deadlock
-  -- with a push doing the same in another order). The pairs are distinct.
-  AND (SELECT count(*) FROM queen.partitions p2 JOIN queen.queues q2 USING (queue_id)
-       WHERE q2.tenant_id = %(tenant_id)s
-         AND (q2.name, p2.name) IN (SELECT unnest(%(queues)s::text[]), unnest(%(names)s::text[])))
-      = cardinality(%(names)s::text[])
-ORDER BY p.partition_id
-FOR NO KEY UPDATE OF p
+-- All or nothing, in partition order (schema/functions/push.sql).
+SELECT * FROM queen.lock_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
+
+-- name: take_partitions
+-- Lock the pairs, creating the missing ones first (schema/functions/push.sql).
+SELECT * FROM queen.take_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s::text[])
+
+-- name: push_head
+-- The common push in one statement (schema/functions/push.sql); 'fallback' sends the broker
+-- to its general append. Payloads travel in binary (%%b): quoting thousands of JSON texts
+-- costs more than the insert.
+SELECT * FROM queen.push_head(%(tenant_id)s, %(queues)s::text[], %(names)s::text[],
+                              %(parts)s::integer[], %(txns)b::text[], %(dedupe)s::boolean[],
+                              %(payloads)b::text[], %(metas)b::text[], %(usage_offset)s,
+                              %(wake)s::text[])
 
 -- name: existing_transactions
 -- Push de-duplication: sealed frames count too. A duplicate answers with the id of the message
@@ -213,6 +201,42 @@ VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
+
+-- name: seed_cursors
+-- A group's first pops of a queue with many partitions (5,000 in Queen's bootstrap tests):
+-- one statement creates the group's cursor on every partition of the queue it has none on,
+-- where its first pop there would have started it (create_cursor, subscription_start): before
+-- log_start, or for a group subscribing from an instant before the first head frame created
+-- at or after it (the end when none is). Partitions with a segment as new as that instant
+-- are left to the first pop there (their frames are compressed: the broker reads them).
+-- After this the group's pops of the queue take the one-statement pop (queen.pop_head)
+-- instead of the general pop per partition. Partition order, as every creator of cursors.
+WITH since AS MATERIALIZED (
+    SELECT CASE WHEN %(subscribed)s THEN
+               coalesce(%(since)s::timestamptz,
+                        (SELECT g.subscribed_at FROM queen.group_subscriptions g
+                         WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
+                           AND g.consumer_group = %(group)s),
+                        clock_timestamp()) END AS at)
+INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
+SELECT p.partition_id, %(group)s, %(tenant_id)s,
+       CASE WHEN since.at IS NULL THEN p.log_start - 1
+            ELSE greatest(coalesce((SELECT min(f."offset") FROM queen.frames f
+                                    WHERE f.partition_id = p.partition_id
+                                      AND f."offset" >= p.log_start
+                                      AND f.created_at >= since.at),
+                                   p.next_offset),
+                          p.log_start) - 1 END
+FROM since, queen.partitions p
+WHERE p.queue_id = %(queue_id)s
+  AND NOT EXISTS (SELECT 1 FROM queen.cursors c
+                  WHERE c.partition_id = p.partition_id AND c.consumer_group = %(group)s)
+  AND (since.at IS NULL
+       OR NOT EXISTS (SELECT 1 FROM queen.segments s
+                      WHERE s.partition_id = p.partition_id AND s.last_offset >= p.log_start
+                        AND s.last_created_at >= since.at))
+ORDER BY p.partition_id
+ON CONFLICT (partition_id, consumer_group) DO NOTHING
 
 -- name: subscribe_group
 -- subscriptionMode=new: the group's subscription instant on this queue, recorded by its first

@@ -88,7 +88,7 @@ async def test_a_push_creating_a_partition_does_not_deadlock_with_another_creati
                 with psycopg.connect(database_url, autocommit=True) as watch:
                     while not watch.execute(
                         "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND query LIKE '%%queen.partitions%%'").fetchone():
+                        "AND query LIKE '%%queen.%%'").fetchone():
                         await trio.sleep(0.02)  # the push now waits for the other's insert
                 locked = await trio.to_thread.run_sync(other_takes_old)
                 other.commit()
