@@ -5,7 +5,10 @@ A temporary embedded server; a connection holds the snapshot; rounds of 500 time
 written and fired by one sweep each. Every 50 rounds, 15 idle sweeps (``queen.sweep_timers``,
 nothing due) are run under ``EXPLAIN (ANALYZE, BUFFERS)`` each way: "floor" as the broker runs
 them, "beginning" with the floor set back to 0 before each (the scan the sweep made before
-migration 010). Wall time per sweep (median, min) and shared buffers touched. Run from the
+migration 010). Wall time per sweep (median, min) and shared buffers touched. The firing
+sweep of that round is measured too ("firing": its 500 timers fired, frames appended), with the
+size of queen.partitions: a fire updates its partition's row (next_offset), and behind the
+snapshot every version stays (the log side of a sweep's cost). Run from the
 repository root::
 
     python -m bench.sweep_floor [--rounds 200]
@@ -51,9 +54,19 @@ def main() -> None:
             print(f"{'fired':>8}  {'scan from':<10}{'median ms':>10}{'min ms':>8}{'buffers':>9}")
             for rnd in range(args.rounds + 1):
                 conn.execute(WRITE, (f"r{rnd}-",))
-                conn.execute(SWEEP, (uuid.uuid4(),)).fetchone()
                 if rnd % 50:
+                    conn.execute(SWEEP, (uuid.uuid4(),)).fetchone()
                     continue
+                t0 = time.perf_counter()
+                (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SWEEP,
+                                       (uuid.uuid4(),)).fetchone().values()
+                ms_firing = (time.perf_counter() - t0) * 1000
+                top = plan[0]["Plan"]
+                pages = conn.execute("SELECT pg_relation_size('queen.partitions') / 8192 AS n"
+                                     ).fetchone()["n"]
+                print(f"{(rnd + 1) * 500:>8}  {'firing':<10}{ms_firing:>10.2f}{'':>8}"
+                      f"{top['Shared Hit Blocks'] + top['Shared Read Blocks']:>9.0f}"
+                      f"  (queen.partitions: {pages} pages)", flush=True)
                 for way in ("beginning", "floor"):
                     ms, buffers = [], []
                     for _ in range(15):

@@ -172,10 +172,14 @@ queue AS (
     INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
                               payload, payload_zstd, payload_bytes, deliver_at, visible_at)
     SELECT t.tenant_id, %(queue)s, %(prefix)s || '-' || lpad(g::text, 7, '0'), 'Default',
-           gen_random_uuid()::text, gen_random_uuid(), convert_to(p.text, 'UTF8'), false,
-           octet_length(p.text), d.at, d.at
+           u.id::text, u.id, convert_to(p.text, 'UTF8'), false, octet_length(p.text), d.at, d.at
     FROM tenant t, generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS g,
          LATERAL (SELECT '{"i":' || g || '}' AS text) p,
+         -- time-ordered as the broker mints them (uuid7: the clock's milliseconds first), not
+         -- random: a txn is a key of the log's frames_transaction index
+         LATERAL (SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint),
+                               12, '0') || '7' || substr(md5(g::text || random()::text), 1, 19)
+                         )::uuid AS id) u,
          LATERAL (SELECT now() + make_interval(secs => (%(base_ms)s + %(step_ms)s * g) / 1000.0)
                   AS at) d
     RETURNING payload_bytes
@@ -452,11 +456,17 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
     base = m0.value("queen_timers_fired_total") if m0 else 0.0
     first = last = None
     limit = trio.current_time() + 60 + n / 1000
+    samples: list[dict[str, Any]] = []
+    polls = 0
     while trio.current_time() < limit:
         fired = (await side.api.fired_total() or base) - base
         now = time.time()
         if fired > 0 and first is None:
             first = now
+        if first is not None and (polls % 10 == 0 or fired >= n):
+            samples.append({"fired": fired, **await in_thread(
+                lambda: table_stats(side.db_url))})
+        polls += 1
         if fired >= n:
             last = now
             break
@@ -469,7 +479,34 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
     span = max(last - first, 0.1)
     return {"timers": n, "write_per_s": round(rate), "drain_s": round(span, 2),
             "drain_per_s": round(n / span), "us_per_timer": round(span / n * 1e6, 1),
-            "last_lag_s": round(last - due, 2), "left": left}
+            "last_lag_s": round(last - due, 2), "left": left,
+            "profile": drain_profile(samples, n)}
+
+
+def drain_profile(samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The drain in tenths (by timers fired): per timer, the wall time, and the sweep
+    statements' time and shared buffers (pg_stat_statements), with the timer table's dead
+    rows and vacuum count at the tenth's end: what grows as the burst drains."""
+    out: list[dict[str, Any]] = []
+    prev = samples[0] if samples else None
+    for s in samples[1:]:
+        assert prev is not None
+        if s["fired"] < (len(out) + 1) * n / 10 and s is not samples[-1]:
+            continue
+        fired = s["fired"] - prev["fired"]
+        if fired > 0:
+            out.append({
+                "fired_to": int(s["fired"]),
+                "us_per_timer": round((s["t"] - prev["t"]) / fired * 1e6, 1),
+                "sweep_us_per_timer": round((s["sweep_ms"] - prev["sweep_ms"]) / fired * 1e3, 1),
+                "sweep_blocks_per_timer": round((s["sweep_blocks"] - prev["sweep_blocks"])
+                                                / fired, 2),
+                "timers_per_sweep": round(fired / max(1, s["sweep_calls"]
+                                                      - prev["sweep_calls"]), 1),
+                "dead": s["n_dead_tup"],
+                "autovacuum": s["autovacuum_count"]})
+        prev = s
+    return out
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -528,7 +565,14 @@ def render(summary: dict[str, Any]) -> str:
               f"{r['index_bytes'] / 2**20:>10.1f}{r['n_live_tup']:>10}{r['n_dead_tup']:>10}"
               f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
     for b in summary.get("bursts", []):
-        p(f"burst: {b}")
+        p(f"burst: { {k: v for k, v in b.items() if k != 'profile'} }")
+        if b.get("profile"):
+            p(f"  {'fired to':>10}{'us/timer':>10}{'sweep us':>10}{'blocks':>8}"
+              f"{'per sweep':>10}{'dead':>10}{'autovac':>8}  (per timer, by tenth of the drain)")
+            for r in b["profile"]:
+                p(f"  {r['fired_to']:>10,}{r['us_per_timer']:>10}{r['sweep_us_per_timer']:>10}"
+                  f"{r['sweep_blocks_per_timer']:>8}{r['timers_per_sweep']:>10}{r['dead']:>10}"
+                  f"{r['autovacuum']:>8}")
     bursts = [b for b in summary.get("bursts", []) if "us_per_timer" in b]
     if len(bursts) >= 2:
         small, large = min(bursts, key=lambda b: b["timers"]), max(bursts,

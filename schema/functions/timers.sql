@@ -374,16 +374,26 @@ BEGIN
             USING ERRCODE = 'serialization_failure';
     END IF;
 
-    WITH fired AS (
-        SELECT f.*, p.partition_id,
-               p.next_offset - 1 + row_number() OVER (PARTITION BY p.partition_id ORDER BY f.ord)
+    -- Each destination partition's row is read once (dest), not once per frame: it is
+    -- updated by every fire and push, and while a snapshot is held all its versions stay, so
+    -- each read of it steps through them. Read per frame, a sweep's cost grew with its batch
+    -- times the fires since the snapshot (bench/sweep_floor.py, "firing").
+    WITH dest AS MATERIALIZED (
+        SELECT d.tenant_id, d.queue, d.partition, p.partition_id, p.next_offset
+        FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions))
+             AS d(tenant_id, queue, partition)
+        JOIN queen.queues q ON q.tenant_id = d.tenant_id AND q.name = d.queue
+        JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = d.partition
+    ), fired AS (
+        SELECT f.*, d.partition_id,
+               d.next_offset - 1 + row_number() OVER (PARTITION BY d.partition_id ORDER BY f.ord)
                    AS "offset"
         FROM unnest(p_tenants, p_queues, p_keys, p_partitions, p_txns, p_message_ids, p_texts,
                     p_payload_bytes, p_deliver_at) WITH ORDINALITY
              AS f(tenant_id, queue, timer_key, partition, txn, message_id, payload,
                   payload_bytes, deliver_at, ord)
-        JOIN queen.queues q ON q.tenant_id = f.tenant_id AND q.name = f.queue
-        JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = f.partition
+        JOIN dest d ON d.tenant_id = f.tenant_id AND d.queue = f.queue
+                   AND d.partition = f.partition
     ), appended AS (
         INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
                                   size_bytes, created_at, meta)
