@@ -20,6 +20,7 @@ from .log import log_routes
 from .ops import ops
 from .origin import HostPolicy, check_request
 from .reads import read_routes
+from .rules import SharedBuilderRule
 from .stats import stats_routes
 from .switches import switch_routes
 from .tenancy import admit_request
@@ -44,6 +45,7 @@ class NameConverter(BaseConverter):
 
 def create_app(broker: BrokerContext) -> QuartTrio:
     app = QuartTrio("queen_trio")
+    app.url_rule_class = SharedBuilderRule  # each rule's URL builder compiled once per process
     app.config["BROKER"] = broker
     # Above the message ceiling (QUEEN_MAX_MESSAGE_BYTES), which no plan can raise.
     app.config["MAX_CONTENT_LENGTH"] = broker.settings.http_body_limit()

@@ -203,7 +203,8 @@ class Listener:
     # -- internals ----------------------------------------------------------------------
 
     async def _connect(self) -> psycopg.Connection[Any]:
-        channels = self.channels
+        listen = sql.SQL("; ").join(
+            sql.SQL("LISTEN {}").format(sql.Identifier(channel)) for channel in self.channels)
 
         def connect() -> psycopg.Connection[Any]:
             raw = psycopg.connect(
@@ -217,8 +218,8 @@ class Listener:
                     # An explicit target_session_attrs that skips libpq's check: a standby
                     # would take the LISTEN and never deliver a NOTIFY.
                     raise _ReadOnlyServer(f"the database server is read-only ({reason})")
-                for channel in channels:
-                    raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                # One round trip: the LISTENs commit together, before connect() returns.
+                raw.execute(listen)
             except BaseException:
                 raw.close()
                 raise
