@@ -150,6 +150,10 @@ def apply_migrations(
     functions: list[FunctionFile] | None = None,
 ) -> list[int]:
     """Bring the database up to date; return the versions this call applied."""
+    # Short of the shipped head (a test migrating to an older version), the function files,
+    # which hold the bodies for the newest schema, are created unchecked (see _apply_functions).
+    partial = migrations is not None and (
+        max((m.version for m in migrations), default=0) < latest_version())
     migrations = discover() if migrations is None else migrations
     functions = discover_functions() if functions is None else functions
     applied_now: list[int] = []
@@ -183,7 +187,8 @@ def apply_migrations(
                     conn.execute(Q.record, (migration.version, migration.name, migration.checksum))
                 log.info("applied migration %03d_%s", migration.version, migration.name)
                 applied_now.append(migration.version)
-            _apply_functions(conn, functions, every_file=adopted or bool(applied_now))
+            _apply_functions(conn, functions, every_file=adopted or bool(applied_now),
+                             check_bodies=not partial)
         finally:
             if not conn.closed and not conn.broken:
                 conn.execute(Q.unlock)
@@ -216,7 +221,8 @@ def _adopt_legacy_history(
 
 
 def _apply_functions(
-    conn: psycopg.Connection, functions: list[FunctionFile], *, every_file: bool
+    conn: psycopg.Connection, functions: list[FunctionFile], *, every_file: bool,
+    check_bodies: bool = True,
 ) -> list[str]:
     """Apply the function files that changed (or all of them); return their names."""
     recorded = {name: checksum for name, checksum in conn.execute(Q.functions_applied)}
@@ -225,6 +231,11 @@ def _apply_functions(
     if not due and not stale:
         return []
     with conn.transaction():
+        if not check_bodies:
+            # A LANGUAGE sql body is checked against the tables when it is created, which
+            # fails on a database migrated only part of the way: there, as in pg_restore,
+            # bodies are checked when they run.
+            conn.execute("SET LOCAL check_function_bodies = off")
         for function_file in due:
             conn.execute(function_file.sql)
             conn.execute(Q.record_function, (function_file.name, function_file.checksum))
