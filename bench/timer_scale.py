@@ -105,11 +105,39 @@ SELECT pg_relation_size('queen.timers') AS table_bytes,
 FROM pg_stat_user_tables WHERE schemaname = 'queen' AND relname = 'timers'"""
 
 
+# What the whole server wrote while a drain ran (PostgreSQL 17+: pg_stat_checkpointer,
+# pg_stat_io): WAL and its full-page images, checkpoints and who wrote dirty buffers out. A
+# drain whose working set outgrows shared_buffers, or whose WAL outgrows max_wal_size, pays
+# here what its buffers-touched count does not show.
+SERVER_STATS = """
+SELECT w.wal_bytes, w.wal_fpi, w.wal_records,
+       c.num_timed + c.num_requested AS checkpoints, c.num_requested AS checkpoints_req,
+       c.buffers_written AS checkpoint_buffers,
+       (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'client backend')
+           AS backend_writes,
+       (SELECT sum(reads) FROM pg_stat_io WHERE backend_type = 'client backend')
+           AS backend_reads,
+       (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'background writer')
+           AS bgwriter_writes,
+       (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'autovacuum worker')
+           AS autovacuum_writes,
+       (SELECT coalesce(sum(shared_blks_read), 0) FROM pg_stat_statements
+        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
+        WHERE datname = current_database())) AS sweep_blocks_read,
+       (SELECT coalesce(sum(wal_bytes), 0) FROM pg_stat_statements
+        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
+        WHERE datname = current_database())) AS sweep_wal_bytes,
+       (SELECT coalesce(sum(wal_fpi), 0) FROM pg_stat_statements
+        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
+        WHERE datname = current_database())) AS sweep_wal_fpi
+FROM pg_stat_wal w, pg_stat_checkpointer c"""
+
+
 # -- the server and the fill ------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def stats_server() -> Iterator[Server]:
+def stats_server(settings: dict[str, str] | None = None) -> Iterator[Server]:
     """A temporary embedded server that tracks statements (pg_stat_statements)."""
     import shutil
     import tempfile
@@ -118,13 +146,22 @@ def stats_server() -> Iterator[Server]:
 
     root = Path(tempfile.mkdtemp(prefix="queen-bench-scale-"))
     server = EmbeddedPostgres(root, database="postgres", server_settings={
-        "shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"})
+        "shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top",
+        **(settings or {})})
     try:
         server.start()
         yield Server(server.admin_url, "embedded (temporary), pg_stat_statements", server.pid)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def server_settings(url: str) -> dict[str, str]:
+    """The settings a drain's cost depends on, as the server runs them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in (
+            "shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression",
+            "full_page_writes", "synchronous_commit", "autovacuum_vacuum_cost_limit")}
 
 
 def write_timers(url: str, queue: str, count: int, delay_ms: Callable[[int], int],
@@ -232,7 +269,9 @@ def table_stats(url: str) -> dict[str, Any]:
             FROM pg_stat_statements
             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
               AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
-    return {"t": round(time.time(), 1), **row, **sweep}
+        server = conn.execute(SERVER_STATS).fetchone() or {}
+    return {"t": round(time.time(), 1), **row, **sweep,
+            **{k: float(v or 0) for k, v in server.items()}}
 
 
 def sweep_statements(admin_url: str) -> dict[str, dict[str, float]]:
@@ -483,6 +522,11 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
             "profile": drain_profile(samples, n)}
 
 
+PER_TIMER = ("wal_bytes", "wal_fpi", "sweep_wal_bytes", "sweep_wal_fpi", "sweep_blocks_read",
+             "backend_writes", "backend_reads", "checkpoint_buffers", "bgwriter_writes",
+             "autovacuum_writes")
+
+
 def drain_profile(samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """The drain in tenths (by timers fired): per timer, the wall time, and the sweep
     statements' time and shared buffers (pg_stat_statements), with the timer table's dead
@@ -504,7 +548,11 @@ def drain_profile(samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]
                 "timers_per_sweep": round(fired / max(1, s["sweep_calls"]
                                                       - prev["sweep_calls"]), 1),
                 "dead": s["n_dead_tup"],
-                "autovacuum": s["autovacuum_count"]})
+                "autovacuum": s["autovacuum_count"],
+                **{f"{k}_per_timer": round((s.get(k, 0) - prev.get(k, 0)) / fired, 3)
+                   for k in PER_TIMER},
+                "checkpoints": s.get("checkpoints"),
+                "checkpoints_req": s.get("checkpoints_req")})
         prev = s
     return out
 
@@ -522,6 +570,8 @@ def render(summary: dict[str, Any]) -> str:
     p(f"timer_scale  {summary['started']}  checkout {summary['checkout']}  "
       f"pending N = {summary['pending']:,}")
     p(f"load average: start {summary['load']['start']}, end {summary['load'].get('end')}")
+    if summary.get("server_settings"):
+        p(f"server: {summary['server_settings']}")
     if "fill" in summary:
         f = summary["fill"]
         p(f"fill: {f['timers']:,} timers in {f['seconds']} s = {f['per_s']:,}/s "
@@ -573,6 +623,18 @@ def render(summary: dict[str, Any]) -> str:
                 p(f"  {r['fired_to']:>10,}{r['us_per_timer']:>10}{r['sweep_us_per_timer']:>10}"
                   f"{r['sweep_blocks_per_timer']:>8}{r['timers_per_sweep']:>10}{r['dead']:>10}"
                   f"{r['autovacuum']:>8}")
+            p(f"  {'fired to':>10}{'WAL B':>8}{'FPI':>7}{'sweep B':>8}{'read':>7}"
+              f"{'be wr':>7}{'ckpt wr':>8}{'bgw wr':>7}{'av wr':>7}{'ckpts':>6}"
+              "  (per timer; be = client backends, the whole server)")
+            for r in b["profile"]:
+                if "wal_bytes_per_timer" not in r:
+                    continue
+                p(f"  {r['fired_to']:>10,}{r['wal_bytes_per_timer']:>8.0f}"
+                  f"{r['wal_fpi_per_timer']:>7.3f}{r['sweep_wal_bytes_per_timer']:>8.0f}"
+                  f"{r['sweep_blocks_read_per_timer']:>7.3f}{r['backend_writes_per_timer']:>7.3f}"
+                  f"{r['checkpoint_buffers_per_timer']:>8.3f}{r['bgwriter_writes_per_timer']:>7.3f}"
+                  f"{r['autovacuum_writes_per_timer']:>7.3f}"
+                  f"{r['checkpoints']:>4.0f}/{r['checkpoints_req']:.0f}")
     bursts = [b for b in summary.get("bursts", []) if "us_per_timer" in b]
     if len(bursts) >= 2:
         small, large = min(bursts, key=lambda b: b["timers"]), max(bursts,
@@ -662,6 +724,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="how the pending timers and bursts are written: the broker's "
                              "schedule statement, or SQL generate_series (10^7 in minutes)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--name", default="timer_scale",
+                        help="the results' file name (NAME.txt, NAME.json)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a server setting of the embedded PostgreSQL (repeatable), "
+                             "on top of the broker's own (queen_trio.embedded)")
     args = parser.parse_args(argv)
 
     failures = Failures()
@@ -669,9 +736,11 @@ def main(argv: list[str] | None = None) -> int:
                                "argv": sys.argv[1:] if argv is None else argv,
                                "pending": args.pending, "cpu_count": os.cpu_count(),
                                "load": {"start": load()}}
-    with stats_server() as server:
+    settings = dict(kv.split("=", 1) for kv in args.setting)
+    with stats_server(settings) as server:
         urls = {name: server.create_database(f"scale_{name}") for name in SIDES}
         summary["postgresql"] = server.settings()
+        summary["server_settings"] = server_settings(server.admin_url)
         for url in (server.admin_url, *urls.values()):
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -683,8 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(summary)
     print(text, end="")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "timer_scale.txt").write_text(text)
-    save_json(args.out_dir / "timer_scale.json", summary)
+    (args.out_dir / f"{args.name}.txt").write_text(text)
+    save_json(args.out_dir / f"{args.name}.json", summary)
     return 1 if failures.total() else 0
 
 
