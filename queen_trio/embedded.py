@@ -30,6 +30,17 @@ from .errors import EmbeddedPostgresError
 log = logging.getLogger(__name__)
 
 _SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
+
+# What the embedded server runs with unless told otherwise (``server_settings`` wins). At
+# PostgreSQL's defaults (max_wal_size 1GB, checkpoint_timeout 5min) a burst of a million
+# timers fired writes more WAL than max_wal_size (about 1 kB a timer): checkpoints are forced
+# in the middle of the drain, and the first change of every page after each is a full-page
+# image. docs/timers-at-scale.md has the measurements; README "Timers at scale" recommends the
+# same for a server of your own.
+DEFAULT_SERVER_SETTINGS = {
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+}
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
@@ -73,7 +84,7 @@ class EmbeddedPostgres:
         self.pgdata = self.data_dir / "pg"
         self.database = database
         self.host = host
-        self.server_settings = dict(server_settings or {})
+        self.server_settings = {**DEFAULT_SERVER_SETTINGS, **(server_settings or {})}
         self._owner_file = self.data_dir / "embedded-owner.pid"
         self._process: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
