@@ -791,8 +791,8 @@ def ack_head(raw: DictConnection, tenant_id: int, acks: Sequence[Ack], *,
         return None
     # The cursor moved to the highest acked offset (and over what was done out of order
     # right after it); the lease is released when that covers everything it handed out.
-    top = max(r["offset"] for r in rows)
-    committed, _ = advance(max(head["committed_before"], top), head["acked_ahead_before"])
+    committed, _ = advance(max(head["committed_before"], head["offset"]),
+                           head["acked_ahead_before"])
     released = committed >= head["leased_to"]
     return [AckResult(a.index, a.transaction_id, a.partition_id, a.status, head["queue"],
                       head["partition"], released, False, False)
