@@ -118,7 +118,7 @@ def messages_to_wire(batch: store.PopBatch,
             partitionId=pid, partition=batch.partition, queue=batch.queue, offset=m.offset,
             leaseId=lease, consumerGroup=batch.group,
             data=m.payload if cipher is None else opened(cipher, store.payload_value(m)),
-            createdAt=created, retryCount=m.retry_count,  # type: ignore[arg-type]
+            createdAt=created, retryCount=m.retry_count,
             deliveryAttempt=batch.delivery_attempt,
             timer=meta["timer"] if meta and "timer" in meta else UNSET))
     return out
