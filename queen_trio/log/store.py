@@ -731,8 +731,10 @@ def _dead_letter(
 _RANK = {"dlq": 0, "failed": 1, "retry": 2, "completed": 3}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class AckResult:
+class AckResult(msgspec.Struct, frozen=True):
+    """One acknowledgement's verdict (a struct: a settled batch makes 500 per request, and a
+    frozen dataclass' __init__ costs several times as much)."""
+
     index: int
     transaction_id: str
     partition_id: uuid.UUID
