@@ -199,7 +199,8 @@ $fn$;
 -- acknowledgement its verdict.
 --
 -- The caller replays the cursor's move to label the acknowledgements (leaseReleased), so the
--- previous cursor is returned with them.
+-- previous cursor is returned with the highest acked offset, in one row ("offset"; the
+-- transaction_id column is left NULL).
 
 CREATE OR REPLACE FUNCTION queen.ack_head(
     p_tenant integer, p_partition uuid, p_group text, p_lease uuid, p_txns text[])
@@ -278,9 +279,11 @@ BEGIN
         PERFORM pg_notify('queen_log', p_tenant::text || ':' || v_queue);
     END IF;
 
+    -- One row, with the highest acked offset: the caller needs no more (500 rows of the
+    -- same columns were most of what an ack cost the broker to read).
     RETURN QUERY
-    SELECT 'acked', v_queue, v_pname, cur.committed, cur.acked_ahead, cur.leased_to, u.t, u.o
-    FROM unnest(v_txns, v_offsets) AS u(t, o);
+    SELECT 'acked', v_queue, v_pname, cur.committed, cur.acked_ahead, cur.leased_to,
+           NULL::text, (SELECT max(o) FROM unnest(v_offsets) AS o);
 END
 $fn$;
 

@@ -419,3 +419,43 @@ async def test_timers_handed_to_parked_consumers_are_handled_exactly_once(
     handed = [line for line in metrics.splitlines()
               if line.startswith('queen_pop_fire_waits_total{result="handed_over"}')]
     assert handed and float(handed[0].split()[-1]) > 0, "no frame was handed over"
+
+
+async def test_settling_a_whole_batch_in_one_pop_releases_its_lease(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    """A batch settled in one settle-and-pop (the one-statement ack, queen.ack_head) says
+    ``leaseReleased`` exactly when the acks cover everything the lease handed out, whatever
+    order they are listed in; then the partition is free and nothing comes back."""
+    import httpx
+
+    await queen.configure("whole", lease_time=30)
+    await queen.push_many("whole", [{"n": i} for i in range(6)])
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+
+        async def settle(batch: Any, indexes: list[int]) -> dict[str, Any]:
+            r = await http.post("/api/v1/pop/queue/whole", params={"batch": 3},
+                                json={"partitionId": batch.messages[0].partition_id,
+                                      "leaseId": batch.lease_id,
+                                      "acknowledgments": [
+                                          {"transactionId": batch.messages[i].transaction_id}
+                                          for i in indexes]})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        first = await queen.pop("whole", batch=3, wait="3s")
+        assert [m.data["n"] for m in first] == [0, 1, 2]
+        body = await settle(first, [2, 0, 1])  # all of it, out of order
+        assert (body["acks"]["completed"], body["acks"]["leaseReleased"]) == (3, True)
+        assert [m["data"]["n"] for m in body["messages"]] == [3, 4, 5]  # leased again at once
+        second = await queen.pop("whole", batch=3, wait="3s")
+        assert len(second) == 0  # held by that answer's lease
+        lease = body["leaseId"]
+        r = await http.post("/api/v1/pop/queue/whole", params={"batch": 3},
+                            json={"partitionId": body["partitionId"], "leaseId": lease,
+                                  "acknowledgments": [
+                                      {"transactionId": m["transactionId"]}
+                                      for m in body["messages"][:2]]})
+        part = r.json()
+        assert (part["acks"]["completed"], part["acks"]["leaseReleased"]) == (2, False)
+        assert part["messages"] == []  # the lease still holds the last one
