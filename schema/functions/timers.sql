@@ -221,6 +221,111 @@ BEGIN
 END
 $fn$;
 
+-- One timer (the usual PUT, a batch of one op, a bundle's lone timer): what schedule_timers
+-- decides for a list of one, in a few straight-line statements. The set-based statement costs
+-- PostgreSQL some 300 µs to start up whatever its size (a dozen plan nodes, sorts and hash
+-- tables: bench/results/timer_pg_cost.md); these cost a few key probes. Same locks, same
+-- answers: the name's lock first, a row a sweeper holds (locked, or under a live claim) is
+-- too_late, an existing one is rescheduled under its row lock, a new one inserted. The payload
+-- comes as stored (p_zstd says how), its JSON size as p_bytes.
+CREATE OR REPLACE FUNCTION queen.schedule_timer(
+    p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint,
+    p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint)
+RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- (every probe by the primary key: see schedule_timers)
+SET plan_cache_mode = force_generic_plan  -- (parameters only, never worth re-planning)
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_row tid;
+    v_txn text;
+    v_bytes integer;
+    v_claimed boolean;
+    v_id uuid;
+    v_due timestamptz := now() + make_interval(secs => p_delay_ms / 1000.0);
+    v_status text;
+BEGIN
+    PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
+    END IF;
+    -- (queen.lock_timer_names' lock, spelled for one name)
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
+    v_id := encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                   PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                               * 1000)::bigint) FROM 3)
+                   FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid;
+    SELECT x.ctid, x.txn, x.payload_bytes, x.claim_token IS NOT NULL AND x.visible_at > now()
+    INTO v_row, v_txn, v_bytes, v_claimed
+    FROM queen.timers x
+    WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        IF v_claimed THEN
+            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            RETURN;
+        END IF;
+        -- A reschedule is a new timer under an old name: the failure budget starts again.
+        UPDATE queen.timers t
+        SET partition = p_partition, txn = p_txn, message_id = v_id, payload = p_payload,
+            payload_zstd = p_zstd, payload_bytes = p_bytes, deliver_at = v_due,
+            visible_at = v_due, attempts = 0, last_error = NULL, claim_token = NULL,
+            claimed_by = NULL, updated_at = now()
+        WHERE t.ctid = v_row;
+        v_status := 'rescheduled';
+        v_bytes := p_bytes - v_bytes;
+    ELSE
+        -- No row, or one a firing sweeper has locked (SKIP LOCKED passed it by): too_late.
+        SELECT x.txn INTO v_txn
+        FROM queen.timers x
+        WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            RETURN;
+        END IF;
+        INSERT INTO queen.timers AS t (tenant_id, queue, timer_key, partition, txn, message_id,
+                                       payload, payload_zstd, payload_bytes, deliver_at,
+                                       visible_at)
+        VALUES (p_tenant, p_queue, p_key, p_partition, p_txn, v_id, p_payload, p_zstd, p_bytes,
+                v_due, v_due)
+        ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING;
+        IF NOT FOUND THEN
+            -- Created by a concurrent transaction since our look: decided afresh by the
+            -- set-based path, which retries this case.
+            RETURN QUERY
+            SELECT s.ord, s.status, s.txn, s.message_id, s.deliver_at
+            FROM queen.schedule_timers(
+                p_tenant, json_build_array(CASE WHEN p_zstd
+                    THEN json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
+                                           't', p_txn, 'd', p_delay_ms, 'b', p_bytes,
+                                           'z', encode(p_payload, 'base64'))
+                    ELSE json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
+                                           't', p_txn, 'd', p_delay_ms, 'b', p_bytes,
+                                           'j', convert_from(p_payload, 'UTF8')::json) END),
+                p_notify_within_ms, 2) s;
+            RETURN;
+        END IF;
+        v_status := 'scheduled';
+        v_bytes := p_bytes;
+        IF NOT EXISTS (SELECT 1 FROM queen.queues q
+                       WHERE q.tenant_id = p_tenant AND q.name = p_queue) THEN
+            INSERT INTO queen.queues (tenant_id, name) VALUES (p_tenant, p_queue)
+            ON CONFLICT (tenant_id, name) DO NOTHING;
+        END IF;
+    END IF;
+    IF v_bytes <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_bytes);
+    END IF;
+    IF v_due < now() + make_interval(secs => p_notify_within_ms / 1000.0) THEN
+        -- (as schedule_timers: the due instant in epoch microseconds)
+        PERFORM pg_notify('queen_timers', ceil(extract(epoch FROM v_due) * 1000000)::bigint::text);
+    END IF;
+    RETURN QUERY SELECT 1, v_status, p_txn, v_id, v_due;
+END
+$fn$;
+
 -- timers has no foreign key to tenants (its per-row check was the costliest step of scheduling
 -- a bundle: schema/012_schedule_timers_json.sql). What the key did besides, the cascade when a
 -- tenant is deleted, is kept by this one statement-level trigger.
@@ -294,6 +399,54 @@ BEGIN
     LEFT JOIN deleted d ON d.ord = i.ord
     LEFT JOIN existing e ON e.ord = i.ord
     ORDER BY i.ord;
+END
+$fn$;
+
+-- One timer (DELETE /api/v1/timers/{queue}/{key}): what cancel_timers decides for a list of
+-- one, in a few straight-line statements (see schedule_timer for why).
+CREATE OR REPLACE FUNCTION queen.cancel_timer(
+    p_tenant integer, p_queue text, p_key text, p_txn text)
+RETURNS TABLE (ord integer, status text, txn text)
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- (the key probes always use the primary key: see schedule_timers)
+SET plan_cache_mode = force_generic_plan  -- (parameters only, never worth re-planning)
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_row tid;
+    v_txn text;
+    v_bytes integer;
+    v_claimed boolean;
+BEGIN
+    -- (queen.lock_timer_names' lock, spelled for one name)
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
+    SELECT x.ctid, x.txn, x.payload_bytes, x.claim_token IS NOT NULL AND x.visible_at > now()
+    INTO v_row, v_txn, v_bytes, v_claimed
+    FROM queen.timers x
+    WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- No row (absent), or one a firing sweeper has locked (too_late).
+        SELECT x.txn INTO v_txn
+        FROM queen.timers x
+        WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT 1, 'too_late', v_txn;
+        ELSE
+            RETURN QUERY SELECT 1, 'absent', p_txn;
+        END IF;
+        RETURN;
+    END IF;
+    IF v_claimed THEN
+        RETURN QUERY SELECT 1, 'too_late', v_txn;
+        RETURN;
+    END IF;
+    DELETE FROM queen.timers t WHERE t.ctid = v_row;
+    IF v_bytes <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, -v_bytes);
+    END IF;
+    RETURN QUERY SELECT 1, 'cancelled', v_txn;
 END
 $fn$;
 
