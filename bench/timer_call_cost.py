@@ -48,10 +48,11 @@ def bodies(kind: str, size: int, calls: int, tag: str) -> list[bytes]:
     return out
 
 
-def requests(kind: str, size: int, calls: int, tag: str, made: str
+def requests(kind: str, size: int, calls: int, prefix: str
              ) -> list[tuple[str, str, bytes | None]]:
-    """(method, path, body) of each call; ``made`` is the tag of the ``batch 1`` row before,
-    whose timers a cancel row cancels and a peek row reads."""
+    """(method, path, body) of each call. A cancel row cancels the timers of the round's
+    ``batch 1`` row, a peek row reads those of its ``bundle 1`` row."""
+    tag = f"{prefix}-{kind}-{size}"
     if kind in ("batch", "bundle"):
         path = "/api/v1/timers" if kind == "batch" else "/api/v1/transaction"
         return [("POST", path, body) for body in bodies(kind, size, calls, tag)]
@@ -60,8 +61,8 @@ def requests(kind: str, size: int, calls: int, tag: str, made: str
                  json.dumps({"payload": {"i": c}, "delayMs": FAR_DELAY_MS}).encode())
                 for c in range(calls)]
     if kind in ("cancel", "peek"):
-        method = "DELETE" if kind == "cancel" else "GET"
-        return [(method, f"/api/v1/timers/cost/{made}-{c:05d}-0000", None)
+        method, made = ("DELETE", "batch-1") if kind == "cancel" else ("GET", "bundle-1")
+        return [(method, f"/api/v1/timers/cost/{prefix}-{made}-{c:05d}-0000", None)
                 for c in range(calls)]
     if kind == "absent":
         return [("DELETE", f"/api/v1/timers/cost/{tag}-none-{c:05d}", None)
@@ -80,9 +81,9 @@ def expected(kind: str, text: str) -> bool:
     return '"ok":false' not in text
 
 
-def row(client: httpx.Client, meter: CpuMeter, kind: str, size: int, calls: int, tag: str,
-        made: str = "") -> dict[str, Any]:
-    sent = requests(kind, size, calls, tag, made)
+def row(client: httpx.Client, meter: CpuMeter, kind: str, size: int, calls: int, prefix: str
+        ) -> dict[str, Any]:
+    sent = requests(kind, size, calls, prefix)
     before, t0 = meter.snapshot(), time.monotonic()
     for method, path, body in sent:
         answer = client.request(method, path, content=body)
@@ -117,7 +118,7 @@ def main() -> None:
             runs.append((name, client, CpuMeter(broker.pid)))
         for _, client, meter in runs:  # warm-up: connections, prepared statements
             for kind, size in ROWS:
-                row(client, meter, kind, size, 6, f"w-{kind}-{size}", "w-batch-1")
+                row(client, meter, kind, size, 6, "w")
         print(f"load avg {load()}")
         print(f"{'side':5} {'route':8} {'size':>5} {'calls':>5} {'timers/s':>9} "
               f"{'broker ms/call':>15} {'pg ms/call':>11} {'broker us/timer':>16} "
@@ -126,8 +127,7 @@ def main() -> None:
             for kind, size in ROWS:
                 calls = ONE_TIMER_CALLS if size == 1 else max(1, args.timers // size)
                 for name, client, meter in runs:
-                    x = row(client, meter, kind, size, calls, f"r{r}-{kind}-{size}",
-                            f"r{r}-batch-1")
+                    x = row(client, meter, kind, size, calls, f"r{r}")
                     print(f"{name:5} {kind:8} {size:5} {calls:5} {x['timers_per_s']:9} "
                           f"{x['broker_ms_per_call']:15} {x['pg_ms_per_call']:11} "
                           f"{x['broker_us_per_timer']:16} {x['pg_us_per_timer']:12}",

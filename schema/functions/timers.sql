@@ -61,12 +61,28 @@ CREATE OR REPLACE FUNCTION queen.schedule_timers(
 RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off
+-- Its statements' parameters are arrays and scalars whose values never change a good plan:
+-- planned once per connection, not again at every call (a custom plan each time cost more
+-- than a bundle of a few timers itself).
+SET plan_cache_mode = force_generic_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
     n integer := json_array_length(p_timers);
     v_queues text[];
     v_keys text[];
+    v_partitions text[];
+    v_txns_in text[];
+    v_delays bigint[];
+    v_sizes integer[];
+    v_payloads bytea[];
+    v_zstd boolean[];
+    -- The message ids' random bits, drawn once per call (each draw of the server's strong
+    -- random source may open /dev/urandom: a tenth of a bundle's cost when drawn per timer);
+    -- a timer's id is them with its position XORed into the last bytes, so the ids of one call
+    -- differ from each other, and from other calls' by their random bits.
+    v_random bytea := set_bit(set_bit(uuid_send(gen_random_uuid()), 52, 1), 53, 1);
+    v_low bigint;
     v_ords integer[];
     v_status text[];
     v_txns text[];
@@ -88,12 +104,22 @@ BEGIN
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    SELECT array_agg(x.q), array_agg(x.k) INTO v_queues, v_keys
-    FROM json_to_recordset(p_timers) AS x(q text, k text);
+    -- The JSON parsed once, into arrays in input order (a single function scan, no sort).
+    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.d),
+           array_agg(x.b),
+           -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
+           array_agg(CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
+                          ELSE decode(x.z, 'base64') END),
+           array_agg(x.z IS NOT NULL)
+    INTO v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads, v_zstd
+    FROM json_to_recordset(p_timers)
+         AS x(q text, k text, p text, t text, d bigint, b integer, j json, z text);
+    v_low := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
     PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
-    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
+    IF (SELECT count(DISTINCT length(u.q)::text || '/' || u.q || '/' || u.k)
+        FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
         -- The same timer more than once (requests merged by the broker's batcher): one at a
         -- time, in order, as separate calls would.
         FOR i IN 1..n LOOP
@@ -112,19 +138,15 @@ BEGIN
     -- probed again, under its row lock.
     WITH input AS (
         SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
-               -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
-               CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
-                    ELSE decode(x.z, 'base64') END AS payload,
-               x.z IS NOT NULL AS zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
+               x.payload, x.zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
                now() + make_interval(secs => x.d / 1000.0) AS due,
-               encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-                      PLACING substring(int8send((extract(epoch FROM clock_timestamp())
-                                                  * 1000)::bigint) FROM 3)
-                      FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS message_id
-        FROM ROWS FROM (json_to_recordset(p_timers)
-                        AS (q text, k text, p text, t text, d bigint, b integer, j json,
-                            z text))
-             WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord)
+               -- a version 7 UUID: Unix milliseconds, then the call's random bits (above)
+               encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
+                              PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                                          * 1000)::bigint) FROM 3)
+                              FROM 1 FOR 6), 'hex')::uuid AS message_id
+        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads,
+                    v_zstd) WITH ORDINALITY AS x(q, k, p, t, d, b, payload, zstd, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -353,6 +375,7 @@ CREATE OR REPLACE FUNCTION queen.cancel_timers(
 RETURNS TABLE (ord integer, status text, txn text)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- (the key probes always use the primary key: see schedule_timers)
+SET plan_cache_mode = force_generic_plan  -- (planned once per connection: see schedule_timers)
 AS $fn$
 #variable_conflict use_column
 BEGIN
