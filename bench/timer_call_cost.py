@@ -36,6 +36,7 @@ ROWS = (("batch", 1), ("bundle", 1), ("put", 1), ("cancel", 1), ("absent", 1), (
         ("list", 1), ("batch", 256), ("bundle", 256), ("bundle", 500))
 ONE_TIMER_CALLS = 200
 LIST_PAGE = 100
+IDLE_S = 5.0
 
 
 def bodies(kind: str, size: int, calls: int, tag: str) -> list[bytes]:
@@ -93,10 +94,19 @@ def row(client: httpx.Client, meter: CpuMeter, kind: str, size: int, calls: int,
     timers = size * calls
     broker, pg = after["broker"] - before["broker"], after["postgres"] - before["postgres"]
     return {"kind": kind, "size": size, "calls": calls, "timers_per_s": round(timers / wall),
+            "wall_ms_per_call": wall * 1e3 / calls,
             "broker_ms_per_call": round(broker * 1e3 / calls, 2),
             "pg_ms_per_call": round(pg * 1e3 / calls, 2),
             "broker_us_per_timer": round(broker * 1e6 / timers, 1),
             "pg_us_per_timer": round(pg * 1e6 / timers, 1)}
+
+
+def idle_pg_rate(meter: CpuMeter, seconds: float = IDLE_S) -> float:
+    """PostgreSQL CPU seconds per second while the broker is idle (its sweeper, its pollers):
+    what a call is charged for merely lasting, which a loaded machine stretches."""
+    before, t0 = meter.snapshot(), time.monotonic()
+    time.sleep(seconds)
+    return (meter.snapshot()["postgres"] - before["postgres"]) / (time.monotonic() - t0)
 
 
 def main() -> None:
@@ -119,18 +129,24 @@ def main() -> None:
         for _, client, meter in runs:  # warm-up: connections, prepared statements
             for kind, size in ROWS:
                 row(client, meter, kind, size, 6, "w")
-        print(f"load avg {load()}")
+        idle = [idle_pg_rate(meter) for _, _, meter in runs]
+        rates = ", ".join(f"{name} {rate * 1e3:.1f}"
+                          for (name, _, _), rate in zip(runs, idle, strict=True))
+        print(f"load avg {load()}; idle PostgreSQL CPU (ms/s): {rates}")
+        print("(net: PostgreSQL CPU less the idle rate times the call's wall time)")
         print(f"{'side':5} {'route':8} {'size':>5} {'calls':>5} {'timers/s':>9} "
-              f"{'broker ms/call':>15} {'pg ms/call':>11} {'broker us/timer':>16} "
-              f"{'pg us/timer':>12}")
+              f"{'broker ms/call':>15} {'pg ms/call':>11} {'net pg ms/call':>15} "
+              f"{'broker us/timer':>16} {'pg us/timer':>12} {'net pg us/timer':>16}")
         for r in range(args.rounds):
             for kind, size in ROWS:
                 calls = ONE_TIMER_CALLS if size == 1 else max(1, args.timers // size)
-                for name, client, meter in runs:
+                for (name, client, meter), rate in zip(runs, idle, strict=True):
                     x = row(client, meter, kind, size, calls, f"r{r}")
+                    net_ms = x["pg_ms_per_call"] - rate * x["wall_ms_per_call"]
                     print(f"{name:5} {kind:8} {size:5} {calls:5} {x['timers_per_s']:9} "
                           f"{x['broker_ms_per_call']:15} {x['pg_ms_per_call']:11} "
-                          f"{x['broker_us_per_timer']:16} {x['pg_us_per_timer']:12}",
+                          f"{net_ms:15.2f} {x['broker_us_per_timer']:16} "
+                          f"{x['pg_us_per_timer']:12} {net_ms * 1e3 / size:16.1f}",
                           flush=True)
         print(f"load avg {load()}")
 

@@ -257,7 +257,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.cancel_timer(p_tenant integer, p_queue text, p_key text, p_txn text) RETURNS TABLE(ord integer, status text, txn text)
+CREATE FUNCTION queen.cancel_timer(p_tenant integer, p_queue text, p_key text, p_txn text, OUT ord integer, OUT status text, OUT txn text) RETURNS record
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -269,6 +269,7 @@ DECLARE
     v_bytes integer;
     v_claimed boolean;
 BEGIN
+    ord := 1;
     -- (queen.lock_timer_names' lock, spelled for one name)
     PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
                                   || length(p_queue)::text || '/' || p_queue || '/' || p_key));
@@ -283,21 +284,25 @@ BEGIN
         FROM queen.timers x
         WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
         IF FOUND THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn;
+            status := 'too_late';
+            txn := v_txn;
         ELSE
-            RETURN QUERY SELECT 1, 'absent', p_txn;
+            status := 'absent';
+            txn := p_txn;
         END IF;
         RETURN;
     END IF;
     IF v_claimed THEN
-        RETURN QUERY SELECT 1, 'too_late', v_txn;
+        status := 'too_late';
+        txn := v_txn;
         RETURN;
     END IF;
     DELETE FROM queen.timers t WHERE t.ctid = v_row;
     IF v_bytes <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, -v_bytes);
     END IF;
-    RETURN QUERY SELECT 1, 'cancelled', v_txn;
+    status := 'cancelled';
+    txn := v_txn;
 END
 $$;
 
@@ -770,7 +775,7 @@ $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
-CREATE FUNCTION queen.schedule_timer(p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint, p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint) RETURNS TABLE(ord integer, status text, txn text, message_id uuid, deliver_at timestamp with time zone)
+CREATE FUNCTION queen.schedule_timer(p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint, p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint, OUT ord integer, OUT status text, OUT txn text, OUT message_id uuid, OUT deliver_at timestamp with time zone) RETURNS record
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -783,15 +788,16 @@ DECLARE
     v_claimed boolean;
     v_id uuid;
     v_due timestamptz := now() + make_interval(secs => p_delay_ms / 1000.0);
-    v_status text;
 BEGIN
-    PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    ord := 1;
+    -- The tenant's row lock (see schedule_timers), then the name's (queen.lock_timer_names'
+    -- lock, spelled for one name), in one statement.
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key))
+    FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- (queen.lock_timer_names' lock, spelled for one name)
-    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
-                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
     v_id := encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
                    PLACING substring(int8send((extract(epoch FROM clock_timestamp())
                                                * 1000)::bigint) FROM 3)
@@ -803,7 +809,8 @@ BEGIN
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         IF v_claimed THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            status := 'too_late';
+            txn := v_txn;
             RETURN;
         END IF;
         -- A reschedule is a new timer under an old name: the failure budget starts again.
@@ -813,7 +820,7 @@ BEGIN
             visible_at = v_due, attempts = 0, last_error = NULL, claim_token = NULL,
             claimed_by = NULL, updated_at = now()
         WHERE t.ctid = v_row;
-        v_status := 'rescheduled';
+        status := 'rescheduled';
         v_bytes := p_bytes - v_bytes;
     ELSE
         -- No row, or one a firing sweeper has locked (SKIP LOCKED passed it by): too_late.
@@ -821,7 +828,8 @@ BEGIN
         FROM queen.timers x
         WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
         IF FOUND THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            status := 'too_late';
+            txn := v_txn;
             RETURN;
         END IF;
         INSERT INTO queen.timers AS t (tenant_id, queue, timer_key, partition, txn, message_id,
@@ -833,8 +841,8 @@ BEGIN
         IF NOT FOUND THEN
             -- Created by a concurrent transaction since our look: decided afresh by the
             -- set-based path, which retries this case.
-            RETURN QUERY
-            SELECT s.ord, s.status, s.txn, s.message_id, s.deliver_at
+            SELECT s.status, s.txn, s.message_id, s.deliver_at
+            INTO status, txn, message_id, deliver_at
             FROM queen.schedule_timers(
                 p_tenant, json_build_array(CASE WHEN p_zstd
                     THEN json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
@@ -846,7 +854,7 @@ BEGIN
                 p_notify_within_ms, 2) s;
             RETURN;
         END IF;
-        v_status := 'scheduled';
+        status := 'scheduled';
         v_bytes := p_bytes;
         IF NOT EXISTS (SELECT 1 FROM queen.queues q
                        WHERE q.tenant_id = p_tenant AND q.name = p_queue) THEN
@@ -861,7 +869,9 @@ BEGIN
         -- (as schedule_timers: the due instant in epoch microseconds)
         PERFORM pg_notify('queen_timers', ceil(extract(epoch FROM v_due) * 1000000)::bigint::text);
     END IF;
-    RETURN QUERY SELECT 1, v_status, p_txn, v_id, v_due;
+    txn := p_txn;
+    message_id := v_id;
+    deliver_at := v_due;
 END
 $$;
 

@@ -256,8 +256,9 @@ $fn$;
 -- comes as stored (p_zstd says how), its JSON size as p_bytes.
 CREATE OR REPLACE FUNCTION queen.schedule_timer(
     p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint,
-    p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint)
-RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
+    p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint,
+    OUT ord integer, OUT status text, OUT txn text, OUT message_id uuid,
+    OUT deliver_at timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- (every probe by the primary key: see schedule_timers)
 SET plan_cache_mode = force_generic_plan  -- (parameters only, never worth re-planning)
@@ -270,15 +271,16 @@ DECLARE
     v_claimed boolean;
     v_id uuid;
     v_due timestamptz := now() + make_interval(secs => p_delay_ms / 1000.0);
-    v_status text;
 BEGIN
-    PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    ord := 1;
+    -- The tenant's row lock (see schedule_timers), then the name's (queen.lock_timer_names'
+    -- lock, spelled for one name), in one statement.
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key))
+    FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- (queen.lock_timer_names' lock, spelled for one name)
-    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
-                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
     v_id := encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
                    PLACING substring(int8send((extract(epoch FROM clock_timestamp())
                                                * 1000)::bigint) FROM 3)
@@ -290,7 +292,8 @@ BEGIN
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         IF v_claimed THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            status := 'too_late';
+            txn := v_txn;
             RETURN;
         END IF;
         -- A reschedule is a new timer under an old name: the failure budget starts again.
@@ -300,7 +303,7 @@ BEGIN
             visible_at = v_due, attempts = 0, last_error = NULL, claim_token = NULL,
             claimed_by = NULL, updated_at = now()
         WHERE t.ctid = v_row;
-        v_status := 'rescheduled';
+        status := 'rescheduled';
         v_bytes := p_bytes - v_bytes;
     ELSE
         -- No row, or one a firing sweeper has locked (SKIP LOCKED passed it by): too_late.
@@ -308,7 +311,8 @@ BEGIN
         FROM queen.timers x
         WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
         IF FOUND THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn, NULL::uuid, NULL::timestamptz;
+            status := 'too_late';
+            txn := v_txn;
             RETURN;
         END IF;
         INSERT INTO queen.timers AS t (tenant_id, queue, timer_key, partition, txn, message_id,
@@ -320,8 +324,8 @@ BEGIN
         IF NOT FOUND THEN
             -- Created by a concurrent transaction since our look: decided afresh by the
             -- set-based path, which retries this case.
-            RETURN QUERY
-            SELECT s.ord, s.status, s.txn, s.message_id, s.deliver_at
+            SELECT s.status, s.txn, s.message_id, s.deliver_at
+            INTO status, txn, message_id, deliver_at
             FROM queen.schedule_timers(
                 p_tenant, json_build_array(CASE WHEN p_zstd
                     THEN json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
@@ -333,7 +337,7 @@ BEGIN
                 p_notify_within_ms, 2) s;
             RETURN;
         END IF;
-        v_status := 'scheduled';
+        status := 'scheduled';
         v_bytes := p_bytes;
         IF NOT EXISTS (SELECT 1 FROM queen.queues q
                        WHERE q.tenant_id = p_tenant AND q.name = p_queue) THEN
@@ -348,7 +352,9 @@ BEGIN
         -- (as schedule_timers: the due instant in epoch microseconds)
         PERFORM pg_notify('queen_timers', ceil(extract(epoch FROM v_due) * 1000000)::bigint::text);
     END IF;
-    RETURN QUERY SELECT 1, v_status, p_txn, v_id, v_due;
+    txn := p_txn;
+    message_id := v_id;
+    deliver_at := v_due;
 END
 $fn$;
 
@@ -432,8 +438,8 @@ $fn$;
 -- One timer (DELETE /api/v1/timers/{queue}/{key}): what cancel_timers decides for a list of
 -- one, in a few straight-line statements (see schedule_timer for why).
 CREATE OR REPLACE FUNCTION queen.cancel_timer(
-    p_tenant integer, p_queue text, p_key text, p_txn text)
-RETURNS TABLE (ord integer, status text, txn text)
+    p_tenant integer, p_queue text, p_key text, p_txn text,
+    OUT ord integer, OUT status text, OUT txn text)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- (the key probes always use the primary key: see schedule_timers)
 SET plan_cache_mode = force_generic_plan  -- (parameters only, never worth re-planning)
@@ -445,6 +451,7 @@ DECLARE
     v_bytes integer;
     v_claimed boolean;
 BEGIN
+    ord := 1;
     -- (queen.lock_timer_names' lock, spelled for one name)
     PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
                                   || length(p_queue)::text || '/' || p_queue || '/' || p_key));
@@ -459,21 +466,25 @@ BEGIN
         FROM queen.timers x
         WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
         IF FOUND THEN
-            RETURN QUERY SELECT 1, 'too_late', v_txn;
+            status := 'too_late';
+            txn := v_txn;
         ELSE
-            RETURN QUERY SELECT 1, 'absent', p_txn;
+            status := 'absent';
+            txn := p_txn;
         END IF;
         RETURN;
     END IF;
     IF v_claimed THEN
-        RETURN QUERY SELECT 1, 'too_late', v_txn;
+        status := 'too_late';
+        txn := v_txn;
         RETURN;
     END IF;
     DELETE FROM queen.timers t WHERE t.ctid = v_row;
     IF v_bytes <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, -v_bytes);
     END IF;
-    RETURN QUERY SELECT 1, 'cancelled', v_txn;
+    status := 'cancelled';
+    txn := v_txn;
 END
 $fn$;
 
