@@ -259,9 +259,59 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.cancel_timer(p_tenant integer, p_queue text, p_key text, p_txn text, OUT ord integer, OUT status text, OUT txn text) RETURNS record
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_row tid;
+    v_txn text;
+    v_bytes integer;
+    v_claimed boolean;
+BEGIN
+    ord := 1;
+    -- (queen.lock_timer_names' lock, spelled for one name)
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
+    SELECT x.ctid, x.txn, x.payload_bytes, x.claim_token IS NOT NULL AND x.visible_at > now()
+    INTO v_row, v_txn, v_bytes, v_claimed
+    FROM queen.timers x
+    WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- No row (absent), or one a firing sweeper has locked (too_late).
+        SELECT x.txn INTO v_txn
+        FROM queen.timers x
+        WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
+        IF FOUND THEN
+            status := 'too_late';
+            txn := v_txn;
+        ELSE
+            status := 'absent';
+            txn := p_txn;
+        END IF;
+        RETURN;
+    END IF;
+    IF v_claimed THEN
+        status := 'too_late';
+        txn := v_txn;
+        RETURN;
+    END IF;
+    DELETE FROM queen.timers t WHERE t.ctid = v_row;
+    IF v_bytes <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, -v_bytes);
+    END IF;
+    status := 'cancelled';
+    txn := v_txn;
+END
+$$;
+
 CREATE FUNCTION queen.cancel_timers(p_tenant integer, p_queues text[], p_keys text[], p_txns text[]) RETURNS TABLE(ord integer, status text, txn text)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -727,15 +777,128 @@ $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
 
+CREATE FUNCTION queen.schedule_timer(p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint, p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint, OUT ord integer, OUT status text, OUT txn text, OUT message_id uuid, OUT deliver_at timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_row tid;
+    v_txn text;
+    v_bytes integer;
+    v_claimed boolean;
+    v_id uuid;
+    v_due timestamptz := now() + make_interval(secs => p_delay_ms / 1000.0);
+BEGIN
+    ord := 1;
+    -- The tenant's row lock (see schedule_timers), then the name's (queen.lock_timer_names'
+    -- lock, spelled for one name), in one statement.
+    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
+                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key))
+    FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
+    END IF;
+    v_id := encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                   PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                               * 1000)::bigint) FROM 3)
+                   FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid;
+    SELECT x.ctid, x.txn, x.payload_bytes, x.claim_token IS NOT NULL AND x.visible_at > now()
+    INTO v_row, v_txn, v_bytes, v_claimed
+    FROM queen.timers x
+    WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        IF v_claimed THEN
+            status := 'too_late';
+            txn := v_txn;
+            RETURN;
+        END IF;
+        -- A reschedule is a new timer under an old name: the failure budget starts again.
+        UPDATE queen.timers t
+        SET partition = p_partition, txn = p_txn, message_id = v_id, payload = p_payload,
+            payload_zstd = p_zstd, payload_bytes = p_bytes, deliver_at = v_due,
+            visible_at = v_due, attempts = 0, last_error = NULL, claim_token = NULL,
+            claimed_by = NULL, updated_at = now()
+        WHERE t.ctid = v_row;
+        status := 'rescheduled';
+        v_bytes := p_bytes - v_bytes;
+    ELSE
+        -- No row, or one a firing sweeper has locked (SKIP LOCKED passed it by): too_late.
+        SELECT x.txn INTO v_txn
+        FROM queen.timers x
+        WHERE x.tenant_id = p_tenant AND x.queue = p_queue AND x.timer_key = p_key;
+        IF FOUND THEN
+            status := 'too_late';
+            txn := v_txn;
+            RETURN;
+        END IF;
+        INSERT INTO queen.timers AS t (tenant_id, queue, timer_key, partition, txn, message_id,
+                                       payload, payload_zstd, payload_bytes, deliver_at,
+                                       visible_at)
+        VALUES (p_tenant, p_queue, p_key, p_partition, p_txn, v_id, p_payload, p_zstd, p_bytes,
+                v_due, v_due)
+        ON CONFLICT (tenant_id, queue, timer_key) DO NOTHING;
+        IF NOT FOUND THEN
+            -- Created by a concurrent transaction since our look: decided afresh by the
+            -- set-based path, which retries this case.
+            SELECT s.status, s.txn, s.message_id, s.deliver_at
+            INTO status, txn, message_id, deliver_at
+            FROM queen.schedule_timers(
+                p_tenant, json_build_array(CASE WHEN p_zstd
+                    THEN json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
+                                           't', p_txn, 'd', p_delay_ms, 'b', p_bytes,
+                                           'z', encode(p_payload, 'base64'))
+                    ELSE json_build_object('q', p_queue, 'k', p_key, 'p', p_partition,
+                                           't', p_txn, 'd', p_delay_ms, 'b', p_bytes,
+                                           'j', convert_from(p_payload, 'UTF8')::json) END),
+                p_notify_within_ms, 2) s;
+            RETURN;
+        END IF;
+        status := 'scheduled';
+        v_bytes := p_bytes;
+        IF NOT EXISTS (SELECT 1 FROM queen.queues q
+                       WHERE q.tenant_id = p_tenant AND q.name = p_queue) THEN
+            INSERT INTO queen.queues (tenant_id, name) VALUES (p_tenant, p_queue)
+            ON CONFLICT (tenant_id, name) DO NOTHING;
+        END IF;
+    END IF;
+    IF v_bytes <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_bytes);
+    END IF;
+    IF v_due < now() + make_interval(secs => p_notify_within_ms / 1000.0) THEN
+        -- (as schedule_timers: the due instant in epoch microseconds)
+        PERFORM pg_notify('queen_timers', ceil(extract(epoch FROM v_due) * 1000000)::bigint::text);
+    END IF;
+    txn := p_txn;
+    message_id := v_id;
+    deliver_at := v_due;
+END
+$$;
+
 CREATE FUNCTION queen.schedule_timers(p_tenant integer, p_timers json, p_notify_within_ms bigint, p_attempt integer DEFAULT 1) RETURNS TABLE(ord integer, status text, txn text, message_id uuid, deliver_at timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
     n integer := json_array_length(p_timers);
     v_queues text[];
     v_keys text[];
+    v_partitions text[];
+    v_txns_in text[];
+    v_delays bigint[];
+    v_sizes integer[];
+    v_payloads bytea[];
+    v_zstd boolean[];
+    -- The message ids' random bits, drawn once per call (each draw of the server's strong
+    -- random source may open /dev/urandom: a tenth of a bundle's cost when drawn per timer);
+    -- a timer's id is them with its position XORed into the last bytes, so the ids of one call
+    -- differ from each other, and from other calls' by their random bits.
+    v_random bytea := set_bit(set_bit(uuid_send(gen_random_uuid()), 52, 1), 53, 1);
+    v_low bigint;
     v_ords integer[];
     v_status text[];
     v_txns text[];
@@ -757,12 +920,22 @@ BEGIN
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    SELECT array_agg(x.q), array_agg(x.k) INTO v_queues, v_keys
-    FROM json_to_recordset(p_timers) AS x(q text, k text);
+    -- The JSON parsed once, into arrays in input order (a single function scan, no sort).
+    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.d),
+           array_agg(x.b),
+           -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
+           array_agg(CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
+                          ELSE decode(x.z, 'base64') END),
+           array_agg(x.z IS NOT NULL)
+    INTO v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads, v_zstd
+    FROM json_to_recordset(p_timers)
+         AS x(q text, k text, p text, t text, d bigint, b integer, j json, z text);
+    v_low := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
     PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
-    IF (SELECT count(DISTINCT (u.q, u.k)) FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
+    IF (SELECT count(DISTINCT length(u.q)::text || '/' || u.q || '/' || u.k)
+        FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
         -- The same timer more than once (requests merged by the broker's batcher): one at a
         -- time, in order, as separate calls would.
         FOR i IN 1..n LOOP
@@ -781,19 +954,15 @@ BEGIN
     -- probed again, under its row lock.
     WITH input AS (
         SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
-               -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
-               CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
-                    ELSE decode(x.z, 'base64') END AS payload,
-               x.z IS NOT NULL AS zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
+               x.payload, x.zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
                now() + make_interval(secs => x.d / 1000.0) AS due,
-               encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-                      PLACING substring(int8send((extract(epoch FROM clock_timestamp())
-                                                  * 1000)::bigint) FROM 3)
-                      FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS message_id
-        FROM ROWS FROM (json_to_recordset(p_timers)
-                        AS (q text, k text, p text, t text, d bigint, b integer, j json,
-                            z text))
-             WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord)
+               -- a version 7 UUID: Unix milliseconds, then the call's random bits (above)
+               encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
+                              PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                                          * 1000)::bigint) FROM 3)
+                              FROM 1 FOR 6), 'hex')::uuid AS message_id
+        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads,
+                    v_zstd) WITH ORDINALITY AS x(q, k, p, t, d, b, payload, zstd, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -880,7 +1049,11 @@ BEGIN
     FROM unnest(v_ords, v_status, v_txns, v_ids, v_at) AS a(o, s, t, m, at);
 
     -- A timer created by a concurrent transaction after this statement's snapshot was neither
-    -- updated nor inserted here: decide it again with a fresh look.
+    -- updated nor inserted here: decide it again with a fresh look. (Rare: looked for only
+    -- when an answer is missing, the search being quadratic in the bundle.)
+    IF coalesce(array_length(v_ords, 1), 0) = n THEN
+        RETURN;
+    END IF;
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
         SELECT i, s.status, s.txn, s.message_id, s.deliver_at

@@ -98,9 +98,10 @@ def serve_checkout(checkout: Path, database_url: str, port: int) -> subprocess.P
 
 
 @contextlib.contextmanager
-def broker_process(url: str | None, *,
-                   start_timeout_s: float = BROKER_START_TIMEOUT_S) -> Iterator[BrokerProcess]:
-    """The broker at ``url``, or one started here and stopped (SIGTERM) on the way out."""
+def broker_process(url: str | None, *, start_timeout_s: float = BROKER_START_TIMEOUT_S,
+                   checkout: Path | None = None) -> Iterator[BrokerProcess]:
+    """The broker at ``url``, or one started here and stopped (SIGTERM) on the way out; with
+    ``checkout``, that checkout's code (an A/B run against a baseline)."""
     if url:
         wait_healthy(url, None, None)
         yield BrokerProcess(url, f"existing broker at {url}",
@@ -113,9 +114,11 @@ def broker_process(url: str | None, *,
            "QUEEN_DATA_DIR": str(data_dir / "data"), "QUEEN_LOG_LEVEL": "INFO"}
     external_db = env.get("QUEEN_DATABASE_URL") or None
     source = "QUEEN_DATABASE_URL" if external_db else "embedded (temporary)"
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], env=env,
-                                   stdout=log_file, stderr=subprocess.STDOUT)
+                                   cwd=checkout, stdout=log_file, stderr=subprocess.STDOUT)
     handle = BrokerProcess(f"http://127.0.0.1:{port}", f"subprocess, database {source}",
                            external_db, log_path, process.pid)
     try:

@@ -16,6 +16,14 @@ SELECT ord, status, txn, message_id, deliver_at
 FROM queen.schedule_timers(%(tenant_id)s, %(timers)s::json, %(notify_within_ms)s::bigint)
 ORDER BY ord
 
+-- name: schedule_one
+-- One timer (queen.schedule_timer): the same decision in a few key probes, with scalar
+-- parameters; the payload as stored (zstd says how).
+SELECT ord, status, txn, message_id, deliver_at
+FROM queen.schedule_timer(%(tenant_id)s, %(queue)s, %(key)s, %(partition)s, %(txn)s,
+                          %(delay_ms)s::bigint, %(bytes)s::integer, %(payload)s::bytea,
+                          %(zstd)s, %(notify_within_ms)s::bigint)
+
 -- name: cancel
 -- Cancels a list of distinct timers in one statement (queen.cancel_timers): decided under the
 -- names' and the rows' locks, never waiting on a sweeper, one row per input by position.
@@ -24,10 +32,10 @@ FROM queen.cancel_timers(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[], %(
 ORDER BY ord
 
 -- name: cancel_one
--- The same for a single timer (DELETE), with scalar parameters.
+-- The same for a single timer (DELETE, or a list of one), with scalar parameters
+-- (queen.cancel_timer: a few key probes).
 SELECT ord, status, txn
-FROM queen.cancel_timers(%(tenant_id)s, ARRAY[%(queue)s::text], ARRAY[%(key)s::text],
-                         ARRAY[%(txn)s::text])
+FROM queen.cancel_timer(%(tenant_id)s, %(queue)s, %(key)s, %(txn)s)
 
 -- name: peek
 SELECT queue, timer_key, partition, txn, message_id, deliver_at, attempts, last_error, payload,

@@ -1,8 +1,8 @@
 """Schedules that arrive together share one statement and one commit.
 
-A lone PUT of a timer costs PostgreSQL about a millisecond of CPU, nearly all of it per
-statement and per commit (function entry, planning, the WAL flush); a statement of 30 timers
-costs some 70 µs a timer (bench: ``python -m bench.timer_lag --scenario schedule``). So schedules
+A lone PUT of a timer costs PostgreSQL about half a millisecond of CPU, nearly all of it per
+statement and per commit (the WAL flush); a timer in a statement of hundreds some 30-40 µs
+(``bench/results/timer_pg_cost.md``). So schedules
 are not sent one by one: a writer takes every schedule that is waiting when it is free and sends
 them in one ``queen.schedule_timers`` statement, which decides each timer under its own row lock
 in arrival order (the same key twice in one batch is scheduled, then rescheduled, exactly as two

@@ -127,11 +127,26 @@ def schedule_many(
     if not schedules:
         return []
     schedules = sealed(raw, tenant_id, schedules, cipher)
+    if len(schedules) == 1:
+        return [_schedule_one(raw, tenant_id, schedules[0], notify_within_ms)]
     rows = raw.execute(Q.schedule, {
         "tenant_id": tenant_id, "timers": timers_document(schedules),
         "notify_within_ms": notify_within_ms,
     }, binary=True).fetchall()
     return [_outcome(s, row) for s, row in zip(schedules, rows, strict=True)]
+
+
+def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_within_ms: int
+                  ) -> Outcome:
+    """One timer through queen.schedule_timer: scalar parameters, a few key probes (the
+    set-based statement's start-up alone costs PostgreSQL several times more)."""
+    blob, size, compressed = rules.pack(s.payload, s.json_bytes)
+    row = one(raw.execute(Q.schedule_one, {
+        "tenant_id": tenant_id, "queue": s.queue, "key": s.key, "partition": s.partition,
+        "txn": s.txn or log_rules.new_transaction_id(), "delay_ms": s.delay_ms, "bytes": size,
+        "payload": blob, "zstd": compressed, "notify_within_ms": notify_within_ms,
+    }, binary=True))
+    return _outcome(s, row)
 
 
 def _planned_now(raw: DictConnection, query: str, params: dict[str, Any] | None = None
@@ -160,8 +175,8 @@ def cancel(raw: DictConnection, tenant_id: int, queue: str, key: str,
     """Delete a pending timer, in one statement (it may run in autocommit). ``absent`` also
     covers "already delivered" and "another tenant's": the log, not this answer, says whether a
     message went out."""
-    row = one(_planned_now(raw, Q.cancel_one, {"tenant_id": tenant_id, "queue": queue,
-                                               "key": key, "txn": echo_txn}))
+    row = one(raw.execute(Q.cancel_one, {"tenant_id": tenant_id, "queue": queue, "key": key,
+                                         "txn": echo_txn}))
     return Outcome(row["status"], queue, key, row["txn"])
 
 
@@ -169,6 +184,9 @@ def cancel_many(raw: DictConnection, tenant_id: int, cancels: list[Cancel]) -> l
     """Cancel several distinct timers in the caller's transaction, in one statement."""
     if not cancels:
         return []
+    if len(cancels) == 1:
+        c = cancels[0]
+        return [cancel(raw, tenant_id, c.queue, c.key, c.txn)]
     rows = _planned_now(raw, Q.cancel, {
         "tenant_id": tenant_id, "queues": [c.queue for c in cancels],
         "keys": [c.key for c in cancels], "txns": [c.txn for c in cancels],

@@ -593,3 +593,121 @@ def test_deleting_a_tenant_deletes_its_timers_and_a_missing_tenant_schedules_non
             store.schedule_many(conn, other, [timer("q", "late", 60_000, 1)],
                                 notify_within_ms=0)
         assert conn.execute("SELECT count(*) AS n FROM queen.timers").fetchone()["n"] == 3
+
+
+# -- one timer alone (queen.schedule_timer, queen.cancel_timer) decides as in a bundle ----------
+
+
+def _decide(conn: Any, tenant: int, path: str, op: timer_rules.Schedule | timer_rules.Cancel
+            ) -> store.Outcome:
+    """``op`` alone (the single-timer functions) or in a bundle beside another timer's op (the
+    set-based statements)."""
+    with conn.transaction():
+        if path == "alone":
+            if isinstance(op, timer_rules.Cancel):
+                return store.cancel(conn, tenant, op.queue, op.key, op.txn)
+            return store.schedule(conn, tenant, op, notify_within_ms=0)
+        if isinstance(op, timer_rules.Cancel):
+            return store.cancel_many(conn, tenant, [
+                op, timer_rules.Cancel(op.queue, f"{op.key}-nobody", None)])[0]
+        return store.schedule_many(conn, tenant, [op, timer(op.queue, f"{op.key}-beside",
+                                                            60_000, 0)], notify_within_ms=0)[0]
+
+
+def _row(url: str, key: str) -> dict[str, Any] | None:
+    rows = sql(url, "SELECT txn, message_id, payload, payload_zstd, payload_bytes, attempts, "
+                    "deliver_at, claim_token FROM queen.timers WHERE timer_key = %s", (key,))
+    return rows[0] if rows else None
+
+
+@pytest.mark.parametrize("path", ["alone", "bundle"])
+def test_one_timer_alone_is_decided_and_stored_as_in_a_bundle(database_url: str,
+                                                              path: str) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        before = datetime.now(UTC)
+        first = _decide(conn, tenant, path, timer("fresh-q", "k", 60_000, {"v": 1}))
+        row = _row(database_url, "k")
+        assert first.status == "scheduled" and row is not None
+        assert (first.txn, first.message_id, first.deliver_at) == (
+            row["txn"], row["message_id"], row["deliver_at"])
+        assert first.message_id is not None and first.message_id.version == 7
+        assert (bytes(row["payload"]), row["payload_zstd"], row["payload_bytes"]) == (
+            b'{"v":1}', False, 7)
+        # The queue of a new timer is created with it; the bytes are counted.
+        assert sql(database_url, "SELECT count(*) AS n FROM queen.queues "
+                                 "WHERE name = 'fresh-q'") == [{"n": 1}]
+        beside = 0 if path == "alone" else 1  # (the bundle's other timer: a payload of 0)
+        assert usage(database_url) == 7 + beside
+
+        # A reschedule: a new timer under the old name, its budget whole again, its payload
+        # compressed when that pays.
+        sql(database_url, "UPDATE queen.timers SET attempts = 3 WHERE timer_key = 'k'")
+        again = _decide(conn, tenant, path, timer("fresh-q", "k", 5_000, COMPRESSIBLE))
+        row = _row(database_url, "k")
+        assert again.status == "rescheduled" and row is not None
+        assert again.message_id not in (None, first.message_id)
+        assert (row["attempts"], row["payload_zstd"], row["message_id"]) == (
+            0, True, again.message_id)
+        assert timer_rules.unpack(bytes(row["payload"]), True) == COMPRESSIBLE
+        assert again.deliver_at is not None and again.deliver_at > before
+        assert usage(database_url) == row["payload_bytes"] + beside
+
+        # Claimed by a sweeper: too_late for both, carrying the txn of the timer that stands.
+        sql(database_url, "UPDATE queen.timers SET visible_at = now() - interval '1 s' "
+                          "WHERE timer_key = 'k'")
+        token = uuid.uuid4()
+        assert [c.key for c in claim(conn, token, lease_ms=60_000).rows] == ["k"]
+        late = _decide(conn, tenant, path, timer("fresh-q", "k", 5_000, 2))
+        assert (late.status, late.txn) == ("too_late", again.txn)
+        gone = _decide(conn, tenant, path, timer_rules.Cancel("fresh-q", "k", "mine"))
+        assert (gone.status, gone.txn) == ("too_late", again.txn)
+        assert store.release(conn, token) == 1
+
+        cancelled = _decide(conn, tenant, path, timer_rules.Cancel("fresh-q", "k", "mine"))
+        assert (cancelled.status, cancelled.txn) == ("cancelled", again.txn)
+        assert _row(database_url, "k") is None
+        assert usage(database_url) == beside
+        absent = _decide(conn, tenant, path, timer_rules.Cancel("fresh-q", "k", "mine"))
+        assert (absent.status, absent.ok, absent.txn) == ("absent", False, "mine")
+
+
+def test_a_timer_alone_due_soon_wakes_the_sweepers_and_a_far_one_does_not(
+        database_url: str) -> None:
+    with connect(database_url, autocommit=True) as listener, \
+            connect(database_url, autocommit=True) as conn:
+        listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            far = store.schedule(conn, tenant, timer("wake", "far", 60_000, 1),
+                                 notify_within_ms=1000)
+            soon = store.schedule(conn, tenant, timer("wake", "soon", 200, 1),
+                                  notify_within_ms=1000)
+        assert (far.status, soon.status) == ("scheduled", "scheduled")
+        assert soon.deliver_at is not None
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    # The due instant in epoch microseconds (rounded up), for the soon one only.
+    assert payloads == [str(int(-(-soon.deliver_at.timestamp() * 1_000_000 // 1)))]
+
+
+def test_the_message_ids_of_a_bundle_are_distinct_version_7_uuids_of_their_instant(
+        database_url: str) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        ids = []
+        for call in range(2):
+            start_ms = time.time_ns() // 1_000_000 - 5
+            with conn.transaction():
+                outcomes = store.schedule_many(
+                    conn, tenant, [timer("ids", f"{call}-{i}", 60_000, i) for i in range(300)],
+                    notify_within_ms=0)
+            end_ms = time.time_ns() // 1_000_000 + 5
+            for o in outcomes:
+                assert o.message_id is not None
+                assert (o.message_id.version, o.message_id.variant) == (7, uuid.RFC_4122)
+                assert start_ms <= int.from_bytes(o.message_id.bytes[:6]) <= end_ms
+            ids += [o.message_id for o in outcomes]
+    assert len(set(ids)) == 600
+    # Each call draws its own random bits: its ids share no tail with the other call's.
+    tails = [{i.bytes[8:14] for i in ids[:300]}, {i.bytes[8:14] for i in ids[300:]}]
+    assert not tails[0] & tails[1]
