@@ -24,6 +24,7 @@ from ..models import log as wire_log
 from ..models import timers as wire_timers
 from ..models import transaction as wire_transaction
 from .errors import TransactionRefused
+from .frozen import slotted_init
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ def parse_time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@slotted_init  # (made once per timer of a bundle's answer)
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerResult:
     """The answer to a schedule or cancel. ``ok`` is False for ``absent`` and ``too_late``.
