@@ -16,10 +16,10 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..frozen import slotted_init
 from . import calls
 from .calls import TimerSpec
 from .durations import Duration, delay_ms
-from .frozen import slotted_init
 from .models import AckStatus, Message, Page, TransactionResult
 
 # A guarded commit that met its own lock's renewal is sent again this many times at most.

@@ -16,13 +16,13 @@ from urllib.parse import quote
 import msgspec
 
 from .. import strict_json
+from ..frozen import slotted_init
 from ..models import codec
 from ..models import log as wire_log
 from ..models import transaction as wire_transaction
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 from .errors import Conflict, NotFound
-from .frozen import slotted_init
 
 T = TypeVar("T")
 API = "/api/v1"

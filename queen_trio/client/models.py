@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 import msgspec
 import zstandard
 
+from ..frozen import slotted_init
 from ..models import codec
 from ..models import kv as wire_kv
 from ..models import locks as wire_locks
@@ -24,7 +25,6 @@ from ..models import log as wire_log
 from ..models import timers as wire_timers
 from ..models import transaction as wire_transaction
 from .errors import TransactionRefused
-from .frozen import slotted_init
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
-"""Cheaper construction for the SDK's frozen, slotted dataclasses made once per timer of a
-bundle (builders, specs, the entry chain, the answer's results).
+"""Cheaper construction for frozen, slotted dataclasses made once per timer of a 500-timer
+bundle (the SDK's builders, specs and results; the broker's validated operations).
 
 A frozen dataclass's generated ``__init__`` assigns each field through
 ``object.__setattr__``, which costs about three times what setting the slots directly does
