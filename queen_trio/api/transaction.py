@@ -29,7 +29,7 @@ from .kv import precondition_answer, result_models
 from .log import ack_result, pushed
 from .switches import paused
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
-from .timers import count_outcomes, outcome_fields
+from .timers import count_outcomes, outcome_models
 
 transaction_routes = Blueprint("transaction", __name__, url_prefix="/api/v1")
 
@@ -49,9 +49,7 @@ def _flat_results(bundle: transactions.Bundle, results: list[Any],
     flat += [models.TxKv(**{**asdict(r), "index": base + r.index},
                          op=r.__struct_config__.tag)  # type: ignore[arg-type]
              for r in result_models(kv_results)]
-    base = len(flat)
-    flat += [models.TxTimer(**outcome_fields(o), index=base + i)
-             for i, o in enumerate(outcomes)]
+    flat += outcome_models(outcomes, models.TxTimer, len(flat))
     return flat
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..frozen import slotted_init
 from . import calls
 from .calls import TimerSpec
 from .durations import Duration, delay_ms
@@ -35,6 +36,7 @@ class TimerOwner(Protocol[R_co]):
     def _timer_cancel(self, queue: str, key: str, txn: str | None) -> R_co: ...
 
 
+@slotted_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerBuilder(Generic[R]):
     """``timer(queue).key(k).delay(d).payload(p)[.partition(p)][.txn(t)]`` then
@@ -114,6 +116,7 @@ class TimerBuilder(Generic[R]):
         return peek(self._queue, self._required_key())
 
 
+@slotted_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Chain(Generic[T]):
     """An immutable list that grows at its end in O(1), sharing what came before: a builder
@@ -133,6 +136,7 @@ class _Chain(Generic[T]):
         return tuple(out)
 
 
+@slotted_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransactionBuilder(Generic[R]):
     """``transaction().ack(m).push(q, p).kv.put(…).timer(q).key(k)….schedule().commit()``:

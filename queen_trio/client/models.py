@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 import msgspec
 import zstandard
 
+from ..frozen import slotted_init
 from ..models import codec
 from ..models import kv as wire_kv
 from ..models import locks as wire_locks
@@ -71,6 +72,7 @@ def parse_time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@slotted_init  # (made once per timer of a bundle's answer)
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerResult:
     """The answer to a schedule or cancel. ``ok`` is False for ``absent`` and ``too_late``.

@@ -118,7 +118,8 @@ def exchange(
     (a ValueError naming the value's path) before anything is sent; answers are decoded by the
     same strict decoder as the broker's requests.
     """
-    content = None if call.body is None else strict_json.dumps(call.body)
+    content = call.content if call.content is not None else (
+        None if call.body is None else strict_json.dumps(call.body))
     if call.extra_read_s:
         timeout = httpx.Timeout(timeout.connect, read=(timeout.read or 0) + call.extra_read_s,
                                 write=timeout.write, pool=timeout.pool)

@@ -32,14 +32,20 @@ ANY = msgspec.json.Decoder()
 def fast(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:
     """``raw`` decoded by ``decoder``, or :data:`FALLBACK`: the caller then takes its precise
     path (which refuses it, naming why, or accepts it: a leading byte order mark, say)."""
-    if b"\\u0000" in raw:
-        return FALLBACK
-    if len(raw) >= len(_LONG_RUN) and _LONG_RUN in raw.translate(_ONE_DIGIT):
+    if suspect(raw):
         return FALLBACK
     try:
         return decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return FALLBACK
+
+
+def suspect(raw: bytes) -> bool:
+    """Whether ``raw`` holds what strict_json may refuse and msgspec would take (a ``\\u0000``
+    escape, a run of 309 digits): :func:`fast` leaves such a body to the precise path. Of
+    texts joined by commas, true exactly when it is for one of them."""
+    return b"\\u0000" in raw or (len(raw) >= len(_LONG_RUN)
+                                  and _LONG_RUN in raw.translate(_ONE_DIGIT))
 
 
 def fast_builtins(raw: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:

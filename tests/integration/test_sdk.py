@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 import trio
@@ -436,3 +439,59 @@ def test_results_are_frozen() -> None:
     r = TimerResult(True, TimerStatus.SCHEDULED, "q", "k", "t")
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.status = TimerStatus.ABSENT  # type: ignore[misc]
+
+
+async def test_a_bundle_of_timers_stores_each_payload_and_answers_each_timer(
+    queen: Client, database_url: str
+) -> None:
+    """A bundle of timers alone goes through the fast paths on both sides (the body encoded
+    in C, the payloads decoded together, the answer decoded in C): every timer is stored
+    with its payload's compact JSON and answered in order, whatever its payload holds."""
+    payloads: list[Any] = [{"k": 0}, None, "é\n", [1, 2.5, {"a": None}], 2**70, 1e300,
+                           -0.0, (1, 2), {"deep": [[[[{"x": "y"}]]]]}, True, {}]
+    tx = queen.transaction()
+    for i, payload in enumerate(payloads):
+        tx = tx.timer("bulk").key(f"k{i}").delay("30m").payload(payload).schedule()
+    tx = tx.timer("bulk").key("never-there").cancel(txn="t-gone")
+    result = await tx.commit()
+    assert [(t.key, t.status) for t in result.timers] == [
+        *((f"k{i}", TimerStatus.SCHEDULED) for i in range(len(payloads))),
+        ("never-there", TimerStatus.ABSENT)]
+    assert result.timers[-1].txn == "t-gone" and result.timers[-1].deliver_at is None
+    with psycopg.connect(database_url) as conn:
+        rows = dict(conn.execute("SELECT timer_key, convert_from(payload, 'UTF8') FROM "
+                                 "queen.timers WHERE queue = 'bulk' AND NOT payload_zstd"
+                                 ).fetchall())
+        due = dict(conn.execute("SELECT timer_key, deliver_at FROM queen.timers "
+                                "WHERE queue = 'bulk'").fetchall())
+    assert {k: json.loads(v) for k, v in rows.items()} == {
+        f"k{i}": json.loads(json.dumps(p)) for i, p in enumerate(payloads)}
+    assert rows["k3"] == '[1,2.5,{"a":null}]'  # compact, as every message is stored
+    assert {t.key: t.deliver_at for t in result.timers[:-1]} == due
+
+
+async def test_a_bundles_payloads_are_judged_one_by_one_by_the_broker(
+    broker: BrokerHandle, database_url: str
+) -> None:
+    """Raw bundles and batches whose payloads are JSON only together ("[1", "2]", "3,4"), or
+    JSON but not compact: the broker refuses the first naming the payload, and stores the
+    second compact, on both routes."""
+
+    def op(key: str, payload: bytes) -> dict[str, Any]:
+        return {"op": "schedule", "queue": "judged", "timerKey": key, "delayMs": 60_000,
+                "txn": f"t-{key}", "payload": base64.b64encode(payload).decode()}
+
+    trick = [op("a", b"1"), op("b", b"[1"), op("c", b"2]"), op("d", b"3,4")]
+    loose = [op("e", b"1"), op("f", b' { "x" : [ 1 , "\\u00e9" ] } '), op("g", b"1e2")]
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        for path, wrap in (("/api/v1/transaction", lambda ops: {"timers": ops}),
+                           ("/api/v1/timers", lambda ops: {"operations": ops})):
+            refused = await http.post(path, json=wrap(trick))
+            assert refused.status_code == 400, refused.text
+            assert "[1].payload is not a JSON document" in refused.json()["message"]
+            stored = await http.post(path, json=wrap(loose))
+            assert stored.status_code == 200, stored.text
+    with psycopg.connect(database_url) as conn:
+        rows = dict(conn.execute("SELECT timer_key, convert_from(payload, 'UTF8') FROM "
+                                 "queen.timers WHERE queue = 'judged'").fetchall())
+    assert rows == {"e": "1", "f": '{"x":[1,"é"]}', "g": "100.0"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 import zstandard
 
-from queen_trio.client import AckStatus, Message
+from queen_trio import strict_json
+from queen_trio.client import AckStatus, Message, calls
 from queen_trio.client.api import BaseClient
 from queen_trio.client.builders import TransactionBuilder
 from queen_trio.client.calls import Call
+from queen_trio.models import codec
 
 MID = "0192f1e4-7c3a-7000-8000-000000000001"  # a messageId: a UUID, as the models require
 
@@ -326,3 +329,128 @@ def test_minted_txns_are_distinct_random_uuids(queen: Recorder) -> None:
     txns = [t["txn"] for t in tx.commit().body["timers"]]
     assert len(set(txns)) == 200
     assert all(uuid.UUID(t).version == 4 and str(uuid.UUID(t)) == t for t in txns)
+
+
+# -- the bundle's fast paths: what they send and read is what the strict paths do ---------------
+
+
+def test_a_timer_bundle_is_sent_encoded_as_its_body(queen: Recorder) -> None:
+    """A bundle of timers alone travels encoded in C (``content``): the same JSON as its body.
+    A name JSON cannot carry leaves it to the transport's strict encoder, which refuses it
+    naming the value, as before."""
+    tx = queen.transaction()
+    for i in range(3):
+        tx = tx.timer("q").key(f"k{i}é").delay(5).payload({"i": i}).partition("p").schedule()
+    call = tx.timer("q").key("gone").cancel(txn="t").commit()
+    assert call.content is not None and json.loads(call.content) == call.body
+    for bad in ("a\x00b", "\ud800"):
+        call = queen.transaction().timer("q").key(bad).delay(5).schedule().commit()
+        assert call.content is None
+        with pytest.raises(strict_json.JsonRefused):
+            strict_json.dumps(call.body)
+    mixed = queen.transaction().push("q", 1.5).timer("q").key("k").delay(5).schedule().commit()
+    assert mixed.content is None  # (operations and kv keep the strict encoder)
+    single = queen.timer("q").key("k").delay(5).payload([1]).schedule()
+    assert single.content is not None and json.loads(single.content) == single.body
+
+
+class _Thing:
+    pass
+
+
+_DEEP: Any = 1
+for _ in range(40):
+    _DEEP = [_DEEP]
+
+
+@pytest.mark.parametrize("payload", [
+    None, True, 0, -7, 2**63, 2**70, 10**400, 1.5, -0.0, 1e300, 1e16, "é\n\"\\", "\x7f\u2028",
+    {"a": [1, {"b": None}]}, [], {}, _DEEP,
+    float("nan"), float("inf"), {"x": [float("-inf")]}, "a\x00b", {"k\x00": 1}, "\ud800",
+    {"k": "\udc00"}, (1, 2), {1: "int key"}, {None: 1}, {1.5: 1}, {True: 1}, {"s": {1, 2}},
+    datetime(2030, 1, 1, tzinfo=UTC), uuid.UUID(MID), b"bytes", _Thing(), AckStatus.COMPLETED,
+])
+def test_a_timer_payload_is_encoded_or_refused_as_strict_json_does(payload: Any) -> None:
+    """Plain payloads are encoded by msgspec, the rest by strict_json: the same JSON value,
+    or the same refusal (type and message, the path named from ``payload``)."""
+    def outcome(encode: Any) -> Any:
+        try:
+            return "ok", json.loads(encode())
+        except (ValueError, TypeError, RecursionError) as exc:
+            return type(exc), str(exc)
+
+    def strict() -> bytes:
+        try:
+            return strict_json.dumps(payload)
+        except strict_json.JsonRefused as exc:  # as calls names it
+            path = "payload" + (exc.path if exc.path.startswith("[") or not exc.path
+                                else f".{exc.path}")
+            raise strict_json.JsonRefused(exc.code, exc.message.replace(exc.path, path, 1)
+                                          if exc.path else f"payload: {exc.message}",
+                                          path) from None
+
+    assert outcome(lambda: calls._payload_json(payload)) == outcome(strict)
+
+
+def _answer(results: list[dict[str, Any]], **top: Any) -> bytes:
+    return json.dumps({"success": True, "transactionId": "tx-1", "results": results,
+                       **top}).encode()
+
+
+def _timer_answer(i: int, **fields: Any) -> dict[str, Any]:
+    return {"type": "timer", "index": i, "ok": True, "status": "scheduled", "queue": "q",
+            "timerKey": f"k{i}", "txn": f"t{i}", "messageId": MID,
+            "deliverAt": f"2030-01-01T00:00:00.{i:06d}Z", "partition": "Default", **fields}
+
+
+@pytest.mark.parametrize("raw", [
+    _answer([_timer_answer(0), _timer_answer(1, ok=False, status="too_late", messageId=None,
+                                             deliverAt=None, partition=None),
+             {"type": "timer", "index": 2, "ok": False, "status": "absent", "queue": "q",
+              "timerKey": "gone", "txn": None}]),
+    _answer([]),
+    _answer([_timer_answer(0)], extra="ignored"),
+    _answer([_timer_answer(0, messageId="not-a-uuid")]),
+    _answer([_timer_answer(0, status="fired")]),
+    _answer([{"type": "kv", "index": 0, "op": "put", "applied": True, "version": 1}]),
+    json.dumps({"success": False, "reason": "kv_precondition", "transactionId": "t",
+                "failedIndex": 0, "kvReason": "version", "version": 2, "value": None,
+                "results": []}).encode(),
+    b'{"success": true, "transactionId": "t", "results": [], "x": "\\u0000"}',
+    b"\xef\xbb\xbf" + _answer([_timer_answer(0)]),
+    b"[]",
+])
+def test_a_timer_bundles_answer_decoded_in_c_reads_as_from_wire(queen: Recorder,
+                                                                raw: bytes) -> None:
+    """The answer to a bundle of timers alone is decoded by msgspec into the broker's model:
+    the same TransactionResult as the strict path, or it takes that path (which raises what
+    it raised)."""
+    call = queen.transaction().timer("q").key("k").delay(5).schedule().commit()
+    assert call.fast is not None
+
+    def outcome(read: Any) -> Any:
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - compared, not hidden
+            return type(exc)
+
+    quick = outcome(lambda: call.fast(raw))  # type: ignore[misc]
+    precise = outcome(lambda: call.parse(strict_json.loads(raw)))
+    assert quick is codec.FALLBACK or quick == precise
+
+
+def test_a_forked_child_mints_its_own_txns() -> None:
+    """Txns are minted in batches; a forked child must not mint the ones its parent has
+    in hand (the same transactionIds in two processes)."""
+    calls.new_txn()  # the parent holds a batch
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(writer, calls.new_txn().encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(pid, 0)
+    with os.fdopen(reader) as pipe:
+        child = pipe.read()
+    assert child != calls.new_txn()
+    assert uuid.UUID(child).version == 4

@@ -266,3 +266,52 @@ def test_a_batch_is_judged_per_operation_after_its_names_are_known(second: dict)
         assert fast == precise
     else:
         assert fast is None
+
+
+@pytest.mark.parametrize("payloads", [
+    [b"1", b'{"a":[1,2.5,"\xc3\xa9"]}', b"null", b'"x"', b"[]", b"{}", b"-0.5", b"true"],
+    [b"[1", b"2]", b"3,4"],  # no one of them JSON, though their array is, with 4 elements
+    [b"1", b" 2", b'"\\u00e9"', b"1e5", b"1.0", b'{"a":1,"a":2}'],  # JSON, not compact
+    [b"1", b""], [b"1", b'"\\u0000"'], [b"1", b"1" + b"0" * 400], [b"1", b'"\\ud800"'],
+    [b"1", b'"\xff"'], [b"1", b"\xef\xbb\xbf[1]"], [b"1", b"NaN"], [b"1", b"x" * 2000],
+    [b"1", b'"' + b"y" * 1020 + b'"'], [b"1", b'"' + b"y" * 1022 + b'"'],
+])
+def test_a_bundles_payloads_decoded_together_are_judged_one_by_one(payloads: list[bytes]) -> None:
+    """typed_operations decodes a bundle's payloads as one JSON array: every operation gets
+    exactly what payload_value gives it alone (its value and compact JSON), or the same
+    refusal naming the same place, whatever its neighbours hold."""
+    body = [_op(timerKey="first")] + [_op(timerKey=f"k{i}", payload=_b64(p))
+                                      for i, p in enumerate(payloads)]
+    raw = json.dumps(body).encode()
+
+    def judged(decide: object) -> object:
+        try:
+            ops = decide()  # type: ignore[operator]
+        except (ClientError, strict_json.JsonRefused) as exc:
+            return (type(exc), exc.code, exc.message)
+        return None if ops is None else [(op.key, getattr(op, "payload", None),
+                                          getattr(op, "json_bytes", None)) for op in ops]
+
+    kw = {"horizon_s": 3600, "ceiling": 1024}
+    fast = judged(lambda: rules.operations_from_bytes(raw, **kw))
+    precise = judged(lambda: rules.operations(strict_json.loads(raw), **kw))
+    assert fast == precise
+
+
+@pytest.mark.parametrize("encoded", ["QQ", "QQ=", "QQ===", "Q Q==", "QQ==\n", "=QQ=", "QQ==QQ==",
+                                     "é", "QUJD", ""])
+def test_payload_base64_is_read_as_b64decode_validate_reads_it(encoded: str) -> None:
+    body = [_op(timerKey="first"), _op(timerKey="second", payload=encoded)]
+    raw = json.dumps(body).encode()
+    kw = {"horizon_s": 3600, "ceiling": 1024}
+    try:
+        fast = [(o.key, getattr(o, "json_bytes", None))
+                for o in rules.operations_from_bytes(raw, **kw) or []]
+    except ClientError as exc:
+        fast = exc.message  # type: ignore[assignment]
+    try:
+        precise = [(o.key, getattr(o, "json_bytes", None))
+                   for o in rules.operations(strict_json.loads(raw), **kw)]
+    except ClientError as exc:
+        precise = exc.message  # type: ignore[assignment]
+    assert fast == precise

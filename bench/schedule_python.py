@@ -1,0 +1,97 @@
+"""The Python CPU of one 500-timer bundle per timer, without network or database: the SDK's
+part (builders, body encoding, answer decoding, as ``bench.peer_graphile.sdk_bundle`` reads the
+answer) and the broker's part (body decode, rules, answer models, answer encoding). Stages of
+the broker: ``decode+rules`` is what ``POST /api/v1/transaction`` does before the statement,
+``answer`` what it does after (the store's outcomes are made up here). Each figure is the
+minimum of ``--runs`` runs (process CPU time), the least disturbed by a loaded machine.
+
+    PYTHONPATH=$PWD python -m bench.schedule_python [--runs 15]
+
+Against a branch: run it from each checkout (``PYTHONPATH`` set to it) one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from queen_trio import strict_json, transactions
+from queen_trio.api import transaction as api_tx
+from queen_trio.client.builders import TransactionBuilder
+from queen_trio.models import codec
+from queen_trio.models import transaction as models
+from queen_trio.timers import store
+
+N = 500
+HOUR_MS = 3_600_000
+
+
+def sdk_once(answer: bytes) -> None:
+    tx: Any = TransactionBuilder(lambda call: call)
+    for i in range(N):
+        key = f"k-{i}"
+        tx = tx.timer("q").key(key).delay(HOUR_MS).payload({"k": key}).schedule()
+    call = tx.commit()
+    _ = getattr(call, "content", None) or strict_json.dumps(call.body)  # as the transport
+    fast = getattr(call, "fast", None)
+    result = fast(answer) if fast is not None else codec.FALLBACK
+    if result is codec.FALLBACK:
+        result = call.parse(strict_json.loads(answer))
+    _ = [(t.key, t.deliver_at.timestamp()) for t in result.timers if t.ok]
+
+
+def best(run: Callable[[], Any], runs: int) -> float:
+    out = float("inf")
+    for _ in range(runs):
+        t0 = time.process_time()
+        run()
+        out = min(out, time.process_time() - t0)
+    return out / N * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15)
+    runs = parser.parse_args().runs
+    answer = json.dumps({"success": True, "transactionId": str(uuid.uuid4()), "results": [
+        {"type": "timer", "index": i, "ok": True, "status": "scheduled", "queue": "q",
+         "timerKey": f"k-{i}", "txn": str(uuid.uuid4()), "messageId": str(uuid.uuid4()),
+         "deliverAt": f"2030-01-01T00:00:00.{i:06d}Z", "partition": "Default"}
+        for i in range(N)]}).encode()
+    body = json.dumps({"operations": [], "timers": [
+        {"op": "schedule", "queue": "q", "timerKey": f"k-{i}", "delayMs": HOUR_MS,
+         "txn": str(uuid.uuid4()),
+         "payload": base64.b64encode(json.dumps({"k": f"k-{i}"}).encode()).decode()}
+        for i in range(N)]}).encode()
+    limits = transactions.Limits(message_ceiling=1 << 20, timer_payload_ceiling=65536,
+                                 timer_horizon_s=86400 * 365, notify_within_ms=1000)
+
+    def parse() -> transactions.Bundle:
+        decoded = codec.fast(body, models.BUNDLE_DECODER)
+        return transactions.parse(api_tx._bundle_builtins(decoded), limits)
+
+    bundle = parse()
+    now = datetime.now(UTC)
+    outcomes = [store.Outcome("scheduled", s.queue, s.key, s.txn, s.partition,
+                              now + timedelta(hours=1, microseconds=i), uuid.uuid4())
+                for i, s in enumerate(bundle.timers)]
+
+    def answer_of() -> bytes:
+        return codec.encode(models.TransactionDone(
+            success=True, transaction_id="t",
+            results=api_tx._flat_results(bundle, [], [], outcomes)))
+
+    sdk, rules, answers = best(lambda: sdk_once(answer), runs), best(parse, runs), \
+        best(answer_of, runs)
+    print(f"µs per timer of a {N}-timer bundle (min of {runs}): SDK {sdk:.1f}; broker "
+          f"decode+rules {rules:.1f}, answer {answers:.1f}, together {rules + answers:.1f}")
+
+
+if __name__ == "__main__":
+    main()
