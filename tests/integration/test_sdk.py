@@ -459,10 +459,11 @@ async def test_a_bundle_of_timers_stores_each_payload_and_answers_each_timer(
         ("never-there", TimerStatus.ABSENT)]
     assert result.timers[-1].txn == "t-gone" and result.timers[-1].deliver_at is None
     with psycopg.connect(database_url) as conn:
-        rows = dict(conn.execute("SELECT timer_key, convert_from(payload, 'UTF8') FROM "
+        rows: dict[str, str] = dict(conn.execute(
+            "SELECT timer_key, convert_from(payload, 'UTF8') FROM "
                                  "queen.timers WHERE queue = 'bulk' AND NOT payload_zstd"
                                  ).fetchall())
-        due = dict(conn.execute("SELECT timer_key, deliver_at FROM queen.timers "
+        due: dict[str, Any] = dict(conn.execute("SELECT timer_key, deliver_at FROM queen.timers "
                                 "WHERE queue = 'bulk'").fetchall())
     assert {k: json.loads(v) for k, v in rows.items()} == {
         f"k{i}": json.loads(json.dumps(p)) for i, p in enumerate(payloads)}
@@ -492,6 +493,7 @@ async def test_a_bundles_payloads_are_judged_one_by_one_by_the_broker(
             stored = await http.post(path, json=wrap(loose))
             assert stored.status_code == 200, stored.text
     with psycopg.connect(database_url) as conn:
-        rows = dict(conn.execute("SELECT timer_key, convert_from(payload, 'UTF8') FROM "
+        rows: dict[str, str] = dict(conn.execute(
+            "SELECT timer_key, convert_from(payload, 'UTF8') FROM "
                                  "queen.timers WHERE queue = 'judged'").fetchall())
     assert rows == {"e": "1", "f": '{"x":[1,"é"]}', "g": "100.0"}

@@ -434,7 +434,7 @@ def test_a_timer_bundles_answer_decoded_in_c_reads_as_from_wire(queen: Recorder,
         except Exception as exc:  # noqa: BLE001 - compared, not hidden
             return type(exc)
 
-    quick = outcome(lambda: call.fast(raw))  # type: ignore[misc]
+    quick = outcome(lambda: call.fast(raw))
     precise = outcome(lambda: call.parse(strict_json.loads(raw)))
     assert quick is codec.FALLBACK or quick == precise
 
