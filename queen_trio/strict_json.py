@@ -201,9 +201,12 @@ def _clean(value: Any) -> bool:
     JSON type, say): a quick walk that keeps no paths."""
     stack = [value]
     pop, push, extend = stack.pop, stack.append, stack.extend
+    seen: set[int] = set()  # containers walked: a circular one is walked once, not forever
     while stack:
         item = pop()
         kind = type(item)
+        if (kind is dict or kind is list or kind is tuple) and _seen_before(item, seen):
+            continue
         if kind is str:
             if not item.isascii() and _UNSTORABLE.search(item) or "\x00" in item:
                 return False
@@ -228,8 +231,11 @@ def _clean(value: Any) -> bool:
 def _locate(value: Any) -> None:
     """:func:`check`'s walk with the path of every value."""
     stack: list[tuple[Any, str]] = [(value, "")]
+    seen: set[int] = set()
     while stack:
         item, path = stack.pop()
+        if isinstance(item, dict | list | tuple) and _seen_before(item, seen):
+            continue
         if isinstance(item, str):
             _check_text(item, path, "a string")
         elif isinstance(item, dict):
@@ -251,6 +257,17 @@ def _locate(value: Any) -> None:
         elif isinstance(item, int) and not isinstance(item, bool):
             if not -_DOUBLE_MAX <= item <= _DOUBLE_MAX:
                 raise JsonRefused(INVALID_VALUE, _located(path, _int_too_big(item)), path)
+
+
+def _seen_before(container: Any, seen: set[int]) -> bool:
+    """Whether the walk met ``container`` already. Skipping it again is right either way: a
+    container referenced twice was checked the first time, and a circular one is left to the
+    encoder, which refuses it ("Circular reference detected")."""
+    key = id(container)
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
 
 
 def _int_too_big(number: int) -> str:

@@ -143,3 +143,25 @@ def test_the_decoder_accepts_exactly_what_check_accepts(value: Any) -> None:
             assert refusal(data).path == expected.path
         else:
             assert strict_json.loads(data) == json.loads(text)
+
+
+def _circular() -> list[Any]:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("value", [_circular(), {"x": _circular()}, ({"y": [_circular()]},)],
+                         ids=["list", "in a dict", "in a tuple"])
+def test_a_circular_payload_is_refused_not_walked_forever(value: Any) -> None:
+    """The SDK encodes a user's payload with dumps: a container holding itself must end in
+    the encoder's ValueError, not in a check that walks the loop until memory runs out."""
+    with pytest.raises(ValueError, match="Circular reference"):
+        strict_json.dumps(value)
+
+
+def test_a_value_shared_by_two_members_is_still_checked() -> None:
+    shared = [float("nan")]
+    with pytest.raises(strict_json.JsonRefused, match=r"a\[0\]: NaN"):
+        strict_json.dumps({"a": shared, "b": shared})
