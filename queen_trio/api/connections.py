@@ -21,6 +21,17 @@ pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py):
   not read yet;
 - when the client closes, the idle timer stops, so the descriptor is released at once, not
   after ``QUEEN_HTTP_IDLE_TIMEOUT_S`` (hypercorn's own behaviour, hidden by the first bug).
+
+Two changes make each keep-alive request cheaper (issue 32: the broker's CPU per request):
+
+- an answer's head is written together with its body: hypercorn writes the head, the body and
+  the (empty) end of a sized answer as three socket writes, each behind the send lock and a
+  shielded scope; a head with a ``Content-Length`` is now held until the body (or the end)
+  follows, and nothing empty is written. A streamed answer (no length) still sends its head
+  at once, so that a client sees it before the first chunk;
+- the idle timer is restarted (after each answer) and stopped (at each request) without a
+  round trip through the scheduler: hypercorn's ``TrioSingleTask`` took a lock and waited in
+  ``nursery.start`` for the new timer task to run first.
 """
 
 from __future__ import annotations
@@ -33,11 +44,12 @@ from typing import Any
 
 import h11
 import trio
-from hypercorn.events import Closed, Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import TrioSingleTask
 
 # Long enough for a refused client to finish writing what it has in flight and read the answer;
 # short enough that a client who never stops sending holds its descriptor only briefly.
@@ -47,6 +59,50 @@ _ORIGINAL_SEND = TCPServer.protocol_send
 _ORIGINAL_READ = TCPServer._read_data
 _ORIGINAL_STREAM_SEND = H11Protocol.stream_send
 _LINGERING = "_queen_lingering"
+_HELD = "_queen_held_head"  # the encoded head of a sized answer, written with what follows
+
+
+async def _send_h11_event(self: Any, event: Any) -> None:
+    """hypercorn's ``H11Protocol._send_h11_event``, writing a sized answer's head with its body."""
+    held = self.__dict__.pop(_HELD, b"")
+    try:
+        data = self.connection.send(event)
+    except h11.LocalProtocolError:
+        if self.connection.their_state != h11.ERROR:
+            raise
+        data = b""
+    else:
+        if type(event) is h11.Response and _sized(event):
+            self.__dict__[_HELD] = held + data
+            return
+    data = held + data
+    if data:
+        await self.send(RawData(data=data))
+
+
+def _sized(response: h11.Response) -> bool:
+    return any(name == b"content-length" for name, _ in response.headers)
+
+
+async def _restart_timer(self: TrioSingleTask, task_group: Any, action: Any) -> None:
+    """``TrioSingleTask.restart`` without a lock or waiting for the new task: nothing here
+    awaits, so no other task can interleave; a scope cancelled before its task enters it
+    cancels the task as soon as it starts."""
+    if self._handle is not None:
+        self._handle.cancel()
+    self._handle = scope = trio.CancelScope()
+    task_group._nursery.start_soon(_run_timer, scope, action)
+
+
+async def _stop_timer(self: TrioSingleTask) -> None:
+    if self._handle is not None:
+        self._handle.cancel()
+    self._handle = None
+
+
+async def _run_timer(scope: trio.CancelScope, action: Any) -> None:
+    with scope:
+        await action()
 
 
 async def _stream_send(self: Any, event: StreamEvent) -> None:
@@ -120,4 +176,7 @@ def install() -> None:
         TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
         TCPServer._read_data = _read_data  # type: ignore[method-assign]
         H11Protocol.stream_send = _stream_send  # type: ignore[method-assign]
+        H11Protocol._send_h11_event = _send_h11_event  # type: ignore[method-assign]
+        TrioSingleTask.restart = _restart_timer  # type: ignore[method-assign]
+        TrioSingleTask.stop = _stop_timer  # type: ignore[method-assign]
         logging.getLogger("trio.serve_listeners").addFilter(_AtMostEvery(10.0))
