@@ -29,15 +29,18 @@ Two changes make each keep-alive request cheaper (issue 32: the broker's CPU per
   shielded scope; a head with a ``Content-Length`` is now held until the body (or the end)
   follows, and nothing empty is written. A streamed answer (no length) still sends its head
   at once, so that a client sees it before the first chunk;
-- the idle timer is restarted (after each answer) and stopped (at each request) without a
-  round trip through the scheduler: hypercorn's ``TrioSingleTask`` took a lock and waited in
-  ``nursery.start`` for the new timer task to run first.
+- the idle timer is one task per connection whose deadline each request moves (to infinity
+  when a request starts, to ``QUEEN_HTTP_IDLE_TIMEOUT_S`` from now after its answer):
+  hypercorn stopped the timer task at every request (a cancellation unwound through it) and
+  started a new one after every answer, each behind a lock and, for the start, a round trip
+  through the scheduler (``nursery.start``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from functools import partial
 from typing import Any
@@ -58,7 +61,11 @@ LINGER_S = 2.0
 _ORIGINAL_SEND = TCPServer.protocol_send
 _ORIGINAL_READ = TCPServer._read_data
 _ORIGINAL_STREAM_SEND = H11Protocol.stream_send
+_ORIGINAL_SEND_H11 = H11Protocol._send_h11_event
+_ORIGINAL_IDLE = TCPServer._idle_timeout
+_ORIGINAL_RESTART = TrioSingleTask.restart
 _LINGERING = "_queen_lingering"
+_CLOCK = "_queen_idle_clock"
 _HELD = "_queen_held_head"  # the encoded head of a sized answer, written with what follows
 
 
@@ -82,6 +89,27 @@ async def _send_h11_event(self: Any, event: Any) -> None:
 
 def _sized(response: h11.Response) -> bool:
     return any(name == b"content-length" for name, _ in response.headers)
+
+
+def _idle_clock(self: Any) -> trio.CancelScope:
+    """The scope of the connection's idle timer, whose deadline is the connection's: created
+    unentered (the timer task enters it once it runs) so that a request may move it first."""
+    clock: trio.CancelScope | None = self.__dict__.get(_CLOCK)
+    if clock is None:
+        clock = self.__dict__[_CLOCK] = trio.CancelScope(
+            deadline=trio.current_time() + self.config.keep_alive_timeout)
+    return clock
+
+
+async def _idle_timeout(self: Any) -> None:
+    """hypercorn's ``TCPServer._idle_timeout`` for the whole connection: close it once idle
+    past its deadline, or at shutdown if idle then (a busy one closes after its answer)."""
+    with _idle_clock(self) as clock:
+        await self.context.terminated.wait()
+        if clock.deadline == math.inf:  # busy: its answer ends the connection (or a deadline)
+            await trio.sleep_forever()
+    with trio.CancelScope(shield=True):
+        await self._initiate_server_close()
 
 
 async def _restart_timer(self: TrioSingleTask, task_group: Any, action: Any) -> None:
@@ -121,8 +149,8 @@ async def _protocol_send(self: Any, event: Event) -> None:
                 await self.idle_task.restart(self._task_group, partial(_close_after_linger, self))
         await self.protocol.handle(Closed())
     elif isinstance(event, Updated):
-        with trio.CancelScope(shield=True):
-            await _ORIGINAL_SEND(self, event)
+        _idle_clock(self).deadline = (trio.current_time() + self.config.keep_alive_timeout
+                                      if event.idle else math.inf)
     else:
         await _ORIGINAL_SEND(self, event)
 
@@ -175,6 +203,7 @@ def install() -> None:
     if TCPServer.protocol_send is not _protocol_send:
         TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
         TCPServer._read_data = _read_data  # type: ignore[method-assign]
+        TCPServer._idle_timeout = _idle_timeout  # type: ignore[method-assign]
         H11Protocol.stream_send = _stream_send  # type: ignore[method-assign]
         H11Protocol._send_h11_event = _send_h11_event  # type: ignore[method-assign]
         TrioSingleTask.restart = _restart_timer  # type: ignore[method-assign]
