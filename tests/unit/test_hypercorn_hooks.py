@@ -77,6 +77,10 @@ def test_the_tcp_server_methods_connections_py_wraps() -> None:
                 raise
         else:
             await self.send(RawData(data=data))""".split(), _CONNECTIONS
+    # The write connections.py makes in hypercorn's place: under send_lock, shielded.
+    sending = inspect.getsource(connections._ORIGINAL_SEND)
+    assert ("async with self.send_lock:" in sending and "cancel_scope.shield = True" in sending
+            and "await self.stream.send_all(event.data)" in sending), _CONNECTIONS
     source = inspect.getsource(TCPServer)
     for used in ("self.idle_task = ", "self._task_group = ", "self.stream = ",
                  "self.protocol = ", "self.context = ", "self.protocol_send,",
