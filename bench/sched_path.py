@@ -5,8 +5,13 @@ Each side is a broker subprocess started from its own checkout, on its own datab
 shared PostgreSQL server, driven by a client subprocess that imports the SDK of the same
 checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, default all):
 
+- ``routes``: the broker's CPU per request, route by route, one keep-alive client sending
+  ``--calls`` requests of each back to back (broker CPU from /proc): a route that does not
+  exist, ``/health``, a timer peek, a 1-timer ``POST /api/v1/timers``, a cancel (``DELETE``),
+  a ``PUT``, a pop with nothing ready (``wait=false``), a lone ack.
 - ``single``: one schedule, then one cancel of it, then one push, 10 ms apart, sequential
-  (an idle broker between calls): p50/p90/p99/max of each call.
+  (an idle broker between calls): p50/p90/p99/max of each call, and the client's CPU per
+  call.
 - ``push``: pushes of one message each, ``--concurrency`` at once (50, as Queen's JS client's
   bootstrap test), first into ``--partitions`` new partitions, then into the same ones again:
   pushes/s and latency.
@@ -45,7 +50,7 @@ from bench.harness.stats import distribution
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "sched_path.json"
-SCENARIOS = ("single", "push", "bundle", "notify")
+SCENARIOS = ("routes", "single", "push", "bundle", "notify")
 BUNDLE = 500
 
 
@@ -61,13 +66,16 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
     async with queen_trio.Client(url) as q:
         await q.timer("warm").key("w").delay("1h").payload({"w": 1}).schedule()
         await q.push("warm", {"w": 1})
-        if scenario == "single":
+        if scenario == "routes":
+            out = await _routes(q, url, args)
+        elif scenario == "single":
             lat: dict[str, list[float]] = {"schedule": [], "cancel": [], "push": []}
+            cpu: dict[str, float] = {"schedule": 0.0, "cancel": 0.0, "push": 0.0}
             for i in range(args["calls"]):
                 key = f"single-{args['tag']}-{i}"
                 for what in ("schedule", "cancel", "push"):
                     await trio.sleep(0.01)
-                    t = time.perf_counter()
+                    c, t = time.process_time(), time.perf_counter()
                     if what == "schedule":
                         await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
                     elif what == "cancel":
@@ -75,7 +83,9 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
                     else:
                         await q.push("single", {"i": i})
                     lat[what].append(time.perf_counter() - t)
-            out = {what: distribution(v) for what, v in lat.items()}
+                    cpu[what] += time.process_time() - c
+            out = {what: {**distribution(v), "client_cpu_ms": round(cpu[what] * 1e3 / len(v), 3)}
+                   for what, v in lat.items()}
         elif scenario == "push":
             queue, n, c = f"boot-{args['tag']}", args["partitions"], args["concurrency"]
             for phase in ("new", "existing"):
@@ -117,6 +127,70 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
             wall = time.perf_counter() - t0
             out = {"timers": done[0], "timers_per_s": round(done[0] / wall),
                    "client_cpu_s": time.process_time() - cpu0, "wall_s": wall}
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time of process ``pid``, its threads summed, in seconds: from schedstat (ns), as
+    /proc/PID/stat's 10 ms ticks are too coarse for a few hundred requests."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except OSError:  # a thread that just ended
+            pass
+    return total / 1e9
+
+
+async def _routes(q: Any, url: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The ``routes`` scenario: broker CPU and wall per request, route by route."""
+    n, tag, pid = args["calls"], args["tag"], args["pid"]
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60) as http:  # one keep-alive connection
+        return await _route_costs(q, http, url, n, tag, pid)
+
+
+async def _route_costs(q: Any, http: Any, url: str, n: int, tag: str, pid: int
+                       ) -> dict[str, Any]:
+    json_type = {"content-type": "application/json"}
+
+    def one_timer(key: str) -> bytes:
+        return json.dumps({"operations": [{"op": "schedule", "queue": "routes", "key": key,
+                                           "delayMs": 3_600_000, "payload": {"k": key}}]}
+                          ).encode()
+
+    await http.post(f"{url}/api/v1/timers", content=one_timer("peeked"), headers=json_type)
+    for start in range(0, n + 20, 500):
+        await q.push_many(f"acks-{tag}", [{"i": i} for i in range(start, min(n + 20, start + 500))])
+    leased = list((await q.pop(f"acks-{tag}", batch=n + 20)).messages)
+    await q.push("empty-" + tag, {"x": 1})
+    await q.pop("empty-" + tag, batch=1, auto_ack=True)
+    routes: dict[str, Any] = {
+        "404": lambda i: http.get(f"{url}/no-such-route"),
+        "health": lambda i: http.get(f"{url}/health"),
+        "peek": lambda i: http.get(f"{url}/api/v1/timers/routes/peeked"),
+        "schedule 1 (POST)": lambda i: http.post(f"{url}/api/v1/timers",
+                                                 content=one_timer(f"{tag}-{i}"),
+                                                 headers=json_type),
+        "cancel (DELETE)": lambda i: http.delete(f"{url}/api/v1/timers/routes/{tag}-{i}"),
+        "PUT": lambda i: http.put(f"{url}/api/v1/timers/routes/put-{tag}-{i}",
+                                  json={"payload": {"a": 1}, "delayMs": 3_600_000}),
+        "pop, none ready": lambda i: http.get(f"{url}/api/v1/pop/queue/empty-{tag}",
+                                              params={"wait": "false"}),
+        "lone ack": lambda i: q.ack(leased[i]),
+    }
+    out: dict[str, Any] = {}
+    for name, call in routes.items():
+        for i in range(20):  # warm (the cancels then find timers 20.. gone: still a cancel)
+            await call(n + i)
+        c0, t0 = _cpu_s(pid), time.perf_counter()
+        for i in range(n):
+            answer = await call(i)
+            status = getattr(answer, "status_code", 200)
+            assert status < 500, (name, status)
+        wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - c0
+        out[name] = {"wall_ms": round(wall * 1e3 / n, 3), "broker_cpu_ms": round(cpu * 1e3 / n, 3)}
     return out
 
 
@@ -230,6 +304,7 @@ def main() -> None:
                         url, pid = brokers[side]
                         for clients in ((1, 4) if scenario == "bundle" else (0,)):
                             args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
+                                    "pid": pid,
                                     "partitions": opts.partitions,
                                     "concurrency": opts.concurrency, "clients": clients,
                                     "seconds": opts.seconds}

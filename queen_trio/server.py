@@ -25,6 +25,7 @@ import functools
 import logging
 import resource
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -226,7 +227,7 @@ async def _serve_http(
 ) -> None:
     http_protocol.install()  # a request h11 refuses gets a JSON error, not an empty 400
     connections.install()  # idle, Connection: close and HTTP/1.0 end every connection
-    config = HypercornConfig()
+    config = _Config()
     # A worker of ``serve`` with QUEEN_WORKERS > 1 accepts on the socket its parent bound.
     if settings.listen_fd is not None:
         config.bind = [f"fd://{settings.listen_fd}"]
@@ -253,6 +254,21 @@ async def _serve_http(
                           f"{bind_error.strerror or bind_error}") from None
     finally:
         done.set()
+
+
+class _Config(HypercornConfig):
+    """hypercorn's configuration, with the headers every answer carries (``date``,
+    ``server``) built once a second rather than formatted for each answer."""
+
+    _cached: tuple[int, str, list[tuple[bytes, bytes]]] = (-1, "", [])
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        second, cached_protocol, headers = self._cached
+        now = int(time.time())
+        if now != second or protocol != cached_protocol:
+            headers = super().response_headers(protocol)
+            self._cached = (now, protocol, headers)
+        return list(headers)  # the caller may extend its copy
 
 
 class _NotingStarted:

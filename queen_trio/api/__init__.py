@@ -87,11 +87,12 @@ def create_app(broker: BrokerContext) -> QuartTrio:
         # A name in the path is text: percent-escapes that decode to bytes which are not
         # UTF-8 would become U+FFFD, and %FF, %FE and %EF%BF%BD would all name one timer.
         raw = req.scope.get("raw_path") or b""
-        try:
-            unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, "invalid_path",
-                           "the path is not UTF-8 once percent-decoded") from None
+        if b"%" in raw or not raw.isascii():  # (plain ASCII is UTF-8: the usual path)
+            try:
+                unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ApiError(400, "invalid_path",
+                               "the path is not UTF-8 once percent-decoded") from None
 
     @app.after_request
     async def _after(response: Response) -> Response:

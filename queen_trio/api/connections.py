@@ -21,23 +21,40 @@ pyproject.toml; the contract is checked by tests/unit/test_hypercorn_hooks.py):
   not read yet;
 - when the client closes, the idle timer stops, so the descriptor is released at once, not
   after ``QUEEN_HTTP_IDLE_TIMEOUT_S`` (hypercorn's own behaviour, hidden by the first bug).
+
+Two changes make each keep-alive request cheaper (issue 32: the broker's CPU per request):
+
+- an answer's head is written together with its body: hypercorn writes the head, the body and
+  the (empty) end of a sized answer as three socket writes, each behind the send lock and a
+  shielded scope; a head with a ``Content-Length`` is now held until the body (or the end)
+  follows, and nothing empty is written. A streamed answer (no length) still sends its head
+  at once, so that a client sees it before the first chunk;
+- a write takes the connection's send lock without a trip through the scheduler when it is
+  free (it nearly always is);
+- the idle timer is one task per connection whose deadline each request moves (to infinity
+  when a request starts, to ``QUEEN_HTTP_IDLE_TIMEOUT_S`` from now after its answer):
+  hypercorn stopped the timer task at every request (a cancellation unwound through it) and
+  started a new one after every answer, each behind a lock and, for the start, a round trip
+  through the scheduler (``nursery.start``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from functools import partial
 from typing import Any
 
 import h11
 import trio
-from hypercorn.events import Closed, Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import TrioSingleTask
 
 # Long enough for a refused client to finish writing what it has in flight and read the answer;
 # short enough that a client who never stops sending holds its descriptor only briefly.
@@ -46,7 +63,76 @@ LINGER_S = 2.0
 _ORIGINAL_SEND = TCPServer.protocol_send
 _ORIGINAL_READ = TCPServer._read_data
 _ORIGINAL_STREAM_SEND = H11Protocol.stream_send
+_ORIGINAL_SEND_H11 = H11Protocol._send_h11_event
+_ORIGINAL_IDLE = TCPServer._idle_timeout
+_ORIGINAL_RESTART = TrioSingleTask.restart
 _LINGERING = "_queen_lingering"
+_CLOCK = "_queen_idle_clock"
+_HELD = "_queen_held_head"  # the encoded head of a sized answer, written with what follows
+
+
+async def _send_h11_event(self: Any, event: Any) -> None:
+    """hypercorn's ``H11Protocol._send_h11_event``, writing a sized answer's head with its body."""
+    held = self.__dict__.pop(_HELD, b"")
+    try:
+        data = self.connection.send(event)
+    except h11.LocalProtocolError:
+        if self.connection.their_state != h11.ERROR:
+            raise
+        data = b""
+    else:
+        if type(event) is h11.Response and _sized(event):
+            self.__dict__[_HELD] = held + data
+            return
+    data = held + data
+    if data:
+        await self.send(RawData(data=data))
+
+
+def _sized(response: h11.Response) -> bool:
+    return any(name == b"content-length" for name, _ in response.headers)
+
+
+def _idle_clock(self: Any) -> trio.CancelScope:
+    """The scope of the connection's idle timer, whose deadline is the connection's: created
+    unentered (the timer task enters it once it runs) so that a request may move it first."""
+    clock: trio.CancelScope | None = self.__dict__.get(_CLOCK)
+    if clock is None:
+        clock = self.__dict__[_CLOCK] = trio.CancelScope(
+            deadline=trio.current_time() + self.config.keep_alive_timeout)
+    return clock
+
+
+async def _idle_timeout(self: Any) -> None:
+    """hypercorn's ``TCPServer._idle_timeout`` for the whole connection: close it once idle
+    past its deadline, or at shutdown if idle then (a busy one closes after its answer)."""
+    with _idle_clock(self) as clock:
+        await self.context.terminated.wait()
+        if clock.deadline == math.inf:  # busy: its answer ends the connection (or a deadline)
+            await trio.sleep_forever()
+    with trio.CancelScope(shield=True):
+        await self._initiate_server_close()
+
+
+async def _restart_timer(self: TrioSingleTask, task_group: Any, action: Any) -> None:
+    """``TrioSingleTask.restart`` without a lock or waiting for the new task: nothing here
+    awaits, so no other task can interleave; a scope cancelled before its task enters it
+    cancels the task as soon as it starts."""
+    if self._handle is not None:
+        self._handle.cancel()
+    self._handle = scope = trio.CancelScope()
+    task_group._nursery.start_soon(_run_timer, scope, action)
+
+
+async def _stop_timer(self: TrioSingleTask) -> None:
+    if self._handle is not None:
+        self._handle.cancel()
+    self._handle = None
+
+
+async def _run_timer(scope: trio.CancelScope, action: Any) -> None:
+    with scope:
+        await action()
 
 
 async def _stream_send(self: Any, event: StreamEvent) -> None:
@@ -64,11 +150,31 @@ async def _protocol_send(self: Any, event: Event) -> None:
                 setattr(self, _LINGERING, True)
                 await self.idle_task.restart(self._task_group, partial(_close_after_linger, self))
         await self.protocol.handle(Closed())
+    elif isinstance(event, RawData):
+        await _write(self, event.data)
     elif isinstance(event, Updated):
-        with trio.CancelScope(shield=True):
-            await _ORIGINAL_SEND(self, event)
+        _idle_clock(self).deadline = (trio.current_time() + self.config.keep_alive_timeout
+                                      if event.idle else math.inf)
     else:
         await _ORIGINAL_SEND(self, event)
+
+
+async def _write(self: Any, data: bytes) -> None:
+    """hypercorn's write (under the send lock, shielded: a write cut short would corrupt the
+    stream), taking a free lock without a trip through the scheduler (``Lock.acquire`` yields
+    even when the lock is free; the write itself still checkpoints)."""
+    lock = self.send_lock
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+    try:
+        with trio.CancelScope(shield=True):
+            await self.stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        await self.protocol.handle(Closed())
+    finally:
+        lock.release()
 
 
 async def _read_data(self: Any) -> None:
@@ -119,5 +225,9 @@ def install() -> None:
     if TCPServer.protocol_send is not _protocol_send:
         TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
         TCPServer._read_data = _read_data  # type: ignore[method-assign]
+        TCPServer._idle_timeout = _idle_timeout  # type: ignore[method-assign]
         H11Protocol.stream_send = _stream_send  # type: ignore[method-assign]
+        H11Protocol._send_h11_event = _send_h11_event  # type: ignore[method-assign]
+        TrioSingleTask.restart = _restart_timer  # type: ignore[method-assign]
+        TrioSingleTask.stop = _stop_timer  # type: ignore[method-assign]
         logging.getLogger("trio.serve_listeners").addFilter(_AtMostEvery(10.0))

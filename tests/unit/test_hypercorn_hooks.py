@@ -64,9 +64,28 @@ def test_the_tcp_server_methods_connections_py_wraps() -> None:
     assert "self.connection: h11.Connection" in inspect.getsource(H11Protocol), _CONNECTIONS
     assert [f.name for f in dataclasses.fields(Response)] == [
         "stream_id", "headers", "status_code"], _CONNECTIONS
+    assert names(connections._ORIGINAL_IDLE) == ["self"], _CONNECTIONS
+    assert "if self._handle is not None" in inspect.getsource(
+        connections._ORIGINAL_RESTART), _CONNECTIONS
+    # The one write of a sized answer replaces _send_h11_event: it must be hypercorn's whole
+    # method (encode with h11, tolerate a peer in ERROR, send RawData).
+    assert inspect.getsource(connections._ORIGINAL_SEND_H11).split("\n", 1)[1].split() == """
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+        else:
+            await self.send(RawData(data=data))""".split(), _CONNECTIONS
+    # The write connections.py makes in hypercorn's place: under send_lock, shielded.
+    sending = inspect.getsource(connections._ORIGINAL_SEND)
+    assert ("async with self.send_lock:" in sending and "cancel_scope.shield = True" in sending
+            and "await self.stream.send_all(event.data)" in sending), _CONNECTIONS
     source = inspect.getsource(TCPServer)
     for used in ("self.idle_task = ", "self._task_group = ", "self.stream = ",
-                 "self.protocol = ", "self.context = ", "self.protocol_send,"):
+                 "self.protocol = ", "self.context = ", "self.protocol_send,",
+                 "await self.idle_task.restart(self._task_group, self._idle_timeout)",
+                 "keep_alive_timeout", "if event.idle:"):
         assert used in source, f"{_CONNECTIONS}: TCPServer no longer has {used!r}"
 
 
@@ -171,3 +190,92 @@ async def test_hypercorn_closes_a_connection_served_by_a_self_cancelling_app(
     elapsed = await trio.to_thread.run_sync(seconds_until_closed, hypercorn_port, request_)
     assert elapsed is not None, f"{_CONNECTIONS}: the connection was never closed"
     assert within[0] <= elapsed < within[1], elapsed
+
+
+# -- what connections.py changes on every keep-alive request ------------------------------------
+
+
+async def streaming_or_sized_app(scope: Any, receive: Any, send: Any) -> None:
+    """``/sized``: a 2-byte answer; ``/stream``: a head without a length, and its one chunk
+    only once the test has seen the head."""
+    if scope["type"] != "http":
+        await _lifespan(receive, send)
+        return
+    if scope["path"] == "/sized":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await HEAD_SEEN.wait()
+    await send({"type": "http.response.body", "body": b"later"})
+
+
+HEAD_SEEN = trio.Event()
+
+
+async def test_a_sized_answer_is_one_write_and_a_streamed_head_goes_out_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    global HEAD_SEEN
+    HEAD_SEEN = trio.Event()
+    writes: list[bytes] = []
+    send_all = trio.SocketStream.send_all
+
+    async def recording(self: trio.SocketStream, data: Any) -> None:
+        if not bytes(data).startswith(b"GET "):  # the server's writes, not this client's
+            writes.append(bytes(data))
+        await send_all(self, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", recording)
+    connections.install()
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(lambda task_status: serve(
+            streaming_or_sized_app, config, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(urls[0].rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"GET /sized HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            while not received.endswith(b"ok"):
+                received += await stream.receive_some(65536)
+            # head and body in one write, and no empty write for the end
+            assert len(writes) == 1 and writes[0].endswith(b"\r\n\r\nok"), writes
+            await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            with trio.fail_after(10):  # the head comes before the app sends any chunk
+                while b"\r\n\r\n" not in received:
+                    received += await stream.receive_some(65536)
+            assert received.startswith(b"HTTP/1.1 200") and b"later" not in received
+            HEAD_SEEN.set()
+            with trio.fail_after(10):
+                while b"later" not in received:
+                    received += await stream.receive_some(65536)
+        nursery.cancel_scope.cancel()
+
+
+def requests_on_one_connection(port: int, count: int, pause: float) -> list[bytes]:
+    """``count`` requests ``pause`` s apart on one connection: each answer's status line."""
+    lines = []
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for _ in range(count):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"ok"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return lines
+                answer += chunk
+            lines.append(answer.split(b"\r\n", 1)[0])
+            time.sleep(pause)
+    return lines
+
+
+async def test_each_request_moves_the_idle_deadline(hypercorn_port: int) -> None:
+    # keep_alive_timeout is 1 s: four requests 0.5 s apart outlive it, each within it of the
+    # previous answer, so the connection serves them all.
+    lines = await trio.to_thread.run_sync(requests_on_one_connection, hypercorn_port, 4, 0.5)
+    assert lines == [b"HTTP/1.1 200 "] * 4
