@@ -259,7 +259,7 @@ async def test_a_sized_answer_is_one_write_and_a_streamed_head_goes_out_at_once(
 
 def requests_on_one_connection(port: int, count: int, pause: float) -> list[bytes]:
     """``count`` requests ``pause`` s apart on one connection: each answer's status line."""
-    lines = []
+    lines: list[bytes] = []
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         for _ in range(count):
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
