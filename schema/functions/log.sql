@@ -82,23 +82,42 @@ DECLARE
     v_lease uuid;
     v_expires timestamptz;
     v_fallback boolean := false;
+    v_stale uuid[];
+    v_seen integer;
 BEGIN
-    -- The same candidates, in the same order, as the general pop (pop_candidates).
+  -- The group's ready partitions (queen.ready: schema/functions/ready.sql), least recently
+  -- served first, as the general pop walks them (pop_candidates): an index walk, whatever the
+  -- number of partitions. Rows with nothing left are dropped on the way; the walk goes on
+  -- past them (and past partitions under a live lease or a retry hold).
+  LOOP
+    v_stale := '{}';
+    v_seen := 0;
     FOR cand IN
-        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
+        SELECT r.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
+               c.partition_id IS NOT NULL AS has_cursor,
+               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data
         FROM queen.queues q
-        JOIN queen.partitions p ON p.queue_id = q.queue_id
+        JOIN queen.ready r ON r.queue_id = q.queue_id AND r.consumer_group = p_group
+        JOIN queen.partitions p ON p.partition_id = r.partition_id
         LEFT JOIN queen.cursors c
-               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
         WHERE q.tenant_id = p_tenant AND q.name = p_queue
           AND (p_partition IS NULL OR p.name = p_partition)
-          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
           AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
-        ORDER BY c.updated_at NULLS FIRST
-        LIMIT 8
+        ORDER BY r.served_at NULLS FIRST, r.partition_id
+        LIMIT 256
     LOOP
+        v_seen := v_seen + 1;
+        IF NOT cand.has_data THEN
+            v_stale := v_stale || cand.pid;
+            CONTINUE;
+        END IF;
+        IF NOT cand.has_cursor THEN
+            v_fallback := true;  -- the group's first pop here: the broker creates the cursor
+            EXIT;
+        END IF;
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
@@ -110,11 +129,6 @@ BEGIN
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
-            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
-                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
-                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
-                EXIT;
-            END IF;
             CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
         -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
@@ -170,12 +184,28 @@ BEGIN
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
+        IF cardinality(v_stale) > 0 THEN
+            PERFORM queen.drop_stale_ready(p_group, v_stale);
+        END IF;
         RETURN QUERY
         SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
         FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
         RETURN;
     END LOOP;
+    EXIT WHEN v_fallback OR cardinality(v_stale) = 0;
+    -- Walk on past the rows dropped (unless there was nothing more, or none could be).
+    EXIT WHEN queen.drop_stale_ready(p_group, v_stale) = 0 OR v_seen < 256;
+  END LOOP;
 
+    -- A group not registered on the queue has no ready rows yet: its first pop (the general
+    -- pop) registers it.
+    IF NOT v_fallback THEN
+        v_fallback := EXISTS (
+            SELECT 1 FROM queen.queues q
+            WHERE q.tenant_id = p_tenant AND q.name = p_queue
+              AND NOT EXISTS (SELECT 1 FROM queen.queue_groups g
+                              WHERE g.queue_id = q.queue_id AND g.consumer_group = p_group));
+    END IF;
     -- Nothing to pop (no candidate, or every candidate held by another consumer of the
     -- group), or a case for the general pop.
     RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
