@@ -5,7 +5,7 @@
 -- queen.ready holds (partition, group) for every partition with frames past the group's cursor
 -- (or, for a partition the group has no cursor on yet, with frames at all), and possibly some
 -- that have none left (stale rows: the pops that walk past them remove them, see
--- queen.drop_stale_ready). served_at mirrors the cursor's updated_at: walking
+-- queen.drop_stale_ready). served_at is when the group's cursor there last changed: walking
 -- (queue, group, served_at) serves the least recently served partition first, as before.
 -- Who writes it: schema/functions/ready.sql.
 CREATE TABLE queen.ready (

@@ -315,12 +315,17 @@ CREATE FUNCTION queen.cursor_served() RETURNS trigger
 BEGIN
     IF NEW.committed < OLD.committed THEN
         INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-        SELECT NEW.partition_id, NEW.consumer_group, p.queue_id, NEW.updated_at
+        SELECT NEW.partition_id, NEW.consumer_group, p.queue_id, clock_timestamp()
         FROM queen.partitions p WHERE p.partition_id = NEW.partition_id
         ON CONFLICT (partition_id, consumer_group) DO UPDATE SET served_at = excluded.served_at;
     ELSE
-        UPDATE queen.ready r SET served_at = NEW.updated_at
-        WHERE r.partition_id = NEW.partition_id AND r.consumer_group = NEW.consumer_group;
+        -- (Never waiting: a row held by a seed or a drop keeps its time, which costs that
+        -- partition its place in the order at most; a wait here closed deadlock cycles.)
+        UPDATE queen.ready r SET served_at = clock_timestamp()
+        WHERE (r.partition_id, r.consumer_group) IN (
+            SELECT x.partition_id, x.consumer_group FROM queen.ready x
+            WHERE x.partition_id = NEW.partition_id AND x.consumer_group = NEW.consumer_group
+            FOR UPDATE SKIP LOCKED);
     END IF;
     RETURN NULL;
 END
@@ -659,6 +664,9 @@ BEGIN
         RETURN;
     END LOOP;
     EXIT WHEN v_fallback OR cardinality(v_stale) = 0;
+    -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is done
+    -- again by the next walk).
+    PERFORM set_config('synchronous_commit', 'off', true);
     -- Walk on past the rows dropped (unless there was nothing more, or none could be).
     EXIT WHEN queen.drop_stale_ready(p_group, v_stale) = 0 OR v_seen < 256;
   END LOOP;
@@ -1664,7 +1672,7 @@ CREATE INDEX timers_claim_token ON queen.timers USING btree (claim_token) WHERE 
 
 CREATE INDEX timers_visible ON queen.timers USING btree (visible_at);
 
-CREATE TRIGGER cursors_served AFTER UPDATE ON queen.cursors FOR EACH ROW WHEN (((new.updated_at IS DISTINCT FROM old.updated_at) OR (new.committed < old.committed))) EXECUTE FUNCTION queen.cursor_served();
+CREATE TRIGGER cursors_served AFTER UPDATE ON queen.cursors FOR EACH ROW EXECUTE FUNCTION queen.cursor_served();
 
 CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
 

@@ -209,10 +209,19 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
 
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
--- commit; a concurrent creator waits on it and then skips). It starts before log_start.
--- (A group subscribing from an instant starts later: committed is where it starts, less one.)
+-- commit). It starts before log_start. (A group subscribing from an instant starts later:
+-- committed is where it starts, less one.) Creators of cursors first hold the partition's
+-- ready row (queen.ready), skipping it when another creator holds it (no row back: as if
+-- another consumer held the partition): two pops creating cursors in different orders never
+-- wait for each other's new cursor.
+WITH mine AS (
+    SELECT 1 FROM queen.ready r
+    WHERE r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
+    FOR UPDATE SKIP LOCKED
+)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
-VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
+SELECT %(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s
+WHERE EXISTS (SELECT 1 FROM mine)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
@@ -233,7 +242,17 @@ WITH since AS MATERIALIZED (
                         (SELECT g.subscribed_at FROM queen.group_subscriptions g
                          WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
                            AND g.consumer_group = %(group)s),
-                        clock_timestamp()) END AS at)
+                        clock_timestamp()) END AS at
+), mine AS (
+    -- The ready rows (partitions) this seed creates cursors on, held as create_cursor holds
+    -- them; those another creator holds are left to it.
+    SELECT r.partition_id FROM queen.ready r
+    WHERE r.queue_id = %(queue_id)s AND r.consumer_group = %(group)s
+      AND NOT EXISTS (SELECT 1 FROM queen.cursors c
+                      WHERE c.partition_id = r.partition_id AND c.consumer_group = %(group)s)
+    ORDER BY r.partition_id
+    FOR UPDATE OF r SKIP LOCKED
+)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
 SELECT p.partition_id, %(group)s, %(tenant_id)s,
        CASE WHEN since.at IS NULL THEN p.log_start - 1
@@ -243,12 +262,9 @@ SELECT p.partition_id, %(group)s, %(tenant_id)s,
                                       AND f.created_at >= since.at),
                                    p.next_offset),
                           p.log_start) - 1 END
-FROM since, queen.ready r
-JOIN queen.partitions p ON p.partition_id = r.partition_id
-WHERE r.queue_id = %(queue_id)s AND r.consumer_group = %(group)s
-  AND NOT EXISTS (SELECT 1 FROM queen.cursors c
-                  WHERE c.partition_id = p.partition_id AND c.consumer_group = %(group)s)
-  AND (since.at IS NULL
+FROM since, mine m
+JOIN queen.partitions p ON p.partition_id = m.partition_id
+WHERE (since.at IS NULL
        OR NOT EXISTS (SELECT 1 FROM queen.segments s
                       WHERE s.partition_id = p.partition_id AND s.last_offset >= p.log_start
                         AND s.last_created_at >= since.at))

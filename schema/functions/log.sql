@@ -193,6 +193,9 @@ BEGIN
         RETURN;
     END LOOP;
     EXIT WHEN v_fallback OR cardinality(v_stale) = 0;
+    -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is done
+    -- again by the next walk).
+    PERFORM set_config('synchronous_commit', 'off', true);
     -- Walk on past the rows dropped (unless there was nothing more, or none could be).
     EXIT WHEN queen.drop_stale_ready(p_group, v_stale) = 0 OR v_seen < 256;
   END LOOP;

@@ -51,30 +51,34 @@ CREATE OR REPLACE TRIGGER partitions_mark_ready AFTER UPDATE ON queen.partitions
     REFERENCING OLD TABLE AS was NEW TABLE AS grown
     FOR EACH STATEMENT EXECUTE FUNCTION queen.mark_pushed_ready();
 
--- The walk serves the least recently served partition first: served_at follows the cursor's
--- updated_at (a pop, an ack, a lease). A cursor moved back (a seek) may have frames past it
--- again: its partition is marked (the row is written, so a concurrent drop_stale_ready either
--- skips it or is waited for).
+-- The walk serves the least recently served partition first: served_at is when the group's
+-- cursor there last changed (a pop, an ack, a lease), by the clock (the cursor's updated_at is
+-- the transaction's start: a general pop creating cursors and popping one would leave them all
+-- equal). A cursor moved back (a seek) may have frames past it again: its partition is marked
+-- (the row is written, so a concurrent drop_stale_ready either skips it or is waited for).
 CREATE OR REPLACE FUNCTION queen.cursor_served() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
     IF NEW.committed < OLD.committed THEN
         INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-        SELECT NEW.partition_id, NEW.consumer_group, p.queue_id, NEW.updated_at
+        SELECT NEW.partition_id, NEW.consumer_group, p.queue_id, clock_timestamp()
         FROM queen.partitions p WHERE p.partition_id = NEW.partition_id
         ON CONFLICT (partition_id, consumer_group) DO UPDATE SET served_at = excluded.served_at;
     ELSE
-        UPDATE queen.ready r SET served_at = NEW.updated_at
-        WHERE r.partition_id = NEW.partition_id AND r.consumer_group = NEW.consumer_group;
+        -- (Never waiting: a row held by a seed or a drop keeps its time, which costs that
+        -- partition its place in the order at most; a wait here closed deadlock cycles.)
+        UPDATE queen.ready r SET served_at = clock_timestamp()
+        WHERE (r.partition_id, r.consumer_group) IN (
+            SELECT x.partition_id, x.consumer_group FROM queen.ready x
+            WHERE x.partition_id = NEW.partition_id AND x.consumer_group = NEW.consumer_group
+            FOR UPDATE SKIP LOCKED);
     END IF;
     RETURN NULL;
 END
 $fn$;
 
 CREATE OR REPLACE TRIGGER cursors_served AFTER UPDATE ON queen.cursors
-    FOR EACH ROW
-    WHEN (NEW.updated_at IS DISTINCT FROM OLD.updated_at OR NEW.committed < OLD.committed)
-    EXECUTE FUNCTION queen.cursor_served();
+    FOR EACH ROW EXECUTE FUNCTION queen.cursor_served();
 
 -- A group's first pop of a queue (or seek) registers it there and marks every partition with
 -- frames past its cursor (or with frames, where it has none). Whether it registered it now.
