@@ -59,7 +59,8 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
 -- with frames it handed out, frames sealed into segments or with a retry history,
 -- delayedProcessing or windowBuffer, a cursor behind log_start, a batch handed out again after
--- a nack) answers 'fallback' having changed nothing, and the broker runs its general pop
+-- a nack) answers 'fallback' having changed nothing (but the group's ready set: rows found
+-- with nothing left are dropped on the way), and the broker runs its general pop
 -- (queen_trio/log/store.py) instead.
 CREATE OR REPLACE FUNCTION queen.pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
