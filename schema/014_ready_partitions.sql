@@ -12,11 +12,10 @@ CREATE TABLE queen.ready (
     partition_id uuid NOT NULL REFERENCES queen.partitions ON DELETE CASCADE,
     consumer_group text NOT NULL,
     queue_id bigint NOT NULL,
-    served_at timestamptz,
+    served_at timestamptz NOT NULL DEFAULT '-infinity',  -- never served: first
     PRIMARY KEY (partition_id, consumer_group)
 );
-CREATE INDEX ready_walk ON queen.ready (queue_id, consumer_group, served_at NULLS FIRST,
-                                        partition_id);
+CREATE INDEX ready_walk ON queen.ready (queue_id, consumer_group, served_at, partition_id);
 
 -- The consumer groups a queue's pushes mark partitions ready for, cursor or not: a group is
 -- registered by its first pop of the queue (or a seek), which also marks what is there already.
@@ -35,7 +34,7 @@ SELECT DISTINCT p.queue_id, c.consumer_group
 FROM queen.cursors c JOIN queen.partitions p USING (partition_id);
 
 INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-SELECT p.partition_id, g.consumer_group, p.queue_id, c.updated_at
+SELECT p.partition_id, g.consumer_group, p.queue_id, coalesce(c.updated_at, '-infinity')
 FROM queen.queue_groups g
 JOIN queen.partitions p ON p.queue_id = g.queue_id
 LEFT JOIN queen.cursors c

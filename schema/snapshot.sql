@@ -512,7 +512,7 @@ BEGIN
           WHERE n.next_offset > o.next_offset ORDER BY 1) q;
     -- (A new statement: it sees every registration committed before the lock.)
     INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT n.partition_id, g.consumer_group, n.queue_id, c.updated_at
+    SELECT n.partition_id, g.consumer_group, n.queue_id, coalesce(c.updated_at, '-infinity')
     FROM grown n
     JOIN was o USING (partition_id)
     JOIN queen.queue_groups g ON g.queue_id = n.queue_id
@@ -553,34 +553,73 @@ DECLARE
     v_lease uuid;
     v_expires timestamptz;
     v_fallback boolean := false;
-    v_stale uuid[];
+    v_stale uuid[] := '{}';
     v_seen integer;
+    v_queue bigint;
+    v_only uuid;
+    v_at timestamptz := '-infinity';
+    v_after uuid := '00000000-0000-0000-0000-000000000000';
+    walk refcursor;
 BEGIN
+    SELECT q.queue_id INTO v_queue FROM queen.queues q
+    WHERE q.tenant_id = p_tenant AND q.name = p_queue;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz,
+                            NULL::bigint, NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+        RETURN;
+    END IF;
+    IF p_partition IS NOT NULL THEN
+        SELECT p.partition_id INTO v_only FROM queen.partitions p
+        WHERE p.queue_id = v_queue AND p.name = p_partition;
+    END IF;
   -- The group's ready partitions (queen.ready: schema/functions/ready.sql), least recently
-  -- served first, as the general pop walks them (pop_candidates): an index walk, whatever the
-  -- number of partitions. Rows with nothing left are dropped on the way; the walk goes on
-  -- past them (and past partitions under a live lease or a retry hold).
+  -- served first, as the general pop walks them (pop_candidates): an index walk by pages of
+  -- 16 (keyset on served_at, partition), whatever the number of partitions. Rows with nothing
+  -- left are dropped on the way; the walk goes on past them, and past partitions under a live
+  -- lease or a retry hold.
   LOOP
-    v_stale := '{}';
     v_seen := 0;
-    FOR cand IN
-        SELECT r.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+    IF p_partition IS NOT NULL THEN
+        OPEN walk FOR
+        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
                q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
                c.partition_id IS NOT NULL AS has_cursor,
-               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data
-        FROM queen.queues q
-        JOIN queen.ready r ON r.queue_id = q.queue_id AND r.consumer_group = p_group
+               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
+               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
+        FROM queen.ready r
         JOIN queen.partitions p ON p.partition_id = r.partition_id
+        JOIN queen.queues q ON q.queue_id = p.queue_id
         LEFT JOIN queen.cursors c
                ON c.partition_id = r.partition_id AND c.consumer_group = p_group
-        WHERE q.tenant_id = p_tenant AND q.name = p_queue
-          AND (p_partition IS NULL OR p.name = p_partition)
-          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
-        ORDER BY r.served_at NULLS FIRST, r.partition_id
-        LIMIT 256
+        WHERE r.partition_id = v_only AND r.consumer_group = p_group
+          AND (r.served_at, r.partition_id) > (v_at, v_after);
+    ELSE
+        OPEN walk FOR
+        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
+               c.partition_id IS NOT NULL AS has_cursor,
+               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
+               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
+        FROM (SELECT r.partition_id, r.served_at FROM queen.ready r
+              WHERE r.queue_id = v_queue AND r.consumer_group = p_group
+                AND (r.served_at, r.partition_id) > (v_at, v_after)
+              ORDER BY r.served_at, r.partition_id
+              LIMIT 16) r
+        JOIN queen.partitions p ON p.partition_id = r.partition_id
+        JOIN queen.queues q ON q.queue_id = p.queue_id
+        LEFT JOIN queen.cursors c
+               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
+        ORDER BY r.served_at, r.partition_id;
+    END IF;
     LOOP
+        FETCH walk INTO cand;
+        EXIT WHEN NOT FOUND;
         v_seen := v_seen + 1;
+        v_at := cand.served_at;
+        v_after := cand.pid;
+        IF cand.held THEN
+            CONTINUE;  -- a live lease of the group, or its retryDelay after a failure
+        END IF;
         IF NOT cand.has_data THEN
             v_stale := v_stale || cand.pid;
             CONTINUE;
@@ -655,6 +694,7 @@ BEGIN
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
+        CLOSE walk;
         IF cardinality(v_stale) > 0 THEN
             PERFORM queen.drop_stale_ready(p_group, v_stale);
         END IF;
@@ -663,22 +703,21 @@ BEGIN
         FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
         RETURN;
     END LOOP;
-    EXIT WHEN v_fallback OR cardinality(v_stale) = 0;
-    -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is done
-    -- again by the next walk).
-    PERFORM set_config('synchronous_commit', 'off', true);
-    -- Walk on past the rows dropped (unless there was nothing more, or none could be).
-    EXIT WHEN queen.drop_stale_ready(p_group, v_stale) = 0 OR v_seen < 256;
+    CLOSE walk;
+    EXIT WHEN v_fallback OR v_seen < 16 OR p_partition IS NOT NULL;
   END LOOP;
+    IF cardinality(v_stale) > 0 AND NOT v_fallback THEN
+        -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is
+        -- done again by the next walk).
+        PERFORM set_config('synchronous_commit', 'off', true);
+        PERFORM queen.drop_stale_ready(p_group, v_stale);
+    END IF;
 
     -- A group not registered on the queue has no ready rows yet: its first pop (the general
     -- pop) registers it.
     IF NOT v_fallback THEN
-        v_fallback := EXISTS (
-            SELECT 1 FROM queen.queues q
-            WHERE q.tenant_id = p_tenant AND q.name = p_queue
-              AND NOT EXISTS (SELECT 1 FROM queen.queue_groups g
-                              WHERE g.queue_id = q.queue_id AND g.consumer_group = p_group));
+        v_fallback := NOT EXISTS (SELECT 1 FROM queen.queue_groups g
+                                  WHERE g.queue_id = v_queue AND g.consumer_group = p_group);
     END IF;
     -- Nothing to pop (no candidate, or every candidate held by another consumer of the
     -- group), or a case for the general pop.
@@ -855,7 +894,7 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT p.partition_id, p_group, p.queue_id, c.updated_at
+    SELECT p.partition_id, p_group, p.queue_id, coalesce(c.updated_at, '-infinity')
     FROM queen.partitions p
     LEFT JOIN queen.cursors c ON c.partition_id = p.partition_id AND c.consumer_group = p_group
     WHERE p.queue_id = p_queue_id
@@ -1450,7 +1489,7 @@ CREATE TABLE queen.ready (
     partition_id uuid NOT NULL,
     consumer_group text NOT NULL,
     queue_id bigint NOT NULL,
-    served_at timestamp with time zone
+    served_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
 );
 
 CREATE TABLE queen.retries (
@@ -1662,7 +1701,7 @@ CREATE INDEX kv_expiry ON queen.kv USING btree (expires_at) WHERE (expires_at IS
 
 CREATE INDEX partitions_tenant ON queen.partitions USING btree (tenant_id, queue_id);
 
-CREATE INDEX ready_walk ON queen.ready USING btree (queue_id, consumer_group, served_at NULLS FIRST, partition_id);
+CREATE INDEX ready_walk ON queen.ready USING btree (queue_id, consumer_group, served_at, partition_id);
 
 CREATE UNIQUE INDEX segments_last_offset ON queen.segments USING btree (partition_id, last_offset);
 

@@ -144,7 +144,12 @@ SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_t
        q.retry_limit, q.delayed_processing_s, q.dead_letter_queue,
        p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data
 FROM queen.queues q
-JOIN queen.ready r ON r.queue_id = q.queue_id AND r.consumer_group = %(group)s
+-- (The first 256 of the walk, in the index's order: never the whole ready set.)
+CROSS JOIN LATERAL (
+    SELECT r.partition_id, r.served_at FROM queen.ready r
+    WHERE r.queue_id = q.queue_id AND r.consumer_group = %(group)s
+    ORDER BY r.served_at, r.partition_id
+    LIMIT CASE WHEN %(partition)s::text IS NULL THEN 256 END) r
 JOIN queen.partitions p ON p.partition_id = r.partition_id
 LEFT JOIN queen.cursors c
        ON c.partition_id = r.partition_id AND c.consumer_group = %(group)s
@@ -158,7 +163,7 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
           <= now() - make_interval(secs => q.window_buffer_s))
 -- (partition_id breaks ties: pops creating several new cursors create them in one order, so
 -- two of them never wait for each other's new cursor.)
-ORDER BY r.served_at NULLS FIRST, r.partition_id
+ORDER BY r.served_at, r.partition_id
 LIMIT %(limit)s
 
 -- name: register_group

@@ -34,7 +34,7 @@ BEGIN
           WHERE n.next_offset > o.next_offset ORDER BY 1) q;
     -- (A new statement: it sees every registration committed before the lock.)
     INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT n.partition_id, g.consumer_group, n.queue_id, c.updated_at
+    SELECT n.partition_id, g.consumer_group, n.queue_id, coalesce(c.updated_at, '-infinity')
     FROM grown n
     JOIN was o USING (partition_id)
     JOIN queen.queue_groups g ON g.queue_id = n.queue_id
@@ -99,7 +99,7 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT p.partition_id, p_group, p.queue_id, c.updated_at
+    SELECT p.partition_id, p_group, p.queue_id, coalesce(c.updated_at, '-infinity')
     FROM queen.partitions p
     LEFT JOIN queen.cursors c ON c.partition_id = p.partition_id AND c.consumer_group = p_group
     WHERE p.queue_id = p_queue_id
