@@ -95,7 +95,7 @@ def _scan_child(url: str, args: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         tenant = conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
-                              ).fetchone()["tenant_id"]  # type: ignore[index]
+                              ).fetchone()["tenant_id"]
         for n in args["counts"]:
             queue = f"scan-{n}"
             names = [f"p-{i}" for i in range(n)]
