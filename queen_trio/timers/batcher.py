@@ -74,6 +74,7 @@ class _Request:
 class BatcherStatistics:
     batches: int  # statements sent
     scheduled: int  # timers those statements scheduled (or answered too_late for)
+    retried: int  # of those statements, requests sent again alone after a shared one failed
 
 
 class ScheduleBatcher:
@@ -92,6 +93,7 @@ class ScheduleBatcher:
         self._in_flight = 0  # statements being written (a writer's, or one sent at once)
         self.batches = 0  # statements sent, for tests and diagnostics
         self.scheduled = 0  # timers those statements scheduled (or answered too_late for)
+        self.retried = 0  # statements that sent a request again alone (a shared one failed)
 
     async def schedule(self, tenant_id: int, s: Schedule) -> Outcome:
         """Create or replace one timer; answers once the statement carrying it has committed."""
@@ -123,7 +125,7 @@ class ScheduleBatcher:
         return self._alive
 
     def statistics(self) -> BatcherStatistics:
-        return BatcherStatistics(self.batches, self.scheduled)
+        return BatcherStatistics(self.batches, self.scheduled, self.retried)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._alive = True
@@ -180,6 +182,7 @@ class ScheduleBatcher:
                 requests[0].fail(exc)
                 return
             for r in requests:  # find out whose it is: each request again, on its own
+                self.retried += 1
                 try:
                     r.answer(await self._one(tenant_id, r.schedules))
                 except Exception as own:  # noqa: BLE001 - handed to that request's caller

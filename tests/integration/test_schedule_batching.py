@@ -102,6 +102,9 @@ async def test_concurrent_batches_share_statements_and_a_failing_one_fails_alone
         CREATE FUNCTION pg_temp_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF NEW.timer_key = 'b7-poison' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+            -- Each row takes a few ms, so a statement is still running when the next batches
+            -- arrive (a fast statement left each batch alone, on a quick broker, in CI once).
+            PERFORM pg_sleep(0.003);
             RETURN NEW;
         END $$;
         CREATE TRIGGER refuse_poison BEFORE INSERT ON queen.timers
@@ -116,7 +119,7 @@ async def test_concurrent_batches_share_statements_and_a_failing_one_fails_alone
                                                    for k in reversed(keys)])
 
     batcher = broker.context.schedules
-    before, scheduled_before = batcher.batches, batcher.scheduled
+    before, scheduled_before, retried_before = batcher.batches, batcher.scheduled, batcher.retried
     limits = httpx.Limits(max_connections=len(batches))
     async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
         async with trio.open_nursery() as nursery:
@@ -128,10 +131,13 @@ async def test_concurrent_batches_share_statements_and_a_failing_one_fails_alone
         assert [t["timerKey"] for t in r.json()["results"]] == list(reversed(batches[b]))
     stored = {r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers")}
     assert stored == {k for b, keys in enumerate(batches) if b != 7 for k in keys}
-    # They went through the batcher, in fewer statements than batches (the retries of the
-    # failed statement's batches included).
+    # They went through the batcher, in fewer statements than batches. The failed statement's
+    # batches were each sent again alone: not counted, since how many shared the poisoned
+    # statement is up to timing (with most of them in it, retries alone made 40).
     assert batcher.scheduled - scheduled_before == 390
-    assert batcher.batches - before < len(batches), batcher.batches - before
+    retried = batcher.retried - retried_before
+    shared = batcher.batches - before - retried
+    assert shared < len(batches), (batcher.batches - before, retried)
 
 
 async def test_two_tenants_scheduling_one_name_at_once_get_a_timer_each(
