@@ -361,28 +361,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.cursor_served() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF NEW.committed < OLD.committed THEN
-        INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-        SELECT NEW.partition_id, NEW.consumer_group, p.queue_id, clock_timestamp()
-        FROM queen.partitions p WHERE p.partition_id = NEW.partition_id
-        ON CONFLICT (partition_id, consumer_group) DO UPDATE SET served_at = excluded.served_at;
-    ELSE
-        -- (Never waiting: a row held by a seed or a drop keeps its time, which costs that
-        -- partition its place in the order at most; a wait here closed deadlock cycles.)
-        UPDATE queen.ready r SET served_at = clock_timestamp()
-        WHERE (r.partition_id, r.consumer_group) IN (
-            SELECT x.partition_id, x.consumer_group FROM queen.ready x
-            WHERE x.partition_id = NEW.partition_id AND x.consumer_group = NEW.consumer_group
-            FOR UPDATE SKIP LOCKED);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
 CREATE FUNCTION queen.delete_partitions_frames() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -398,34 +376,6 @@ CREATE FUNCTION queen.delete_tenants_timers() RETURNS trigger
 BEGIN
     DELETE FROM queen.timers t USING gone g WHERE t.tenant_id = g.tenant_id;
     RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION queen.drop_stale_ready(p_group text, p_pids uuid[]) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    v_pids uuid[];
-    v_n integer;
-BEGIN
-    v_pids := ARRAY(SELECT r.partition_id FROM queen.ready r
-                    WHERE r.partition_id = ANY(p_pids) AND r.consumer_group = p_group
-                    ORDER BY r.partition_id
-                    FOR UPDATE SKIP LOCKED);
-    v_pids := ARRAY(SELECT p.partition_id FROM queen.partitions p
-                    WHERE p.partition_id = ANY(v_pids)
-                    ORDER BY p.partition_id
-                    FOR SHARE SKIP LOCKED);
-    DELETE FROM queen.ready r
-    USING queen.partitions p
-    WHERE r.partition_id = ANY(v_pids) AND r.consumer_group = p_group
-      AND p.partition_id = r.partition_id
-      AND p.next_offset <= greatest(
-          coalesce((SELECT c.committed + 1 FROM queen.cursors c
-                    WHERE c.partition_id = r.partition_id AND c.consumer_group = p_group), 0),
-          p.log_start);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n;
 END
 $$;
 
@@ -551,32 +501,6 @@ CREATE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys
           ORDER BY 1) AS h;
 $$;
 
-CREATE FUNCTION queen.mark_pushed_ready() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM grown n JOIN was o USING (partition_id)
-                   WHERE n.next_offset > o.next_offset) THEN
-        RETURN NULL;  -- (log_start moved: retention)
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared(1363170308, queen.ready_lock_key(q.queue_id))
-    FROM (SELECT DISTINCT n.queue_id FROM grown n JOIN was o USING (partition_id)
-          WHERE n.next_offset > o.next_offset ORDER BY 1) q;
-    -- (A new statement: it sees every registration committed before the lock.)
-    INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT n.partition_id, g.consumer_group, n.queue_id, coalesce(c.updated_at, '-infinity')
-    FROM grown n
-    JOIN was o USING (partition_id)
-    JOIN queen.queue_groups g ON g.queue_id = n.queue_id
-    LEFT JOIN queen.cursors c
-           ON c.partition_id = n.partition_id AND c.consumer_group = g.consumer_group
-    WHERE n.next_offset > o.next_offset
-    ORDER BY n.partition_id, g.consumer_group
-    ON CONFLICT (partition_id, consumer_group) DO NOTHING;
-    RETURN NULL;
-END
-$$;
-
 CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RETURNS timestamp with time zone
     LANGUAGE sql STABLE
     AS $$
@@ -605,81 +529,23 @@ DECLARE
     v_lease uuid;
     v_expires timestamptz;
     v_fallback boolean := false;
-    v_stale uuid[] := '{}';
-    v_seen integer;
-    v_queue bigint;
-    v_only uuid;
-    v_at timestamptz := '-infinity';
-    v_after uuid := '00000000-0000-0000-0000-000000000000';
-    walk refcursor;
 BEGIN
-    SELECT q.queue_id INTO v_queue FROM queen.queues q
-    WHERE q.tenant_id = p_tenant AND q.name = p_queue;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz,
-                            NULL::bigint, NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
-        RETURN;
-    END IF;
-    IF p_partition IS NOT NULL THEN
-        SELECT p.partition_id INTO v_only FROM queen.partitions p
-        WHERE p.queue_id = v_queue AND p.name = p_partition;
-    END IF;
-  -- The group's ready partitions (queen.ready: schema/functions/ready.sql), least recently
-  -- served first, as the general pop walks them (pop_candidates): an index walk by pages of
-  -- 16 (keyset on served_at, partition), whatever the number of partitions. Rows with nothing
-  -- left are dropped on the way; the walk goes on past them, and past partitions under a live
-  -- lease or a retry hold.
-  LOOP
-    v_seen := 0;
-    IF p_partition IS NOT NULL THEN
-        OPEN walk FOR
-        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
-               c.partition_id IS NOT NULL AS has_cursor,
-               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
-               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
-        FROM queen.ready r
-        JOIN queen.partitions p ON p.partition_id = r.partition_id
-        JOIN queen.queues q ON q.queue_id = p.queue_id
+    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    FOR cand IN
+        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
         LEFT JOIN queen.cursors c
-               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
-        WHERE r.partition_id = v_only AND r.consumer_group = p_group
-          AND (r.served_at, r.partition_id) > (v_at, v_after);
-    ELSE
-        OPEN walk FOR
-        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
-               c.partition_id IS NOT NULL AS has_cursor,
-               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
-               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
-        FROM (SELECT r.partition_id, r.served_at FROM queen.ready r
-              WHERE r.queue_id = v_queue AND r.consumer_group = p_group
-                AND (r.served_at, r.partition_id) > (v_at, v_after)
-              ORDER BY r.served_at, r.partition_id
-              LIMIT 16) r
-        JOIN queen.partitions p ON p.partition_id = r.partition_id
-        JOIN queen.queues q ON q.queue_id = p.queue_id
-        LEFT JOIN queen.cursors c
-               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
-        ORDER BY r.served_at, r.partition_id;
-    END IF;
+               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue
+          AND (p_partition IS NULL OR p.name = p_partition)
+          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
+        ORDER BY c.updated_at NULLS FIRST
+        LIMIT 8
     LOOP
-        FETCH walk INTO cand;
-        EXIT WHEN NOT FOUND;
-        v_seen := v_seen + 1;
-        v_at := cand.served_at;
-        v_after := cand.pid;
-        IF cand.held THEN
-            CONTINUE;  -- a live lease of the group, or its retryDelay after a failure
-        END IF;
-        IF NOT cand.has_data THEN
-            v_stale := v_stale || cand.pid;
-            CONTINUE;
-        END IF;
-        IF NOT cand.has_cursor THEN
-            v_fallback := true;  -- the group's first pop here: the broker creates the cursor
-            EXIT;
-        END IF;
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
@@ -691,6 +557,11 @@ BEGIN
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
+            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
+                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
+                EXIT;
+            END IF;
             CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
         -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
@@ -746,31 +617,12 @@ BEGIN
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
-        CLOSE walk;
-        IF cardinality(v_stale) > 0 THEN
-            PERFORM queen.drop_stale_ready(p_group, v_stale);
-        END IF;
         RETURN QUERY
         SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
         FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
         RETURN;
     END LOOP;
-    CLOSE walk;
-    EXIT WHEN v_fallback OR v_seen < 16 OR p_partition IS NOT NULL;
-  END LOOP;
-    IF cardinality(v_stale) > 0 AND NOT v_fallback THEN
-        -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is
-        -- done again by the next walk).
-        PERFORM set_config('synchronous_commit', 'off', true);
-        PERFORM queen.drop_stale_ready(p_group, v_stale);
-    END IF;
 
-    -- A group not registered on the queue has no ready rows yet: its first pop (the general
-    -- pop) registers it.
-    IF NOT v_fallback THEN
-        v_fallback := NOT EXISTS (SELECT 1 FROM queen.queue_groups g
-                                  WHERE g.queue_id = v_queue AND g.consumer_group = p_group);
-    END IF;
     -- Nothing to pop (no candidate, or every candidate held by another consumer of the
     -- group), or a case for the general pop.
     RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
@@ -924,38 +776,6 @@ CREATE FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_coun
 $$;
 
 COMMENT ON FUNCTION queen.read_frames(p_partition uuid, from_offset bigint, max_count integer) IS 'The head of the log only; sealed frames are decoded by the broker (queen_trio/log/frames.py).';
-
-CREATE FUNCTION queen.ready_lock_key(p_queue_id bigint) RETURNS integer
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT (p_queue_id % 2147483647)::integer
-$$;
-
-CREATE FUNCTION queen.register_group(p_queue_id bigint, p_group text) RETURNS boolean
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM queen.queue_groups g
-               WHERE g.queue_id = p_queue_id AND g.consumer_group = p_group) THEN
-        RETURN false;
-    END IF;
-    PERFORM pg_advisory_xact_lock(1363170308, queen.ready_lock_key(p_queue_id));
-    INSERT INTO queen.queue_groups (queue_id, consumer_group) VALUES (p_queue_id, p_group)
-    ON CONFLICT (queue_id, consumer_group) DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    INSERT INTO queen.ready (partition_id, consumer_group, queue_id, served_at)
-    SELECT p.partition_id, p_group, p.queue_id, coalesce(c.updated_at, '-infinity')
-    FROM queen.partitions p
-    LEFT JOIN queen.cursors c ON c.partition_id = p.partition_id AND c.consumer_group = p_group
-    WHERE p.queue_id = p_queue_id
-      AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-    ORDER BY p.partition_id
-    ON CONFLICT (partition_id, consumer_group) DO NOTHING;
-    RETURN true;
-END
-$$;
 
 CREATE FUNCTION queen.schedule_timer(p_tenant integer, p_queue text, p_key text, p_partition text, p_txn text, p_delay_ms bigint, p_bytes integer, p_payload bytea, p_zstd boolean, p_notify_within_ms bigint, OUT ord integer, OUT status text, OUT txn text, OUT message_id uuid, OUT deliver_at timestamp with time zone) RETURNS record
     LANGUAGE plpgsql
@@ -1645,12 +1465,6 @@ CREATE TABLE queen.partitions (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE queen.queue_groups (
-    queue_id bigint NOT NULL,
-    consumer_group text NOT NULL,
-    registered_at timestamp with time zone DEFAULT now() NOT NULL
-);
-
 ALTER TABLE queen.queues ALTER COLUMN queue_id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME queen.queues_queue_id_seq
     START WITH 1
@@ -1658,13 +1472,6 @@ ALTER TABLE queen.queues ALTER COLUMN queue_id ADD GENERATED ALWAYS AS IDENTITY 
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-CREATE TABLE queen.ready (
-    partition_id uuid NOT NULL,
-    consumer_group text NOT NULL,
-    queue_id bigint NOT NULL,
-    served_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
 );
 
 CREATE TABLE queen.retries (
@@ -1821,17 +1628,11 @@ ALTER TABLE ONLY queen.partitions
 ALTER TABLE ONLY queen.partitions
     ADD CONSTRAINT partitions_queue_id_name_key UNIQUE (queue_id, name);
 
-ALTER TABLE ONLY queen.queue_groups
-    ADD CONSTRAINT queue_groups_pkey PRIMARY KEY (queue_id, consumer_group);
-
 ALTER TABLE ONLY queen.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (queue_id);
 
 ALTER TABLE ONLY queen.queues
     ADD CONSTRAINT queues_tenant_id_name_key UNIQUE (tenant_id, name);
-
-ALTER TABLE ONLY queen.ready
-    ADD CONSTRAINT ready_pkey PRIMARY KEY (partition_id, consumer_group);
 
 ALTER TABLE ONLY queen.retries
     ADD CONSTRAINT retries_pkey PRIMARY KEY (partition_id, consumer_group, "offset");
@@ -1876,8 +1677,6 @@ CREATE INDEX kv_expiry ON queen.kv USING btree (expires_at) WHERE (expires_at IS
 
 CREATE INDEX partitions_tenant ON queen.partitions USING btree (tenant_id, queue_id);
 
-CREATE INDEX ready_walk ON queen.ready USING btree (queue_id, consumer_group, served_at, partition_id);
-
 CREATE UNIQUE INDEX segments_last_offset ON queen.segments USING btree (partition_id, last_offset);
 
 CREATE INDEX segments_transactions ON queen.segments USING gin (transaction_hashes) WITH (fastupdate=off);
@@ -1886,11 +1685,7 @@ CREATE INDEX timers_claim_token ON queen.timers USING btree (claim_token) WHERE 
 
 CREATE INDEX timers_visible ON queen.timers USING btree (visible_at);
 
-CREATE TRIGGER cursors_served AFTER UPDATE ON queen.cursors FOR EACH ROW EXECUTE FUNCTION queen.cursor_served();
-
 CREATE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partitions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
-
-CREATE TRIGGER partitions_mark_ready AFTER UPDATE ON queen.partitions REFERENCING OLD TABLE AS was NEW TABLE AS grown FOR EACH STATEMENT EXECUTE FUNCTION queen.mark_pushed_ready();
 
 CREATE TRIGGER segments_immutable BEFORE DELETE OR UPDATE ON queen.segments FOR EACH ROW EXECUTE FUNCTION queen.segments_are_immutable();
 
@@ -1927,14 +1722,8 @@ ALTER TABLE ONLY queen.partitions
 ALTER TABLE ONLY queen.partitions
     ADD CONSTRAINT partitions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
 
-ALTER TABLE ONLY queen.queue_groups
-    ADD CONSTRAINT queue_groups_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES queen.queues(queue_id) ON DELETE CASCADE;
-
 ALTER TABLE ONLY queen.queues
     ADD CONSTRAINT queues_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES queen.tenants(tenant_id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY queen.ready
-    ADD CONSTRAINT ready_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY queen.retries
     ADD CONSTRAINT retries_partition_id_fkey FOREIGN KEY (partition_id) REFERENCES queen.partitions(partition_id) ON DELETE CASCADE;

@@ -80,8 +80,6 @@ def seek(
                                             "partition": partition}).fetchall()
     if partition is not None and not parts:
         raise NotFound("partition_not_found", f"no partition {partition!r} in queue {queue!r}")
-    # Registered before its cursors move: pushes then mark its partitions ready for it.
-    raw.execute(LOG.register_group, {"tenant_id": tenant_id, "name": queue, "group": group})
     moved = []
     for p in parts:
         pid: uuid.UUID = p["partition_id"]

@@ -498,23 +498,15 @@ def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
     retry_in: float | None = None
     skipped = 0
     left = req.batch
-    # The group's first pop of the queue registers it there (its ready set: queen.ready).
-    raw.execute(Q.register_group, {"tenant_id": tenant_id, "name": req.queue, "group": req.group})
     for _ in range(_MAX_CANDIDATE_ROUNDS):
-        rows = raw.execute(
+        candidates = raw.execute(
             Q.pop_candidates,
             {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
              "partition": req.partition, "limit": limit},
         ).fetchall()
-        if not rows:
+        if not candidates:
             break  # nothing past the group's cursors, or no such queue
-        queue = rows[0]  # every row carries the queue's options
-        candidates = [r for r in rows if r["has_data"]]
-        stale = [r["partition_id"] for r in rows if not r["has_data"]]
-        dropped = 0
-        if stale:  # nothing left there for the group: out of its ready set
-            dropped = one(raw.execute(
-                Q.drop_stale_ready, {"group": req.group, "partition_ids": stale}))["dropped"]
+        queue = candidates[0]  # every row carries the queue's options
         subscribed_past = False
         for cand in candidates:
             part_req = req if left == req.batch else dataclasses.replace(req, batch=left)
@@ -531,8 +523,7 @@ def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
                 retry_in = matures_in if retry_in is None else min(retry_in, matures_in)
         # A group subscribing from an instant may find every candidate older than that (their
         # new cursors now leave them out): look again rather than wait with more behind them.
-        # Walk on past the stale rows dropped, too.
-        if batches or (not subscribed_past and not dropped) or len(rows) < limit:
+        if batches or not subscribed_past or len(candidates) < limit:
             break
     if not batches:
         return PopOutcome(None, retry_in, skipped)

@@ -68,18 +68,6 @@ WITH gone AS (
     DELETE FROM queen.retries r
     USING gone g
     WHERE r.partition_id = g.partition_id AND r.consumer_group = %(group)s
-), ready AS (
-    -- Its ready set and registration there (schema/014_ready_partitions.sql): its next pop
-    -- registers it again.
-    DELETE FROM queen.ready r
-    USING queen.queues q
-    WHERE r.queue_id = q.queue_id AND q.tenant_id = %(tenant_id)s
-      AND r.consumer_group = %(group)s AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
-), registered AS (
-    DELETE FROM queen.queue_groups g
-    USING queen.queues q
-    WHERE g.queue_id = q.queue_id AND q.tenant_id = %(tenant_id)s
-      AND g.consumer_group = %(group)s AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
 )
 SELECT partition_id, coalesce(leased, false) AS leased, queue FROM gone
 

@@ -135,47 +135,28 @@ FROM commit_level,
 SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)
 
 -- name: pop_candidates
--- The group's ready partitions of the queue (queen.ready: schema/functions/ready.sql) with no
--- live lease for the group, least recently served first, each with the queue's options and
--- whether it has frames past the group's cursor (has_data false: a stale row, which the pop
--- drops; no row: nothing to pop, or no such queue: the same answer). windowBuffer holds a
--- partition back until its newest frame is that old (queen.newest_frame_at).
+-- Partitions of the queue with frames past the group's cursor and no live lease for the group,
+-- least recently served first, each with the queue's options (no row: nothing to pop, or no
+-- such queue: the same answer). windowBuffer holds a partition back until its newest frame is
+-- that old (queen.newest_frame_at).
 SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
-       q.retry_limit, q.delayed_processing_s, q.dead_letter_queue,
-       p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data
+       q.retry_limit, q.delayed_processing_s, q.dead_letter_queue
 FROM queen.queues q
--- (The first 256 of the walk, in the index's order: never the whole ready set.)
-CROSS JOIN LATERAL (
-    SELECT r.partition_id, r.served_at FROM queen.ready r
-    WHERE r.queue_id = q.queue_id AND r.consumer_group = %(group)s
-    ORDER BY r.served_at, r.partition_id
-    LIMIT CASE WHEN %(partition)s::text IS NULL THEN 256 END) r
-JOIN queen.partitions p ON p.partition_id = r.partition_id
+JOIN queen.partitions p ON p.queue_id = q.queue_id
 LEFT JOIN queen.cursors c
-       ON c.partition_id = r.partition_id AND c.consumer_group = %(group)s
+       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
 WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
   AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
   AND (q.window_buffer_s = 0
-       OR p.next_offset <= greatest(coalesce(c.committed + 1, 0), p.log_start)
        OR queen.newest_frame_at(p.partition_id, p.next_offset)
           <= now() - make_interval(secs => q.window_buffer_s))
 -- (partition_id breaks ties: pops creating several new cursors create them in one order, so
 -- two of them never wait for each other's new cursor.)
-ORDER BY r.served_at, r.partition_id
+ORDER BY c.updated_at NULLS FIRST, p.partition_id
 LIMIT %(limit)s
-
--- name: register_group
--- A group's first pop of the queue registers it there and marks what it can pop already
--- (queen.register_group); then pushes mark partitions ready for it. Once per group and queue.
-SELECT queen.register_group(q.queue_id, %(group)s) AS registered
-FROM queen.queues q
-WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
-
--- name: drop_stale_ready
--- Partitions a pop found nothing left in for the group: out of its ready set.
-SELECT queen.drop_stale_ready(%(group)s, %(partition_ids)s::uuid[]) AS dropped
 
 -- name: share_partition_unless_pushed
 -- A pop over several partitions takes each partition's key-share lock (what the cursor's and
@@ -192,7 +173,7 @@ FOR KEY SHARE SKIP LOCKED
 -- its lease or its retryDelay hold ends, or its next frame matures (delayedProcessing; a
 -- sealed one counts as mature). 0 or less: one looks poppable already (another consumer held
 -- its cursor as we looked); NULL: none will until a NOTIFY. The same partitions, cursors and
--- tests as pop_candidates (over the group's ready set: only they can have frames past it).
+-- tests as pop_candidates.
 SELECT extract(epoch FROM min(coalesce(greatest(
            c.lease_expires_at, c.retry_at,
            (SELECT f.created_at + make_interval(secs => q.delayed_processing_s)
@@ -204,37 +185,26 @@ SELECT extract(epoch FROM min(coalesce(greatest(
                      + make_interval(secs => q.window_buffer_s) END),
        now())) - now())::float8 AS in_s
 FROM queen.queues q
-JOIN queen.ready r ON r.queue_id = q.queue_id AND r.consumer_group = %(group)s
-JOIN queen.partitions p ON p.partition_id = r.partition_id
+JOIN queen.partitions p ON p.queue_id = q.queue_id
 LEFT JOIN queen.cursors c
-       ON c.partition_id = r.partition_id AND c.consumer_group = %(group)s
+       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
 WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
 
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
--- commit). It starts before log_start. (A group subscribing from an instant starts later:
--- committed is where it starts, less one.) Creators of cursors first hold the partition's
--- ready row (queen.ready), skipping it when another creator holds it (no row back: as if
--- another consumer held the partition): two pops creating cursors in different orders never
--- wait for each other's new cursor.
-WITH mine AS (
-    SELECT 1 FROM queen.ready r
-    WHERE r.partition_id = %(partition_id)s AND r.consumer_group = %(group)s
-    FOR UPDATE SKIP LOCKED
-)
+-- commit; a concurrent creator waits on it and then skips). It starts before log_start.
+-- (A group subscribing from an instant starts later: committed is where it starts, less one.)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
-SELECT %(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s
-WHERE EXISTS (SELECT 1 FROM mine)
+VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
 ON CONFLICT (partition_id, consumer_group) DO NOTHING
 RETURNING committed, acked_ahead, lease_id, lease_expires_at, leased_to,
           committed AS start_after
 
 -- name: seed_cursors
 -- A group's first pops of a queue with many partitions (5,000 in Queen's bootstrap tests):
--- one statement creates the group's cursor on every partition of its ready set (those with
--- frames: queen.ready, marked when the group registered and by pushes since) it has none on,
+-- one statement creates the group's cursor on every partition of the queue it has none on,
 -- where its first pop there would have started it (create_cursor, subscription_start): before
 -- log_start, or for a group subscribing from an instant before the first head frame created
 -- at or after it (the end when none is). Partitions with a segment as new as that instant
@@ -247,17 +217,7 @@ WITH since AS MATERIALIZED (
                         (SELECT g.subscribed_at FROM queen.group_subscriptions g
                          WHERE g.tenant_id = %(tenant_id)s AND g.queue = %(name)s
                            AND g.consumer_group = %(group)s),
-                        clock_timestamp()) END AS at
-), mine AS (
-    -- The ready rows (partitions) this seed creates cursors on, held as create_cursor holds
-    -- them; those another creator holds are left to it.
-    SELECT r.partition_id FROM queen.ready r
-    WHERE r.queue_id = %(queue_id)s AND r.consumer_group = %(group)s
-      AND NOT EXISTS (SELECT 1 FROM queen.cursors c
-                      WHERE c.partition_id = r.partition_id AND c.consumer_group = %(group)s)
-    ORDER BY r.partition_id
-    FOR UPDATE OF r SKIP LOCKED
-)
+                        clock_timestamp()) END AS at)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
 SELECT p.partition_id, %(group)s, %(tenant_id)s,
        CASE WHEN since.at IS NULL THEN p.log_start - 1
@@ -267,9 +227,11 @@ SELECT p.partition_id, %(group)s, %(tenant_id)s,
                                       AND f.created_at >= since.at),
                                    p.next_offset),
                           p.log_start) - 1 END
-FROM since, mine m
-JOIN queen.partitions p ON p.partition_id = m.partition_id
-WHERE (since.at IS NULL
+FROM since, queen.partitions p
+WHERE p.queue_id = %(queue_id)s
+  AND NOT EXISTS (SELECT 1 FROM queen.cursors c
+                  WHERE c.partition_id = p.partition_id AND c.consumer_group = %(group)s)
+  AND (since.at IS NULL
        OR NOT EXISTS (SELECT 1 FROM queen.segments s
                       WHERE s.partition_id = p.partition_id AND s.last_offset >= p.log_start
                         AND s.last_created_at >= since.at))

@@ -59,8 +59,7 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
 -- with frames it handed out, frames sealed into segments or with a retry history,
 -- delayedProcessing or windowBuffer, a cursor behind log_start, a batch handed out again after
--- a nack) answers 'fallback' having changed nothing (but the group's ready set: rows found
--- with nothing left are dropped on the way), and the broker runs its general pop
+-- a nack) answers 'fallback' having changed nothing, and the broker runs its general pop
 -- (queen_trio/log/store.py) instead.
 CREATE OR REPLACE FUNCTION queen.pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
@@ -83,81 +82,23 @@ DECLARE
     v_lease uuid;
     v_expires timestamptz;
     v_fallback boolean := false;
-    v_stale uuid[] := '{}';
-    v_seen integer;
-    v_queue bigint;
-    v_only uuid;
-    v_at timestamptz := '-infinity';
-    v_after uuid := '00000000-0000-0000-0000-000000000000';
-    walk refcursor;
 BEGIN
-    SELECT q.queue_id INTO v_queue FROM queen.queues q
-    WHERE q.tenant_id = p_tenant AND q.name = p_queue;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz,
-                            NULL::bigint, NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
-        RETURN;
-    END IF;
-    IF p_partition IS NOT NULL THEN
-        SELECT p.partition_id INTO v_only FROM queen.partitions p
-        WHERE p.queue_id = v_queue AND p.name = p_partition;
-    END IF;
-  -- The group's ready partitions (queen.ready: schema/functions/ready.sql), least recently
-  -- served first, as the general pop walks them (pop_candidates): an index walk by pages of
-  -- 16 (keyset on served_at, partition), whatever the number of partitions. Rows with nothing
-  -- left are dropped on the way; the walk goes on past them, and past partitions under a live
-  -- lease or a retry hold.
-  LOOP
-    v_seen := 0;
-    IF p_partition IS NOT NULL THEN
-        OPEN walk FOR
-        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
-               c.partition_id IS NOT NULL AS has_cursor,
-               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
-               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
-        FROM queen.ready r
-        JOIN queen.partitions p ON p.partition_id = r.partition_id
-        JOIN queen.queues q ON q.queue_id = p.queue_id
+    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    FOR cand IN
+        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
+               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
         LEFT JOIN queen.cursors c
-               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
-        WHERE r.partition_id = v_only AND r.consumer_group = p_group
-          AND (r.served_at, r.partition_id) > (v_at, v_after);
-    ELSE
-        OPEN walk FOR
-        SELECT r.partition_id AS pid, r.served_at, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s,
-               c.partition_id IS NOT NULL AS has_cursor,
-               p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start) AS has_data,
-               (c.lease_expires_at > now() OR c.retry_at > now()) IS TRUE AS held
-        FROM (SELECT r.partition_id, r.served_at FROM queen.ready r
-              WHERE r.queue_id = v_queue AND r.consumer_group = p_group
-                AND (r.served_at, r.partition_id) > (v_at, v_after)
-              ORDER BY r.served_at, r.partition_id
-              LIMIT 16) r
-        JOIN queen.partitions p ON p.partition_id = r.partition_id
-        JOIN queen.queues q ON q.queue_id = p.queue_id
-        LEFT JOIN queen.cursors c
-               ON c.partition_id = r.partition_id AND c.consumer_group = p_group
-        ORDER BY r.served_at, r.partition_id;
-    END IF;
+               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue
+          AND (p_partition IS NULL OR p.name = p_partition)
+          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
+        ORDER BY c.updated_at NULLS FIRST
+        LIMIT 8
     LOOP
-        FETCH walk INTO cand;
-        EXIT WHEN NOT FOUND;
-        v_seen := v_seen + 1;
-        v_at := cand.served_at;
-        v_after := cand.pid;
-        IF cand.held THEN
-            CONTINUE;  -- a live lease of the group, or its retryDelay after a failure
-        END IF;
-        IF NOT cand.has_data THEN
-            v_stale := v_stale || cand.pid;
-            CONTINUE;
-        END IF;
-        IF NOT cand.has_cursor THEN
-            v_fallback := true;  -- the group's first pop here: the broker creates the cursor
-            EXIT;
-        END IF;
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
@@ -169,6 +110,11 @@ BEGIN
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
+            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
+                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
+                EXIT;
+            END IF;
             CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
         -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
@@ -224,31 +170,12 @@ BEGIN
             WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
-        CLOSE walk;
-        IF cardinality(v_stale) > 0 THEN
-            PERFORM queen.drop_stale_ready(p_group, v_stale);
-        END IF;
         RETURN QUERY
         SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
         FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
         RETURN;
     END LOOP;
-    CLOSE walk;
-    EXIT WHEN v_fallback OR v_seen < 16 OR p_partition IS NOT NULL;
-  END LOOP;
-    IF cardinality(v_stale) > 0 AND NOT v_fallback THEN
-        -- Nothing popped: the commit need not wait for the disk (a drop lost in a crash is
-        -- done again by the next walk).
-        PERFORM set_config('synchronous_commit', 'off', true);
-        PERFORM queen.drop_stale_ready(p_group, v_stale);
-    END IF;
 
-    -- A group not registered on the queue has no ready rows yet: its first pop (the general
-    -- pop) registers it.
-    IF NOT v_fallback THEN
-        v_fallback := NOT EXISTS (SELECT 1 FROM queen.queue_groups g
-                                  WHERE g.queue_id = v_queue AND g.consumer_group = p_group);
-    END IF;
     -- Nothing to pop (no candidate, or every candidate held by another consumer of the
     -- group), or a case for the general pop.
     RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,

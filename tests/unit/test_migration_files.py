@@ -58,7 +58,7 @@ def test_the_shipped_schema_starts_with_the_baseline() -> None:
     assert found[0].name == "baseline"
     assert latest_version() == len(found)
     assert schema_dir().joinpath("001_baseline.sql").is_file()
-    assert [f.name for f in discover_functions()] == ["log.sql", "ops.sql", "push.sql", "ready.sql",
+    assert [f.name for f in discover_functions()] == ["log.sql", "ops.sql", "push.sql",
                                                       "segments.sql", "timers.sql"]
 
 
