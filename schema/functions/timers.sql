@@ -20,13 +20,21 @@
 --
 -- Advisory locks of the form (class, hash): this class is timer names. A hash collision only
 -- makes two unrelated schedules wait for each other.
+-- The hash of one timer's name in that class: the one spelling of it, for the set-based
+-- functions and the single-timer ones alike (a second spelling that drifted would let a lone
+-- schedule and a bundle decide one name at once). Inlined where it is called.
+CREATE OR REPLACE FUNCTION queen.timer_name_hash(p_tenant integer, p_queue text, p_key text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT hashtext(p_tenant::text || '/' || length(p_queue)::text || '/' || p_queue || '/' || p_key)
+$fn$;
+
 CREATE OR REPLACE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[])
 RETURNS void
 LANGUAGE sql AS $fn$
     -- One statement: the locks are taken as the sorted rows go by.
     SELECT count(pg_advisory_xact_lock(1363170305, h.name))
-    FROM (SELECT DISTINCT hashtext(p_tenant::text || '/' || length(u.q)::text || '/' || u.q
-                                   || '/' || u.k) AS name
+    FROM (SELECT DISTINCT queen.timer_name_hash(p_tenant, u.q, u.k) AS name
           FROM unnest(p_queues, p_keys) AS u(q, k)
           ORDER BY 1) AS h;
 $fn$;
@@ -275,8 +283,7 @@ BEGIN
     ord := 1;
     -- The tenant's row lock (see schedule_timers), then the name's (queen.lock_timer_names'
     -- lock, spelled for one name), in one statement.
-    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
-                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key))
+    PERFORM pg_advisory_xact_lock(1363170305, queen.timer_name_hash(p_tenant, p_queue, p_key))
     FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
@@ -453,8 +460,7 @@ DECLARE
 BEGIN
     ord := 1;
     -- (queen.lock_timer_names' lock, spelled for one name)
-    PERFORM pg_advisory_xact_lock(1363170305, hashtext(p_tenant::text || '/'
-                                  || length(p_queue)::text || '/' || p_queue || '/' || p_key));
+    PERFORM pg_advisory_xact_lock(1363170305, queen.timer_name_hash(p_tenant, p_queue, p_key));
     SELECT x.ctid, x.txn, x.payload_bytes, x.claim_token IS NOT NULL AND x.visible_at > now()
     INTO v_row, v_txn, v_bytes, v_claimed
     FROM queen.timers x
