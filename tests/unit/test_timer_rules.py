@@ -6,6 +6,8 @@ import base64
 import json
 import random
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import zstandard
@@ -177,6 +179,22 @@ def _op(**fields: object) -> dict:
 _DROP = object()
 
 
+def _both_paths(raw: bytes, shape: Callable[[Any], tuple[Any, ...]]) -> tuple[object, object]:
+    """What the fast path (operations_from_bytes) and the precise one (strict decode, then
+    operations) make of ``raw``: each op by ``shape``, a refusal as (type, code, message), and
+    the fast path's None (it passes) as None."""
+    def judged(decide: Callable[[], Any]) -> object:
+        try:
+            ops = decide()
+        except (ClientError, strict_json.JsonRefused) as exc:
+            return (type(exc), exc.code, exc.message)
+        return None if ops is None else [shape(op) for op in ops]
+
+    kw: dict[str, Any] = {"horizon_s": 3600, "ceiling": 1024}
+    return (judged(lambda: rules.operations_from_bytes(raw, **kw)),
+            judged(lambda: rules.operations(strict_json.loads(raw), **kw)))
+
+
 @pytest.mark.parametrize("body", [
     {"operations": [_op(), _op(timerKey="k2", payloadZstd=False, partition="p")]},
     [_op(), _op(op="cancel", timerKey="k3", txn="x", payload=_DROP, delayMs=_DROP)],
@@ -249,19 +267,9 @@ def test_a_batch_is_judged_per_operation_after_its_names_are_known(second: dict)
             {k: v for k, v in second.items() if v is not _DROP}]
     raw = json.dumps(body).encode()
 
-    def judged(decide: object) -> object:
-        try:
-            ops = decide()  # type: ignore[operator]
-        except (ClientError, strict_json.JsonRefused) as exc:
-            return (type(exc), exc.code, exc.message)
-        return None if ops is None else [
-            (type(op), op.queue, op.key, op.txn, op.partition if hasattr(op, "partition")
-             else None, getattr(op, "json_bytes", None), getattr(op, "delay_ms", None))
-            for op in ops]
-
-    kw = {"horizon_s": 3600, "ceiling": 1024}
-    fast = judged(lambda: rules.operations_from_bytes(raw, **kw))
-    precise = judged(lambda: rules.operations(strict_json.loads(raw), **kw))
+    fast, precise = _both_paths(raw, lambda op: (
+        type(op), op.queue, op.key, op.txn, op.partition if hasattr(op, "partition") else None,
+        getattr(op, "json_bytes", None), getattr(op, "delay_ms", None)))
     if codec.fast(raw, BATCH_DECODER) is not codec.FALLBACK:  # the models took it
         assert fast == precise
     else:
@@ -284,17 +292,8 @@ def test_a_bundles_payloads_decoded_together_are_judged_one_by_one(payloads: lis
                                       for i, p in enumerate(payloads)]
     raw = json.dumps(body).encode()
 
-    def judged(decide: object) -> object:
-        try:
-            ops = decide()  # type: ignore[operator]
-        except (ClientError, strict_json.JsonRefused) as exc:
-            return (type(exc), exc.code, exc.message)
-        return None if ops is None else [(op.key, getattr(op, "payload", None),
-                                          getattr(op, "json_bytes", None)) for op in ops]
-
-    kw = {"horizon_s": 3600, "ceiling": 1024}
-    fast = judged(lambda: rules.operations_from_bytes(raw, **kw))
-    precise = judged(lambda: rules.operations(strict_json.loads(raw), **kw))
+    fast, precise = _both_paths(raw, lambda op: (
+        op.key, getattr(op, "payload", None), getattr(op, "json_bytes", None)))
     assert fast == precise
 
 
