@@ -30,9 +30,8 @@ from quart import Blueprint, Response, request
 
 from ..context import BrokerContext
 from ..errors import ValidationError
-from ..formats import iso
+from ..formats import iso, iso_all
 from ..log import rules as log_rules
-from ..models import codec
 from ..models import timers as models
 from ..timers import rules, store
 from .common import broker as _broker
@@ -82,20 +81,11 @@ def _outcome(o: store.Outcome, deliver_at: str | None, model: type[R], **extra: 
     return model(ok=o.ok, status=status, queue=o.queue, timer_key=o.key, txn=o.txn, **extra)
 
 
-_STAMPS = msgspec.json.Decoder(list[str | None])
-
-
 def _isos(stamps: list[datetime | None]) -> list[str | None]:
-    """:func:`~queen_trio.formats.iso` of each, written by msgspec in C (isoformat costs two
-    µs an instant here): it writes an instant in UTC as iso does (27 characters, microseconds,
-    Z) unless its microseconds are 0 (no fraction); that one, and any other offset, takes
-    iso."""
-    texts = _STAMPS.decode(codec.encode(stamps))
-    return [t if t is None or (len(t) == _ISO_LENGTH and t[-1] == "Z") else iso(at)
-            for t, at in zip(texts, stamps, strict=True)]
-
-
-_ISO_LENGTH = len("2026-12-04T22:00:00.000000Z")
+    """:func:`~queen_trio.formats.iso` of each, the instants written in one pass
+    (:func:`~queen_trio.formats.iso_all`; isoformat costs two µs an instant here)."""
+    texts = iter(iso_all([at for at in stamps if at is not None]))
+    return [None if at is None else next(texts) for at in stamps]
 
 
 def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]
