@@ -160,9 +160,16 @@ DECLARE
     v_wanted integer;
     v_locked integer;
     v_stamp timestamptz;
+    -- The distinct destinations, found once (a batch has thousands of frames, a handful of
+    -- partitions): every look-up below is by these.
+    v_dest_tenants integer[];
+    v_dest_queues text[];
+    v_dest_partitions text[];
 BEGIN
-    SELECT count(*) INTO v_wanted
-    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions)) AS w;
+    SELECT array_agg(w.tenant_id), array_agg(w.queue), array_agg(w.partition), count(*)
+    INTO v_dest_tenants, v_dest_queues, v_dest_partitions, v_wanted
+    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions))
+         AS w(tenant_id, queue, partition);
     -- First frames of a queue or a partition (usually they exist): create what is missing
     -- before locking anything. Creating them while holding other partitions' locks could
     -- deadlock with a push doing the same in the other order (each waits for the other's
@@ -170,18 +177,20 @@ BEGIN
     SELECT count(*) INTO v_locked
     FROM queen.partitions p
     JOIN queen.queues q USING (queue_id)
-    WHERE (q.tenant_id, q.name, p.name) IN (SELECT * FROM unnest(p_tenants, p_queues, p_partitions));
+    WHERE (q.tenant_id, q.name, p.name) IN (
+        SELECT * FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions));
     IF v_locked < v_wanted THEN
         INSERT INTO queen.queues (tenant_id, name)
         SELECT DISTINCT n.tenant_id, n.queue
-        FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
+        FROM unnest(v_dest_tenants, v_dest_queues) AS n(tenant_id, queue)
         WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
                           WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
         ORDER BY 1, 2
         ON CONFLICT (tenant_id, name) DO NOTHING;
         INSERT INTO queen.partitions (tenant_id, queue_id, name)
         SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
-        FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
+        FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions)
+             AS n(tenant_id, queue, partition)
         JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
         WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
                           WHERE p.queue_id = q.queue_id AND p.name = n.partition)
@@ -193,7 +202,7 @@ BEGIN
         FROM queen.partitions p
         JOIN queen.queues q USING (queue_id)
         WHERE (q.tenant_id, q.name, p.name) IN (
-            SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+            SELECT * FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions))
         ORDER BY p.partition_id
         FOR NO KEY UPDATE OF p
     )
@@ -215,7 +224,7 @@ BEGIN
     -- times the fires since the snapshot (bench/sweep_floor.py, "firing").
     WITH dest AS MATERIALIZED (
         SELECT d.tenant_id, d.queue, d.partition, p.partition_id, p.next_offset
-        FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions))
+        FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions)
              AS d(tenant_id, queue, partition)
         JOIN queen.queues q ON q.tenant_id = d.tenant_id AND q.name = d.queue
         JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = d.partition
