@@ -1420,6 +1420,7 @@ CREATE TABLE queen.dead_letters (
     replayed_at timestamp with time zone,
     replay_transaction_id text
 );
+ALTER TABLE ONLY queen.dead_letters ALTER COLUMN payload SET STATISTICS 0;
 
 ALTER TABLE queen.dead_letters ALTER COLUMN dead_letter_id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME queen.dead_letters_dead_letter_id_seq
@@ -1440,6 +1441,8 @@ CREATE TABLE queen.frames (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     meta jsonb
 );
+ALTER TABLE ONLY queen.frames ALTER COLUMN payload SET STATISTICS 0;
+ALTER TABLE ONLY queen.frames ALTER COLUMN meta SET STATISTICS 0;
 
 CREATE TABLE queen.group_policies (
     tenant_id integer NOT NULL,
@@ -1466,6 +1469,7 @@ CREATE TABLE queen.kv (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     version bigint NOT NULL
 );
+ALTER TABLE ONLY queen.kv ALTER COLUMN value SET STATISTICS 0;
 
 CREATE SEQUENCE queen.kv_version_seq
     START WITH 1
@@ -1540,6 +1544,7 @@ CREATE TABLE queen.segments (
     CONSTRAINT segments_check CHECK ((frame_count = ((last_offset - first_offset) + 1))),
     CONSTRAINT segments_check1 CHECK ((cardinality(transaction_ids) = frame_count))
 );
+ALTER TABLE ONLY queen.segments ALTER COLUMN data SET STATISTICS 0;
 ALTER TABLE ONLY queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
 
 CREATE TABLE queen.tenant_tokens (
@@ -1615,6 +1620,7 @@ CREATE TABLE queen.timers (
     payload_zstd boolean DEFAULT true NOT NULL,
     message_id uuid DEFAULT gen_random_uuid() NOT NULL
 );
+ALTER TABLE ONLY queen.timers ALTER COLUMN payload SET STATISTICS 0;
 
 COMMENT ON COLUMN queen.timers.payload IS 'the payload''s compact JSON text, zstd-compressed when payload_zstd';
 
