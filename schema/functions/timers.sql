@@ -81,16 +81,18 @@ DECLARE
     v_keys text[];
     v_partitions text[];
     v_txns_in text[];
-    v_delays bigint[];
     v_sizes integer[];
     v_payloads bytea[];
     v_zstd boolean[];
+    v_due timestamptz[];
+    v_new_ids uuid[];
     -- The message ids' random bits, drawn once per call (each draw of the server's strong
     -- random source may open /dev/urandom: a tenth of a bundle's cost when drawn per timer);
     -- a timer's id is them with its position XORed into the last bytes, so the ids of one call
     -- differ from each other, and from other calls' by their random bits.
     v_random bytea := set_bit(set_bit(uuid_send(gen_random_uuid()), 52, 1), 53, 1);
-    v_low bigint;
+    v_low bigint := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
+    v_inserted boolean;
     v_ords integer[];
     v_status text[];
     v_txns text[];
@@ -112,20 +114,82 @@ BEGIN
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- The JSON parsed once, into arrays in input order (a single function scan, no sort).
-    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.d),
-           array_agg(x.b),
+    -- The JSON parsed once, into arrays in input order (a single function scan, no sort), with
+    -- each timer's due instant and message id: a version 7 UUID, Unix milliseconds, then the
+    -- call's random bits (above).
+    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.b),
            -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
            array_agg(CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
                           ELSE decode(x.z, 'base64') END),
-           array_agg(x.z IS NOT NULL)
-    INTO v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads, v_zstd
-    FROM json_to_recordset(p_timers)
-         AS x(q text, k text, p text, t text, d bigint, b integer, j json, z text);
-    v_low := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
+           array_agg(x.z IS NOT NULL),
+           array_agg(now() + make_interval(secs => x.d / 1000.0)),
+           array_agg(encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
+                                    PLACING substring(int8send((extract(epoch FROM
+                                        clock_timestamp()) * 1000)::bigint) FROM 3)
+                                    FROM 1 FOR 6), 'hex')::uuid)
+    INTO v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd, v_due,
+         v_new_ids
+    FROM ROWS FROM (json_to_recordset(p_timers)
+                    AS (q text, k text, p text, t text, d bigint, b integer, j json, z text))
+         WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord);
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
     PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
+    -- New names (the usual bundle): one plain INSERT, with no look-up, sort, join or ON
+    -- CONFLICT per timer (the set-based statement below cost twice as much per timer:
+    -- bench/results/timer_pg_cost.md). First one look for any of the names stored (a key probe
+    -- each, stopping at the first found): a plain INSERT over a timer a sweeper holds would
+    -- wait for the fire's commit, where a schedule answers too_late at once (below). None
+    -- found under the names' locks, no other transaction can store one before we commit, so
+    -- the INSERT meets no conflict but the same name twice in this call, which fails it whole
+    -- (unique_violation: nothing of it stays) and leaves every timer to the statements below.
+    -- The locks also order concurrent inserts of one name: the rows need no sort.
+    SELECT EXISTS (
+        SELECT FROM unnest(v_queues, v_keys) AS u(q, k)
+        CROSS JOIN LATERAL (
+            SELECT FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = u.q AND x.timer_key = u.k
+            LIMIT 1  -- (keeps the planner from flattening the probe into a join)
+        ) t)
+    INTO v_inserted;
+    v_inserted := NOT v_inserted;
+    IF v_inserted THEN
+        BEGIN
+            INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
+                                      payload, payload_zstd, payload_bytes, deliver_at,
+                                      visible_at)
+            SELECT p_tenant, u.q, u.k, u.p, u.t, u.m, u.payload, u.zstd, u.b, u.due, u.due
+            FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_new_ids, v_payloads,
+                        v_zstd, v_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
+        EXCEPTION WHEN unique_violation THEN
+            v_inserted := false;
+        END;
+    END IF;
+    IF v_inserted THEN
+        INSERT INTO queen.queues (tenant_id, name)
+        SELECT p_tenant, d.name
+        FROM (SELECT DISTINCT u.q AS name FROM unnest(v_queues) AS u(q)) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                          WHERE q.tenant_id = p_tenant AND q.name = d.name)
+        ON CONFLICT (tenant_id, name) DO NOTHING;
+        SELECT sum(u.b),
+               min(u.due) FILTER (WHERE u.due < now() + make_interval(
+                                      secs => p_notify_within_ms / 1000.0))
+        INTO v_delta, v_soonest
+        FROM unnest(v_sizes, v_due) AS u(b, due);
+        IF v_delta <> 0 THEN
+            INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
+        END IF;
+        IF v_soonest IS NOT NULL THEN
+            PERFORM pg_notify('queen_timers',
+                              ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
+        END IF;
+        RETURN QUERY
+        SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
+        FROM unnest(v_txns_in, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
+        RETURN;
+    END IF;
+
     IF (SELECT count(DISTINCT length(u.q)::text || '/' || u.q || '/' || u.k)
         FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
         -- The same timer more than once (requests merged by the broker's batcher): one at a
@@ -139,22 +203,16 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID scan)
-    -- that the planner cannot flatten: with the table's statistics stale (it grew since the
-    -- last ANALYZE), a join would be planned as a scan of all the tenant's timers, for every
-    -- bundle. New names (the usual bundle) cost one probe each; only a timer that exists is
-    -- probed again, under its row lock.
+    -- Some names exist: each timer decided under its row's lock. Every lookup of an existing
+    -- timer is a LATERAL probe of the primary key (or a TID scan) that the planner cannot
+    -- flatten: with the table's statistics stale (it grew since the last ANALYZE), a join would
+    -- be planned as a scan of all the tenant's timers, for every bundle.
     WITH input AS (
         SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
-               x.payload, x.zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
-               now() + make_interval(secs => x.d / 1000.0) AS due,
-               -- a version 7 UUID: Unix milliseconds, then the call's random bits (above)
-               encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
-                              PLACING substring(int8send((extract(epoch FROM clock_timestamp())
-                                                          * 1000)::bigint) FROM 3)
-                              FROM 1 FOR 6), 'hex')::uuid AS message_id
-        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads,
-                    v_zstd) WITH ORDINALITY AS x(q, k, p, t, d, b, payload, zstd, ord)
+               x.payload, x.zstd, x.b AS bytes, x.ord::integer AS ord, x.due, x.m AS message_id
+        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd,
+                    v_due, v_new_ids)
+             WITH ORDINALITY AS x(q, k, p, t, b, payload, zstd, due, m, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -219,11 +277,11 @@ BEGIN
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
-    SELECT DISTINCT p_tenant, v_queues[a.o]
-    FROM unnest(v_ords, v_status) AS a(o, s)
-    WHERE a.s = 'scheduled'
-      AND NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = p_tenant AND q.name = v_queues[a.o])
+    SELECT p_tenant, d.name
+    FROM (SELECT DISTINCT v_queues[a.o] AS name
+          FROM unnest(v_ords, v_status) AS a(o, s) WHERE a.s = 'scheduled') AS d
+    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = p_tenant AND q.name = d.name)
     ON CONFLICT (tenant_id, name) DO NOTHING;
     IF v_delta <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);

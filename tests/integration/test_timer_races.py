@@ -240,6 +240,34 @@ def test_a_locked_row_answers_too_late_at_once_and_never_blocks(
     assert sql(database_url, "SELECT count(*) AS n FROM queen.frames") == [{"n": 0}]
 
 
+@pytest.mark.parametrize("how", ["select_for_update", "claim_uncommitted", "fire_uncommitted"])
+def test_a_bundle_meeting_a_timer_being_fired_answers_too_late_at_once(
+    database_url: str, how: str
+) -> None:
+    """A bundle of new names goes in by one plain INSERT (queen.schedule_timers); one name of it
+    stored and held by a sweeper still answers too_late at once, the others scheduled, where
+    that INSERT would have waited for the fire's commit."""
+    with connect(database_url, autocommit=True) as a, connect(database_url, autocommit=True) as b:
+        tenant = default_tenant(a)
+        with a.transaction():
+            out = store.schedule(a, tenant, timer("q", "k", -1000, 1), notify_within_ms=0)
+        b.execute(f"SET lock_timeout = '{LOCK_GUARD}'")
+        _hold(a, tenant, how)
+        try:
+            started = time.perf_counter()
+            with b.transaction():
+                answers = store.schedule_many(b, tenant, [
+                    timer("q", "fresh", 60_000, 2), timer("q", "k", 10, 3)], notify_within_ms=0)
+            elapsed = time.perf_counter() - started
+        finally:
+            a.execute("ROLLBACK")
+    assert [(o.key, o.status, o.txn == out.txn) for o in answers] == [
+        ("fresh", "scheduled", False), ("k", "too_late", True)]
+    assert elapsed < 0.2, f"the bundle took {elapsed * 1000:.0f} ms behind a lock"
+    assert [r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers "
+                                                      "ORDER BY timer_key")] == ["fresh", "k"]
+
+
 # -- a lost claim appends nothing -------------------------------------------------------------
 
 
