@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import msgspec
 
@@ -20,20 +19,24 @@ def iso(ts: datetime | None) -> str | None:
 
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE_TEXTS = msgspec.json.Decoder(list[str]).decode
-_UTC_ZONES = frozenset((UTC, ZoneInfo("UTC")))  # what msgspec writes with a Z
 
 
 def iso_all(stamps: Sequence[datetime]) -> list[str]:
     """:func:`iso` of each, written by msgspec in one pass (a pop's 500 createdAt: iso costs
-    microseconds each, and the frames of a burst rarely share theirs). msgspec writes UTC as
-    :func:`iso` does except for a whole second (no fraction) and other offsets: those are
-    written by :func:`iso`."""
-    out: list[str] = _DECODE_TEXTS(_ENCODE(stamps))
-    utc = _UTC_ZONES
-    for i, ts in enumerate(stamps):
-        if not ts.microsecond or ts.tzinfo not in utc:
+    microseconds each). msgspec writes an
+    instant at offset zero as :func:`iso` does (a Z), whatever its tzinfo (psycopg's is the
+    session's zone, e.g. Etc/UTC), except for a whole second (no fraction): those, and other
+    offsets, are written by :func:`iso`."""
+    # Each distinct instant once: a bundle's timers often share theirs (one delay, one now()).
+    distinct = list(dict.fromkeys(stamps))
+    out: list[str] = _DECODE_TEXTS(_ENCODE(distinct))
+    for i, ts in enumerate(distinct):
+        if not ts.microsecond or ts.utcoffset():
             out[i] = iso(ts)  # type: ignore[assignment]
-    return out
+    if len(distinct) == len(stamps):
+        return out
+    text = dict(zip(distinct, out, strict=True))
+    return [text[ts] for ts in stamps]
 
 
 def message_id(partition_id: str, offset: int, meta: dict[str, Any] | None) -> str:

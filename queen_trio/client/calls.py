@@ -518,8 +518,7 @@ def _timers_committed(raw: bytes) -> m.TransactionResult:
     timer = wire_transaction.TxTimer
     if not all(type(r) is timer for r in done.results):
         return codec.FALLBACK
-    result = m.TimerResult.from_model
-    return m.TransactionResult((), tuple([result(r) for r in done.results]))  # type: ignore[arg-type]
+    return m.TransactionResult((), m.TimerResult.from_models(done.results))  # type: ignore[arg-type]
 
 
 def _timer_body(body: dict[str, Any]) -> bytes | None:

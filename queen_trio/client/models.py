@@ -102,6 +102,17 @@ class TimerResult:
         return cls(r.ok, _TIMER_STATUS[r.status], r.queue, r.timer_key, r.txn, r.partition,
                    parse_time(r.deliver_at), None if r.message_id is None else str(r.message_id))
 
+    @classmethod
+    def from_models(cls, rs: list[wire_timers.TimerResult]) -> tuple[TimerResult, ...]:
+        """:meth:`from_model` of each (a bundle's 500), each distinct deliverAt parsed once:
+        a bundle's timers often share theirs."""
+        instants: dict[str | None, datetime | None] = {
+            at: parse_time(at) for at in {r.deliver_at for r in rs}}
+        status = _TIMER_STATUS
+        return tuple([cls(r.ok, status[r.status], r.queue, r.timer_key, r.txn, r.partition,
+                          instants[r.deliver_at],
+                          None if r.message_id is None else str(r.message_id)) for r in rs])
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerInfo:

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import psycopg
+from psycopg.rows import tuple_row
 
 from ..db import queries
 from ..db.rows import DictConnection, one
@@ -130,11 +131,14 @@ def schedule_many(
     schedules = sealed(raw, tenant_id, schedules, cipher)
     if len(schedules) == 1:
         return [_schedule_one(raw, tenant_id, schedules[0], notify_within_ms)]
-    rows = raw.execute(Q.schedule, {
+    # (tuples, not dicts: a row per timer of a bundle)
+    rows = raw.cursor(row_factory=tuple_row).execute(Q.schedule, {
         "tenant_id": tenant_id, "timers": timers_document(schedules),
         "notify_within_ms": notify_within_ms,
     }, binary=True).fetchall()
-    return [_outcome(s, row) for s, row in zip(schedules, rows, strict=True)]
+    return [Outcome("too_late", s.queue, s.key, txn) if status == "too_late" else
+            Outcome(status, s.queue, s.key, txn, s.partition, deliver_at, message_id)
+            for s, (_, status, txn, message_id, deliver_at) in zip(schedules, rows, strict=True)]
 
 
 def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_within_ms: int
