@@ -18,8 +18,9 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from queen_trio import strict_json, transactions
 from queen_trio.api import transaction as api_tx
@@ -77,7 +78,9 @@ def main() -> None:
         return transactions.parse(api_tx._bundle_builtins(decoded), limits)
 
     bundle = parse()
-    now = datetime.now(UTC)
+    # psycopg's instants carry the session's zone (Etc/UTC here), not datetime.UTC: the answer
+    # formats what the broker really holds.
+    now = datetime.now(ZoneInfo("Etc/UTC"))
     outcomes = [store.Outcome("scheduled", s.queue, s.key, s.txn, s.partition,
                               now + timedelta(hours=1, microseconds=i), uuid.uuid4())
                 for i, s in enumerate(bundle.timers)]

@@ -23,6 +23,7 @@ import base64
 import json
 from collections import Counter
 from datetime import datetime
+from itertools import count
 from typing import Any, TypeVar
 
 import msgspec
@@ -61,24 +62,27 @@ def outcome_models(outcomes: list[store.Outcome], model: type[R] = models.TimerR
     (:class:`TimerResult`, or :class:`TxTimer` numbered from ``first_index``): a bundle makes
     500 of them."""
     stamps = _isos([o.deliver_at for o in outcomes])
+    # One constructor call per timer, the fields a verdict (absent, too_late) or a cancel
+    # lacks are None in its outcome, as the model's defaults (omitted from the answer).
+    # (make is Any: an outcome's status is a plain str, the model's a Literal)
+    ok: frozenset[str] = _OK
+    make: Any = model
     if first_index is None:
-        return [_outcome(o, at, model) for o, at in zip(outcomes, stamps, strict=True)]
-    return [_outcome(o, at, model, index=first_index + i)
-            for i, (o, at) in enumerate(zip(outcomes, stamps, strict=True))]
+        return [make(ok=o.status in ok, status=o.status, queue=o.queue, timer_key=o.key,
+                      txn=o.txn, message_id=o.message_id, deliver_at=at, partition=o.partition)
+                for o, at in zip(outcomes, stamps, strict=True)]
+    return [make(ok=o.status in ok, status=o.status, queue=o.queue, timer_key=o.key,
+                  txn=o.txn, message_id=o.message_id, deliver_at=at, partition=o.partition,
+                  index=index)
+            for index, o, at in zip(count(first_index), outcomes, stamps)]
+
+
+_OK = frozenset(("scheduled", "rescheduled", "cancelled"))  # as store.Outcome.ok
 
 
 def outcome_model(o: store.Outcome) -> models.TimerResult:
     """One result of Queen's timer wire, as its model."""
     return outcome_models([o])[0]
-
-
-def _outcome(o: store.Outcome, deliver_at: str | None, model: type[R], **extra: Any) -> R:
-    status: Any = o.status
-    if status in ("scheduled", "rescheduled"):
-        return model(ok=o.ok, status=status, queue=o.queue, timer_key=o.key, txn=o.txn,
-                     message_id=o.message_id, deliver_at=deliver_at, partition=o.partition,
-                     **extra)
-    return model(ok=o.ok, status=status, queue=o.queue, timer_key=o.key, txn=o.txn, **extra)
 
 
 def _isos(stamps: list[datetime | None]) -> list[str | None]:

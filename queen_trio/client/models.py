@@ -72,6 +72,10 @@ def parse_time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+_ENCODE_IDS = msgspec.json.Encoder().encode
+_DECODE_IDS = msgspec.json.Decoder(list[str | None]).decode
+
+
 @slotted_init  # (made once per timer of a bundle's answer)
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerResult:
@@ -108,10 +112,12 @@ class TimerResult:
         a bundle's timers often share theirs."""
         instants: dict[str | None, datetime | None] = {
             at: parse_time(at) for at in {r.deliver_at for r in rs}}
+        # str() of each UUID, written by msgspec in one pass (UUID.__str__ is Python code)
+        ids = _DECODE_IDS(_ENCODE_IDS([r.message_id for r in rs]))
         status = _TIMER_STATUS
         return tuple([cls(r.ok, status[r.status], r.queue, r.timer_key, r.txn, r.partition,
-                          instants[r.deliver_at],
-                          None if r.message_id is None else str(r.message_id)) for r in rs])
+                          instants[r.deliver_at], message_id)
+                      for r, message_id in zip(rs, ids, strict=True)])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
