@@ -454,3 +454,19 @@ def test_a_forked_child_mints_its_own_txns() -> None:
         child = pipe.read()
     assert child != calls.new_txn()
     assert uuid.UUID(child).version == 4
+
+
+def test_a_bundles_timer_results_read_as_each_one_alone() -> None:
+    from queen_trio.client.models import TimerResult
+    from queen_trio.models import timers as wire
+
+    at = "2030-01-01T00:00:00.123456Z"
+    results = [
+        wire.TimerResult(ok=True, status="scheduled", queue="q", timer_key=f"k{i}", txn=f"t{i}",
+                         message_id=uuid.uuid4(), deliver_at=at if i % 2 else
+                         f"2030-01-01T00:00:0{i}.000001Z", partition="Default")
+        for i in range(6)
+    ] + [wire.TimerResult(ok=False, status="absent", queue="q", timer_key="gone", txn=None),
+         wire.TimerResult(ok=False, status="too_late", queue="q", timer_key="late", txn="t")]
+    assert TimerResult.from_models(results) == tuple(TimerResult.from_model(r) for r in results)
+    assert TimerResult.from_models(results)[0].message_id == str(results[0].message_id)

@@ -18,7 +18,11 @@ def test_iso_all_writes_every_instant_as_iso_does() -> None:
         base.astimezone(ZoneInfo("UTC")),
         base.astimezone(timezone(timedelta(0))),
         base.astimezone(ZoneInfo("America/New_York")),
+        base.astimezone(ZoneInfo("Etc/UTC")),                # psycopg's, in the session's zone
+        base.astimezone(ZoneInfo("Europe/London")),          # offset zero in winter
+        base.replace(microsecond=0).astimezone(ZoneInfo("Etc/UTC")),
     ]
+    stamps += stamps[::-1]  # the same instants again (a bundle's share theirs)
     assert iso_all(stamps) == [iso(s) for s in stamps]
     assert iso_all(stamps)[:2] == ["2026-12-04T21:59:59.999998Z", "2026-12-04T21:59:59.999999Z"]
     assert iso_all(stamps)[5] == "2026-12-04T21:59:59.000000Z"
