@@ -550,11 +550,14 @@ DECLARE
     v_fallback boolean := false;
 BEGIN
     -- The same candidates, in the same order, as the general pop (pop_candidates): the
-    -- rotation after p_after (queen.pop_walk).
+    -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
+    -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
+    -- so that ten of them at once still find one each (an empty answer sends Queen's client
+    -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
     FOR cand IN
         SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
                w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
-        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 8) w
+        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32) w
     LOOP
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
