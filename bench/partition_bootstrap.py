@@ -18,8 +18,8 @@ the table goes to stdout and the numbers to ``bench/results/partition_bootstrap.
 of partitions of the queue, every one holding messages and the group's cursors created (its
 first pop did): the shared buffers the one-statement pop touches (EXPLAIN (ANALYZE, BUFFERS)
 of ``queen.pop_head``, the median of 20, each taking a lease as a pop does) and the wall time
-of 200 HTTP pops with their acks (as many as partitions, when fewer), one after the other (p50/p90). Numbers to
-``bench/results/pop_scan.json`` (``--out``).
+of 200 HTTP pops with their acks (as many as partitions, when fewer), one after the other
+(p50/p90). Numbers to ``bench/results/pop_scan.json`` (``--out``).
 """
 
 from __future__ import annotations
