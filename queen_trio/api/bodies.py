@@ -33,7 +33,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from .errors import ApiError
 
-_BUDGET = "queen_trio.body_budget"
+BUDGET = "queen_trio.body_budget"
 
 
 class BodyBudget:
@@ -152,7 +152,7 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
         request = self._create_request_from_scope(send)
         body = request.body
         assert isinstance(body, RequestBody)
-        body.budget = self.app.extensions[_BUDGET]
+        body.budget = self.app.extensions[BUDGET]
         # An HTTP/1 request without Content-Length or Transfer-Encoding has no body; HTTP/2
         # (h2c) need not declare one: there, the method tells.
         if self.scope["http_version"] in ("1.0", "1.1"):
@@ -195,4 +195,4 @@ def install(app: Quart, buffer_bytes: int) -> None:
     """Serve ``app``'s requests with held-back bodies and a budget of ``buffer_bytes``."""
     app.request_class = BrokerRequest
     app.asgi_http_class = BodyHoldingConnection
-    app.extensions[_BUDGET] = BodyBudget(buffer_bytes)
+    app.extensions[BUDGET] = BodyBudget(buffer_bytes)
