@@ -116,6 +116,17 @@ class RequestBody:
     async def _read(self) -> bytes:
         self.wanted.set()
         await self._done.wait()
+        return self.whole()
+
+    @property
+    def finished(self) -> bool:
+        """All received, or refused (the limit, the budget): nothing more is kept."""
+        return self._done.is_set()
+
+    def whole(self) -> bytes:
+        """The body once it has all arrived (or was refused: the refusal is raised), without
+        a trip through the scheduler (:mod:`.fast` fills it itself)."""
+        assert self.finished
         if self._error is not None:
             raise self._error
         whole = b"".join(self._pieces)

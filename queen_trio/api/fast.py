@@ -127,7 +127,7 @@ class FastRoutes:
                 admit_tenant(self.broker, tenant_id)
                 if not await self._read(receive, body):
                     return  # the client went away: Quart answers nothing either
-                raw = await body
+                raw = body.whole()
                 answer: bytes | ErrorAnswer = codec.encode(
                     await apply_batch(self.broker, tenant_id, raw)) + b"\n"
             finally:
@@ -150,6 +150,8 @@ class FastRoutes:
                 if message["type"] != "http.request":
                     return False  # http.disconnect
                 body.append(message.get("body", b""))
+                if body.finished:  # refused (the budget): answered now, as Quart does
+                    return True
                 if not message.get("more_body", False):
                     body.set_complete()
                     return True

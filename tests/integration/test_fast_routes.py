@@ -10,9 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from queen_trio.api import fast
 from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle, run_broker
 
 from ..timer_ops import timer_op
 
@@ -141,3 +143,35 @@ async def test_what_the_fast_path_must_not_decide_reaches_quart(
                         headers={"content-type": "application/json"})
     assert r.status_code == 200 and r.json() == {"results": []}
     assert fast.answered == answered + 1
+
+
+async def test_a_schedule_past_the_body_budget_is_refused_alike(
+        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a slow upload holds all but 100 bytes of the budget, a one-timer schedule is
+    answered 503 ``overloaded`` both ways, and schedules nothing."""
+    mib = 1024 * 1024
+    settings = Settings(database_url=database_url, port=0, graceful_timeout_ms=1000,
+                        db_pool_size=5, http_body_buffer_bytes=8 * mib, max_message_bytes=mib)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, settings)
+        port = int(broker.url.rsplit(":", 1)[1])
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                            b"application/json\r\nContent-Length: %d\r\n\r\n" % (8 * mib))
+        await slow.send_all(b"x" * (8 * mib - 100))
+        await trio.sleep(0.5)  # read by the broker: the push's handler asked for it at once
+        answers = []
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+            for enabled in (False, True):
+                monkeypatch.setattr(fast, "ENABLED", enabled)
+                answered = fast.answered
+                r = await http.post(TIMERS, **_ops(timer_op("fq", "b", HOUR_MS, {"a": 1},
+                                                            txn="t-20")))
+                assert fast.answered == answered + enabled
+                answers.append((r.status_code, [(k, v) for k, v in r.headers.raw
+                                                if k != b"date"], r.json()))
+            assert answers[0] == answers[1]
+            assert answers[1][0] == 503 and answers[1][2]["error"] == "overloaded"
+            assert (await http.get(f"{TIMERS}/fq/b")).json()["found"] is False
+        await slow.aclose()
+        broker.shutdown()
