@@ -12,8 +12,10 @@ It runs the very functions Quart's routes run (:func:`.timers.apply_batch`,
 :func:`.timers.cancel_one`), the same admission (:func:`.tenancy.admit_tenant`), body budget
 and timeout (:class:`.bodies.RequestBody`), error answers (:func:`.errors.exception_answer`,
 :func:`.errors.family_answer`) and metrics (``queen_http_requests`` by the routes' own rule).
-Whatever it would have to decide differently from Quart goes to Quart untouched, before
-anything is read or done: auth on (the token lookup), a request from a web page (``Origin``,
+With QUEEN_AUTH=on the bearer token selects a cancel's tenant as Quart's hook does
+(:func:`.tenancy.bearer_tenant`). Whatever it would have to decide differently from Quart goes
+to Quart untouched, before anything is read or done: a schedule that could be refused before
+its body is read (auth on, a request-rate quota), a request from a web page (``Origin``,
 ``Sec-Fetch-Site``) or for a host this broker may refuse, a path with percent-escapes, a query
 string, a DELETE with a body, a chunked or larger body, debug mode.
 tests/integration/test_fast_routes.py sends the same requests both ways and compares the
@@ -43,7 +45,7 @@ from .errors import (
     http_error_answer,
 )
 from .origin import HostPolicy
-from .tenancy import admit_tenant
+from .tenancy import admit_tenant, bearer_tenant
 from .timers import apply_batch, cancel_one
 
 #: Off: every request goes through Quart (tests compare the two paths).
@@ -78,24 +80,33 @@ class FastRoutes:
                        send: ASGISendCallable) -> None:
         if scope["type"] == "http" and ENABLED:
             method = scope["method"]
-            if method == "POST" and scope["path"] == _TIMERS:
+            if method == "POST" and scope["path"] == _TIMERS and self._never_refused_early():
                 length = self._plain(scope, body=True)
                 if length is not None:
-                    await self._batch(receive, send, length)
+                    await self._batch(scope, receive, send, length)
                     return
             elif method == "DELETE" and scope["path"].startswith(_CANCEL_PREFIX):
                 queue, _, key = scope["path"][len(_CANCEL_PREFIX):].partition("/")
                 if queue and key and self._plain(scope, body=False) is not None:
-                    await self._cancel(send, queue, key)
+                    await self._cancel(scope, send, queue, key)
                     return
         await self.app(scope, receive, send)
+
+    def _never_refused_early(self) -> bool:
+        """Whether a POST can be refused before its body is read (a token, a request-rate
+        quota): then Quart answers it. Hypercorn closes a connection answered before the
+        body was taken in, and Quart answers a few scheduler passes later than this would,
+        so a body that came with its head keeps its connection there, and only there."""
+        if self.broker.settings.auth:
+            return False
+        tenants = self.broker.tenants
+        return tenants.plan(tenants.default_tenant_id).requests_per_second is None
 
     def _plain(self, scope: HTTPScope, *, body: bool) -> int | None:
         """The request's Content-Length (0: none) when nothing about it needs Quart, else
         None."""
         raw = scope.get("raw_path") or b""
-        if (scope["query_string"] or b"%" in raw or not raw.isascii() or self.app.debug
-                or self.broker.settings.auth):
+        if scope["query_string"] or b"%" in raw or not raw.isascii() or self.app.debug:
             return None
         length, host = 0, None
         for name, value in scope["headers"]:
@@ -116,14 +127,14 @@ class FastRoutes:
             return length if 0 < length <= limit else None
         return 0 if length == 0 else None
 
-    async def _batch(self, receive: ASGIReceiveCallable, send: ASGISendCallable,
-                     length: int) -> None:
+    async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                     send: ASGISendCallable, length: int) -> None:
         started = time.perf_counter()
         body = bodies.RequestBody(length, self.body_limit)
         body.budget = self.budget
         try:
             try:
-                tenant_id = self.broker.tenants.default_tenant_id
+                tenant_id = await self._tenant(scope)
                 admit_tenant(self.broker, tenant_id)
                 if not await self._read(receive, body):
                     return  # the client went away: Quart answers nothing either
@@ -139,6 +150,15 @@ class FastRoutes:
         except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
             answer = exception_answer(exc, "POST", _TIMERS)
         await self._answer(send, self.batch_rule, "POST", answer, started)
+
+    async def _tenant(self, scope: HTTPScope) -> int:
+        """The request's tenant, as Quart's before-request hook finds it (admit_request)."""
+        if not self.broker.settings.auth:
+            return self.broker.tenants.default_tenant_id
+        authorization = next((value.decode("latin-1") for name, value in scope["headers"]
+                              if name == b"authorization"), None)
+        client = scope.get("client") or ("<local>", 0)  # Quart's Remote-Addr
+        return await bearer_tenant(self.broker, authorization, client[0])
 
     async def _read(self, receive: ASGIReceiveCallable, body: bodies.RequestBody) -> bool:
         """The whole body into ``body`` (its limit and the budget apply), within the body
@@ -158,12 +178,14 @@ class FastRoutes:
         assert scope.cancelled_caught
         raise RequestTimeout()
 
-    async def _cancel(self, send: ASGISendCallable, queue: str, key: str) -> None:
+    async def _cancel(self, scope: HTTPScope, send: ASGISendCallable, queue: str,
+                      key: str) -> None:
         started = time.perf_counter()
         path = _CANCEL_PREFIX + queue + "/" + key
         try:
+            tenant_id = await self._tenant(scope)
             answer: bytes | ErrorAnswer = codec.encode(await cancel_one(
-                self.broker, self.broker.tenants.default_tenant_id, queue, key, None)) + b"\n"
+                self.broker, tenant_id, queue, key, None)) + b"\n"
         except RequestError as exc:
             answer = family_answer(_FAMILY, exception_answer(exc, "DELETE", path))
         except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
@@ -187,3 +209,4 @@ class FastRoutes:
         self.broker.metrics.count_http(rule, method, status, time.perf_counter() - started)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content, "more_body": False})
+

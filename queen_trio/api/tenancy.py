@@ -61,10 +61,17 @@ def admit_tenant(broker: BrokerContext, tenant_id: int) -> None:
 
 
 async def _bearer_tenant(req: Request, broker: BrokerContext) -> int:
-    token = bearer(req.headers.get("Authorization"))
+    return await bearer_tenant(broker, req.headers.get("Authorization"), req.remote_addr or "")
+
+
+async def bearer_tenant(broker: BrokerContext, authorization: str | None,
+                        remote_addr: str) -> int:
+    """The tenant of a request's ``Authorization`` header (QUEEN_AUTH=on), or its refusal:
+    401, or 429 for an address whose tokens failed too often (answered after a pause)."""
+    token = bearer(authorization)
     try:
         tenant_id = (None if token is None
-                     else await broker.tenants.authenticate(token, req.remote_addr or ""))
+                     else await broker.tenants.authenticate(token, remote_addr))
     except AuthThrottled as exc:
         broker.metrics.auth_refused.labels("throttled").inc()
         retry_after = retry_after_header(exc.wait_s)

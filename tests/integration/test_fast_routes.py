@@ -4,17 +4,21 @@ and metrics, and whatever the fast path must not decide still reaches Quart."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import trio
+from psycopg.rows import dict_row
 
 from queen_trio.api import fast
 from queen_trio.config import Settings
 from queen_trio.server import BrokerHandle, run_broker
+from queen_trio.tenants import store as tenant_store
 
 from ..timer_ops import timer_op
 
@@ -53,6 +57,14 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+def _headers(r: httpx.Response, *, early: bool = False) -> list[tuple[bytes, bytes]]:
+    """The answer's headers but its date; ``early`` (an answer that may leave before the
+    server took in the whole body): not ``Connection`` either, which hypercorn adds when it
+    has not, after as many scheduler passes as it happens to take, Quart's answer as well."""
+    dropped = (b"date", b"connection") if early else (b"date",)
+    return [(k, v) for k, v in r.headers.raw if k.lower() not in dropped]
+
+
 def _normal(value: Any) -> Any:
     """An answer's JSON with what differs from one run to the next (minted ids, instants)
     replaced by whether it is there."""
@@ -65,11 +77,13 @@ def _normal(value: Any) -> Any:
 
 
 _COUNTED = re.compile(r'^(queen_http_requests_total\{[^}]*route="/api/v1/timers[^}]*\}|'
-                      r'queen_timers_(?:scheduled|cancel)_total\{[^}]*\}) (\S+)$', re.M)
+                      r'queen_timers_(?:scheduled|cancel)_total\{[^}]*\}|'
+                      r'queen_auth_refused_total\{[^}]*\}) (\S+)$', re.M)
 
 
-async def _counts(http: httpx.AsyncClient) -> Counter[str]:
-    text = (await http.get("/metrics")).text
+async def _counts(http: httpx.AsyncClient, headers: dict[str, str] | None = None
+                  ) -> Counter[str]:
+    text = (await http.get("/metrics", headers=headers)).text
     return Counter({name: float(value) for name, value in _COUNTED.findall(text)})
 
 
@@ -78,8 +92,7 @@ async def _run(http: httpx.AsyncClient) -> tuple[list[Any], Counter[str]]:
     answers = []
     for method, path, options in REQUESTS:
         r = await http.request(method, path, **options)
-        headers = [(k, v) for k, v in r.headers.raw if k.lower() != b"date"]
-        answers.append((method, path, r.status_code, headers, _normal(r.json())))
+        answers.append((method, path, r.status_code, _headers(r), _normal(r.json())))
     after = await _counts(http)
     after.subtract(before)
     return answers, +after
@@ -115,8 +128,7 @@ async def test_a_paused_schedule_is_refused_alike(
     for enabled in (False, True):
         monkeypatch.setattr(fast, "ENABLED", enabled)
         r = await http.post(TIMERS, **_ops(timer_op("fq", "p", HOUR_MS, {"a": 1}, txn="t-9")))
-        answers.append((r.status_code, [(k, v) for k, v in r.headers.raw if k != b"date"],
-                        r.json()))
+        answers.append((r.status_code, _headers(r), r.json()))
     assert answers[0] == answers[1]
     assert answers[1][0] == 503 and answers[1][2]["error"] == "timers_disabled"
     assert (b"retry-after", b"1") in answers[1][1]
@@ -168,10 +180,63 @@ async def test_a_schedule_past_the_body_budget_is_refused_alike(
                 r = await http.post(TIMERS, **_ops(timer_op("fq", "b", HOUR_MS, {"a": 1},
                                                             txn="t-20")))
                 assert fast.answered == answered + enabled
-                answers.append((r.status_code, [(k, v) for k, v in r.headers.raw
-                                                if k != b"date"], r.json()))
+                answers.append((r.status_code, _headers(r, early=True), r.json()))
             assert answers[0] == answers[1]
             assert answers[1][0] == 503 and answers[1][2]["error"] == "overloaded"
             assert (await http.get(f"{TIMERS}/fq/b")).json()["found"] is False
         await slow.aclose()
+        broker.shutdown()
+
+
+@pytest.fixture
+def tokens(database_url: str) -> dict[str, str]:
+    with psycopg.connect(database_url, row_factory=dict_row, autocommit=True) as raw:
+        tenant_store.create_tenant(raw, "alpha")
+        return {"A": tenant_store.create_token(raw, "alpha")}
+
+
+async def test_with_auth_on_the_token_selects_the_tenant_alike(
+        settings: Settings, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """QUEEN_AUTH=on: a schedule and its cancel with a token, and both without one or with a
+    wrong one (401, counted in queen_auth_refused), answer and count the same both ways; the
+    cancels take the fast path."""
+    requests: list[tuple[str, str, dict[str, str]]] = [
+        ("POST", TIMERS, {"Authorization": f"Bearer {tokens['A']}"}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": f"Bearer {tokens['A']}"}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": f"Bearer {tokens['A']}"}),
+        ("POST", TIMERS, {}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": "Bearer wrong"}),
+    ]
+    body = _ops(timer_op("fq", "a", HOUR_MS, {"a": 1}, txn="t-30"))["json"]
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker,
+                                                   dataclasses.replace(settings, auth=True,
+                                                                       operator_tenant="alpha"))
+        runs = []
+        for enabled in (False, True):
+            monkeypatch.setattr(fast, "ENABLED", enabled)
+            answered = fast.answered
+            async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+                metrics = {"Authorization": f"Bearer {tokens['A']}"}
+                before = await _counts(http, metrics)
+                answers = []
+                for method, path, headers in requests:
+                    r = await http.request(method, path, headers=headers,
+                                           json=body if method == "POST" else None)
+                    answers.append((r.status_code, _headers(r, early=True),
+                                    _normal(r.json())))
+                after = await _counts(http, metrics)
+            after.subtract(before)
+            # The cancels: a schedule that could be refused before its body is read is
+            # Quart's (fast.FastRoutes._never_refused_early).
+            assert fast.answered == answered + (3 if enabled else 0)
+            runs.append((answers, +after))
+        for quart_run, fast_run in zip(runs[0][0], runs[1][0], strict=True):
+            assert fast_run == quart_run
+        assert runs[0][1] == runs[1][1]
+        assert [a[0] for a in runs[1][0]] == [200, 200, 200, 401, 401]
+        fast_answers = runs[1][0]
+        assert fast_answers[0][2]["results"][0]["status"] == "scheduled"
+        assert [a[2]["status"] for a in fast_answers[1:3]] == ["cancelled", "absent"]
+        assert runs[1][1]['queen_auth_refused_total{reason="unauthorized"}'] == 2
         broker.shutdown()
