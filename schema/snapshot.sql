@@ -525,6 +525,13 @@ CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RE
 $$;
 
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
+                                 NULL::text)
+$$;
+
+CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -542,21 +549,15 @@ DECLARE
     v_expires timestamptz;
     v_fallback boolean := false;
 BEGIN
-    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    -- The same candidates, in the same order, as the general pop (pop_candidates): the
+    -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
+    -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
+    -- so that ten of them at once still find one each (an empty answer sends Queen's client
+    -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
     FOR cand IN
-        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
-        FROM queen.queues q
-        JOIN queen.partitions p ON p.queue_id = q.queue_id
-        LEFT JOIN queen.cursors c
-               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
-        WHERE q.tenant_id = p_tenant AND q.name = p_queue
-          AND (p_partition IS NULL OR p.name = p_partition)
-          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
-        ORDER BY c.updated_at NULLS FIRST
-        LIMIT 8
+        SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
+               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
+        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32) w
     LOOP
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
@@ -672,6 +673,39 @@ BEGIN
     RETURN QUERY SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch,
                                               p_auto_ack);
 END
+$$;
+
+CREATE FUNCTION queen.pop_walk(p_tenant integer, p_queue text, p_group text, p_partition text, p_after text, p_limit integer) RETURNS TABLE(partition_id uuid, name text, log_start bigint, next_offset bigint, queue_id bigint, lease_time_s integer, retry_limit integer, delayed_processing_s integer, window_buffer_s integer, dead_letter_queue boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
+           q.retry_limit, q.delayed_processing_s, q.window_buffer_s, q.dead_letter_queue
+    FROM queen.queues q
+    CROSS JOIN LATERAL (
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND p_partition IS NULL
+           AND x.name > coalesce(p_after, '')  -- (names are never empty)
+         ORDER BY x.name)
+        UNION ALL
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND p_partition IS NULL AND x.name <= p_after
+         ORDER BY x.name)
+        UNION ALL
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND x.name = p_partition)) p
+    LEFT JOIN queen.cursors c
+           ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+    WHERE q.tenant_id = p_tenant AND q.name = p_queue
+      AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+      AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
+      AND (q.window_buffer_s = 0
+           OR queen.newest_frame_at(p.partition_id, p.next_offset)
+              <= now() - make_interval(secs => q.window_buffer_s))
+    LIMIT p_limit
 $$;
 
 CREATE FUNCTION queen.push_head(p_tenant integer, p_queues text[], p_names text[], p_part integer[], p_txns text[], p_dedupe boolean[], p_payloads text[], p_metas text[], p_usage_offset bigint, p_wake text[]) RETURNS TABLE(outcome text, idx integer, partition_id uuid, "offset" bigint, held_meta jsonb, held_by integer)
