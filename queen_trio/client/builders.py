@@ -189,7 +189,9 @@ class TransactionBuilder(Generic[R]):
                                      forever=forever, required=True)
 
     def timer(self, queue: str) -> TimerBuilder[TransactionBuilder[R]]:
-        return TimerBuilder(self, calls._name(queue, "queue"))
+        # (TimerBuilder(self, queue), without __new__'s defaults: a step per timer of a bundle)
+        return _tuple(TimerBuilder, (self, calls._name(queue, "queue"), None, None, _UNSET,
+                                     None, None))
 
     def guard(self, lock: Any) -> TransactionBuilder[R]:
         """Commit only while ``lock`` (a held ``queen.lock(...)``, or a granted
