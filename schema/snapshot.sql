@@ -1385,7 +1385,8 @@ CREATE TABLE queen.cursors (
     retry_at timestamp with time zone,
     attempt_offset bigint,
     attempt_count integer DEFAULT 0 NOT NULL
-);
+)
+WITH (fillfactor='50');
 
 CREATE TABLE queen.dead_letters (
     dead_letter_id bigint NOT NULL,
@@ -1669,8 +1670,6 @@ ALTER TABLE ONLY queen.tenants
 
 ALTER TABLE ONLY queen.timers
     ADD CONSTRAINT timers_pkey PRIMARY KEY (tenant_id, queue, timer_key);
-
-CREATE INDEX cursors_lease ON queen.cursors USING btree (lease_id) WHERE (lease_id IS NOT NULL);
 
 CREATE INDEX dead_letters_listing ON queen.dead_letters USING btree (tenant_id, queue_id, consumer_group, dead_letter_id);
 
