@@ -67,7 +67,11 @@ CREATE OR REPLACE FUNCTION queen.pop_head(
 RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
                lease_expires_at timestamptz, "offset" bigint, transaction_id text,
                payload jsonb, created_at timestamptz, meta jsonb)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+-- The cursor's backward read (see queen.ack_head) whatever the table's size: on a small table
+-- the planner would rather sort a scan of it, which walks every version.
+SET enable_sort = off
+AS $fn$
 #variable_conflict use_column
 DECLARE
     cand record;
@@ -212,7 +216,12 @@ CREATE OR REPLACE FUNCTION queen.ack_head(
 RETURNS TABLE (outcome text, queue text, partition text, committed_before bigint,
                acked_ahead_before bigint[], leased_to bigint, transaction_id text,
                "offset" bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+-- The cursor's backward read below whatever the table's size: on a small table the planner
+-- would rather sort a scan of it, which walks every version (every other sort here has no
+-- alternative).
+SET enable_sort = off
+AS $fn$
 #variable_conflict use_column
 DECLARE
     cur record;

@@ -79,3 +79,30 @@ async def test_behind_a_held_snapshot_a_cursor_is_found_through_one_index_entry(
     # One entry, the root of the cursor's HOT chain (its versions are on one page); with an
     # entry per pop it was one more each pop (16 after 15).
     assert walked == (1,), f"{walked} index entries walked after {CYCLES} pops and acks"
+
+
+async def test_behind_a_held_snapshot_an_ack_reads_only_the_cursors_newest_page(
+        http: httpx.AsyncClient, database_url: str) -> None:
+    cycles = 80  # 160 versions of the cursor: more than one page holds
+    with psycopg.connect(database_url) as holder:
+        holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        holder.execute("SELECT count(*) FROM queen.tenants").fetchone()  # the snapshot, held
+        partition = await pop_and_ack(http, "deep", cycles)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            tenant, group, page = conn.execute(
+                "SELECT tenant_id, consumer_group, (ctid::text::point)[0] FROM queen.cursors "
+                "WHERE partition_id = %s", (partition,)).fetchone()
+        assert page > 0  # the versions have filled more than the cursor's first page
+        # A connection whose only scan is the ack's (its index counts are its own until
+        # reported): an ack of nothing the lease holds reads and locks the cursor, then hands
+        # over to the general ack having changed nothing.
+        with psycopg.connect(database_url) as conn:
+            outcome = conn.execute("SELECT outcome FROM queen.ack_head(%s, %s, %s, NULL, "
+                                   "ARRAY['no-such-txn'])", (tenant, partition, group)).fetchone()
+            walked = conn.execute("SELECT pg_stat_get_xact_tuples_returned("
+                                  "'queen.cursors_pkey'::regclass)").fetchone()
+        holder.rollback()
+    assert outcome == ("fallback",)
+    # The live version is on the newest page; each page of versions before it has an index
+    # entry, which a forward scan of the key walked (4 after 80 pops and acks).
+    assert walked == (1,), f"{walked} index entries walked after {cycles} pops and acks"
