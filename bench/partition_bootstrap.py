@@ -13,6 +13,13 @@ shared PostgreSQL server, driven by a client subprocess importing that checkout'
 
 ``python -m bench.partition_bootstrap --baseline /work/main [--partitions 5000] [--rounds 1]``;
 the table goes to stdout and the numbers to ``bench/results/partition_bootstrap.json``.
+
+``--pop-scan 50,500,2000,5000``: instead, what one pop of a consumer group costs by the number
+of partitions of the queue, every one holding messages and the group's cursors created (its
+first pop did): the shared buffers the one-statement pop touches (EXPLAIN (ANALYZE, BUFFERS)
+of ``queen.pop_head``, the median of 20, each taking a lease as a pop does) and the wall time
+of 200 HTTP pops with their acks (as many as partitions, when fewer), one after the other
+(p50/p90). Numbers to ``bench/results/pop_scan.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from bench.harness.stats import distribution
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "partition_bootstrap.json"
+SCAN_RESULTS = REPO / "bench" / "results" / "pop_scan.json"
 IDLE_S = 5  # seconds: a drain ends after this long without a message (counted out of its time)
 
 
@@ -68,6 +76,67 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
             out[phase] = {"wall_s": round(wall, 2), "handled": stats.handled,
                           "per_s": round(stats.handled / wall) if wall > 0 else None}
     return out
+
+
+def _scan(url: str, database_url: str, partitions: int) -> dict[str, Any]:
+    """One side of ``--pop-scan`` at one partition count (any checkout's broker at ``url``)."""
+    import httpx
+    import psycopg
+
+    queue, group = f"scan-{partitions}", "scan-group"
+    api = f"{url}/api/v1"
+    with httpx.Client(timeout=120) as http:
+        for _ in range(3):  # three messages in each partition, one push each round
+            r = http.post(f"{api}/push", json={"items": [
+                {"queue": queue, "partition": f"p-{i:05d}", "payload": {"i": i}}
+                for i in range(partitions)]})
+            r.raise_for_status()
+        first = http.get(f"{api}/pop/queue/{queue}",
+                         params={"consumerGroup": group, "batch": 1, "wait": "false"})
+        first.raise_for_status()  # the group's first pop: its cursors on every partition
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            [tenant] = conn.execute("SELECT tenant_id FROM queen.tenants WHERE name = 'default'"
+                                    ).fetchone() or (1,)
+            buffers = []
+            for _ in range(21):
+                [plan] = conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                    "SELECT * FROM queen.pop_head(%s, %s, %s, NULL, 1, false)",
+                    (tenant, queue, group)).fetchone() or ([],)
+                node = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+                buffers.append(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0))
+        samples = []
+        for _ in range(min(200, partitions)):  # (fewer than the messages not leased above)
+            t = time.perf_counter()
+            r = http.get(f"{api}/pop/queue/{queue}",
+                         params={"consumerGroup": group, "batch": 1, "wait": "false"})
+            r.raise_for_status()
+            [m] = r.json()["messages"]
+            http.post(f"{api}/ack/batch", json={"acknowledgments": [
+                {"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                 "leaseId": m["leaseId"], "consumerGroup": group, "status": "completed"}]}
+                      ).raise_for_status()
+            samples.append(time.perf_counter() - t)
+    return {"partitions": partitions, "buffers_per_pop": sorted(buffers[1:])[len(buffers) // 2],
+            "pop_ack": distribution(samples)}
+
+
+def scan_main(opts: argparse.Namespace, sides: dict[str, Path]) -> None:
+    counts = [int(c) for c in opts.pop_scan.split(",")]
+    report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
+                              "baseline": str(opts.baseline), "load_start": load(), "rows": []}
+    with shared_server(opts.admin_url) as server:
+        for n in counts:
+            for side in sides:
+                with server.database(f"scan_{side}_{n}") as db, \
+                        checkout_broker(sides[side], db) as url:
+                    row = {"side": side, "load": load(), **_scan(url, db, n)}
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    report["load_end"] = load()
+    out = opts.out or SCAN_RESULTS
+    save_json(out, report)
+    print(f"load {report['load_start']} -> {report['load_end']}; saved {out}")
 
 
 def child_main(url: str, args: str) -> None:
@@ -115,10 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--admin-url", default=os.environ.get("QUEEN_DATABASE_URL"))
+    parser.add_argument("--pop-scan", default=None, metavar="COUNTS",
+                        help="pop cost by partition count (comma-separated counts) instead")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the JSON goes (default: bench/results/<mode>.json)")
     opts = parser.parse_args(argv)
     sides = {"this": REPO}
     if opts.baseline is not None:
         sides["baseline"] = opts.baseline.resolve()
+    if opts.pop_scan:
+        scan_main(opts, sides)
+        return
     report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
                               "baseline": str(opts.baseline), "partitions": opts.partitions,
                               "load_start": load(), "rounds": []}
@@ -135,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
                 report["rounds"].append(row)
                 print(json.dumps(row), flush=True)
     report["load_end"] = load()
-    save_json(RESULTS, report)
-    print(f"load {report['load_start']} -> {report['load_end']}; saved {RESULTS}")
+    out = opts.out or RESULTS
+    save_json(out, report)
+    print(f"load {report['load_start']} -> {report['load_end']}; saved {out}")
 
 
 if __name__ == "__main__":

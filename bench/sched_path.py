@@ -22,7 +22,7 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
   its own with synchronous_commit off (queen_trio/db/notifier.py): transactions/s.
 
 ``python -m bench.sched_path --baseline /work/main [--rounds 2] [--scenario single push]``;
-the table goes to stdout and the numbers to ``bench/results/sched_path.json``.
+the table goes to stdout and the numbers to ``bench/results/sched_path.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -276,6 +276,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--admin-url", default=os.environ.get("QUEEN_DATABASE_URL"))
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where the JSON goes (default bench/results/sched_path.json)")
     opts = parser.parse_args()
     sides = {"this": REPO, "baseline": opts.baseline.resolve()}
     report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
@@ -325,8 +327,8 @@ def main() -> None:
                             report["rounds"].append(row)
                             print(json.dumps(row), flush=True)
     report["load_end"] = load()
-    save_json(RESULTS, report)
-    print(f"load {report['load_start']} -> {report['load_end']}; saved {RESULTS}")
+    save_json(opts.out, report)
+    print(f"load {report['load_start']} -> {report['load_end']}; saved {opts.out}")
 
 
 if __name__ == "__main__":

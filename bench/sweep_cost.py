@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.harness.pg import scratch_database
+from bench.harness.pg import installed_server, scratch_database
 from queen_trio.timers import store
 from queen_trio.timers.rules import Schedule
 
@@ -58,14 +58,14 @@ def measure(url: str, timers: int, batch: int) -> None:
             for b in range(0, timers, BUNDLE):
                 _schedule(conn, tenant, b, min(BUNDLE, timers - b), due)
 
-        phase("schedule", pid, timers, schedule_all)
+        phase("schedule", conn, pid, timers, schedule_all)
         time.sleep(max(0.0, due - time.time()) + 0.05)
 
         def drain() -> None:
             while store.sweep(conn, uuid.uuid4(), "bench", batch, 30_000,
                               max_payload=1 << 20).fired:
                 pass
-        phase("fire", pid, timers, drain)
+        phase("fire", conn, pid, timers, drain)
         left = conn.execute("SELECT count(*) AS n FROM queen.timers").fetchone()["n"]
         frames = conn.execute("SELECT count(*) AS n FROM queen.frames").fetchone()["n"]
         print(f"timers left {left}, frames {frames:,} (expected {timers:,})")
@@ -78,21 +78,37 @@ def _schedule(conn: Any, tenant: int, start: int, count: int, due: float) -> Non
         for i in range(start, start + count)], notify_within_ms=0)
 
 
-def phase(name: str, pid: int, timers: int, work: Any) -> None:
-    cpu, wall = backend_cpu_s(pid), time.perf_counter()
+def wal_lsn(conn: Any) -> int:
+    return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0' AS b").fetchone()["b"])
+
+
+def phase(name: str, conn: Any, pid: int, timers: int, work: Any) -> None:
+    wal, cpu, wall = wal_lsn(conn), backend_cpu_s(pid), time.perf_counter()
     work()
     cpu, wall = backend_cpu_s(pid) - cpu, time.perf_counter() - wall
+    wal = wal_lsn(conn) - wal
     print(f"{name:<9} wall {wall:6.2f} s = {timers / wall:8,.0f} timers/s; PostgreSQL backend "
           f"CPU {cpu:5.2f} s = {cpu / timers * 1e6:5.1f} us/timer "
-          f"(= {timers / cpu if cpu else float('inf'):,.0f} timers per CPU-second)")
+          f"(= {timers / cpu if cpu else float('inf'):,.0f} timers per CPU-second); "
+          f"WAL {wal / timers:,.0f} B/timer")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timers", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=500, help="QUEEN_SWEEPER_BATCH")
+    parser.add_argument("--pg-bin", type=Path, default=None,
+                        help="a temporary server of the PostgreSQL installed there (e.g. "
+                             "/usr/lib/postgresql/15/bin; default: the embedded one)")
     args = parser.parse_args()
-    with scratch_database(None, "queen-bench-cost-", migrate=True) as url:
+    if args.pg_bin is None:
+        with scratch_database(None, "queen-bench-cost-", migrate=True) as url:
+            measure(url, args.timers, args.batch)
+        return
+    from queen_trio.db.migrations import apply_migrations
+
+    with installed_server(args.pg_bin) as server, server.database("sweepcost") as url:
+        apply_migrations(url)
         measure(url, args.timers, args.batch)
 
 

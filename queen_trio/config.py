@@ -297,6 +297,12 @@ class Settings:
     sweeper_max_attempts: int = integer(
         5, lo=1, hi=1000, help="permanent fire failures before dead-lettering")
     sweeper_batch: int = integer(500, lo=1, hi=100_000, help="timers per claim")
+    sweeper_backlog_batch: int = integer(
+        5000, lo=1, hi=100_000,
+        help="timers per claim while a backlog drains: after a full claim the next takes 4 "
+        "times as many, up to this (never fewer than `QUEEN_SWEEPER_BATCH`). A burst of "
+        "50,000 fired in batches of 5,000 costs PostgreSQL about a fifth less CPU per timer "
+        "than in batches of 500, and a tenth of the commits (`bench.sweep_cost`)")
     sweeper_backoff_ms: int = integer(
         1000, lo=0, hi=3_600_000,
         help="first retry delay after a permanent failure (doubles, ≤ 60 s)")

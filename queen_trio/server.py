@@ -32,11 +32,11 @@ from typing import cast
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
-from quart_trio import QuartTrio
 
 from . import gc_pauses
 from .api import connections, create_app
 from .api import protocol as http_protocol
+from .api.fast import FastRoutes
 from .config import Settings
 from .context import BrokerContext
 from .db import Database, Listener, queries
@@ -189,8 +189,8 @@ async def run_broker(
                 # Parked long-polls answer 204 now rather than be cut off by the drain.
                 wakeups.stop()
 
-            urls = await nursery.start(_serve_http, create_app(context), settings,
-                                       shutdown_trigger, http_done)
+            urls = await nursery.start(_serve_http, FastRoutes(create_app(context), context),
+                                       settings, shutdown_trigger, http_done)
             context.services["http"] = lambda: not http_done.is_set()
             log.info("queen-trio listening on %s", ", ".join(urls))
             task_status.started(BrokerHandle(urls, context, shutdown))
@@ -218,7 +218,7 @@ def _parked_bound(settings: Settings) -> int:
 
 
 async def _serve_http(
-    app: QuartTrio,
+    app: FastRoutes,
     settings: Settings,
     shutdown_trigger: Callable[[], Awaitable[None]],
     done: trio.Event,

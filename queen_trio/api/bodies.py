@@ -33,7 +33,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from .errors import ApiError
 
-_BUDGET = "queen_trio.body_budget"
+BUDGET = "queen_trio.body_budget"
 
 
 class BodyBudget:
@@ -116,6 +116,17 @@ class RequestBody:
     async def _read(self) -> bytes:
         self.wanted.set()
         await self._done.wait()
+        return self.whole()
+
+    @property
+    def finished(self) -> bool:
+        """All received, or refused (the limit, the budget): nothing more is kept."""
+        return self._done.is_set()
+
+    def whole(self) -> bytes:
+        """The body once it has all arrived (or was refused: the refusal is raised), without
+        a trip through the scheduler (:mod:`.fast` fills it itself)."""
+        assert self.finished
         if self._error is not None:
             raise self._error
         whole = b"".join(self._pieces)
@@ -152,7 +163,7 @@ class BodyHoldingConnection(TrioASGIHTTPConnection):
         request = self._create_request_from_scope(send)
         body = request.body
         assert isinstance(body, RequestBody)
-        body.budget = self.app.extensions[_BUDGET]
+        body.budget = self.app.extensions[BUDGET]
         # An HTTP/1 request without Content-Length or Transfer-Encoding has no body; HTTP/2
         # (h2c) need not declare one: there, the method tells.
         if self.scope["http_version"] in ("1.0", "1.1"):
@@ -195,4 +206,4 @@ def install(app: Quart, buffer_bytes: int) -> None:
     """Serve ``app``'s requests with held-back bodies and a budget of ``buffer_bytes``."""
     app.request_class = BrokerRequest
     app.asgi_http_class = BodyHoldingConnection
-    app.extensions[_BUDGET] = BodyBudget(buffer_bytes)
+    app.extensions[BUDGET] = BodyBudget(buffer_bytes)

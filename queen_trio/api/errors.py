@@ -17,6 +17,7 @@ layer with its own. Anything unexpected is logged with its traceback and answere
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -32,7 +33,8 @@ from ..errors import ApiError, DatabaseUnavailable, PoolExhausted, RequestError,
 from ..models import codec
 
 # ApiError lives in the one tree (queen_trio.errors); the routes import it from here.
-__all__ = ["ApiError", "error_body", "error_json", "error_response", "install_error_handlers",
+__all__ = ["ApiError", "ErrorAnswer", "error_body", "error_headers", "error_json",
+           "error_response", "exception_answer", "family_answer", "install_error_handlers",
            "install_family_errors", "parse_json_body", "read_body_via", "read_json_body",
            "read_json_object", "read_object_via"]
 
@@ -63,11 +65,69 @@ def error_response(http_status: int, code: str, message: str, *,
                    headers: dict[str, str] | None = None, **extra: Any) -> Response:
     response = Response(error_json(code, message, **extra),
                         status=http_status, content_type="application/json")
-    if headers:
-        response.headers.update(headers)
-    if http_status in RETRY_LATER and "Retry-After" not in response.headers:
-        response.headers["Retry-After"] = DEFAULT_RETRY_AFTER
+    response.headers.update(error_headers(http_status, headers))
     return response
+
+
+def error_headers(http_status: int, headers: dict[str, str] | None) -> dict[str, str]:
+    """The headers an error answer carries beside its Content-Type: ``headers``, and
+    ``Retry-After`` on a 429 or 503 that does not say when to come back."""
+    out = dict(headers or {})
+    if http_status in RETRY_LATER and not any(k.lower() == "retry-after" for k in out):
+        out["Retry-After"] = DEFAULT_RETRY_AFTER
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorAnswer:
+    """An error answer before it becomes a response (Quart's, or :mod:`.fast`'s)."""
+
+    status: int
+    code: str
+    message: str
+    extra: dict[str, Any]
+    headers: dict[str, str] | None = None
+
+    def response(self) -> Response:
+        return error_response(self.status, self.code, self.message, headers=self.headers,
+                              **self.extra)
+
+
+def family_answer(bad_request: str, answer: ErrorAnswer) -> ErrorAnswer:
+    """A 400 of a family's routes (:func:`install_family_errors`): the family's code, the
+    precise one as ``reason``."""
+    if answer.status == 400 and answer.code != bad_request:
+        return dataclasses.replace(answer, code=bad_request,
+                                   extra={**answer.extra, "reason": answer.code})
+    return answer
+
+
+def request_error_answer(exc: RequestError) -> ErrorAnswer:
+    return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra, exc.headers)
+
+
+def exception_answer(exc: Exception, method: str, path: str) -> ErrorAnswer:
+    """The answer to an exception a handler raised that is not an HTTPException (logged
+    here as its kind requires): a RequestError's own, 503 for database trouble of the
+    moment, else 500 ``internal_error`` with the traceback logged."""
+    if isinstance(exc, RequestError):
+        return request_error_answer(exc)
+    if isinstance(exc, PoolExhausted):
+        log.warning("database pool exhausted during %s %s: %s", method, path, exc)
+        return ErrorAnswer(http_status(type(exc)), "database_busy", str(exc), {})
+    if isinstance(exc, DatabaseUnavailable):
+        log.warning("database unavailable during %s %s: %s", method, path, exc)
+        return ErrorAnswer(http_status(type(exc)), "database_unavailable",
+                           "the database is unreachable; retry", {})
+    if isinstance(exc, psycopg.OperationalError):
+        # The pool turns a lost connection into DatabaseUnavailable; this is the rest of
+        # psycopg's "operational" class (a statement cancelled by an operator, the server
+        # shutting down): trouble of the moment, not of the request. Never a 500.
+        log.warning("database trouble during %s %s: %s", method, path,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return ErrorAnswer(503, "database_unavailable", "the database is unreachable; retry", {})
+    log.error("unhandled error during %s %s", method, path, exc_info=exc)
+    return ErrorAnswer(500, "internal_error", "the broker failed to handle this request", {})
 
 
 _HTTP_CODES = {
@@ -135,62 +195,39 @@ def _an_object(body: Any) -> dict[str, Any]:
     return body
 
 
+def http_error_answer(exc: HTTPException, method: str, path: str) -> ErrorAnswer:
+    """The answer to one of Werkzeug's HTTP errors (a 404, a 408 for a body too slow…)."""
+    status = exc.code or 500
+    message = exc.description or exc.name
+    if status == 404:
+        message = f"no route for {method} {path}"
+    return ErrorAnswer(status, _HTTP_CODES.get(status, "http_error"), message, {})
+
+
 def install_family_errors(blueprint: Blueprint, bad_request: str) -> None:
     """Queen's surfaces answer every 400 of theirs with one family code (``timers_bad_request``,
     ``kv_bad_request``, ``locks_bad_request``) and the precise code as ``reason``: queen-mq
     raises its family's error (TimerError, KvError, LockError) with both."""
 
-    def answer(status: int, code: str, message: str, extra: dict[str, Any],
-               headers: dict[str, str] | None = None) -> Response:
-        if status == 400 and code != bad_request:
-            extra, code = {**extra, "reason": code}, bad_request
-        return error_response(status, code, message, headers=headers, **extra)
-
     @blueprint.errorhandler(RequestError)
     async def _family_request_error(exc: RequestError) -> Response:
-        return answer(exc.status, exc.code, exc.message, exc.extra, exc.headers)
+        return family_answer(bad_request, request_error_answer(exc)).response()
 
 
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(RequestError)
     async def _request_error(exc: RequestError) -> Response:
-        return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
-                              **exc.extra)
+        return request_error_answer(exc).response()
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        code = _HTTP_CODES.get(status, "http_error")
-        message = exc.description or exc.name
-        if status == 404:
-            message = f"no route for {request.method} {request.path}"
-        response = error_response(status, code, message)
+        response = http_error_answer(exc, request.method, request.path).response()
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return response
 
-    @app.errorhandler(DatabaseUnavailable)
-    async def _db_down(exc: DatabaseUnavailable) -> Response:
-        log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
-        return error_response(http_status(type(exc)), "database_unavailable",
-                              "the database is unreachable; retry")
-
-    @app.errorhandler(PoolExhausted)
-    async def _pool_exhausted(exc: PoolExhausted) -> Response:
-        log.warning("database pool exhausted during %s %s: %s", request.method, request.path,
-                    exc)
-        return error_response(http_status(type(exc)), "database_busy", str(exc))
-
-    @app.errorhandler(psycopg.OperationalError)
-    async def _db_trouble(exc: psycopg.OperationalError) -> Response:
-        # The pool turns a lost connection into DatabaseUnavailable; this is the rest of
-        # psycopg's "operational" class (a statement cancelled by an operator, the server
-        # shutting down): trouble of the moment, not of the request. Never a 500.
-        log.warning("database trouble during %s %s: %s", request.method, request.path,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-        return error_response(503, "database_unavailable", "the database is unreachable; retry")
-
+    # (DatabaseUnavailable, PoolExhausted, psycopg.OperationalError and the unexpected:
+    # one handler, as exception_answer sorts them; HTTPException has its own above.)
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
-        log.exception("unhandled error during %s %s", request.method, request.path)
-        return error_response(500, "internal_error", "the broker failed to handle this request")
+        return exception_answer(exc, request.method, request.path).response()

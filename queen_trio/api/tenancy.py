@@ -49,6 +49,11 @@ async def admit_request(req: Request, broker: BrokerContext) -> None:
     g.tenant_id = tenant_id
     if getattr(current_app.view_functions.get(rule.endpoint), _NEVER_REFUSED, False):
         return
+    admit_tenant(broker, tenant_id)
+
+
+def admit_tenant(broker: BrokerContext, tenant_id: int) -> None:
+    """Take one request from the tenant's request-rate quota, or refuse it (429)."""
     wait = broker.tenants.admit(tenant_id)
     if wait is not None:
         raise ApiError(429, "rate_limited", "the tenant's request-rate quota is exhausted",
@@ -56,10 +61,17 @@ async def admit_request(req: Request, broker: BrokerContext) -> None:
 
 
 async def _bearer_tenant(req: Request, broker: BrokerContext) -> int:
-    token = bearer(req.headers.get("Authorization"))
+    return await bearer_tenant(broker, req.headers.get("Authorization"), req.remote_addr or "")
+
+
+async def bearer_tenant(broker: BrokerContext, authorization: str | None,
+                        remote_addr: str) -> int:
+    """The tenant of a request's ``Authorization`` header (QUEEN_AUTH=on), or its refusal:
+    401, or 429 for an address whose tokens failed too often (answered after a pause)."""
+    token = bearer(authorization)
     try:
         tenant_id = (None if token is None
-                     else await broker.tenants.authenticate(token, req.remote_addr or ""))
+                     else await broker.tenants.authenticate(token, remote_addr))
     except AuthThrottled as exc:
         broker.metrics.auth_refused.labels("throttled").inc()
         retry_after = retry_after_header(exc.wait_s)
@@ -105,7 +117,14 @@ def enforce_storage_gate() -> None:
     """Refuse a write that would add storage while the tenant is over its gate: a
     :class:`~queen_trio.errors.Forbidden` (403; Queen never answers 507), a limit no retry gets
     past until something is consumed or deleted."""
-    if not _exempt() and _broker().tenants.over_storage_gate(g.tenant_id):
+    if not _exempt():
+        storage_gate(_broker(), g.tenant_id)
+
+
+def storage_gate(broker: BrokerContext, tenant_id: int) -> None:
+    """:func:`enforce_storage_gate` for a route that is not exempt, outside a request context
+    (:mod:`.fast`)."""
+    if broker.tenants.over_storage_gate(tenant_id):
         raise Forbidden("storage_full",
                         "the tenant's stored bytes are at its plan's maxStoredBytes; reads, "
                         "acks and deletes still work")

@@ -32,13 +32,20 @@ from ..context import BrokerContext
 from ..errors import ValidationError
 from ..formats import iso, iso_all
 from ..log import rules as log_rules
+from ..metrics import BrokerMetrics
 from ..models import timers as models
 from ..timers import rules, store
 from .common import broker as _broker
 from .common import model_response
 from .errors import install_family_errors, parse_json_body, read_json_object
 from .switches import require_timers_schedule
-from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling, never_refused
+from .tenancy import (
+    current_tenant_id,
+    enforce_storage_gate,
+    message_ceiling,
+    never_refused,
+    storage_gate,
+)
 
 timer_routes = Blueprint("timers", __name__, url_prefix="/api/v1/timers")
 R = TypeVar("R", bound=models.TimerResult)
@@ -88,9 +95,9 @@ def _isos(stamps: list[datetime | None]) -> list[str | None]:
     return [None if at is None else next(texts) for at in stamps]
 
 
-def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel]
-                   ) -> None:
-    metrics = _broker().metrics
+def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel],
+                   metrics: BrokerMetrics | None = None) -> None:
+    metrics = metrics or _broker().metrics
     counts = Counter((isinstance(op, rules.Schedule), o.status)
                      for op, o in zip(ops, outcomes, strict=True))
     for (scheduled, status), n in counts.items():
@@ -101,27 +108,33 @@ def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rul
 @timer_routes.post("")
 async def batch() -> Response:
     raw = await request.get_data(as_text=False)
-    horizon_s, ceiling = _horizon_s(), payload_ceiling()
-    ops = rules.operations_from_bytes(raw.encode() if isinstance(raw, str) else raw,
-                                      horizon_s=horizon_s, ceiling=ceiling)
+    return model_response(await apply_batch(
+        _broker(), current_tenant_id(), raw.encode() if isinstance(raw, str) else raw))
+
+
+async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes
+                      ) -> models.TimerResults:
+    """``POST /api/v1/timers`` once the request is admitted and its body read (Quart's route,
+    and :mod:`.fast`'s)."""
+    horizon_s = broker.settings.timers_max_horizon_s
+    ceiling = broker.settings.timer_payload_ceiling(broker.tenants.message_ceiling(tenant_id))
+    ops = rules.operations_from_bytes(raw, horizon_s=horizon_s, ceiling=ceiling)
     if ops is None:  # not a clean body: the strict decoder and the rules say what is wrong
         ops = rules.operations(parse_json_body(raw), horizon_s=horizon_s, ceiling=ceiling)
-    broker = _broker()
     if any(isinstance(op, rules.Schedule) for op in ops):
         # Paused by an operator: refused whole, as Queen does (cancels alone never are, and
         # DELETE cancels whatever the switches say).
         require_timers_schedule(broker)
         # A batch that schedules is refused whole past the gate; cancels alone never are
         # (and DELETE is the route that cancels whatever the gate says).
-        enforce_storage_gate()
-    outcomes = await _apply(broker, ops)
-    count_outcomes(outcomes, ops)
-    return model_response(models.TimerResults(outcome_models(outcomes)))
+        storage_gate(broker, tenant_id)
+    outcomes = await _apply(broker, tenant_id, ops)
+    count_outcomes(outcomes, ops, broker.metrics)
+    return models.TimerResults(outcome_models(outcomes))
 
 
-async def _apply(broker: BrokerContext, ops: list[rules.Schedule | rules.Cancel]
+async def _apply(broker: BrokerContext, tenant_id: int, ops: list[rules.Schedule | rules.Cancel]
                  ) -> list[store.Outcome]:
-    tenant_id = current_tenant_id()
     if not ops:
         return []
     schedules = [op for op in ops if isinstance(op, rules.Schedule)]
@@ -151,15 +164,21 @@ async def schedule_put(queue: str, key: str) -> Response:
 @timer_routes.delete("/<queue>/<name:key>")
 @never_refused  # a tenant must always be able to stop a message it no longer wants
 async def cancel(queue: str, key: str) -> Response:
-    txn = request.args.get("txn") or None
+    return model_response(await cancel_one(_broker(), current_tenant_id(), queue, key,
+                                           request.args.get("txn") or None))
+
+
+async def cancel_one(broker: BrokerContext, tenant_id: int, queue: str, key: str,
+                     txn: str | None) -> models.TimerResult:
+    """``DELETE /api/v1/timers/{queue}/{key}`` once the request is admitted (Quart's route,
+    and :mod:`.fast`'s)."""
     if txn is not None:
         txn = log_rules.transaction_id(txn, "txn")
-    broker = _broker()
     outcome = await broker.db.run_autocommit(
-        store.cancel, current_tenant_id(), log_rules.queue_name(queue), rules.timer_key(key), txn
+        store.cancel, tenant_id, log_rules.queue_name(queue), rules.timer_key(key), txn
     )
     broker.metrics.timers_cancelled.labels(outcome.status).inc()
-    return model_response(outcome_model(outcome))
+    return outcome_model(outcome)
 
 
 def _timer_fields(queue: str, row: dict[str, Any], encrypted: bool = False

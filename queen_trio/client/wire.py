@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http
+import math
 import re
 import select
 from importlib import metadata
@@ -57,6 +58,7 @@ class _Closed(Exception):
 class _Connection:
     stream: anyio.abc.SocketStream
     buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    _socket: Any = None  # the raw socket, looked up once (anyio builds its attributes per call)
 
     async def fill(self) -> None:
         try:
@@ -72,7 +74,9 @@ class _Connection:
     def closed_by_peer(self) -> bool:
         """An idle connection with something to read has been closed (or is talking
         nonsense): either way it must not carry a request."""
-        sock = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        sock = self._socket
+        if sock is None:
+            sock = self._socket = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
         try:
             readable, _, _ = select.select([sock], [], [], 0)
         except (OSError, ValueError):
@@ -138,22 +142,23 @@ class _Pool:
 
     async def _exchange(self, conn: _Connection, address: tuple[str, int], message: bytes,
                         method: str, limits: _Limits, request: httpx.Request | None) -> _Raw:
-        done = False
+        done = reading = False
         try:
-            try:
-                with anyio.fail_after(limits.write):
+            # One scope for both limits (a scope costs more than the rest of a small send):
+            # its deadline moves from the write's to the read's once the request is out.
+            with anyio.CancelScope(deadline=_deadline(limits.write)) as limit:
+                try:
                     await conn.stream.send(message)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                raise _Closed from exc
-            except TimeoutError as exc:
-                raise httpx.WriteTimeout("sending the request timed out", request=request) \
-                    from exc
-            try:
-                with anyio.fail_after(limits.read):
-                    raw = await _read_answer(conn, method, request)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("no answer in time", request=request) from exc
-            done = True
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    raise _Closed from exc
+                reading = True
+                limit.deadline = _deadline(limits.read)
+                raw = await _read_answer(conn, method, request)
+                done = True
+            if not done:  # the scope's own deadline passed
+                if reading:
+                    raise httpx.ReadTimeout("no answer in time", request=request)
+                raise httpx.WriteTimeout("sending the request timed out", request=request)
         finally:
             if not done:
                 await conn.aclose()
@@ -162,6 +167,10 @@ class _Pool:
         else:
             await conn.aclose()
         return raw
+
+
+def _deadline(limit_s: float | None) -> float:
+    return math.inf if limit_s is None else anyio.current_time() + limit_s
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -92,7 +92,22 @@ def transaction_id(value: Any, field: str = "transactionId") -> str:
 
 def new_transaction_id() -> str:
     """A fresh transactionId: a UUIDv7, so ids sort by creation time."""
-    return str(uuid7())
+    return new_transaction_ids(1)[0]
+
+
+def new_transaction_ids(n: int) -> list[str]:
+    """``n`` fresh transactionIds (uuid7's: the clock's milliseconds, version 7, 74 random
+    bits), drawn at once and written as text directly: a 500-timer bundle's ids through
+    ``str(uuid7())`` cost the broker more CPU than PostgreSQL spends storing the timers."""
+    ms = f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}"
+    head = f"{ms[:8]}-{ms[8:]}-7"
+    rand = os.urandom(10 * n).hex()
+    # 19 random hex digits an id; the variant digit (0b10xx) takes 2 bits of its digit
+    return [f"{head}{r[:3]}-{_VARIANT[r[3]]}{r[4:7]}-{r[7:19]}"
+            for r in (rand[i:i + 20] for i in range(0, 20 * n, 20))]
+
+
+_VARIANT = {f"{d:x}": "89ab"[d & 3] for d in range(16)}
 
 
 def uuid7() -> uuid.UUID:

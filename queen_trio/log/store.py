@@ -24,7 +24,7 @@ from ..formats import message_id
 from ..sealing import PayloadCipher, is_envelope
 from ..text import compact_json, utf8_len
 from . import frames as log_frames
-from . import rules
+from . import rotation, rules
 from .rules import DEFAULT_PARTITION, Ack, PopRequest, QueueOptions
 from .segments import Frame, SegmentCache
 
@@ -359,9 +359,19 @@ def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
         Q.pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
-         "synchronous_commit": _commit_level(sync_commit)},
+         "synchronous_commit": _commit_level(sync_commit),
+         "after": rotation.start_after(tenant_id, req.queue, req.group)},
     ).fetchall()
-    return _head_outcome(req, rows, texts=True)
+    return _rotated(tenant_id, _head_outcome(req, rows, texts=True))
+
+
+def _rotated(tenant_id: int, outcome: PopOutcome | None) -> PopOutcome | None:
+    """``outcome``, its last partition noted as served (the group's next pop starts after it:
+    :mod:`.rotation`)."""
+    if outcome is not None and outcome.batch is not None:
+        last = outcome.batches[-1]
+        rotation.served(tenant_id, last.queue, last.group, last.partition)
+    return outcome
 
 
 def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_before: float,
@@ -502,7 +512,8 @@ def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
         candidates = raw.execute(
             Q.pop_candidates,
             {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
-             "partition": req.partition, "limit": limit},
+             "partition": req.partition, "limit": limit,
+             "after": rotation.start_after(tenant_id, req.queue, req.group)},
         ).fetchall()
         if not candidates:
             break  # nothing past the group's cursors, or no such queue
@@ -527,7 +538,9 @@ def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
             break
     if not batches:
         return PopOutcome(None, retry_in, skipped)
-    return PopOutcome(batches[0], skipped=skipped, more=tuple(batches[1:]))
+    outcome = PopOutcome(batches[0], skipped=skipped, more=tuple(batches[1:]))
+    _rotated(tenant_id, outcome)
+    return outcome
 
 
 def _start_after(raw: DictConnection, tenant_id: int, req: PopRequest, cand: dict[str, Any],

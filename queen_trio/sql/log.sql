@@ -115,7 +115,7 @@ SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p
        p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta
 FROM commit_level,
      queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
-                    %(auto_ack)s) AS p
+                    %(auto_ack)s, %(after)s) AS p
 
 -- name: pop_head_after
 -- pop_head, tried from the due instant of a timer about to fire into this queue until it has
@@ -136,27 +136,12 @@ SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)
 
 -- name: pop_candidates
 -- Partitions of the queue with frames past the group's cursor and no live lease for the group,
--- least recently served first, each with the queue's options (no row: nothing to pop, or no
--- such queue: the same answer). windowBuffer holds a partition back until its newest frame is
--- that old (queen.newest_frame_at).
-SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
-       q.retry_limit, q.delayed_processing_s, q.dead_letter_queue
-FROM queen.queues q
-JOIN queen.partitions p ON p.queue_id = q.queue_id
-LEFT JOIN queen.cursors c
-       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
-WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
-  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-  AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-  AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-  AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
-  AND (q.window_buffer_s = 0
-       OR queen.newest_frame_at(p.partition_id, p.next_offset)
-          <= now() - make_interval(secs => q.window_buffer_s))
--- (partition_id breaks ties: pops creating several new cursors create them in one order, so
--- two of them never wait for each other's new cursor.)
-ORDER BY c.updated_at NULLS FIRST, p.partition_id
-LIMIT %(limit)s
+-- in the rotation after the partition this broker last served the group (queen.pop_walk,
+-- schema/functions/log.sql: the same candidates, in the same order, as the one-statement pop),
+-- each with the queue's options (no row: nothing to pop, or no such queue: the same answer).
+SELECT partition_id, name, log_start, next_offset, queue_id, lease_time_s, retry_limit,
+       delayed_processing_s, dead_letter_queue
+FROM queen.pop_walk(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(after)s, %(limit)s)
 
 -- name: share_partition_unless_pushed
 -- A pop over several partitions takes each partition's key-share lock (what the cursor's and
@@ -436,7 +421,7 @@ RETURNING size_bytes
 -- The lookups by lease id (this, live_leases, lease_exists) read the whole cursors table:
 -- lease_id has no index, so the pop that sets it is a HOT update (an index on it cost every
 -- pop and ack a walk over one dead index entry per earlier pop while a snapshot was held:
--- schema/014_cursor_updates_hot.sql). One row per (partition, group): the pass is small, and
+-- schema/015_cursor_updates_hot.sql). One row per (partition, group): the pass is small, and
 -- rare (a lease renewal, a transaction's requiredLeases) next to the pops and acks it spares.
 WITH renewed AS (
     UPDATE queen.cursors

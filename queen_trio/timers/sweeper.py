@@ -120,6 +120,17 @@ def next_plan(
     return Plan(now + max_sleep, None, "max_sleep", announcing)
 
 
+def next_batch(batch: int, taken: int, base: int, backlog: int) -> int:
+    """How many timers the sweep after one that asked for ``batch`` and took ``taken`` asks
+    for. A full sweep means a backlog: 4 times as many, up to ``backlog`` (at least ``base``),
+    so a burst is fired in few large transactions (one commit, one statement's fixed costs,
+    one NOTIFY per queue for thousands of timers) while its first frames still come in a small
+    one. Anything less than full: back to ``base``."""
+    if taken < batch:
+        return base
+    return max(base, min(batch * 4, backlog))
+
+
 def retry_delay(failures: int, *, max_sleep: float, first: float = RETRY_FIRST_S) -> float:
     """How long the sweeper waits before its next cycle after ``failures`` cycles in a row
     failed on transient database trouble (``failures`` >= 1): ``first``, doubling, at most
@@ -193,6 +204,9 @@ class Sweeper:
         # their rows wait for the next cycle rather than for the whole lease.
         self._unreleased: list[uuid.UUID] = []
         self._clock_offset = 0.0
+        # Timers the next sweep takes: sweeper_batch, grown after each full sweep while a
+        # backlog drains (see next_batch).
+        self._batch = settings.sweeper_batch
 
     def statistics(self) -> SweeperStatistics:
         return SweeperStatistics(self._cycles, self._fired, self._last_cycle_at, self._alive)
@@ -258,6 +272,8 @@ class Sweeper:
                     notifications, Plan(trio.current_time() + delay, None, "max_sleep"))
                 continue
             failures = 0
+            # (Against the base batch: a grown sweep that took less than it asked for is
+            # followed by one more at once, which finds the last of the backlog, or nothing.)
             full = len(result.fired) + len(result.rows) >= self._settings.sweeper_batch
             due_db = None if full else result.next_due
             plan = next_plan(
@@ -423,12 +439,15 @@ class Sweeper:
         slice_ends = time.monotonic() + _DRAIN_SLICE_S
         swept = []
         while True:
-            result = store.sweep(raw, token, self.owner, s.sweeper_batch, s.sweeper_lease_ms,
+            batch = self._batch
+            result = store.sweep(raw, token, self.owner, batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
                                  fire_lock=announced, pop=pop)
             swept.append((result, time.time()))
+            self._batch = next_batch(batch, len(result.fired) + len(result.rows),
+                                     s.sweeper_batch, s.sweeper_backlog_batch)
             not_before = announced = pop = None
-            if (not drain or len(result.fired) < s.sweeper_batch or result.rows
+            if (not drain or len(result.fired) < batch or result.rows
                     or time.monotonic() >= slice_ends):
                 return swept
 

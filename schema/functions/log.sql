@@ -50,6 +50,58 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION queen.delete_partitions_frames();
 
+-- The partitions a pop of the group tries, in the order it tries them: those of the queue with
+-- frames past the group's cursor (or with frames at all, where it has no cursor yet), no live
+-- lease and no retryDelay hold, and whose newest frame is old enough for windowBuffer.
+--
+-- The order is a rotation by partition name, starting after p_after (the partition the caller
+-- last served; NULL: from the first name): each pop walks the partitions index from there and
+-- stops at the first p_limit that qualify, so a pop over a queue of 5,000 partitions that all
+-- hold frames reads a few of them, not all 5,000 with their cursors (which is what ordering by
+-- when each cursor was last served took: Queen's bootstrap tests, issue 30). The caller keeps
+-- the pointer (in memory: queen_trio/log/rotation.py), so a pop writes nothing to choose:
+-- ordering by a stamp written on every pop would leave, behind a held snapshot, a dead index
+-- entry per pop for every later pop to walk. A partition with frames past the cursor is
+-- reached within one lap of the pointer, so every partition is served in turn.
+-- (The laps are the branches of one UNION ALL, each walked in index order; the executor reads
+-- them one after the other, and LIMIT stops it as soon as it has enough.)
+CREATE OR REPLACE FUNCTION queen.pop_walk(
+    p_tenant integer, p_queue text, p_group text, p_partition text, p_after text,
+    p_limit integer)
+RETURNS TABLE (partition_id uuid, name text, log_start bigint, next_offset bigint,
+               queue_id bigint, lease_time_s integer, retry_limit integer,
+               delayed_processing_s integer, window_buffer_s integer, dead_letter_queue boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
+           q.retry_limit, q.delayed_processing_s, q.window_buffer_s, q.dead_letter_queue
+    FROM queen.queues q
+    CROSS JOIN LATERAL (
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND p_partition IS NULL
+           AND x.name > coalesce(p_after, '')  -- (names are never empty)
+         ORDER BY x.name)
+        UNION ALL
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND p_partition IS NULL AND x.name <= p_after
+         ORDER BY x.name)
+        UNION ALL
+        (SELECT x.partition_id, x.name, x.log_start, x.next_offset
+         FROM queen.partitions x
+         WHERE x.queue_id = q.queue_id AND x.name = p_partition)) p
+    LEFT JOIN queen.cursors c
+           ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+    WHERE q.tenant_id = p_tenant AND q.name = p_queue
+      AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+      AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
+      AND (q.window_buffer_s = 0
+           OR queen.newest_frame_at(p.partition_id, p.next_offset)
+              <= now() - make_interval(secs => q.window_buffer_s))
+    LIMIT p_limit
+$$;
+
 -- The common pop in one statement.
 --
 -- A consumer that keeps up pops frames that are still in the head, that nobody has failed
@@ -63,7 +115,7 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- (queen_trio/log/store.py) instead.
 CREATE OR REPLACE FUNCTION queen.pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
-    p_auto_ack boolean)
+    p_auto_ack boolean, p_after text)
 RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
                lease_expires_at timestamptz, "offset" bigint, transaction_id text,
                payload jsonb, created_at timestamptz, meta jsonb)
@@ -87,21 +139,15 @@ DECLARE
     v_expires timestamptz;
     v_fallback boolean := false;
 BEGIN
-    -- The same candidates, in the same order, as the general pop (pop_candidates).
+    -- The same candidates, in the same order, as the general pop (pop_candidates): the
+    -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
+    -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
+    -- so that ten of them at once still find one each (an empty answer sends Queen's client
+    -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
     FOR cand IN
-        SELECT p.partition_id AS pid, p.name AS pname, p.log_start, p.next_offset,
-               q.lease_time_s, q.delayed_processing_s, q.window_buffer_s
-        FROM queen.queues q
-        JOIN queen.partitions p ON p.queue_id = q.queue_id
-        LEFT JOIN queen.cursors c
-               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
-        WHERE q.tenant_id = p_tenant AND q.name = p_queue
-          AND (p_partition IS NULL OR p.name = p_partition)
-          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-          AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay after a failure
-        ORDER BY c.updated_at NULLS FIRST
-        LIMIT 8
+        SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
+               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
+        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32) w
     LOOP
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
@@ -192,6 +238,20 @@ BEGIN
                         NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
 END
 $fn$;
+
+-- pop_head without a rotation pointer (the sweeper's hand-over, queen.pop_head_after): the walk
+-- starts at the first name. (A second signature rather than a default: adding a parameter to
+-- the one function would have taken a migration.)
+CREATE OR REPLACE FUNCTION queen.pop_head(
+    p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
+    p_auto_ack boolean)
+RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
+               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
+               payload jsonb, created_at timestamptz, meta jsonb)
+LANGUAGE sql AS $$
+    SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
+                                 NULL::text)
+$$;
 
 -- The common acknowledgement in one statement.
 --

@@ -81,16 +81,18 @@ DECLARE
     v_keys text[];
     v_partitions text[];
     v_txns_in text[];
-    v_delays bigint[];
     v_sizes integer[];
     v_payloads bytea[];
     v_zstd boolean[];
+    v_due timestamptz[];
+    v_new_ids uuid[];
     -- The message ids' random bits, drawn once per call (each draw of the server's strong
     -- random source may open /dev/urandom: a tenth of a bundle's cost when drawn per timer);
     -- a timer's id is them with its position XORed into the last bytes, so the ids of one call
     -- differ from each other, and from other calls' by their random bits.
     v_random bytea := set_bit(set_bit(uuid_send(gen_random_uuid()), 52, 1), 53, 1);
-    v_low bigint;
+    v_low bigint := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
+    v_inserted boolean;
     v_ords integer[];
     v_status text[];
     v_txns text[];
@@ -112,20 +114,82 @@ BEGIN
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- The JSON parsed once, into arrays in input order (a single function scan, no sort).
-    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.d),
-           array_agg(x.b),
+    -- The JSON parsed once, into arrays in input order (a single function scan, no sort), with
+    -- each timer's due instant and message id: a version 7 UUID, Unix milliseconds, then the
+    -- call's random bits (above).
+    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.b),
            -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
            array_agg(CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
                           ELSE decode(x.z, 'base64') END),
-           array_agg(x.z IS NOT NULL)
-    INTO v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads, v_zstd
-    FROM json_to_recordset(p_timers)
-         AS x(q text, k text, p text, t text, d bigint, b integer, j json, z text);
-    v_low := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
+           array_agg(x.z IS NOT NULL),
+           array_agg(now() + make_interval(secs => x.d / 1000.0)),
+           array_agg(encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
+                                    PLACING substring(int8send((extract(epoch FROM
+                                        clock_timestamp()) * 1000)::bigint) FROM 3)
+                                    FROM 1 FOR 6), 'hex')::uuid)
+    INTO v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd, v_due,
+         v_new_ids
+    FROM ROWS FROM (json_to_recordset(p_timers)
+                    AS (q text, k text, p text, t text, d bigint, b integer, j json, z text))
+         WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord);
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
     PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
+    -- New names (the usual bundle): one plain INSERT, with no look-up, sort, join or ON
+    -- CONFLICT per timer (the set-based statement below cost twice as much per timer:
+    -- bench/results/timer_pg_cost.md). First one look for any of the names stored (a key probe
+    -- each, stopping at the first found): a plain INSERT over a timer a sweeper holds would
+    -- wait for the fire's commit, where a schedule answers too_late at once (below). None
+    -- found under the names' locks, no other transaction can store one before we commit, so
+    -- the INSERT meets no conflict but the same name twice in this call, which fails it whole
+    -- (unique_violation: nothing of it stays) and leaves every timer to the statements below.
+    -- The locks also order concurrent inserts of one name: the rows need no sort.
+    SELECT EXISTS (
+        SELECT FROM unnest(v_queues, v_keys) AS u(q, k)
+        CROSS JOIN LATERAL (
+            SELECT FROM queen.timers x
+            WHERE x.tenant_id = p_tenant AND x.queue = u.q AND x.timer_key = u.k
+            LIMIT 1  -- (keeps the planner from flattening the probe into a join)
+        ) t)
+    INTO v_inserted;
+    v_inserted := NOT v_inserted;
+    IF v_inserted THEN
+        BEGIN
+            INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
+                                      payload, payload_zstd, payload_bytes, deliver_at,
+                                      visible_at)
+            SELECT p_tenant, u.q, u.k, u.p, u.t, u.m, u.payload, u.zstd, u.b, u.due, u.due
+            FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_new_ids, v_payloads,
+                        v_zstd, v_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
+        EXCEPTION WHEN unique_violation THEN
+            v_inserted := false;
+        END;
+    END IF;
+    IF v_inserted THEN
+        INSERT INTO queen.queues (tenant_id, name)
+        SELECT p_tenant, d.name
+        FROM (SELECT DISTINCT u.q AS name FROM unnest(v_queues) AS u(q)) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                          WHERE q.tenant_id = p_tenant AND q.name = d.name)
+        ON CONFLICT (tenant_id, name) DO NOTHING;
+        SELECT sum(u.b),
+               min(u.due) FILTER (WHERE u.due < now() + make_interval(
+                                      secs => p_notify_within_ms / 1000.0))
+        INTO v_delta, v_soonest
+        FROM unnest(v_sizes, v_due) AS u(b, due);
+        IF v_delta <> 0 THEN
+            INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
+        END IF;
+        IF v_soonest IS NOT NULL THEN
+            PERFORM pg_notify('queen_timers',
+                              ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
+        END IF;
+        RETURN QUERY
+        SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
+        FROM unnest(v_txns_in, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
+        RETURN;
+    END IF;
+
     IF (SELECT count(DISTINCT length(u.q)::text || '/' || u.q || '/' || u.k)
         FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
         -- The same timer more than once (requests merged by the broker's batcher): one at a
@@ -139,22 +203,16 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Every lookup of an existing timer is a LATERAL probe of the primary key (or a TID scan)
-    -- that the planner cannot flatten: with the table's statistics stale (it grew since the
-    -- last ANALYZE), a join would be planned as a scan of all the tenant's timers, for every
-    -- bundle. New names (the usual bundle) cost one probe each; only a timer that exists is
-    -- probed again, under its row lock.
+    -- Some names exist: each timer decided under its row's lock. Every lookup of an existing
+    -- timer is a LATERAL probe of the primary key (or a TID scan) that the planner cannot
+    -- flatten: with the table's statistics stale (it grew since the last ANALYZE), a join would
+    -- be planned as a scan of all the tenant's timers, for every bundle.
     WITH input AS (
         SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
-               x.payload, x.zstd, x.b AS bytes, x.d AS delay_ms, x.ord::integer AS ord,
-               now() + make_interval(secs => x.d / 1000.0) AS due,
-               -- a version 7 UUID: Unix milliseconds, then the call's random bits (above)
-               encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
-                              PLACING substring(int8send((extract(epoch FROM clock_timestamp())
-                                                          * 1000)::bigint) FROM 3)
-                              FROM 1 FOR 6), 'hex')::uuid AS message_id
-        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_delays, v_sizes, v_payloads,
-                    v_zstd) WITH ORDINALITY AS x(q, k, p, t, d, b, payload, zstd, ord)
+               x.payload, x.zstd, x.b AS bytes, x.ord::integer AS ord, x.due, x.m AS message_id
+        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd,
+                    v_due, v_new_ids)
+             WITH ORDINALITY AS x(q, k, p, t, b, payload, zstd, due, m, ord)
     ), existing AS (
         SELECT i.ord, t.row_id, t.txn
         FROM input i
@@ -219,11 +277,11 @@ BEGIN
     FROM answers a;
 
     INSERT INTO queen.queues (tenant_id, name)
-    SELECT DISTINCT p_tenant, v_queues[a.o]
-    FROM unnest(v_ords, v_status) AS a(o, s)
-    WHERE a.s = 'scheduled'
-      AND NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = p_tenant AND q.name = v_queues[a.o])
+    SELECT p_tenant, d.name
+    FROM (SELECT DISTINCT v_queues[a.o] AS name
+          FROM unnest(v_ords, v_status) AS a(o, s) WHERE a.s = 'scheduled') AS d
+    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = p_tenant AND q.name = d.name)
     ON CONFLICT (tenant_id, name) DO NOTHING;
     IF v_delta <> 0 THEN
         INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
@@ -526,9 +584,17 @@ DECLARE
     v_queues_woken integer;
     v_wanted integer;
     v_locked integer;
+    v_stamp timestamptz;
+    -- The distinct destinations, found once (a batch has thousands of frames, a handful of
+    -- partitions): every look-up below is by these.
+    v_dest_tenants integer[];
+    v_dest_queues text[];
+    v_dest_partitions text[];
 BEGIN
-    SELECT count(*) INTO v_wanted
-    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions)) AS w;
+    SELECT array_agg(w.tenant_id), array_agg(w.queue), array_agg(w.partition), count(*)
+    INTO v_dest_tenants, v_dest_queues, v_dest_partitions, v_wanted
+    FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions))
+         AS w(tenant_id, queue, partition);
     -- First frames of a queue or a partition (usually they exist): create what is missing
     -- before locking anything. Creating them while holding other partitions' locks could
     -- deadlock with a push doing the same in the other order (each waits for the other's
@@ -536,18 +602,20 @@ BEGIN
     SELECT count(*) INTO v_locked
     FROM queen.partitions p
     JOIN queen.queues q USING (queue_id)
-    WHERE (q.tenant_id, q.name, p.name) IN (SELECT * FROM unnest(p_tenants, p_queues, p_partitions));
+    WHERE (q.tenant_id, q.name, p.name) IN (
+        SELECT * FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions));
     IF v_locked < v_wanted THEN
         INSERT INTO queen.queues (tenant_id, name)
         SELECT DISTINCT n.tenant_id, n.queue
-        FROM unnest(p_tenants, p_queues) AS n(tenant_id, queue)
+        FROM unnest(v_dest_tenants, v_dest_queues) AS n(tenant_id, queue)
         WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
                           WHERE q.tenant_id = n.tenant_id AND q.name = n.queue)
         ORDER BY 1, 2
         ON CONFLICT (tenant_id, name) DO NOTHING;
         INSERT INTO queen.partitions (tenant_id, queue_id, name)
         SELECT DISTINCT n.tenant_id, q.queue_id, n.partition
-        FROM unnest(p_tenants, p_queues, p_partitions) AS n(tenant_id, queue, partition)
+        FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions)
+             AS n(tenant_id, queue, partition)
         JOIN queen.queues q ON q.tenant_id = n.tenant_id AND q.name = n.queue
         WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
                           WHERE p.queue_id = q.queue_id AND p.name = n.partition)
@@ -559,7 +627,7 @@ BEGIN
         FROM queen.partitions p
         JOIN queen.queues q USING (queue_id)
         WHERE (q.tenant_id, q.name, p.name) IN (
-            SELECT * FROM unnest(p_tenants, p_queues, p_partitions))
+            SELECT * FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions))
         ORDER BY p.partition_id
         FOR NO KEY UPDATE OF p
     )
@@ -570,6 +638,10 @@ BEGIN
         RAISE EXCEPTION 'a destination partition vanished during the fire'
             USING ERRCODE = 'serialization_failure';
     END IF;
+    -- The frames' createdAt: one clock read, under the partitions' locks, for the batch (as
+    -- a push stamps its frames with one instant), never before a timer's deliverAt. One
+    -- instant per batch also lets the broker write each pop answer's createdAt once.
+    v_stamp := clock_timestamp();
 
     -- Each destination partition's row is read once (dest), not once per frame: it is
     -- updated by every fire and push, and while a snapshot is held all its versions stay, so
@@ -577,7 +649,7 @@ BEGIN
     -- times the fires since the snapshot (bench/sweep_floor.py, "firing").
     WITH dest AS MATERIALIZED (
         SELECT d.tenant_id, d.queue, d.partition, p.partition_id, p.next_offset
-        FROM (SELECT DISTINCT * FROM unnest(p_tenants, p_queues, p_partitions))
+        FROM unnest(v_dest_tenants, v_dest_queues, v_dest_partitions)
              AS d(tenant_id, queue, partition)
         JOIN queen.queues q ON q.tenant_id = d.tenant_id AND q.name = d.queue
         JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = d.partition
@@ -595,7 +667,7 @@ BEGIN
         INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
                                   size_bytes, created_at, meta)
         SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
-               greatest(clock_timestamp(), deliver_at),
+               greatest(v_stamp, deliver_at),
                jsonb_build_object('messageId', message_id, 'timer', jsonb_build_object(
                    'key', timer_key,
                    'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
@@ -828,24 +900,26 @@ BEGIN
     ) d;
 
     IF v_direct > 0 THEN
+        -- ctid = ANY: a TID scan of just these rows whatever the planner estimates (joined
+        -- to an unnest of the ctids, PostgreSQL 18 hashed the whole table every sweep).
+        -- The arrays are built from one sorted input, in the order of expiry (the order
+        -- the rows were taken in, above), not sorted once per array_agg: eleven sorts of
+        -- the batch, payloads included, were a third of a fire's time on PostgreSQL 15.
         WITH gone AS (
             DELETE FROM queen.timers t
-            USING unnest(v_ctids[1:v_direct]) WITH ORDINALITY AS k(row_id, ord)
-            WHERE t.ctid = k.row_id
-            RETURNING k.ord, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
+            WHERE t.ctid = ANY (v_ctids[1:v_direct])
+            RETURNING t.tenant_id, t.queue, t.timer_key, t.partition, t.txn,
                       t.message_id, convert_from(t.payload, 'UTF8') AS text, t.payload_bytes,
                       t.deliver_at
         )
-        SELECT array_agg(g.deliver_at ORDER BY g.ord), array_agg(g.tenant_id ORDER BY g.ord),
+        SELECT array_agg(g.deliver_at), array_agg(g.tenant_id),
                queen.append_timer_frames(
-                   array_agg(g.tenant_id ORDER BY g.ord), array_agg(g.queue ORDER BY g.ord),
-                   array_agg(g.timer_key ORDER BY g.ord),
-                   array_agg(g.partition ORDER BY g.ord), array_agg(g.txn ORDER BY g.ord),
-                   array_agg(g.message_id ORDER BY g.ord), array_agg(g.text ORDER BY g.ord),
-                   array_agg(g.payload_bytes ORDER BY g.ord),
-                   array_agg(g.deliver_at ORDER BY g.ord))
+                   array_agg(g.tenant_id), array_agg(g.queue), array_agg(g.timer_key),
+                   array_agg(g.partition), array_agg(g.txn), array_agg(g.message_id),
+                   array_agg(g.text), array_agg(g.payload_bytes), array_agg(g.deliver_at))
         INTO v_fired, v_fired_tenants, v_appended
-        FROM gone g;
+        FROM (SELECT * FROM gone
+              ORDER BY gone.deliver_at, gone.tenant_id, gone.queue, gone.timer_key) g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
         -- the disk. A fire keeps the synchronous commit.

@@ -17,6 +17,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -239,6 +240,34 @@ def test_a_locked_row_answers_too_late_at_once_and_never_blocks(
     assert sql(database_url, "SELECT count(*) AS n FROM queen.frames") == [{"n": 0}]
 
 
+@pytest.mark.parametrize("how", ["select_for_update", "claim_uncommitted", "fire_uncommitted"])
+def test_a_bundle_meeting_a_timer_being_fired_answers_too_late_at_once(
+    database_url: str, how: str
+) -> None:
+    """A bundle of new names goes in by one plain INSERT (queen.schedule_timers); one name of it
+    stored and held by a sweeper still answers too_late at once, the others scheduled, where
+    that INSERT would have waited for the fire's commit."""
+    with connect(database_url, autocommit=True) as a, connect(database_url, autocommit=True) as b:
+        tenant = default_tenant(a)
+        with a.transaction():
+            out = store.schedule(a, tenant, timer("q", "k", -1000, 1), notify_within_ms=0)
+        b.execute(f"SET lock_timeout = '{LOCK_GUARD}'")
+        _hold(a, tenant, how)
+        try:
+            started = time.perf_counter()
+            with b.transaction():
+                answers = store.schedule_many(b, tenant, [
+                    timer("q", "fresh", 60_000, 2), timer("q", "k", 10, 3)], notify_within_ms=0)
+            elapsed = time.perf_counter() - started
+        finally:
+            a.execute("ROLLBACK")
+    assert [(o.key, o.status, o.txn == out.txn) for o in answers] == [
+        ("fresh", "scheduled", False), ("k", "too_late", True)]
+    assert elapsed < 0.2, f"the bundle took {elapsed * 1000:.0f} ms behind a lock"
+    assert [r["timer_key"] for r in sql(database_url, "SELECT timer_key FROM queen.timers "
+                                                      "ORDER BY timer_key")] == ["fresh", "k"]
+
+
 # -- a lost claim appends nothing -------------------------------------------------------------
 
 
@@ -453,6 +482,54 @@ async def test_several_brokers_share_a_burst_and_fire_each_timer_once(
                                           for b in brokers]
         print(f"\n{n_brokers} brokers: scheduled {total} in {scheduled_in:.1f}s, all fired "
               f"after {drained_in:.1f}s, per broker {per_broker}")
+
+
+async def test_a_backlog_fired_in_grown_batches_keeps_offsets_dense_and_fires_each_once(
+    database_url: str
+) -> None:
+    """A burst over three partitions, swept by a broker whose batches grow from 50 to 800
+    while the backlog lasts: every timer is in the log once, each partition's offsets run
+    without a gap and end at its next_offset, each partition's frames are in the order of
+    expiry (one instant: by key), no frame is stamped before its deliverAt, and sweeps larger
+    than the base batch were made."""
+    total, queue = 3000, "grown"
+    env = {"QUEEN_SWEEPER_BATCH": "50", "QUEEN_SWEEPER_BACKLOG_BATCH": "800"}
+    keys = [f"k{i:05d}" for i in range(total)]
+    async with running_brokers(database_url, 1, env=env) as brokers:
+        def schedule() -> None:
+            with connect(database_url, autocommit=True) as conn:
+                tenant = default_tenant(conn)
+                outcomes = store.schedule_many(conn, tenant, [
+                    Schedule(queue=queue, key=k, delay_ms=500, payload={"k": k},
+                             partition=f"p{i % 3}", txn=None)
+                    for i, k in enumerate(keys)], notify_within_ms=1000)
+            assert [o.status for o in outcomes] == ["scheduled"] * total
+        await trio.to_thread.run_sync(schedule)
+        await _wait_until_no_timers(database_url, 60, brokers)
+        async with httpx.AsyncClient(timeout=10) as http:
+            text = (await http.get(f"{brokers[0].url}/metrics")).text
+    assert_exactly_once(await trio.to_thread.run_sync(fired_keys, database_url), set(keys))
+    rows = sql(database_url, """
+        SELECT p.name AS partition, p.next_offset, array_agg(f."offset" ORDER BY f."offset")
+                   AS offsets,
+               array_agg(f.meta->'timer'->>'key' ORDER BY f."offset") AS keys,
+               bool_and(f.created_at >= (f.meta->'timer'->>'deliverAt')::timestamptz)
+                   AS stamped_after_due
+        FROM queen.frames f JOIN queen.partitions p USING (partition_id)
+        JOIN queen.queues q USING (queue_id) WHERE q.name = %(q)s GROUP BY 1, 2 ORDER BY 1""",
+               {"q": queue})
+    assert [r["partition"] for r in rows] == ["p0", "p1", "p2"]
+    for r in rows:
+        first = r["offsets"][0]
+        assert r["offsets"] == list(range(first, first + total // 3)), r["partition"]
+        assert r["next_offset"] == r["offsets"][-1] + 1
+        assert r["keys"] == sorted(r["keys"]), f"{r['partition']}: not in the order of expiry"
+        assert r["stamped_after_due"]
+    buckets = {float(le): float(n) for le, n in re.findall(
+        r'^queen_sweeper_claim_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+        if le != "+Inf"}
+    count = float(re.search(r"^queen_sweeper_claim_batch_size_count (\S+)$", text, re.M)[1])
+    assert count - buckets[50.0] > 0, "no sweep took more than the base batch"
 
 
 # -- a broker SIGKILLed or frozen (SIGSTOP) mid-burst (slow) ----------------------------------

@@ -234,6 +234,19 @@ def test_uuid7_embeds_the_current_unix_milliseconds() -> None:
     assert before <= u.int >> 80 <= after
 
 
+def test_ids_minted_in_bulk_are_canonical_distinct_version_7_uuids_of_now() -> None:
+    before = time.time_ns() // 1_000_000
+    ids = rules.new_transaction_ids(3000) + [rules.new_transaction_id()]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids) == 3001
+    for text in ids:
+        u = uuid.UUID(text)
+        assert (str(u), u.version, u.variant) == (text, 7, uuid.RFC_4122)
+        assert before <= u.int >> 80 <= after
+    # the variant's digit carries two random bits: all four values turn up
+    assert {text[19] for text in ids} == set("89ab")
+
+
 def test_ids_created_apart_sort_in_creation_order() -> None:
     ids = []
     for _ in range(5):

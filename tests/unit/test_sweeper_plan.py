@@ -24,7 +24,14 @@ from queen_trio.errors import DatabaseUnavailable
 from queen_trio.metrics import BrokerMetrics
 from queen_trio.timers import sweeper as sweeper_module
 from queen_trio.timers.store import NOTIFY_CHANNEL, NextDue, SweepResult
-from queen_trio.timers.sweeper import Plan, Sweeper, floored, next_plan, retry_delay
+from queen_trio.timers.sweeper import (
+    Plan,
+    Sweeper,
+    floored,
+    next_batch,
+    next_plan,
+    retry_delay,
+)
 
 MIN_SLEEP = 0.010
 MAX_SLEEP = 1.0
@@ -47,6 +54,18 @@ def test_a_full_batch_plans_the_next_cycle_at_once() -> None:
     plan = _plan(full=True, due_at=5.5, due_db=EPOCH + 5.5)
     assert (plan.start_at, plan.due_db, plan.reason) == (-math.inf, None, "backlog")
     assert floored(plan, 5.0, MIN_SLEEP) is plan  # a backlog drains back to back
+
+
+def test_a_backlog_is_swept_in_growing_batches_and_an_ordinary_cycle_at_the_base() -> None:
+    grown, batch = [], 500
+    for _ in range(4):  # every sweep full
+        batch = next_batch(batch, batch, 500, 5000)
+        grown.append(batch)
+    assert grown == [2000, 5000, 5000, 5000]
+    assert next_batch(5000, 4999, 500, 5000) == 500  # the backlog is gone
+    assert next_batch(500, 120, 500, 5000) == 500
+    # A backlog batch below the base never shrinks the sweep.
+    assert next_batch(500, 500, 500, 100) == 500
 
 
 def test_without_timers_the_next_cycle_is_max_sleep_away() -> None:

@@ -1,4 +1,4 @@
--- 014 cursor updates HOT: a consumer group's cursor row is updated by every pop (it takes the
+-- 015 cursor updates HOT: a consumer group's cursor row is updated by every pop (it takes the
 -- lease: a new lease_id) and every ack. With lease_id indexed (cursors_lease) the pop's update
 -- could never be HOT: each one added an entry to every index of queen.cursors, cursors_pkey
 -- included, and behind a held snapshot (a long report, pg_dump, a replica with

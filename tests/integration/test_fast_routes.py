@@ -1,0 +1,242 @@
+"""The lone schedule and cancel answered before Quart (queen_trio/api/fast.py) answer exactly
+as Quart's routes do: the same requests sent both ways give the same statuses, headers, bodies
+and metrics, and whatever the fast path must not decide still reaches Quart."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import trio
+from psycopg.rows import dict_row
+
+from queen_trio.api import fast
+from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle, run_broker
+from queen_trio.tenants import store as tenant_store
+
+from ..timer_ops import timer_op
+
+TIMERS = "/api/v1/timers"
+SWITCHES = "/api/v1/system/kv-timers"
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, port=0, graceful_timeout_ms=1000, db_pool_size=5,
+                    timers_max_horizon_s=7200)
+
+
+def _ops(*ops: dict[str, Any]) -> dict[str, Any]:
+    return {"json": {"operations": list(ops)}}
+
+
+# (method, path, request options): run in order, each run starting with no timers in "fq".
+REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", TIMERS, _ops(timer_op("fq", "k1", HOUR_MS, {"a": 1}, txn="t-1"))),  # scheduled
+    ("POST", TIMERS, _ops(timer_op("fq", "k1", HOUR_MS, {"a": 2}, txn="t-2"))),  # rescheduled
+    ("POST", TIMERS, _ops(timer_op("fq", "k2", HOUR_MS, {"b": 1}, txn="t-3"),
+                          {"op": "cancel", "queue": "fq", "timerKey": "k1"})),  # mixed
+    ("POST", TIMERS, {"content": b"{", "headers": {"content-type": "application/json"}}),
+    ("POST", TIMERS, _ops({"op": "explode", "queue": "fq", "timerKey": "k3"})),
+    ("POST", TIMERS, _ops(timer_op("fq", "k3", 10 * HOUR_MS, {"c": 1}, txn="t-4"))),  # horizon
+    ("POST", TIMERS, _ops(timer_op("bad$q", "k3", HOUR_MS, {"c": 1}, txn="t-5"))),
+    ("POST", TIMERS, _ops()),  # nothing to do
+    ("DELETE", f"{TIMERS}/fq/k1", {}),  # absent (the mixed batch cancelled it)
+    ("DELETE", f"{TIMERS}/fq/k2", {}),  # cancelled
+    ("DELETE", f"{TIMERS}/fq/k2", {}),  # absent
+    ("DELETE", f"{TIMERS}/fq//slash", {}),  # a key starting with '/'
+    ("DELETE", f"{TIMERS}/fq/{'x' * 600}", {}),  # key too long: 400 timers_bad_request
+    ("DELETE", f"{TIMERS}/bad$q/k", {}),  # 400 invalid_queue
+]
+
+
+def _headers(r: httpx.Response, *, early: bool = False) -> list[tuple[bytes, bytes]]:
+    """The answer's headers but its date; ``early`` (an answer that may leave before the
+    server took in the whole body): not ``Connection`` either, which hypercorn adds when it
+    has not, after as many scheduler passes as it happens to take, Quart's answer as well."""
+    dropped = (b"date", b"connection") if early else (b"date",)
+    return [(k, v) for k, v in r.headers.raw if k.lower() not in dropped]
+
+
+def _normal(value: Any) -> Any:
+    """An answer's JSON with what differs from one run to the next (minted ids, instants)
+    replaced by whether it is there."""
+    if isinstance(value, dict):
+        return {k: (v is not None) if k in ("messageId", "deliverAt") else _normal(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+_COUNTED = re.compile(r'^(queen_http_requests_total\{[^}]*route="/api/v1/timers[^}]*\}|'
+                      r'queen_timers_(?:scheduled|cancel)_total\{[^}]*\}|'
+                      r'queen_auth_refused_total\{[^}]*\}) (\S+)$', re.M)
+
+
+async def _counts(http: httpx.AsyncClient, headers: dict[str, str] | None = None
+                  ) -> Counter[str]:
+    text = (await http.get("/metrics", headers=headers)).text
+    return Counter({name: float(value) for name, value in _COUNTED.findall(text)})
+
+
+async def _run(http: httpx.AsyncClient) -> tuple[list[Any], Counter[str]]:
+    before = await _counts(http)
+    answers = []
+    for method, path, options in REQUESTS:
+        r = await http.request(method, path, **options)
+        answers.append((method, path, r.status_code, _headers(r), _normal(r.json())))
+    after = await _counts(http)
+    after.subtract(before)
+    return answers, +after
+
+
+async def test_fast_routes_answer_and_count_as_quart_does(
+        http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast, "ENABLED", False)
+    answered = fast.answered
+    through_quart, quart_counts = await _run(http)
+    assert fast.answered == answered
+
+    monkeypatch.setattr(fast, "ENABLED", True)
+    fast_answers, fast_counts = await _run(http)
+    assert fast.answered == answered + len(REQUESTS)  # every one of them took the fast path
+
+    for quart_answer, fast_answer in zip(through_quart, fast_answers, strict=True):
+        assert fast_answer == quart_answer
+    assert fast_counts == quart_counts
+    statuses = [a[2] for a in fast_answers]
+    assert statuses == [200, 200, 200, 400, 400, 403, 400, 200, 200, 200, 200, 200, 400, 400]
+    assert [r["status"] for r in fast_answers[2][4]["results"]] == ["scheduled", "cancelled"]
+    assert fast_answers[9][4]["status"] == "cancelled"
+    assert fast_counts['queen_http_requests_total{method="DELETE",'
+                       'route="/api/v1/timers/<queue>/<name:key>",status="200"}'] == 4
+
+
+async def test_a_paused_schedule_is_refused_alike(
+        http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = await http.post(SWITCHES, json={"timersSchedule": False})
+    assert r.status_code == 200, r.text
+    answers = []
+    for enabled in (False, True):
+        monkeypatch.setattr(fast, "ENABLED", enabled)
+        r = await http.post(TIMERS, **_ops(timer_op("fq", "p", HOUR_MS, {"a": 1}, txn="t-9")))
+        answers.append((r.status_code, _headers(r), r.json()))
+    assert answers[0] == answers[1]
+    assert answers[1][0] == 503 and answers[1][2]["error"] == "timers_disabled"
+    assert (b"retry-after", b"1") in answers[1][1]
+
+
+async def test_what_the_fast_path_must_not_decide_reaches_quart(
+        http: httpx.AsyncClient) -> None:
+    answered = fast.answered
+    body = _ops(timer_op("fq", "o", HOUR_MS, {"a": 1}, txn="t-10"))
+    # Another origin's page: refused by Quart's hook, nothing scheduled.
+    r = await http.post(TIMERS, headers={"Origin": "http://evil.example"}, **body)
+    assert r.status_code == 403 and r.json()["error"] == "cross_origin"
+    # A name the browser escaped, a query string: Quart decodes them.
+    r = await http.post(TIMERS, **_ops(timer_op("fq", "a b", HOUR_MS, {"a": 1}, txn="t-11")))
+    assert r.status_code == 200 and fast.answered == answered + 1
+    r = await http.delete(f"{TIMERS}/fq/a%20b", params={"txn": "t-11"})
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    # A chunked body.
+    async def chunks() -> Any:
+        yield b'{"operations":'
+        yield b"[]}"
+
+    r = await http.post(TIMERS, content=chunks(),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json() == {"results": []}
+    assert fast.answered == answered + 1
+
+
+async def test_a_schedule_past_the_body_budget_is_refused_alike(
+        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a slow upload holds all but 100 bytes of the budget, a one-timer schedule is
+    answered 503 ``overloaded`` both ways, and schedules nothing."""
+    mib = 1024 * 1024
+    settings = Settings(database_url=database_url, port=0, graceful_timeout_ms=1000,
+                        db_pool_size=5, http_body_buffer_bytes=8 * mib, max_message_bytes=mib)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, settings)
+        port = int(broker.url.rsplit(":", 1)[1])
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                            b"application/json\r\nContent-Length: %d\r\n\r\n" % (8 * mib))
+        await slow.send_all(b"x" * (8 * mib - 100))
+        await trio.sleep(0.5)  # read by the broker: the push's handler asked for it at once
+        answers = []
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+            for enabled in (False, True):
+                monkeypatch.setattr(fast, "ENABLED", enabled)
+                answered = fast.answered
+                r = await http.post(TIMERS, **_ops(timer_op("fq", "b", HOUR_MS, {"a": 1},
+                                                            txn="t-20")))
+                assert fast.answered == answered + enabled
+                answers.append((r.status_code, _headers(r, early=True), r.json()))
+            assert answers[0] == answers[1]
+            assert answers[1][0] == 503 and answers[1][2]["error"] == "overloaded"
+            assert (await http.get(f"{TIMERS}/fq/b")).json()["found"] is False
+        await slow.aclose()
+        broker.shutdown()
+
+
+@pytest.fixture
+def tokens(database_url: str) -> dict[str, str]:
+    with psycopg.connect(database_url, row_factory=dict_row, autocommit=True) as raw:
+        tenant_store.create_tenant(raw, "alpha")
+        return {"A": tenant_store.create_token(raw, "alpha")}
+
+
+async def test_with_auth_on_the_token_selects_the_tenant_alike(
+        settings: Settings, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """QUEEN_AUTH=on: a schedule and its cancel with a token, and both without one or with a
+    wrong one (401, counted in queen_auth_refused), answer and count the same both ways; the
+    cancels take the fast path."""
+    requests: list[tuple[str, str, dict[str, str]]] = [
+        ("POST", TIMERS, {"Authorization": f"Bearer {tokens['A']}"}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": f"Bearer {tokens['A']}"}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": f"Bearer {tokens['A']}"}),
+        ("POST", TIMERS, {}),
+        ("DELETE", f"{TIMERS}/fq/a", {"Authorization": "Bearer wrong"}),
+    ]
+    body = _ops(timer_op("fq", "a", HOUR_MS, {"a": 1}, txn="t-30"))["json"]
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker,
+                                                   dataclasses.replace(settings, auth=True,
+                                                                       operator_tenant="alpha"))
+        runs = []
+        for enabled in (False, True):
+            monkeypatch.setattr(fast, "ENABLED", enabled)
+            answered = fast.answered
+            async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+                metrics = {"Authorization": f"Bearer {tokens['A']}"}
+                before = await _counts(http, metrics)
+                answers = []
+                for method, path, headers in requests:
+                    r = await http.request(method, path, headers=headers,
+                                           json=body if method == "POST" else None)
+                    answers.append((r.status_code, _headers(r, early=True),
+                                    _normal(r.json())))
+                after = await _counts(http, metrics)
+            after.subtract(before)
+            # The cancels: a schedule that could be refused before its body is read is
+            # Quart's (fast.FastRoutes._never_refused_early).
+            assert fast.answered == answered + (3 if enabled else 0)
+            runs.append((answers, +after))
+        for quart_run, fast_run in zip(runs[0][0], runs[1][0], strict=True):
+            assert fast_run == quart_run
+        assert runs[0][1] == runs[1][1]
+        assert [a[0] for a in runs[1][0]] == [200, 200, 200, 401, 401]
+        fast_answers = runs[1][0]
+        assert fast_answers[0][2]["results"][0]["status"] == "scheduled"
+        assert [a[2]["status"] for a in fast_answers[1:3]] == ["cancelled", "absent"]
+        assert runs[1][1]['queen_auth_refused_total{reason="unauthorized"}'] == 2
+        broker.shutdown()
