@@ -9,7 +9,7 @@ by the pop's own machinery (:func:`queen_trio.log.longpoll.pop_batches`: lanes, 
 hand-over, the bounds on waiting pops) and the settlements applied by the ack's
 (:func:`queen_trio.api.log.settle`), so leases, acks and their verdicts are Queen's.
 
-Wire (``docs/streaming.md``)::
+Wire (docs/http-api.md#streaming-pop)::
 
     GET /api/v1/stream/queue/<queue>[/partition/<partition>]   (a WebSocket upgrade)
         the pop's parameters (consumerGroup, batch, timeout, subscriptionMode, ...) and
@@ -61,6 +61,9 @@ MAX_INFLIGHT = 256
 SETTLE_S = 10.0
 # At a shutdown, how long batches out may take to be settled before the stream closes.
 DRAIN_S = 2.0
+# After sending a batch, how long the next pop waits for its settlement (the SDK's poll slot
+# is held as long: queen_trio/client/consumer.py SLOT_HOLD_S).
+SETTLE_HOLD_S = 0.02
 _CLOSE_NORMAL, _CLOSE_GOING_AWAY, _CLOSE_POLICY, _CLOSE_TRY_LATER = 1000, 1001, 1008, 1013
 
 
@@ -164,7 +167,13 @@ class _Stream:
                 await self._send({"idle": True})
                 continue
             answer = batches_to_wire(self.req, batches, self.broker.cipher)
+            self.changed = trio.Event()
             await self.ws.send(b'{"seq":%d,"pop":%s}' % (self.seq, codec.encode(answer)))
+            # A quick consumer settles within a moment, and the pop after it looks once; a
+            # pop at once would look too, find the partition it holds still leased, and park
+            # (two statements for nothing). A slow one keeps no other partition waiting long.
+            with trio.move_on_after(SETTLE_HOLD_S):
+                await self._wait_changed()
         if wakeups.stopping:
             self.close_code = _CLOSE_GOING_AWAY
 

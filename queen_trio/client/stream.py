@@ -1,6 +1,6 @@
-"""The SDK's side of the broker's streaming pop (queen_trio/api/stream.py, docs/streaming.md):
-one WebSocket (wsproto on an anyio socket, so under trio and asyncio) that brings a consumer's
-batches and takes their settlements back.
+"""The SDK's side of the broker's streaming pop (queen_trio/api/stream.py; the wire:
+docs/http-api.md#streaming-pop): one WebSocket (wsproto on an anyio socket, so under trio and
+asyncio) that brings a consumer's batches and takes their settlements back.
 
 :meth:`PopStream.open` raises :class:`StreamUnsupported` when the broker answers the upgrade
 404 (a broker without streams, or with QUEEN_STREAM_POP=off): the consumer then pops over
