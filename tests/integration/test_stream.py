@@ -184,3 +184,28 @@ async def test_a_consumer_killed_mid_stream_loses_nothing(queen: Client,
     # stream's batch back when its connection closed.
     assert handled == list(range(10)) and stats.completed == 10
     assert time.monotonic() - started < 15
+
+
+async def test_a_broker_shutting_down_ends_its_streams_at_once(settings: Settings) -> None:
+    patient = replace_settings(settings, graceful_timeout_ms=20_000)
+    got: list[Any] = []
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            broker: BrokerHandle = await nursery.start(run_broker, patient)
+            client = Client(broker.url, retry=FAST_RETRY, timeout=10)
+            await client.push("calm", "first")
+
+            async def consume() -> None:
+                await client.consume("calm", lambda m: got.append(m.data), poll="30s")
+
+            outer.start_soon(consume)  # outlives the broker: it waits for it to come back
+            while not got:
+                await trio.sleep(0.05)
+            await trio.sleep(0.3)  # the stream's pop is parked for up to 30 s now
+            started = trio.current_time()
+            broker.shutdown()
+        # The stream ended with the broker's other long polls, not at the 20 s grace.
+        assert trio.current_time() - started < 5
+        outer.cancel_scope.cancel()
+    await client.aclose()
+    assert got == ["first"]
