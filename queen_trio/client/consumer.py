@@ -420,6 +420,7 @@ class _Streaming:
         self.to_workers, self.batches = anyio.create_memory_object_stream[
             tuple[PopStream, int, Batch]](concurrency)
         self.busy = 0  # workers handling a batch
+        self.troubles = 0  # streams ended since one last brought anything
         self.ended: BaseException | None = None
 
     async def run(self) -> None:
@@ -434,7 +435,13 @@ class _Streaming:
                     while stream is not None:
                         await self.read(stream)
                         await stream.aclose()
-                        stream = None if loop.stopping else await self.connect()
+                        if loop.stopping:
+                            break
+                        # A stream that ends as it opens (a bound on waiting pops, a broker
+                        # going away) is not opened again at once, nor for ever faster.
+                        self.troubles += 1
+                        await anyio.sleep(loop.client._retry.backoff(min(self.troubles, 6)))
+                        stream = await self.connect()
                 except (StreamUnsupported, ApiError) as exc:  # raised below, not in a group
                     self.ended = exc
                 finally:
@@ -511,6 +518,7 @@ class _Streaming:
                 if got is None:
                     return
                 heard = anyio.current_time()
+                self.troubles = 0
                 await self.take(stream, got)
         except BrokerUnreachable as exc:
             log.warning("consume %s: the stream broke (%s)", loop.queue, exc)
@@ -526,7 +534,7 @@ class _Streaming:
             loop.last_activity = anyio.current_time()
             self.busy += 1  # a worker is free: at most `concurrency` batches are out
             await self.to_workers.send((stream, got.seq, batch))
-        elif got.acked is not None:
+        elif got.acked is not None and stream.unanswered:
             entries = stream.unanswered.popleft()
             refused = tuple(AckResult.from_model(a) for a in got.ackRefused or ())
             loop.settled(entries, SettledPop(Batch(), msgspec.structs.asdict(got.acked),
