@@ -271,8 +271,8 @@ class Settings:
         "on", {"on": True, "off": False},
         help="`on`: consumers may hold one WebSocket (`/api/v1/stream/queue/<queue>`) that "
         "carries their batches and settlements, the SDK's `consume()` uses it (see "
-        "[http-api.md](http-api.md#streaming-pop)); `off`: the route answers 404 `stream_disabled` and "
-        "the SDK pops as before")
+        "[http-api.md](http-api.md#streaming-pop)); `off`: the route answers 404 "
+        "`stream_disabled` and the SDK pops as before")
     # queen.pop_head_after in schema/functions/log.sql.
     pop_fire_wait_ms: int = integer(
         10, lo=0, hi=50,

@@ -16,7 +16,8 @@ Wire (docs/http-api.md#streaming-pop)::
         ``inflight``: how many batches the consumer takes at once (default 1)
     broker -> consumer (text, JSON):
         {"seq": n, "pop": <a pop's answer>}        a batch, leased as by a pop
-        {"acked": <acks summary>, "ackRefused": [...]}  the verdict of each settle, in order
+        {"seq": n, "ackRefused": [...]}            settlements of batch n refused (a lost
+                                                   lease...): verdicts as a POST pop's
         {"idle": true}                             a pop's timeout passed with nothing
         {"error": code, "message": text}           then the broker closes the stream
     consumer -> broker:
@@ -48,7 +49,7 @@ from ..log.wakeups import ParkLimit
 from ..models import codec
 from .common import broker as _broker
 from .errors import error_response
-from .log import _resolved, ack_result, ack_summary, batches_to_wire, settle
+from .log import _resolved, ack_result, batches_to_wire, settle
 from .origin import HostPolicy, check_request
 from .tenancy import admit_request, current_tenant_id
 
@@ -201,11 +202,11 @@ class _Stream:
                            if acks else [])
             self.out.pop(seq, None)
             self.changed.set()
-            verdict: dict[str, Any] = {"acked": ack_summary(results)}
+            # Only refusals are answered: a consumer counts what it sent as taken (a message
+            # per batch less each way, the common case).
             refused = [ack_result(r) for r in results if r.refused is not None]
             if refused:
-                verdict["ackRefused"] = refused
-            await self.ws.send(codec.encode(verdict))
+                await self._send({"seq": seq, "ackRefused": refused})
 
     def _settlement(self, raw: str | bytes) -> tuple[int | None, list[rules.Ack]]:
         try:

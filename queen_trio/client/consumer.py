@@ -30,7 +30,6 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
-import msgspec
 
 from . import calls
 from .durations import Duration, delay_ms, span_ms
@@ -534,11 +533,12 @@ class _Streaming:
             loop.last_activity = anyio.current_time()
             self.busy += 1  # a worker is free: at most `concurrency` batches are out
             await self.to_workers.send((stream, got.seq, batch))
-        elif got.acked is not None and stream.unanswered:
-            entries = stream.unanswered.popleft()
-            refused = tuple(AckResult.from_model(a) for a in got.ackRefused or ())
-            loop.settled(entries, SettledPop(Batch(), msgspec.structs.asdict(got.acked),
-                                             refused))
+        elif got.ackRefused:  # counted as taken when sent: not those
+            refused = [AckResult.from_model(a) for a in got.ackRefused]
+            log.warning("consume %s: the broker refused %d settlements: %s (%s)", loop.queue,
+                        len(refused), refused[0].refused, refused[0].detail)
+            loop.count(completed=-sum(1 for r in refused if r.status == "completed"),
+                       ack_errors=sum(1 for r in refused if r.status != "retry"))
         elif got.error is not None:
             log.warning("consume %s: the broker ends the stream: %s (%s)", loop.queue,
                         got.error, got.message)
@@ -581,6 +581,8 @@ class _StreamWorker(_Worker):
                 if ending:
                     await stream.stop()
                 await stream.settle(seq, owed)
+                # Taken unless the broker says otherwise (_Streaming.take).
+                self.loop.count(completed=sum(1 for e in owed if e["status"] == "completed"))
                 return
             except BrokerUnreachable:
                 self.owed = owed

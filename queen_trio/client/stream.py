@@ -42,12 +42,12 @@ _ENCODE = msgspec.json.Encoder()
 
 
 class FromBroker(msgspec.Struct):
-    """One message of the broker (queen_trio/api/stream.py): a batch (``seq``, ``pop``), a
-    settle's verdict (``acked``, ``ackRefused``), a heartbeat (``idle``) or an ``error``."""
+    """One message of the broker (queen_trio/api/stream.py): a batch (``seq``, ``pop``), the
+    refused settlements of a batch (``seq``, ``ackRefused``), a heartbeat (``idle``) or an
+    ``error``."""
 
     seq: int | None = None
     pop: wire_log.PopResponse | None = None
-    acked: wire_log.AckSummary | None = None
     ackRefused: list[wire_log.AckResult] | None = None  # noqa: N815 - the wire's name
     idle: bool = False
     error: str | None = None
@@ -70,8 +70,6 @@ class PopStream:
         self.parts: list[bytes | str] = []
         self.events: collections.deque[Any] = collections.deque()
         self.closed = False
-        # The settlements sent, oldest first: the broker answers each with a verdict, in order.
-        self.unanswered: collections.deque[Sequence[dict[str, Any]]] = collections.deque()
         self.stop_sent = False
 
     @classmethod
@@ -168,9 +166,7 @@ class PopStream:
         """Batch ``seq`` is done: its settlements (``ack_entry`` dicts; may be empty)."""
         body = calls.compact_acks(entries)
         body["seq"] = seq
-        async with self.lock:
-            self.unanswered.append(entries)
-            await self._write_locked(BytesMessage(_ENCODE.encode(body)))
+        await self._write(BytesMessage(_ENCODE.encode(body)))
 
     async def stop(self) -> None:
         """Ask for no more batches (once); the broker closes when its pop has answered."""
