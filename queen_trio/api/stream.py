@@ -40,10 +40,11 @@ import logging
 from typing import Any
 
 import msgspec
+import psycopg
 import trio
 from quart import Blueprint, Response, websocket
 
-from ..errors import ApiError, RequestError, ValidationError
+from ..errors import ApiError, DatabaseUnavailable, RequestError, ValidationError
 from ..log import longpoll, rules, store
 from ..log.wakeups import ParkLimit
 from ..models import codec
@@ -66,6 +67,9 @@ DRAIN_S = 2.0
 # is held as long: queen_trio/client/consumer.py SLOT_HOLD_S).
 SETTLE_HOLD_S = 0.02
 _CLOSE_NORMAL, _CLOSE_GOING_AWAY, _CLOSE_POLICY, _CLOSE_TRY_LATER = 1000, 1001, 1008, 1013
+# The database away (a failover, say): the stream ends, the consumer comes back after a backoff.
+_DB_TROUBLE = (DatabaseUnavailable, psycopg.OperationalError)
+_DB_AWAY = ("database_unavailable", "the database is unreachable; reconnect later")
 
 
 @stream_routes.websocket("/stream/queue/<queue>")
@@ -101,6 +105,8 @@ async def _open(queue: str, partition: str | None) -> Response | None:
     except RequestError as exc:
         return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
                               **exc.extra)
+    except psycopg.OperationalError:
+        return error_response(503, *_DB_AWAY)
     await ws.accept()
     await _Stream(ws, current_tenant_id(), req, inflight).run()
     return None
@@ -134,7 +140,10 @@ class _Stream:
             # what it did not settle goes back now rather than when its lease ends.
             if self.out:
                 with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
-                    await self._give_back()
+                    try:
+                        await self._give_back()
+                    except _DB_TROUBLE as exc:  # the leases end by themselves
+                        log.warning("stream %s: giving back failed: %s", self.req.queue, exc)
 
     async def _wait_changed(self) -> None:
         await self.changed.wait()
@@ -160,6 +169,10 @@ class _Stream:
                     await self._fail("too_many_waiting_pops", f"{limit.limit} pops wait "
                                      f"already ({limit.scope} bound); retry later",
                                      _CLOSE_TRY_LATER)
+                    return
+                except _DB_TROUBLE as exc:
+                    log.warning("stream %s: pop failed: %s", self.req.queue, exc)
+                    await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
                     return
                 if batches:
                     self.seq += 1
@@ -197,9 +210,16 @@ class _Stream:
                 self.abandon.now()
                 self.changed.set()
                 continue
+            results: list[store.AckResult] = []
             with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
-                results = (await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
-                           if acks else [])
+                try:
+                    if acks:
+                        results = await settle(acks,
+                                               sync_commit=self.broker.settings.pop_commit_sync)
+                except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
+                    log.warning("stream %s: settling failed: %s", self.req.queue, exc)
+                    await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
+                    return
             self.out.pop(seq, None)
             self.changed.set()
             # Only refusals are answered: a consumer counts what it sent as taken (a message

@@ -38,6 +38,7 @@ from .errors import BrokerUnreachable, error_from_response
 from .wire import Answer, Headers
 
 _CHUNK = 65536
+HANDSHAKE_S = 10.0
 _ENCODE = msgspec.json.Encoder()
 
 
@@ -89,7 +90,13 @@ class PopStream:
         ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         stream = cls(sock, ws)
         try:
-            await stream._handshake(url.netloc, target, headers)
+            # A broker that takes the connection but never answers the upgrade is a dead one.
+            with anyio.fail_after(max(connect_timeout or 0, HANDSHAKE_S)):
+                await stream._handshake(url.netloc, target, headers)
+        except TimeoutError as exc:
+            await stream.aclose()
+            raise BrokerUnreachable(f"{base_url}: the stream's upgrade went unanswered",
+                                    [exc]) from exc
         except BaseException:
             await stream.aclose()
             raise
