@@ -89,9 +89,11 @@ async def test_behind_a_held_snapshot_an_ack_reads_only_the_cursors_newest_page(
         holder.execute("SELECT count(*) FROM queen.tenants").fetchone()  # the snapshot, held
         partition = await pop_and_ack(http, "deep", cycles)
         with psycopg.connect(database_url, autocommit=True) as conn:
-            tenant, group, page = conn.execute(
+            row = conn.execute(
                 "SELECT tenant_id, consumer_group, (ctid::text::point)[0] FROM queen.cursors "
                 "WHERE partition_id = %s", (partition,)).fetchone()
+            assert row is not None
+            tenant, group, page = row
         assert page > 0  # the versions have filled more than the cursor's first page
         # A connection whose only scan is the ack's (its index counts are its own until
         # reported): an ack of nothing the lease holds reads and locks the cursor, then hands
