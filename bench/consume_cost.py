@@ -5,13 +5,15 @@ so it counts the broker's own work only; PostgreSQL's is reported beside it):
 
 * ``drain``: N messages pushed to one partition, then ``consume(max_messages=N)`` with a
   handler that does nothing, at the SDK's defaults and at ``batch=1, concurrency=1`` (one
-  message per round trip, the way consume() ran before it settled in batches); messages/s and
-  broker / PostgreSQL CPU per message. Variants alternate, ``--rounds`` times.
+  message per batch, as a steady trickle of timers arrives), each over the broker's streaming
+  pop and over the HTTP pop loop (``stream=False``); messages/s and broker / PostgreSQL /
+  consumer CPU per message. Variants alternate, ``--rounds`` times.
 * ``requests``: sequential single requests from one client: a route that does not exist
   (Quart + hypercorn and nothing else), a lone ack, a pop of one message; broker CPU per
   request. The floor for any request on this HTTP stack is the first row.
 
     python -m bench.consume_cost [--messages 30000] [--rounds 2] [--admin-url URL]
+    python -m bench.consume_cost --variant batch=1 --variant "batch=1 http"
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from bench.harness.cpu import PartyCpu
 from bench.harness.pg import Server, shared_server
 from bench.harness.report import load, source_revision
 
-VARIANTS: dict[str, dict[str, int]] = {"defaults": {}, "batch=1": {"batch": 1, "concurrency": 1}}
+# Each over the broker's stream (the default) and over the HTTP pop loop (``stream=False``,
+# what a broker without streams gets), alternating in one run.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {}, "defaults http": {"stream": False},
+    "batch=1": {"batch": 1, "concurrency": 1},
+    "batch=1 http": {"batch": 1, "concurrency": 1, "stream": False},
+}
 
 
 async def _fill(queen: queen_trio.Client, queue: str, n: int) -> None:
@@ -42,11 +50,13 @@ async def drain(url: str, cpu: PartyCpu, n: int, options: dict[str, Any]) -> dic
     queue = f"drain-{uuid.uuid4().hex[:8]}"
     async with queen_trio.Client(url) as queen:
         await _fill(queen, queue, n)
-        before, t0 = cpu.snapshot(), time.perf_counter()
+        before, t0, c0 = cpu.snapshot(), time.perf_counter(), time.process_time()
         stats = await queen.consume(queue, lambda m: None, max_messages=n, **options)
         seconds, after = time.perf_counter() - t0, cpu.snapshot()
+        consumer_s = time.process_time() - c0
     return {"messages": stats.handled, "msgs_per_s": round(stats.handled / seconds),
             "requests": stats.requests,
+            "consumer_ms_per_msg": round(consumer_s * 1000 / n, 4),
             "broker_ms_per_msg": round((after["broker"] - before["broker"]) * 1000 / n, 4),
             "postgres_ms_per_msg": round((after["postgres"] - before["postgres"]) * 1000 / n, 4)}
 
@@ -75,13 +85,15 @@ async def requests(url: str, cpu: PartyCpu, n: int) -> dict[str, Any]:
     return out
 
 
-def run(server: Server, n: int, rounds: int) -> dict[str, Any]:
-    result: dict[str, Any] = {"drain": {v: [] for v in VARIANTS}}
+def run(server: Server, n: int, rounds: int,
+        variants: list[str] | None = None) -> dict[str, Any]:
+    chosen = {v: VARIANTS[v] for v in variants or VARIANTS}
+    result: dict[str, Any] = {"drain": {v: [] for v in chosen}}
     with server.database("consume_cost") as db, brokers(db) as (broker,):
         assert broker.pid is not None
         cpu = PartyCpu([broker.pid], server.postmaster_pid)
         for _ in range(rounds):
-            for name, options in VARIANTS.items():
+            for name, options in chosen.items():
                 # batch=1 costs ~50x more per message: a thirtieth of the messages is enough
                 count = n if options.get("batch", 0) != 1 else max(1000, n // 30)
                 row = trio.run(drain, broker.url, cpu, count, options)
@@ -101,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admin-url", default=None,
                         help="a server where databases may be created (default: a temporary "
                              "embedded PostgreSQL)")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="only these drain variants (repeatable; default: all)")
     args = parser.parse_args(argv)
     with shared_server(args.admin_url) as server:
         print(f"consume_cost at {source_revision()}, load {load()}", flush=True)
-        result = run(server, args.messages, args.rounds)
+        result = run(server, args.messages, args.rounds, args.variant)
     print(json.dumps({"checkout": source_revision(), **result}, indent=1))
     return 0
 

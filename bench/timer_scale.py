@@ -103,6 +103,29 @@ SELECT pg_relation_size('queen.timers') AS table_bytes,
        vacuum_count, autovacuum_count, analyze_count, autoanalyze_count,
        last_autovacuum::text AS last_autovacuum
 FROM pg_stat_user_tables WHERE schemaname = 'queen' AND relname = 'timers'"""
+# The log's hot rows behind a held snapshot: a consumer group's cursor (updated by every pop and
+# ack) and a partition's row (by every push and fire). Buffers touched on each table (heap and
+# indexes, all backends), its updates and HOT updates, its heap pages; and the pop and ack
+# statements' shared buffers (pg_stat_statements).
+LOG_SIDE_TABLES = ("cursors", "partitions")
+LOG_SIDE_STATS = """
+SELECT s.relname, coalesce(io.heap_blks_hit, 0) + coalesce(io.heap_blks_read, 0)
+                  + coalesce(io.idx_blks_hit, 0) + coalesce(io.idx_blks_read, 0) AS blocks,
+       s.n_tup_upd AS upd, s.n_tup_hot_upd AS hot_upd,
+       pg_relation_size(s.relid) / 8192 AS pages
+FROM pg_stat_user_tables s JOIN pg_statio_user_tables io USING (relid)
+WHERE s.schemaname = 'queen' AND s.relname = ANY(%(tables)s)"""
+LOG_STATEMENTS = """
+SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%%queen.pop_head%%'), 0)::float8
+           AS pop_calls,
+       coalesce(sum(shared_blks_hit + shared_blks_read)
+                FILTER (WHERE query LIKE '%%queen.pop_head%%'), 0)::float8 AS pop_blocks,
+       coalesce(sum(calls) FILTER (WHERE query LIKE '%%queen.ack_head%%'), 0)::float8
+           AS ack_calls,
+       coalesce(sum(shared_blks_hit + shared_blks_read)
+                FILTER (WHERE query LIKE '%%queen.ack_head%%'), 0)::float8 AS ack_blocks
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 
 
 # What the whole server wrote while a drain ran (PostgreSQL 17+: pg_stat_checkpointer,
@@ -270,7 +293,11 @@ def table_stats(url: str) -> dict[str, Any]:
             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
               AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
         server = conn.execute(SERVER_STATS).fetchone() or {}
-    return {"t": round(time.time(), 1), **row, **sweep,
+        log_side = {f"{r['relname']}_{k}": float(r[k] or 0)
+                    for r in conn.execute(LOG_SIDE_STATS, {"tables": list(LOG_SIDE_TABLES)})
+                    for k in ("blocks", "upd", "hot_upd", "pages")}
+        log_side.update(conn.execute(LOG_STATEMENTS).fetchone() or {})
+    return {"t": round(time.time(), 1), **row, **sweep, **log_side,
             **{k: float(v or 0) for k, v in server.items()}}
 
 
@@ -564,6 +591,32 @@ def ratio(full: Any, empty: Any) -> float | None:
     return round(full / empty, 2) if isinstance(full, (int, float)) and empty else None
 
 
+def render_log_side(p: Callable[..., None], samples: list[dict[str, Any]]) -> None:
+    """The log's hot rows per sample interval: per table, buffers touched per update, updates
+    per second, the share of them HOT, heap pages; the pop and ack statements' buffers per
+    call."""
+    if "cursors_blocks" not in samples[0]:
+        return
+    p(f"  {'t s':>6}" + "".join(f"{t + ' blk/upd':>19}{'upd/s':>7}{'HOT%':>6}{'pages':>6}"
+                                for t in LOG_SIDE_TABLES)
+      + f"{'pop blk/call':>13}{'ack blk/call':>13}")
+    t0, prev = samples[0]["t"], samples[0]
+    for r in samples[1:]:
+        dt = max(r["t"] - prev["t"], 0.1)
+        cells = []
+        for t in LOG_SIDE_TABLES:
+            upd = r[f"{t}_upd"] - prev[f"{t}_upd"]
+            hot = r[f"{t}_hot_upd"] - prev[f"{t}_hot_upd"]
+            blk = r[f"{t}_blocks"] - prev[f"{t}_blocks"]
+            cells.append(f"{blk / upd if upd else 0:>19.1f}{upd / dt:>7.1f}"
+                         f"{100 * hot / upd if upd else 0:>6.0f}{r[f'{t}_pages']:>6.0f}")
+        per_call = [(r[f"{k}_blocks"] - prev[f"{k}_blocks"])
+                    / max(r[f"{k}_calls"] - prev[f"{k}_calls"], 1) for k in ("pop", "ack")]
+        p(f"  {r['t'] - t0:>6.0f}" + "".join(cells)
+          + f"{per_call[0]:>13.1f}{per_call[1]:>13.1f}")
+        prev = r
+
+
 def render(summary: dict[str, Any]) -> str:
     out = io.StringIO()
     p = lambda *a: print(*a, file=out)  # noqa: E731
@@ -614,6 +667,7 @@ def render(summary: dict[str, Any]) -> str:
             p(f"  {r['t'] - t0:>6.0f}{r['table_bytes'] / 2**20:>10.1f}"
               f"{r['index_bytes'] / 2**20:>10.1f}{r['n_live_tup']:>10}{r['n_dead_tup']:>10}"
               f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
+        render_log_side(p, s["table_samples"])
     for b in summary.get("bursts", []):
         p(f"burst: { {k: v for k, v in b.items() if k != 'profile'} }")
         if b.get("profile"):

@@ -267,6 +267,12 @@ class Settings:
         "flush (a database crash can forget the last moments of pops, which only re-delivers "
         "those messages; see [operations.md](operations.md#what-a-commit-waits-for)); `sync`: "
         "as the server is configured")
+    stream_pop: bool = choice(
+        "on", {"on": True, "off": False},
+        help="`on`: consumers may hold one WebSocket (`/api/v1/stream/queue/<queue>`) that "
+        "carries their batches and settlements, the SDK's `consume()` uses it (see "
+        "[http-api.md](http-api.md#streaming-pop)); `off`: the route answers 404 "
+        "`stream_disabled` and the SDK pops as before")
     # queen.pop_head_after in schema/functions/log.sql.
     pop_fire_wait_ms: int = integer(
         10, lo=0, hi=50,

@@ -6,6 +6,7 @@ CREATE SCHEMA queen;
 
 CREATE FUNCTION queen.ack_head(p_tenant integer, p_partition uuid, p_group text, p_lease uuid, p_txns text[]) RETURNS TABLE(outcome text, queue text, partition text, committed_before bigint, acked_ahead_before bigint[], leased_to bigint, transaction_id text, "offset" bigint)
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -18,11 +19,22 @@ DECLARE
     v_queue text;
     v_pname text;
 BEGIN
-    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+    -- The cursor is read newest version first: a backward scan of cursors_pkey, bounded by
+    -- row comparisons (an equality on the key would let the planner drop the ORDER BY and scan
+    -- forward), stops at the first version visible. Behind a held snapshot nothing of the
+    -- row's earlier versions can be pruned; each page they filled has an index entry (a HOT
+    -- chain ends where its page is full), and a forward scan walked them all, one buffer per
+    -- page, every pop and ack (44 buffers after 3,000 updates; this: 3). The newest version
+    -- is on the newest page (fillfactor 50 keeps new versions off pages already half full).
+    -- The row is locked, so the UPDATE below finds it by its ctid.
+    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
            c.lease_expires_at > now() AS lease_live INTO cur
     FROM queen.cursors c
-    WHERE c.partition_id = p_partition AND c.consumer_group = p_group
+    WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
+      AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
       AND c.tenant_id = p_tenant
+    ORDER BY c.partition_id DESC, c.consumer_group DESC
+    LIMIT 1
     FOR UPDATE;
     -- An ack under a lease that is not live (expired, released, another's) gets its verdict
     -- from the general ack.
@@ -65,7 +77,7 @@ BEGIN
         lease_expires_at = CASE WHEN v_committed >= cur.leased_to THEN NULL
                                 ELSE c.lease_expires_at END,
         updated_at = now()
-    WHERE c.partition_id = p_partition AND c.consumer_group = p_group;
+    WHERE c.ctid = cur.tid;
     DELETE FROM queen.retries r
     WHERE r.partition_id = p_partition AND r.consumer_group = p_group
       AND r."offset" <= v_committed;
@@ -533,6 +545,7 @@ $$;
 
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -563,11 +576,16 @@ BEGIN
             v_fallback := true;
             EXIT;
         END IF;
-        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to, c.attempt_offset
+        -- The cursor's newest version first (see queen.ack_head), and by its ctid after.
+        SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
+               c.attempt_offset
         INTO cur
         FROM queen.cursors c
-        WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+        WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
+          AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        ORDER BY c.partition_id DESC, c.consumer_group DESC
+        LIMIT 1
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             IF NOT EXISTS (SELECT 1 FROM queen.cursors c
@@ -613,7 +631,7 @@ BEGIN
         IF p_auto_ack THEN
             UPDATE queen.cursors c
             SET committed = v_last, lease_expires_at = NULL, updated_at = now()
-            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = cur.tid;
             DELETE FROM queen.retries r
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
@@ -627,7 +645,7 @@ BEGIN
                 leased_to = v_last, updated_at = now(),
                 -- Fresh work (redeliveries fell back above): delivery attempt 1.
                 attempt_offset = cur.committed + 1, attempt_count = 1
-            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+            WHERE c.ctid = cur.tid
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
         RETURN QUERY
@@ -1493,7 +1511,8 @@ CREATE TABLE queen.cursors (
     retry_at timestamp with time zone,
     attempt_offset bigint,
     attempt_count integer DEFAULT 0 NOT NULL
-);
+)
+WITH (fillfactor='50');
 
 CREATE TABLE queen.dead_letters (
     dead_letter_id bigint NOT NULL,
@@ -1783,8 +1802,6 @@ ALTER TABLE ONLY queen.tenants
 
 ALTER TABLE ONLY queen.timers
     ADD CONSTRAINT timers_pkey PRIMARY KEY (tenant_id, queue, timer_key);
-
-CREATE INDEX cursors_lease ON queen.cursors USING btree (lease_id) WHERE (lease_id IS NOT NULL);
 
 CREATE INDEX dead_letters_listing ON queen.dead_letters USING btree (tenant_id, queue_id, consumer_group, dead_letter_id);
 

@@ -22,6 +22,7 @@ from .origin import HostPolicy, check_request
 from .reads import read_routes
 from .rules import SharedBuilderRule
 from .stats import stats_routes
+from .stream import stream_routes
 from .switches import switch_routes
 from .tenancy import admit_request
 from .timers import timer_routes
@@ -60,6 +61,7 @@ def create_app(broker: BrokerContext) -> QuartTrio:
     install_error_handlers(app)
     app.register_blueprint(ops)
     app.register_blueprint(log_routes)
+    app.register_blueprint(stream_routes)
     app.register_blueprint(read_routes)
     app.register_blueprint(kv_routes)
     app.register_blueprint(lock_routes)

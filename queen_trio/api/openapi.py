@@ -57,6 +57,21 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
             "description": description}
 
 
+def _stream_op(operation: str, path: list[dict[str, Any]]) -> dict[str, Any]:
+    """The streaming pop (api/stream.py): a WebSocket upgrade, answered like a pop if refused;
+    without the upgrade, 400."""
+    return {
+        "summary": "Streaming pop (ours): a WebSocket of batches and their settlements",
+        "description": "See docs/http-api.md#streaming-pop. `inflight`: batches out at once.",
+        "operationId": operation,
+        "parameters": [*path, *_POP_PARAMS,
+                       _query("inflight", {"type": "integer", "minimum": 1, "maximum": 256},
+                              "batches the consumer takes at once")],
+        "responses": {"101": {"description": "Switching Protocols: the stream"},
+                      **_errors(400, 401, 404, 429)},
+    }
+
+
 def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
@@ -367,6 +382,11 @@ def _log_paths() -> dict[str, Any]:
                 "responses": _SETTLE_AND_POP_RESPONSES,
             },
         },
+        "/api/v1/stream/queue/{queue}": {"get": _stream_op(
+            "streamQueue", [_path_param("queue", "queue name")])},
+        "/api/v1/stream/queue/{queue}/partition/{partition}": {"get": _stream_op(
+            "streamPartition", [_path_param("queue", "queue name"),
+                                _path_param("partition", "partition name")])},
         "/api/v1/ack": {"post": {
             "summary": "Acknowledge one message (completed, failed, dlq or retry)",
             "description": _ACK_AS_COMMIT,

@@ -32,6 +32,7 @@ class Client(BaseClient[Awaitable[Any]]):
         super().__init__(urls, **options)
         self._http = LeanClient(headers=self._headers, timeout=self._timeout)
         self._lease_cache: dict[str, int] = {}  # per queue, learnt by the consumer
+        self._no_stream = False  # the broker answered a streaming pop 404: pop over HTTP
 
     async def __aenter__(self) -> Client:
         return self
@@ -68,7 +69,7 @@ class Client(BaseClient[Awaitable[Any]]):
         group: str | None = None, concurrency: int = consumer.DEFAULT_CONCURRENCY,
         batch: int = consumer.DEFAULT_BATCH, partition: str | None = None,
         max_messages: int | None = None, idle_timeout: Duration | None = None,
-        poll: Duration = "2s", renew_leases: bool = True,
+        poll: Duration = "2s", renew_leases: bool = True, stream: bool = True,
     ) -> consumer.ConsumeStats:
         """Pop and handle messages until cancelled, until ``max_messages`` were handled, or
         until nothing arrived for ``idle_timeout``; returns what happened.
@@ -93,9 +94,15 @@ class Client(BaseClient[Awaitable[Any]]):
         (no retry spent). Cancelling the loop from outside abandons polls, with that
         consequence, but still settles the messages whose handler finished (within 5 s) and
         gives back the rest of their batch, so only unfinished messages come again.
+
+        ``stream`` (default): when the broker offers its streaming pop (a WebSocket, over
+        ``http://``), one connection brings the batches as they become ready, at most
+        ``concurrency`` at once, and takes their settlements back: no request per batch.
+        Against a broker without it (the upgrade answered 404, asked once per client) or with
+        ``stream=False``, the loop pops over HTTP as described above.
         """
         return await consumer.consume(
             self, queue, handler, group=group, concurrency=concurrency, batch=batch,
             partition=partition, max_messages=max_messages, idle_timeout=idle_timeout,
-            poll=poll, renew_leases=renew_leases,
+            poll=poll, renew_leases=renew_leases, stream=stream,
         )

@@ -19,6 +19,7 @@ How it spends requests, since that is what a consumer's latency and the broker's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -26,13 +27,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
 from . import calls
 from .durations import Duration, delay_ms, span_ms
 from .errors import ApiError, BrokerUnreachable, Conflict, NotFound, RateLimited, ServerError
-from .models import AckStatus, Batch, Message, SettledPop
+from .models import AckResult, AckStatus, Batch, Message, SettledPop
+from .stream import FromBroker, PopStream, StreamUnsupported
 
 if TYPE_CHECKING:
     from .async_client import Client
@@ -45,6 +48,10 @@ DEFAULT_LEASE_S = 300    # the broker's default leaseTime, for a queue it does n
 SLOT_HOLD_S = 0.02       # how long a batch being handled keeps the poll slot
 SETTLE_AT_EXIT_S = 5.0   # how long a stopping or cancelled worker may take to settle
 _PASSING = (BrokerUnreachable, ServerError, RateLimited)  # waited out, never fatal
+# A stream that brought nothing, not even its heartbeat (one per ``poll``), for this many
+# polls (plus a margin) has lost its broker: it is closed and opened again.
+STREAM_SILENT_POLLS = 3
+STREAM_SILENT_MARGIN_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,7 +69,7 @@ async def consume(
     client: Client, queue: str, handler: Callable[[Message], Awaitable[Any] | Any], *,
     group: str | None, concurrency: int, batch: int, partition: str | None,
     max_messages: int | None, idle_timeout: Duration | None, poll: Duration,
-    renew_leases: bool,
+    renew_leases: bool, stream: bool = True,
 ) -> ConsumeStats:
     if concurrency < 1 or batch < 1:
         raise ValueError("concurrency and batch must be at least 1")
@@ -76,9 +83,19 @@ async def consume(
                  idle_s=None if idle_timeout is None else span_ms(idle_timeout,
                                                                    "idle_timeout") / 1000,
                  poll_s=_positive_s(poll, "poll"), renew=renew_leases, in_thread=in_thread)
-    async with anyio.create_task_group() as workers:
-        for _ in range(concurrency):
-            workers.start_soon(_Worker(loop).run)
+    if stream and not client._no_stream:
+        try:
+            await _Streaming(loop, concurrency).run()
+        except StreamUnsupported as exc:
+            # Asked once per client: later consume() calls pop over HTTP straight away.
+            log.info("consume %s: %s; popping over HTTP", queue, exc)
+            client._no_stream = True
+        else:
+            loop.stop()
+    if not loop.stopping:
+        async with anyio.create_task_group() as workers:
+            for _ in range(concurrency):
+                workers.start_soon(_Worker(loop).run)
     if loop.fatal is not None:
         raise loop.fatal  # as itself, not wrapped in the task group's ExceptionGroup
     return loop.stats
@@ -388,3 +405,186 @@ class _Worker:
             except _PASSING as exc:
                 log.warning("consume %s: lease %s not renewed: %s", self.loop.queue,
                             lease_id, exc)
+
+
+class _Streaming:
+    """consume() over the broker's streaming pop (client/stream.py): one connection brings
+    the batches, at most ``concurrency`` out at once (each goes straight to an idle worker:
+    none waits in a buffer while its lease runs), and takes each batch's settlements back.
+    Reconnects after trouble (backoff, next broker URL); :class:`StreamUnsupported` from a
+    broker without streams ends it, and consume() pops over HTTP instead."""
+
+    def __init__(self, loop: _Loop, concurrency: int) -> None:
+        self.loop, self.concurrency = loop, concurrency
+        self.to_workers, self.batches = anyio.create_memory_object_stream[
+            tuple[PopStream, int, Batch]](concurrency)
+        self.busy = 0  # workers handling a batch
+        self.troubles = 0  # streams ended since one last brought anything
+        self.ended: BaseException | None = None
+
+    async def run(self) -> None:
+        loop = self.loop
+        stream = await self.connect()  # a broker without streams says so before any work
+        try:
+            async with anyio.create_task_group() as workers:
+                for _ in range(self.concurrency):
+                    workers.start_soon(_StreamWorker(self, self.batches.clone()).run)
+                self.batches.close()
+                try:
+                    while stream is not None:
+                        await self.read(stream)
+                        await stream.aclose()
+                        if loop.stopping:
+                            break
+                        # A stream that ends as it opens (a bound on waiting pops, a broker
+                        # going away) is not opened again at once, nor for ever faster.
+                        self.troubles += 1
+                        await anyio.sleep(loop.client._retry.backoff(min(self.troubles, 6)))
+                        stream = await self.connect()
+                except (StreamUnsupported, ApiError) as exc:  # raised below, not in a group
+                    self.ended = exc
+                finally:
+                    self.to_workers.close()
+        finally:
+            if stream is not None and not stream.closed:  # cancelled: end it in order
+                loop.stop()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_AT_EXIT_S):
+                    await self.drain(stream)
+                await stream.aclose()
+        if self.ended is not None:
+            raise self.ended
+
+    async def drain(self, stream: PopStream) -> None:
+        """The loop was cancelled: the workers have sent what they owe on the stream (after a
+        stop); read it to its end, so that those settlements are applied and whatever else
+        was out is given back before consume() returns."""
+        with contextlib.suppress(BrokerUnreachable):
+            await stream.stop()
+            while (got := await stream.receive()) is not None:
+                await self.take(stream, got)
+
+    async def connect(self) -> PopStream | None:
+        """A stream, retrying what passes; None if the loop stopped meanwhile."""
+        loop, client = self.loop, self.loop.client
+        params: dict[str, Any] = {"batch": loop.batch, "inflight": self.concurrency,
+                                  "timeout": max(1, int(loop.poll_s * 1000))}
+        if loop.group is not None:
+            params["consumerGroup"] = loop.group
+        endpoints = client._endpoints
+        troubles = 0
+        while not loop.stopping:
+            at = endpoints.preferred
+            try:
+                return await PopStream.open(endpoints.urls[at], loop.queue, loop.partition,
+                                            params, client._headers, client._timeout.connect)
+            except _PASSING as exc:
+                troubles += 1
+                endpoints.rotate(at)
+                log.warning("consume %s: stream failed (%s); retrying", loop.queue, exc)
+                await anyio.sleep(client._retry.backoff(min(troubles, 6)))
+            except ApiError as exc:
+                loop.fatal = loop.fatal or exc
+                loop.stop()
+            finally:
+                loop.count(requests=1)
+        return None
+
+    async def read(self, stream: PopStream) -> None:
+        """Hand the stream's batches to the workers and its verdicts to the loop, until the
+        broker closes it (or it falls silent)."""
+        loop = self.loop
+        silent_s = loop.poll_s * STREAM_SILENT_POLLS + STREAM_SILENT_MARGIN_S
+        heard = anyio.current_time()
+        try:
+            while True:
+                now = anyio.current_time()
+                wait_s = heard + silent_s - now
+                if loop.idle_s is not None and not loop.stopping:
+                    idle_left = loop.last_activity + loop.idle_s - now
+                    if idle_left <= 0 and self.busy == 0:
+                        loop.stop()
+                    wait_s = min(wait_s, max(idle_left, 0.01))
+                if loop.stopping:
+                    await stream.stop()  # the broker closes once its pop has answered
+                if wait_s <= 0:
+                    log.warning("consume %s: the stream fell silent; reconnecting", loop.queue)
+                    return
+                got: FromBroker | None = None
+                with anyio.move_on_after(wait_s) as waiting:
+                    got = await stream.receive()
+                if waiting.cancelled_caught:
+                    continue
+                if got is None:
+                    return
+                heard = anyio.current_time()
+                self.troubles = 0
+                await self.take(stream, got)
+        except BrokerUnreachable as exc:
+            log.warning("consume %s: the stream broke (%s)", loop.queue, exc)
+
+    async def take(self, stream: PopStream, got: FromBroker) -> None:
+        loop = self.loop
+        if got.pop is not None and got.seq is not None:
+            batch = SettledPop.from_model(got.pop).batch
+            if loop.stopping:  # arrived after the stop: straight back, no retry spent
+                await stream.settle(got.seq, [calls.ack_entry(m, AckStatus.RETRY, None)
+                                              for m in batch])
+                return
+            loop.last_activity = anyio.current_time()
+            self.busy += 1  # a worker is free: at most `concurrency` batches are out
+            await self.to_workers.send((stream, got.seq, batch))
+        elif got.ackRefused:  # counted as taken when sent: not those
+            refused = [AckResult.from_model(a) for a in got.ackRefused]
+            log.warning("consume %s: the broker refused %d settlements: %s (%s)", loop.queue,
+                        len(refused), refused[0].refused, refused[0].detail)
+            loop.count(completed=-sum(1 for r in refused if r.status == "completed"),
+                       ack_errors=sum(1 for r in refused if r.status != "retry"))
+        elif got.error is not None:
+            log.warning("consume %s: the broker ends the stream: %s (%s)", loop.queue,
+                        got.error, got.message)
+
+
+class _StreamWorker(_Worker):
+    """A worker whose batches come from the stream and whose settlements go back on it (or,
+    the stream being gone, in an ack request)."""
+
+    def __init__(self, streaming: _Streaming,
+                 batches: anyio.abc.ObjectReceiveStream[tuple[PopStream, int, Batch]]) -> None:
+        super().__init__(streaming.loop)
+        self.streaming, self.batches = streaming, batches
+        self.source: tuple[PopStream, int] | None = None  # the batch in hand: its stream, seq
+
+    async def _pop_and_handle(self) -> None:
+        loop = self.loop
+        async with self.batches:
+            async for stream, seq, got in self.batches:
+                self.source = stream, seq
+                try:
+                    await self.handle_batch(got)
+                finally:
+                    self.streaming.busy -= 1
+                await self.settle_batch(ending=loop.stopping)
+
+    async def settle_now(self) -> None:
+        """The loop is ending (cancelled, say): settle on the stream after a stop."""
+        await self.settle_batch(ending=True)
+
+    async def settle_batch(self, *, ending: bool) -> None:
+        """What the batch in hand owes, on the stream it came from; ``ending``: after a stop,
+        so that the broker pops nothing more that these settlements would free. In an ack
+        request if the stream is gone."""
+        source, self.source = self.source, None
+        if source is not None and not source[0].closed:
+            stream, seq = source
+            owed, self.owed = self.owed, []
+            try:
+                if ending:
+                    await stream.stop()
+                await stream.settle(seq, owed)
+                # Taken unless the broker says otherwise (_Streaming.take).
+                self.loop.count(completed=sum(1 for e in owed if e["status"] == "completed"))
+                return
+            except BrokerUnreachable:
+                self.owed = owed
+        if self.owed:
+            await super().settle_now()

@@ -45,10 +45,35 @@ class PopBroker(Protocol):
     def segment_cache(self) -> SegmentCache: ...
 
 
-async def pop_batches(broker: PopBroker, tenant: int,
-                      req: rules.PopRequest) -> list[store.PopBatch]:
+class Abandon:
+    """Lets the owner of a waiting pop end its wait early (a stream whose consumer stopped or
+    left, queen_trio/api/stream.py): the pop then answers with what it has, like a timeout.
+    Only the sleep between looks is cut short, never a statement (which may take a lease)."""
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self._sleeping: trio.CancelScope | None = None
+
+    def now(self) -> None:
+        self.abandoned = True
+        if self._sleeping is not None:
+            self._sleeping.cancel()
+
+    async def sleep_until(self, deadline: float, woken: trio.Event) -> None:
+        with trio.move_on_at(deadline) as scope:
+            self._sleeping = scope
+            try:
+                if not self.abandoned:
+                    await woken.wait()
+            finally:
+                self._sleeping = None
+
+
+async def pop_batches(broker: PopBroker, tenant: int, req: rules.PopRequest,
+                      abandon: Abandon | None = None) -> list[store.PopBatch]:
     """The pop ``req`` of ``tenant``: one look, or with ``wait`` a long-poll
-    (:func:`_wait_for_messages`); :class:`~.wakeups.ParkLimit` when it may not wait."""
+    (:func:`_wait_for_messages`); :class:`~.wakeups.ParkLimit` when it may not wait.
+    ``abandon``: ends the wait early when told to."""
     if req.subscribe_from == rules.SUBSCRIBE_NOW:
         # The group's subscription instant, before it looks: what is pushed from now on is
         # new to it, whichever partition it lands in (store.subscribe).
@@ -58,7 +83,7 @@ async def pop_batches(broker: PopBroker, tenant: int,
     key = store.wake_key(tenant, req.queue)
     with broker.wakeups.waiting(key, tenant, req) as waiter:
         return _popped(broker.metrics, tenant,
-                       await _wait_for_messages(broker, tenant, req, key, waiter))
+                       await _wait_for_messages(broker, tenant, req, key, waiter, abandon))
 
 
 async def _look(broker: PopBroker, tenant: int, req: rules.PopRequest,
@@ -89,7 +114,8 @@ async def _look(broker: PopBroker, tenant: int, req: rules.PopRequest,
 
 
 async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopRequest, key: str,
-                             waiter: Waiter) -> store.PopOutcome:
+                             waiter: Waiter, abandon: Abandon | None = None
+                             ) -> store.PopOutcome:
     """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
     (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
     instead of waiting (:class:`~.wakeups.ParkLimit`)."""
@@ -128,7 +154,8 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
             if outcome.batch is not None:
                 waiter.served = True  # there may be more: the next of the lane looks
                 return outcome
-            if deadline <= trio.current_time() or wakeups.stopping:
+            if (deadline <= trio.current_time() or wakeups.stopping
+                    or (abandon is not None and abandon.abandoned)):
                 return outcome
             if not waiter.parked:
                 _park(broker, waiter)
@@ -145,8 +172,13 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
                 if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
                     look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
                 wakeups.look_again_in(waiter, look_in)
-            with trio.move_on_at(deadline):
-                await waiter.woken.wait()
+            if abandon is None:
+                with trio.move_on_at(deadline):
+                    await waiter.woken.wait()
+            else:
+                await abandon.sleep_until(deadline, waiter.woken)
+                if abandon.abandoned:
+                    return outcome
             if wakeups.stopping:  # shutting down: answer "nothing", lease nothing
                 return store.PopOutcome(None)
             if not waiter.woken.is_set():

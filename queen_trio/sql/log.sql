@@ -418,6 +418,11 @@ RETURNING size_bytes
 -- Every partition the lease holds (a pop over several partitions holds them under one lease),
 -- as long as it is live; a renewal never shortens it. The earliest expiry is what a client
 -- schedules its next renewal by.
+-- The lookups by lease id (this, live_leases, lease_exists) read the whole cursors table:
+-- lease_id has no index, so the pop that sets it is a HOT update (an index on it cost every
+-- pop and ack a walk over one dead index entry per earlier pop while a snapshot was held:
+-- schema/015_cursor_updates_hot.sql). One row per (partition, group): the pass is small, and
+-- rare (a lease renewal, a transaction's requiredLeases) next to the pops and acks it spares.
 WITH renewed AS (
     UPDATE queen.cursors
     SET lease_expires_at = greatest(lease_expires_at,
@@ -435,6 +440,7 @@ WHERE tenant_id = %(tenant_id)s AND lease_id = ANY(%(lease_ids)s::uuid[])
 
 -- name: lease_exists
 SELECT 1 FROM queen.cursors WHERE lease_id = %(lease_id)s AND tenant_id = %(tenant_id)s
+LIMIT 1
 
 -- name: lock_dead_letter
 SELECT d.dead_letter_id, d.consumer_group, d.payload, d.replayed_at, d.replay_transaction_id,

@@ -119,7 +119,11 @@ CREATE OR REPLACE FUNCTION queen.pop_head(
 RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
                lease_expires_at timestamptz, "offset" bigint, transaction_id text,
                payload jsonb, created_at timestamptz, meta jsonb)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+-- The cursor's backward read (see queen.ack_head) whatever the table's size: on a small table
+-- the planner would rather sort a scan of it, which walks every version.
+SET enable_sort = off
+AS $fn$
 #variable_conflict use_column
 DECLARE
     cand record;
@@ -149,11 +153,16 @@ BEGIN
             v_fallback := true;
             EXIT;
         END IF;
-        SELECT c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to, c.attempt_offset
+        -- The cursor's newest version first (see queen.ack_head), and by its ctid after.
+        SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
+               c.attempt_offset
         INTO cur
         FROM queen.cursors c
-        WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+        WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
+          AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
           AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+        ORDER BY c.partition_id DESC, c.consumer_group DESC
+        LIMIT 1
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             IF NOT EXISTS (SELECT 1 FROM queen.cursors c
@@ -199,7 +208,7 @@ BEGIN
         IF p_auto_ack THEN
             UPDATE queen.cursors c
             SET committed = v_last, lease_expires_at = NULL, updated_at = now()
-            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group;
+            WHERE c.ctid = cur.tid;
             DELETE FROM queen.retries r
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
@@ -213,7 +222,7 @@ BEGIN
                 leased_to = v_last, updated_at = now(),
                 -- Fresh work (redeliveries fell back above): delivery attempt 1.
                 attempt_offset = cur.committed + 1, attempt_count = 1
-            WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+            WHERE c.ctid = cur.tid
             RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
         END IF;
         RETURN QUERY
@@ -267,7 +276,12 @@ CREATE OR REPLACE FUNCTION queen.ack_head(
 RETURNS TABLE (outcome text, queue text, partition text, committed_before bigint,
                acked_ahead_before bigint[], leased_to bigint, transaction_id text,
                "offset" bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+-- The cursor's backward read below whatever the table's size: on a small table the planner
+-- would rather sort a scan of it, which walks every version (every other sort here has no
+-- alternative).
+SET enable_sort = off
+AS $fn$
 #variable_conflict use_column
 DECLARE
     cur record;
@@ -279,11 +293,22 @@ DECLARE
     v_queue text;
     v_pname text;
 BEGIN
-    SELECT c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+    -- The cursor is read newest version first: a backward scan of cursors_pkey, bounded by
+    -- row comparisons (an equality on the key would let the planner drop the ORDER BY and scan
+    -- forward), stops at the first version visible. Behind a held snapshot nothing of the
+    -- row's earlier versions can be pruned; each page they filled has an index entry (a HOT
+    -- chain ends where its page is full), and a forward scan walked them all, one buffer per
+    -- page, every pop and ack (44 buffers after 3,000 updates; this: 3). The newest version
+    -- is on the newest page (fillfactor 50 keeps new versions off pages already half full).
+    -- The row is locked, so the UPDATE below finds it by its ctid.
+    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
            c.lease_expires_at > now() AS lease_live INTO cur
     FROM queen.cursors c
-    WHERE c.partition_id = p_partition AND c.consumer_group = p_group
+    WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
+      AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
       AND c.tenant_id = p_tenant
+    ORDER BY c.partition_id DESC, c.consumer_group DESC
+    LIMIT 1
     FOR UPDATE;
     -- An ack under a lease that is not live (expired, released, another's) gets its verdict
     -- from the general ack.
@@ -326,7 +351,7 @@ BEGIN
         lease_expires_at = CASE WHEN v_committed >= cur.leased_to THEN NULL
                                 ELSE c.lease_expires_at END,
         updated_at = now()
-    WHERE c.partition_id = p_partition AND c.consumer_group = p_group;
+    WHERE c.ctid = cur.tid;
     DELETE FROM queen.retries r
     WHERE r.partition_id = p_partition AND r.consumer_group = p_group
       AND r."offset" <= v_committed;

@@ -214,8 +214,9 @@ async def test_consume_settles_every_message_once_in_one_request_per_batch(
     acks_routes_before = (_http_requests(broker, "POST", "/api/v1/ack")
                           + _http_requests(broker, "POST", "/api/v1/ack/batch"))
     handled: list[int] = []
+    # The HTTP pop loop (what a broker without streams gets; the stream: test_stream.py).
     stats = await queen.consume("bulk", lambda m: handled.append(m.data["n"]),
-                                max_messages=1000)
+                                max_messages=1000, stream=False)
     assert handled == list(range(1000))  # one partition: in order, each once
     assert (stats.handled, stats.completed, stats.ack_errors) == (1000, 1000, 0)
     # Every message acked exactly once, by the broker's own count ...

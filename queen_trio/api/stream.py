@@ -1,0 +1,265 @@
+"""The streaming pop, a queen-trio extension (Queen has none): one WebSocket carries a
+consumer's batches as they become poppable and its settlements back, so that a consumer under
+steady load costs no HTTP request per batch (issue 32: a request costs the broker about 1 ms of
+CPU, the batch of a timer firing at 500/s is one message).
+
+A WebSocket rather than a chunked (NDJSON) answer or server-sent events: those carry one way
+only, and the settlements would each need a request of their own again. The batches are popped
+by the pop's own machinery (:func:`queen_trio.log.longpoll.pop_batches`: lanes, the sweeper's
+hand-over, the bounds on waiting pops) and the settlements applied by the ack's
+(:func:`queen_trio.api.log.settle`), so leases, acks and their verdicts are Queen's.
+
+Wire (docs/http-api.md#streaming-pop)::
+
+    GET /api/v1/stream/queue/<queue>[/partition/<partition>]   (a WebSocket upgrade)
+        the pop's parameters (consumerGroup, batch, timeout, subscriptionMode, ...) and
+        ``inflight``: how many batches the consumer takes at once (default 1)
+    broker -> consumer (text, JSON):
+        {"seq": n, "pop": <a pop's answer>}        a batch, leased as by a pop
+        {"seq": n, "ackRefused": [...]}            settlements of batch n refused (a lost
+                                                   lease...): verdicts as a POST pop's
+        {"idle": true}                             a pop's timeout passed with nothing
+        {"error": code, "message": text}           then the broker closes the stream
+    consumer -> broker:
+        {"seq": n, "acknowledgments": [...], ...}  batch n is done: its settlements, as the
+                                                   body of a POST pop; frees one of inflight
+        {"stop": true}                             pop no more; the broker closes once its
+                                                   pop in progress has answered
+
+Backpressure: at most ``inflight`` batches are out (sent, their settle not received); the
+broker pops the next one only then. When the consumer goes away, the batches it did not settle
+are given back (``retry``: no retry spent), and a pop in progress is let finish (bounded by its
+timeout) and given back too, rather than cut off inside PostgreSQL with a lease taken. At a
+shutdown the broker pops no more, waits a moment for the batches out to be settled, and closes
+(1001); the SDK reconnects or falls back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import psycopg
+import trio
+from quart import Blueprint, Response, websocket
+
+from ..errors import ApiError, DatabaseUnavailable, RequestError, ValidationError
+from ..log import longpoll, rules, store
+from ..log.wakeups import ParkLimit
+from ..models import codec
+from .common import broker as _broker
+from .errors import error_response
+from .log import _resolved, ack_result, batches_to_wire, settle
+from .origin import HostPolicy, check_request
+from .tenancy import admit_request, current_tenant_id
+
+log = logging.getLogger(__name__)
+
+stream_routes = Blueprint("stream", __name__, url_prefix="/api/v1")
+
+MAX_INFLIGHT = 256
+# A settle or a give-back runs to its end even when the consumer has gone (its acks count).
+SETTLE_S = 10.0
+# At a shutdown, how long batches out may take to be settled before the stream closes.
+DRAIN_S = 2.0
+# After sending a batch, how long the next pop waits for its settlement (the SDK's poll slot
+# is held as long: queen_trio/client/consumer.py SLOT_HOLD_S).
+SETTLE_HOLD_S = 0.02
+_CLOSE_NORMAL, _CLOSE_GOING_AWAY, _CLOSE_POLICY, _CLOSE_TRY_LATER = 1000, 1001, 1008, 1013
+# The database away (a failover, say): the stream ends, the consumer comes back after a backoff.
+_DB_TROUBLE = (DatabaseUnavailable, psycopg.OperationalError)
+_DB_AWAY = ("database_unavailable", "the database is unreachable; reconnect later")
+
+
+@stream_routes.websocket("/stream/queue/<queue>")
+async def stream_queue(queue: str) -> Response | None:
+    return await _open(queue, None)
+
+
+@stream_routes.websocket("/stream/queue/<queue>/partition/<partition>")
+async def stream_partition(queue: str, partition: str) -> Response | None:
+    return await _open(queue, partition)
+
+
+async def _open(queue: str, partition: str | None) -> Response | None:
+    """Admit the stream as a pop is admitted (host, token, quota, parameters): refused, the
+    upgrade is answered with the pop's JSON error instead (a 404 ``stream_disabled`` when
+    QUEEN_STREAM_POP is off, as from a broker without streams)."""
+    broker = _broker()
+    ws = websocket._get_current_object()  # type: ignore[attr-defined]
+    try:
+        check_request(ws, HostPolicy.from_settings(broker.settings))
+        await admit_request(ws, broker)
+        if not broker.settings.stream_pop:
+            raise ApiError(404, "stream_disabled", "this broker serves no streaming pop "
+                           "(QUEEN_STREAM_POP=off): pop instead")
+        args = dict(ws.args)
+        inflight = rules.query_int(args, "inflight", 1, lo=1, hi=MAX_INFLIGHT)
+        args["wait"] = "true"
+        req = rules.pop_request(queue, partition, args)
+        if req.auto_ack:
+            raise ValidationError("invalid_parameter",
+                                  "a stream's batches are settled by the consumer: no autoAck")
+        req = await _resolved(req)
+    except RequestError as exc:
+        return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
+                              **exc.extra)
+    except psycopg.OperationalError:
+        return error_response(503, *_DB_AWAY)
+    await ws.accept()
+    await _Stream(ws, current_tenant_id(), req, inflight).run()
+    return None
+
+
+class _Stream:
+    """One consumer's stream: a pop loop and the reading of its settlements."""
+
+    def __init__(self, ws: Any, tenant: int, req: rules.PopRequest, inflight: int) -> None:
+        self.ws, self.tenant, self.req, self.inflight = ws, tenant, req, inflight
+        self.broker = _broker()
+        self.out: dict[int, list[store.PopBatch]] = {}  # batches sent, not yet settled
+        self.seq = 0
+        self.changed = trio.Event()  # a batch settled, or the consumer said stop
+        self.stopping = False
+        self.close_code = _CLOSE_NORMAL
+        self.abandon = longpoll.Abandon()  # the consumer stopped or left: stop waiting
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_settlements)
+                await self._pop_loop()
+                with trio.move_on_after(DRAIN_S):
+                    while self.out:
+                        await self._wait_changed()
+                nursery.cancel_scope.cancel()
+            await self.ws.close(self.close_code)
+        finally:
+            # The consumer went away (the handler is cancelled then) or the stream ended:
+            # what it did not settle goes back now rather than when its lease ends.
+            if self.out:
+                with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
+                    try:
+                        await self._give_back()
+                    except _DB_TROUBLE as exc:  # the leases end by themselves
+                        log.warning("stream %s: giving back failed: %s", self.req.queue, exc)
+
+    async def _wait_changed(self) -> None:
+        await self.changed.wait()
+        self.changed = trio.Event()
+
+    async def _pop_loop(self) -> None:
+        wakeups = self.broker.wakeups
+        timeout_s = self.req.timeout_ms / 1000
+        # (abandoned: the consumer has gone, and nothing here may wait for it: a send to a
+        # closed WebSocket returns at once, without a checkpoint that would cancel this loop)
+        while not (self.stopping or wakeups.stopping or self.abandon.abandoned):
+            if len(self.out) >= self.inflight:
+                await self._wait_changed()
+                continue
+            # Not cut off by the consumer leaving: a pop cancelled inside PostgreSQL may have
+            # taken a lease nobody would see; it ends when abandoned (only its sleep is cut
+            # short) or by its own timeout, and what it took goes back.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout_s + 5):
+                try:
+                    batches = await longpoll.pop_batches(self.broker, self.tenant, self.req,
+                                                         self.abandon)
+                except ParkLimit as limit:
+                    await self._fail("too_many_waiting_pops", f"{limit.limit} pops wait "
+                                     f"already ({limit.scope} bound); retry later",
+                                     _CLOSE_TRY_LATER)
+                    return
+                except _DB_TROUBLE as exc:
+                    log.warning("stream %s: pop failed: %s", self.req.queue, exc)
+                    await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
+                    return
+                if batches:
+                    self.seq += 1
+                    self.out[self.seq] = batches
+            if not batches:
+                await self._send({"idle": True})
+                continue
+            answer = batches_to_wire(self.req, batches, self.broker.cipher)
+            self.changed = trio.Event()
+            await self.ws.send(b'{"seq":%d,"pop":%s}' % (self.seq, codec.encode(answer)))
+            # A quick consumer settles within a moment, and the pop after it looks once; a
+            # pop at once would look too, find the partition it holds still leased, and park
+            # (two statements for nothing). A slow one keeps no other partition waiting long.
+            with trio.move_on_after(SETTLE_HOLD_S):
+                await self._wait_changed()
+        if wakeups.stopping:
+            self.close_code = _CLOSE_GOING_AWAY
+
+    async def _read_settlements(self) -> None:
+        try:
+            await self._settle_each()
+        finally:  # the consumer left (the handler is cancelled then), or misbehaved
+            self.abandon.now()
+
+    async def _settle_each(self) -> None:
+        while True:
+            raw = await self.ws.receive()
+            try:
+                seq, acks = self._settlement(raw)
+            except RequestError as exc:
+                await self._fail(exc.code, exc.message, _CLOSE_POLICY)
+                return
+            if seq is None:  # stop
+                self.stopping = True
+                self.abandon.now()
+                self.changed.set()
+                continue
+            results: list[store.AckResult] = []
+            with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
+                try:
+                    if acks:
+                        results = await settle(acks,
+                                               sync_commit=self.broker.settings.pop_commit_sync)
+                except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
+                    log.warning("stream %s: settling failed: %s", self.req.queue, exc)
+                    await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
+                    return
+            self.out.pop(seq, None)
+            self.changed.set()
+            # Only refusals are answered: a consumer counts what it sent as taken (a message
+            # per batch less each way, the common case).
+            refused = [ack_result(r) for r in results if r.refused is not None]
+            if refused:
+                await self._send({"seq": seq, "ackRefused": refused})
+
+    def _settlement(self, raw: str | bytes) -> tuple[int | None, list[rules.Ack]]:
+        try:
+            body = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            raise ValidationError("invalid_json", "a stream message must be JSON") from None
+        if not isinstance(body, dict):
+            raise ValidationError("invalid_body", "a stream message must be an object")
+        if body.get("stop") is True:
+            return None, []
+        seq = body.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq not in self.out:
+            raise ValidationError("invalid_seq", "seq must name a batch of this stream that "
+                                  "is not settled yet")
+        acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
+        return seq, acks
+
+    async def _give_back(self) -> None:
+        """Release the batches out, no retry spent (``retry``)."""
+        out = [(b, m) for batches in self.out.values() for b in batches for m in b.messages]
+        acks = [rules.Ack(index=i, transaction_id=m.transaction_id, partition_id=b.partition_id,
+                          status="retry", group=b.group, lease_id=b.lease_id, error=None)
+                for i, (b, m) in enumerate(out)]
+        self.out.clear()
+        if acks:
+            await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+
+    async def _fail(self, code: str, message: str, close_code: int) -> None:
+        await self._send({"error": code, "message": message})
+        self.stopping = True
+        self.abandon.now()
+        self.close_code = close_code
+        self.changed.set()
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        await self.ws.send(codec.encode(body))

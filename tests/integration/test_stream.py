@@ -1,0 +1,211 @@
+"""The streaming pop (queen_trio/api/stream.py) through the SDK's consume(), against a real
+broker: timers handled once over one connection, a consumer killed mid-stream loses nothing,
+backpressure, the broker's idle timeout, auth, and the fallback to the HTTP pop loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from queen_trio.client import Client, Message, Unauthorized
+from queen_trio.config import Settings
+from queen_trio.server import BrokerHandle, run_broker
+from tests.conftest import replace_settings
+
+from . import test_sdk
+from .test_sdk_consume import POP_ROUTE, _acks_applied, _http_requests
+
+settings, queen = test_sdk.settings, test_sdk.queen  # the same fixtures
+FAST_RETRY = test_sdk.FAST_RETRY
+ACK_ROUTES = ("/api/v1/ack", "/api/v1/ack/batch")
+
+
+def _pops_and_acks(broker: BrokerHandle) -> float:
+    return (sum(_http_requests(broker, m, POP_ROUTE) for m in ("GET", "POST"))
+            + sum(_http_requests(broker, "POST", r) for r in ACK_ROUTES))
+
+
+async def test_timers_are_handled_once_each_over_one_stream(queen: Client,
+                                                            broker: BrokerHandle) -> None:
+    await queen.configure("fired")
+    n = 200
+    bundle = queen.transaction()
+    for i in range(n):  # due over 0.3-0.9 s
+        bundle = bundle.timer("fired").key(f"t{i}").delay(300 + i * 3).payload(i).schedule()
+    await bundle.commit()
+    requests_before = _pops_and_acks(broker)
+    acks_before = _acks_applied(broker).get("completed", 0)
+    handled: list[str] = []
+
+    def handler(message: Message) -> None:
+        assert message.timer is not None
+        handled.append(message.timer.key)
+
+    stats = await queen.consume("fired", handler, max_messages=n)
+    assert sorted(handled) == sorted(f"t{i}" for i in range(n))  # each once
+    assert (stats.handled, stats.completed, stats.ack_errors) == (n, n, 0)
+    assert _acks_applied(broker)["completed"] - acks_before == n
+    # No pop and no ack request: one connection carried the batches and their settlements.
+    assert _pops_and_acks(broker) == requests_before
+    assert stats.requests == 1
+    assert len(await queen.pop("fired")) == 0
+
+
+async def test_a_stream_never_has_more_batches_out_than_the_consumer_takes(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    for p in range(8):
+        await queen.push_many("wide", [f"{p}:{k}" for k in range(12)], partition=f"p{p}")
+    running = 0
+    most = 0
+    leased_seen: list[int] = []
+
+    async def handler(message: Message) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await trio.sleep(0.01)
+        running -= 1
+
+    async def watch() -> None:
+        while True:
+            detail = await queen._http.get(f"{broker.url}/api/v1/resources/queues/wide")
+            leased_seen.append(sum(
+                1 for p in detail.json()["partitions"]
+                for g in p["groups"].values() if g["leased"]))
+            await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        stats = await queen.consume("wide", handler, concurrency=3, batch=4, max_messages=96)
+        nursery.cancel_scope.cancel()
+    assert stats.handled == 96 and stats.completed == 96
+    assert most <= 3  # the handler never ran more than concurrency at once ...
+    # ... and the broker never leased more partitions (batches) than the stream's inflight.
+    assert leased_seen and max(leased_seen) <= 3, leased_seen
+    assert max(leased_seen) >= 2  # the partitions did run in parallel
+
+
+async def test_a_stream_outlives_the_brokers_idle_timeout(database_url: str) -> None:
+    quick_idle = Settings(database_url=database_url, port=0, graceful_timeout_ms=1000,
+                          db_pool_size=5, http_idle_timeout_s=1)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, quick_idle)
+        async with Client(broker.url, retry=FAST_RETRY, timeout=10) as client:
+            got: list[Any] = []
+
+            async def late_push() -> None:
+                await trio.sleep(2.5)  # the stream has been idle past the 1 s timeout
+                await client.push("late", "hello")
+
+            nursery.start_soon(late_push)
+            stats = await client.consume("late", lambda m: got.append(m.data), max_messages=1,
+                                         poll="5s")
+        broker.shutdown()
+    assert got == ["hello"]
+    assert stats.requests == 1  # the same connection, never reopened
+
+
+async def test_consume_pops_over_http_where_the_stream_is_off(
+    settings: Settings, database_url: str
+) -> None:
+    off = replace_settings(settings, stream_pop=False)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, off)
+        async with Client(broker.url, retry=FAST_RETRY, timeout=10) as client:
+            await client.push_many("plain", list(range(20)))
+            handled: list[int] = []
+            stats = await client.consume("plain", lambda m: handled.append(m.data),
+                                         max_messages=20)
+            assert handled == list(range(20))
+            assert (stats.handled, stats.completed) == (20, 20)
+            assert _http_requests(broker, "POST", POP_ROUTE) >= 1  # the pop loop served it
+            # Asked once: the next consume() pops over HTTP straight away.
+            assert client._no_stream
+            await client.push("plain", 20)
+            stats = await client.consume("plain", lambda m: handled.append(m.data),
+                                         max_messages=1)
+            assert handled[-1] == 20 and stats.requests >= 1
+        broker.shutdown()
+
+
+async def test_a_stream_asks_for_the_token_as_a_pop_does(database_url: str) -> None:
+    secured = Settings(database_url=database_url, port=0, graceful_timeout_ms=1000,
+                       db_pool_size=5, auth=True)
+    async with trio.open_nursery() as nursery:
+        broker: BrokerHandle = await nursery.start(run_broker, secured)
+        async with Client(broker.url, retry=FAST_RETRY, timeout=10) as client:
+            with pytest.raises(Unauthorized):
+                await client.consume("guarded", lambda m: None, max_messages=1)
+        broker.shutdown()
+
+
+_KILLED_CONSUMER = textwrap.dedent("""
+    import sys, time, trio
+    from queen_trio.client import Client
+
+    async def main(url):
+        async with Client(url) as queen:
+            def handler(message):
+                print(message.data, flush=True)
+                time.sleep(60)  # stuck mid-batch: SIGKILLed here
+            await queen.consume("killed", handler)
+
+    trio.run(main, sys.argv[1])
+""")
+
+
+async def test_a_consumer_killed_mid_stream_loses_nothing(queen: Client,
+                                                         broker: BrokerHandle) -> None:
+    await queen.configure("killed", lease_time=30)
+    await queen.push_many("killed", list(range(10)))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = await trio.to_thread.run_sync(lambda: subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CONSUMER, broker.url], stdout=subprocess.PIPE, env=env))
+    try:
+        assert proc.stdout is not None
+        first = await trio.to_thread.run_sync(proc.stdout.readline)
+        assert first.strip() == b"0"  # it holds the batch 0..9, stuck on 0
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await trio.to_thread.run_sync(proc.wait)
+    started = time.monotonic()
+    handled: list[int] = []
+    stats = await queen.consume("killed", lambda m: handled.append(m.data), max_messages=10)
+    # Every message, in order, and long before the 30 s lease: the broker gave the dead
+    # stream's batch back when its connection closed.
+    assert handled == list(range(10)) and stats.completed == 10
+    assert time.monotonic() - started < 15
+
+
+async def test_a_broker_shutting_down_ends_its_streams_at_once(settings: Settings) -> None:
+    patient = replace_settings(settings, graceful_timeout_ms=20_000)
+    got: list[Any] = []
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            broker: BrokerHandle = await nursery.start(run_broker, patient)
+            client = Client(broker.url, retry=FAST_RETRY, timeout=10)
+            await client.push("calm", "first")
+
+            async def consume() -> None:
+                await client.consume("calm", lambda m: got.append(m.data), poll="30s")
+
+            outer.start_soon(consume)  # outlives the broker: it waits for it to come back
+            while not got:
+                await trio.sleep(0.05)
+            await trio.sleep(0.3)  # the stream's pop is parked for up to 30 s now
+            started = trio.current_time()
+            broker.shutdown()
+        # The stream ended with the broker's other long polls, not at the 20 s grace.
+        assert trio.current_time() - started < 5
+        outer.cancel_scope.cancel()
+    await client.aclose()
+    assert got == ["first"]
