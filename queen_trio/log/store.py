@@ -600,6 +600,9 @@ def _pop_partition(
                                           {"partition_id": pid}).fetchone() is None:
         return None, None, None, False  # a push holds it (see the query): not this time
     cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
+    if cursor is None and not one(raw.execute(Q.claim_cursor_creation, {
+            "queue_id": queue["queue_id"], "group": req.group}))["claimed"]:
+        return None, None, None, False  # another consumer is creating the group's cursors
     if cursor is None and _seed_cursors(raw, tenant_id, req, queue):
         cursor = raw.execute(Q.lock_free_cursor, key).fetchone()
         if cursor is not None and cursor["committed"] >= cand["log_start"]:

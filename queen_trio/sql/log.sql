@@ -177,9 +177,18 @@ WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
   AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
   AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
 
+-- name: claim_cursor_creation
+-- Creating a group's cursors on a queue is one transaction's at a time (until it ends), and the
+-- others skip instead of waiting: a multi-partition pop creates cursors in its candidates'
+-- order, a seed (seed_cursors) in partition order, and two transactions each waiting on the
+-- other's uncommitted cursor deadlocked (test_pop_ledger, one run in three). Whoever does not
+-- get it treats the partition as taken by another consumer of the group, as a locked cursor.
+SELECT pg_try_advisory_xact_lock(1363170308,
+                                 hashtext(%(queue_id)s::text || ':' || %(group)s)) AS claimed
+
 -- name: create_cursor
 -- The group's first pop of this partition: the new row is ours (nobody else sees it before we
--- commit; a concurrent creator waits on it and then skips). It starts before log_start.
+-- commit; creators take turns: claim_cursor_creation). It starts before log_start.
 -- (A group subscribing from an instant starts later: committed is where it starts, less one.)
 INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
 VALUES (%(partition_id)s, %(group)s, %(tenant_id)s, %(committed)s)
