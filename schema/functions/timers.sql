@@ -39,6 +39,33 @@ LANGUAGE sql AS $fn$
           ORDER BY 1) AS h;
 $fn$;
 
+-- What storing timers implies besides their rows, for queen.schedule_timers' two paths: the
+-- queues of the timers stored (p_queues, repeats allowed) exist, the change of stored bytes is
+-- recorded, and when one is due soon (p_soonest, or NULL) the sweepers are woken by a NOTIFY
+-- (sent only if the caller commits). Sweepers look again within MAX_SLEEP anyway; only sooner
+-- timers need a wake-up. The due instant goes in epoch microseconds: a sweeper woken even a
+-- fraction of a millisecond early finds nothing due and then owes a whole MIN_SLEEP.
+CREATE OR REPLACE FUNCTION queen.timers_stored(
+    p_tenant integer, p_queues text[], p_delta bigint, p_soonest timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO queen.queues (tenant_id, name)
+    SELECT p_tenant, d.name
+    FROM (SELECT DISTINCT u.q AS name FROM unnest(p_queues) AS u(q)) AS d
+    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
+                      WHERE q.tenant_id = p_tenant AND q.name = d.name)
+    ON CONFLICT (tenant_id, name) DO NOTHING;
+    IF p_delta <> 0 THEN
+        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, p_delta);
+    END IF;
+    IF p_soonest IS NOT NULL THEN
+        PERFORM pg_notify('queen_timers',
+                          ceil(extract(epoch FROM p_soonest) * 1000000)::bigint::text);
+    END IF;
+END
+$fn$;
+
 -- Schedules (creates or replaces) timers of one tenant in one statement, the caller's
 -- transaction deciding their fate: an upsert decided under the rows' locks, never waiting on a
 -- row a sweeper holds (that one answers too_late), as is a row under a live claim. The timer
@@ -166,24 +193,12 @@ BEGIN
         END;
     END IF;
     IF v_inserted THEN
-        INSERT INTO queen.queues (tenant_id, name)
-        SELECT p_tenant, d.name
-        FROM (SELECT DISTINCT u.q AS name FROM unnest(v_queues) AS u(q)) AS d
-        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
-                          WHERE q.tenant_id = p_tenant AND q.name = d.name)
-        ON CONFLICT (tenant_id, name) DO NOTHING;
         SELECT sum(u.b),
                min(u.due) FILTER (WHERE u.due < now() + make_interval(
                                       secs => p_notify_within_ms / 1000.0))
         INTO v_delta, v_soonest
         FROM unnest(v_sizes, v_due) AS u(b, due);
-        IF v_delta <> 0 THEN
-            INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
-        END IF;
-        IF v_soonest IS NOT NULL THEN
-            PERFORM pg_notify('queen_timers',
-                              ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
-        END IF;
+        PERFORM queen.timers_stored(p_tenant, v_queues, v_delta, v_soonest);
         RETURN QUERY
         SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
         FROM unnest(v_txns_in, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
@@ -276,23 +291,11 @@ BEGIN
     INTO v_ords, v_status, v_txns, v_ids, v_at, v_delta, v_soonest
     FROM answers a;
 
-    INSERT INTO queen.queues (tenant_id, name)
-    SELECT p_tenant, d.name
-    FROM (SELECT DISTINCT v_queues[a.o] AS name
-          FROM unnest(v_ords, v_status) AS a(o, s) WHERE a.s = 'scheduled') AS d
-    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q
-                      WHERE q.tenant_id = p_tenant AND q.name = d.name)
-    ON CONFLICT (tenant_id, name) DO NOTHING;
-    IF v_delta <> 0 THEN
-        INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (p_tenant, v_delta);
-    END IF;
-    IF v_soonest IS NOT NULL THEN
-        -- Sweepers look again within MAX_SLEEP anyway; only sooner timers need a wake-up.
-        -- The due instant in epoch microseconds: a sweeper woken even a fraction of a
-        -- millisecond early finds nothing due and then owes a whole MIN_SLEEP.
-        PERFORM pg_notify('queen_timers',
-                          ceil(extract(epoch FROM v_soonest) * 1000000)::bigint::text);
-    END IF;
+    PERFORM queen.timers_stored(
+        p_tenant,
+        ARRAY(SELECT v_queues[a.o] FROM unnest(v_ords, v_status) AS a(o, s)
+              WHERE a.s = 'scheduled'),
+        v_delta, v_soonest);
 
     RETURN QUERY
     SELECT a.o, a.s, a.t, a.m, a.at
