@@ -57,7 +57,8 @@ async def test_apps_share_builders_that_build_what_werkzeug_builds(
     plain = Map(merge_slashes=second.url_map.merge_slashes,
                 converters=dict(second.url_map.converters))
     for rule in rules:
-        plain.add(werkzeug_rules.Rule(rule.rule, methods=rule.methods, endpoint=rule.endpoint))
+        plain.add(werkzeug_rules.Rule(rule.rule, methods=rule.methods, endpoint=rule.endpoint,
+                                      websocket=rule.websocket))  # the streaming pop: ws://
     ours, theirs = second.url_map.bind("localhost"), plain.bind("localhost")
     for rule in rules:
         values = _sample(rule)
