@@ -101,7 +101,7 @@ def _scan(url: str, database_url: str, partitions: int) -> dict[str, Any]:
             for _ in range(21):
                 [plan] = conn.execute(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                    "SELECT * FROM queen.pop_head(%s, %s, %s, NULL, 1, false)",
+                    "SELECT * FROM queen.pop_head(%s, %s, %s, NULL, 1, false, NULL)",
                     (tenant, queue, group)).fetchone() or ([],)
                 node = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
                 buffers.append(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0))

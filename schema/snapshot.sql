@@ -536,13 +536,6 @@ CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RE
         '-infinity')
 $$;
 
-CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
-    LANGUAGE sql
-    AS $$
-    SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
-                                 NULL::text)
-$$;
-
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
@@ -688,8 +681,9 @@ BEGIN
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
     -- A new statement, so a new snapshot: it sees the fire that has just committed.
+    -- (No rotation pointer: the walk starts at the first name.)
     RETURN QUERY SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch,
-                                              p_auto_ack);
+                                              p_auto_ack, NULL::text);
 END
 $$;
 
@@ -1398,7 +1392,7 @@ BEGIN
            NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
            (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
             FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                                p_pop_batch, p_pop_auto_ack) AS p);
+                                p_pop_batch, p_pop_auto_ack, NULL::text) AS p);
 END
 $$;
 

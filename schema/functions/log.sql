@@ -239,20 +239,6 @@ BEGIN
 END
 $fn$;
 
--- pop_head without a rotation pointer (the sweeper's hand-over, queen.pop_head_after): the walk
--- starts at the first name. (A second signature rather than a default: adding a parameter to
--- the one function would have taken a migration.)
-CREATE OR REPLACE FUNCTION queen.pop_head(
-    p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
-    p_auto_ack boolean)
-RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
-               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
-               payload jsonb, created_at timestamptz, meta jsonb)
-LANGUAGE sql AS $$
-    SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
-                                 NULL::text)
-$$;
-
 -- The common acknowledgement in one statement.
 --
 -- A consumer that keeps up completes messages it was just handed: frames still in the head,
@@ -415,7 +401,8 @@ BEGIN
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
     -- A new statement, so a new snapshot: it sees the fire that has just committed.
+    -- (No rotation pointer: the walk starts at the first name.)
     RETURN QUERY SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_partition, p_batch,
-                                              p_auto_ack);
+                                              p_auto_ack, NULL::text);
 END
 $fn$;

@@ -1089,7 +1089,7 @@ BEGIN
            NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
            (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
             FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                                p_pop_batch, p_pop_auto_ack) AS p);
+                                p_pop_batch, p_pop_auto_ack, NULL::text) AS p);
 END
 $fn$;
 

@@ -46,7 +46,7 @@ def pop_head_buffers(conn: DictConnection, tenant: int, queue: str) -> int:
     """Shared buffers one pop_head touches (EXPLAIN ANALYZE runs it: it takes a lease)."""
     [plan] = conn.execute(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-        "SELECT * FROM queen.pop_head(%s, %s, %s, NULL, 1, false)",
+        "SELECT * FROM queen.pop_head(%s, %s, %s, NULL, 1, false, NULL)",
         (tenant, queue, GROUP)).fetchone().values()
     node: dict[str, Any] = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     return int(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0))
