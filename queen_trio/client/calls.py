@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -17,9 +18,7 @@ import msgspec
 
 from .. import strict_json
 from ..frozen import slotted_init
-from ..models import codec
 from ..models import log as wire_log
-from ..models import transaction as wire_transaction
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 from .errors import Conflict, NotFound
@@ -501,24 +500,10 @@ def transaction(operations: Sequence[dict[str, Any]], kv_ops: Sequence[dict[str,
     only_timers = not ops and not kv_list
     return Call("POST", f"{API}/transaction",
                 lambda w: m.TransactionResult.from_wire(w, kv_list), safe, body=body,
-                settles=tuple(acked), fast=_timers_committed if only_timers else None,
+                settles=tuple(acked),
+                fast=functools.partial(m.timers_committed, count=len(timers))
+                if only_timers else None,
                 content=_timer_body(body) if only_timers else None)
-
-
-_TRANSACTION_DONE = msgspec.json.Decoder(wire_transaction.TransactionDone)
-
-
-def _timers_committed(raw: bytes) -> m.TransactionResult:
-    """A committed bundle of timers alone, decoded in C by the broker's model (the check
-    ``TransactionResult.from_wire`` makes of it), or codec.FALLBACK: any other answer (a
-    refusal, a KV precondition) takes ``from_wire``'s path."""
-    done = codec.fast(raw, _TRANSACTION_DONE)
-    if done is codec.FALLBACK:
-        return done
-    timer = wire_transaction.TxTimer
-    if not all(type(r) is timer for r in done.results):
-        return codec.FALLBACK
-    return m.TransactionResult((), m.TimerResult.from_models(done.results))  # type: ignore[arg-type]
 
 
 def _timer_body(body: dict[str, Any]) -> bytes | None:

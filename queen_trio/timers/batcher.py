@@ -4,7 +4,7 @@ A lone PUT of a timer costs PostgreSQL about half a millisecond of CPU, nearly a
 statement and per commit (the WAL flush); a timer in a statement of hundreds some 30-40 µs
 (``bench/results/timer_pg_cost.md``). So schedules
 are not sent one by one: a writer takes every schedule that is waiting when it is free and sends
-them in one ``queen.schedule_timers`` statement, which decides each timer under its own row lock
+them in one ``queen.schedule_timer_list`` statement, which decides each timer under its own row lock
 in arrival order (the same key twice in one batch is scheduled, then rescheduled, exactly as two
 PUTs one after the other). Each caller waits for its batch's commit, so its answer still means
 "durable". With nothing else being written a schedule goes alone and at once, from its own
