@@ -3,7 +3,7 @@
 Parties (each unit on a fresh database of the same server, its processes started for it):
 
 * ``ours``: one broker (``python -m queen_trio serve`` at its defaults), timers scheduled
-  through the SDK in bundles of 500 (``queen.transaction().timer(q)….schedule()`` x 500,
+  through the SDK in bundles of 500 (``queen.transaction().schedule_many(q, 500 timers)``,
   ``commit()``: :func:`sdk_bundle`), received by one ``Client.consume()`` at its defaults in a
   process of its own (``bench.harness.sdk_consumer``);
 * ``graphile-default`` / ``graphile-tuned``: one graphile-worker ``run()`` in a Node process
@@ -276,13 +276,12 @@ def wire_time(epoch_s: float) -> str:
 
 async def sdk_bundle(queen: queen_trio.Client, queue: str, entries: Sequence[tuple[str, int]]
                      ) -> list[queen_trio.TimerResult]:
-    """The SDK's bundle of timers: one transaction, ``(key, delayMs)`` each; the timers the
-    broker scheduled (:func:`answers_of` makes what ``Delivery.schedule_answer`` takes: the
-    schedule scenario only counts them, as graphile's rows count their jobs)."""
-    tx = queen.transaction()
-    for key, delay in entries:
-        tx = tx.timer(queue).key(key).delay(delay).payload({"k": key}).schedule()
-    result = await tx.commit()
+    """The SDK's bundle of timers: one transaction (``schedule_many``), ``(key, delayMs)``
+    each; the timers the broker scheduled (:func:`answers_of` makes what
+    ``Delivery.schedule_answer`` takes: the schedule scenario only counts them, as graphile's
+    rows count their jobs)."""
+    result = await queen.transaction().schedule_many(
+        queue, [(key, delay, {"k": key}) for key, delay in entries]).commit()
     return [t for t in result.timers if t.ok and t.deliver_at is not None]
 
 
