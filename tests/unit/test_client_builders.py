@@ -493,7 +493,8 @@ def test_a_timer_bundles_answer_is_read_in_c_when_it_answers_each_timer(
 def test_schedule_many_adds_what_the_builder_chain_adds_for_each_timer(queen: Recorder) -> None:
     """``schedule_many`` puts in the bundle the operations the per-timer chain puts there (in
     order, beside other entries), each checked alike before anything is sent."""
-    timers = [("k0", 5, {"i": 0}), ("k1", "2h", None), ("k2", timedelta(seconds=3), [1, "x"])]
+    timers: list[tuple[str, int | timedelta | str, Any]] = [
+        ("k0", 5, {"i": 0}), ("k1", "2h", None), ("k2", timedelta(seconds=3), [1, "x"])]
     tx = queen.transaction().timer("q").key("first").delay(1).schedule()
     chain = tx
     for key, delay, payload in timers:
