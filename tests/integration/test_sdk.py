@@ -482,8 +482,9 @@ async def test_schedule_many_schedules_every_timer_of_a_bundle_in_one_commit(
     assert [(t.key, t.status, t.partition) for t in result.timers] == [
         (key, TimerStatus.SCHEDULED, "p1") for key, _, _ in timers]
     with psycopg.connect(database_url) as conn:
-        rows: dict[str, str] = dict(conn.execute("SELECT timer_key, convert_from(payload, 'UTF8') FROM "
-                                 "queen.timers WHERE queue = 'many'").fetchall())
+        rows: dict[str, str] = dict(conn.execute(
+            "SELECT timer_key, convert_from(payload, 'UTF8') FROM queen.timers "
+            "WHERE queue = 'many'").fetchall())
     assert rows == {key: json.dumps(p, separators=(",", ":")) for key, _, p in timers}
     again = await queen.transaction().schedule_many("many", timers[:3]).commit()
     assert [t.status for t in again.timers] == [TimerStatus.RESCHEDULED] * 3
