@@ -304,6 +304,10 @@ _HEADER_LINE = re.compile(
 # Whatever h11 or hypercorn would act on besides the request itself.
 _LEFT_TO_H11 = frozenset({b"connection", b"expect", b"upgrade", b"transfer-encoding"})
 _MAX_HEAD = 16 * 1024  # h11's own bound on a head
+# Header lines seen valid, as read: a client sends the same few again and again. Bounded, so
+# a client making lines up cannot grow it.
+_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_MAX_LINES = 512
 
 
 def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], bytes] | None:
@@ -320,10 +324,15 @@ def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], byt
     headers: list[tuple[bytes, bytes]] = []
     length = hosts = 0
     for raw in lines[1:]:
-        field = _HEADER_LINE.fullmatch(raw)
-        if field is None:
-            return None
-        name, value = field[1].lower(), field[2] or b""
+        known = _LINES.get(raw)
+        if known is None:
+            field = _HEADER_LINE.fullmatch(raw)
+            if field is None:
+                return None
+            known = field[1].lower(), field[2] or b""
+            if len(_LINES) < _MAX_LINES:
+                _LINES[raw] = known
+        name, value = known
         if name in _LEFT_TO_H11:
             return None
         if name == b"content-length":
