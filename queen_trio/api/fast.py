@@ -322,7 +322,7 @@ def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], byt
     if line is None or b"?" in line[2] or b"%" in line[2]:
         return None
     headers: list[tuple[bytes, bytes]] = []
-    length = hosts = 0
+    length, sized, hosts = 0, False, 0
     for raw in lines[1:]:
         known = _LINES.get(raw)
         if known is None:
@@ -336,9 +336,9 @@ def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], byt
         if name in _LEFT_TO_H11:
             return None
         if name == b"content-length":
-            if length or not value.isdigit() or len(value) > 20:
+            if sized or not value.isdigit() or len(value) > 20:
                 return None
-            length = int(value)
+            length, sized = int(value), True
         elif name == b"host":
             hosts += 1
         headers.append((name, value))
