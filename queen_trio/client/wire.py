@@ -92,18 +92,40 @@ class _Connection:
                 break
         self.buffer += chunk
 
+    async def send_at_once(self, data: bytes) -> bytes:
+        """Write what the socket takes of ``data`` without waiting (under trio; a check for
+        cancellation first); answers the rest, to :meth:`send`."""
+        sock = self.direct
+        if sock is None or not data:
+            return data
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return data[sock.send(data):]
+        except BlockingIOError:
+            return data
+
     async def send(self, data: bytes) -> None:
         sock = self.direct
         if sock is None:
             await self.stream.send(data)
             return
-        await trio.lowlevel.checkpoint_if_cancelled()
         view = memoryview(data)
         while view:
             try:
                 view = view[sock.send(view):]
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(sock)
+
+    def cancel_scope(self, limit_s: float | None) -> Any:
+        """A scope ending ``limit_s`` from now (trio's own under trio: anyio's costs twice)."""
+        if self.direct is None:
+            return anyio.CancelScope(deadline=_deadline(limit_s))
+        return trio.CancelScope(deadline=self.deadline(limit_s))
+
+    def deadline(self, limit_s: float | None) -> float:
+        if self.direct is None:
+            return _deadline(limit_s)
+        return math.inf if limit_s is None else trio.current_time() + limit_s
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
@@ -185,15 +207,22 @@ class _Pool:
                         method: str, limits: _Limits, request: httpx.Request | None) -> _Raw:
         done = reading = False
         try:
+            try:
+                rest = await conn.send_at_once(message)
+            except OSError as exc:
+                raise _Closed from exc
             # One scope for both limits (a scope costs more than the rest of a small send):
             # its deadline moves from the write's to the read's once the request is out.
-            with anyio.CancelScope(deadline=_deadline(limits.write)) as limit:
-                try:
-                    await conn.send(message)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    raise _Closed from exc
-                reading = True
-                limit.deadline = _deadline(limits.read)
+            reading = not rest
+            with conn.cancel_scope(limits.read if reading else limits.write) as limit:
+                if not reading:
+                    try:
+                        await conn.send(rest)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError,
+                            OSError) as exc:
+                        raise _Closed from exc
+                    reading = True
+                    limit.deadline = conn.deadline(limits.read)
                 raw = await _read_answer(conn, method, request, sent=True)
                 done = True
             if not done:  # the scope's own deadline passed
