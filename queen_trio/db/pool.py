@@ -231,15 +231,15 @@ class Database:
     async def _acquire(self) -> Connection:
         if self._closed:
             raise DatabaseUnavailable("the connection pool is closed")
-        # What Semaphore.acquire does, with a cancel scope bounding the wait only when there is
-        # one (a scope per call costs more than the rest of it), and no pass through the
-        # scheduler when a slot is free: the statement that follows waits for its answer (a
-        # checkpoint) anyway, and a pass before it leaves is only a delay.
+        # What Semaphore.acquire does (a checkpoint either way), with a cancel scope bounding
+        # the wait only when there is one: a scope per call costs more than the rest of it.
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._wait_for_a_slot()
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
             self._close_idle()
             while self._idle:
