@@ -162,8 +162,11 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tree_cpu_s(root: int) -> float:
-    """CPU time of ``root``'s child processes (PostgreSQL's backends), in seconds."""
-    total = 0.0
+    """CPU time of ``root``'s child processes (PostgreSQL's backends), in seconds: the live
+    ones' and the ended ones' (reaped: counted in ``root``'s own stat, in clock ticks)."""
+    stat = Path(f"/proc/{root}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    total = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
