@@ -301,7 +301,8 @@ class _Written:
 _REQUEST_LINE = re.compile(rb"(POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
 _HEADER_LINE = re.compile(
     rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*([\x21-\x7e](?:[ \t]?[\x21-\x7e])*)?[ \t]*")
-# Whatever h11 or hypercorn would act on besides the request itself.
+# Whatever h11 or hypercorn would act on besides the request itself (but "Connection:
+# keep-alive", which HTTP/1.1 means anyway: httpx sends it).
 _LEFT_TO_H11 = frozenset({b"connection", b"expect", b"upgrade", b"transfer-encoding"})
 _MAX_HEAD = 16 * 1024  # h11's own bound on a head
 # Header lines seen valid, as read: a client sends the same few again and again. Bounded, so
@@ -333,7 +334,8 @@ def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], byt
             if len(_LINES) < _MAX_LINES:
                 _LINES[raw] = known
         name, value = known
-        if name in _LEFT_TO_H11:
+        if name in _LEFT_TO_H11 and not (name == b"connection"
+                                         and value.lower() == b"keep-alive"):
             return None
         if name == b"content-length":
             if sized or not value.isdigit() or len(value) > 20:
