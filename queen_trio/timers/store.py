@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -76,9 +76,10 @@ def _json_text(s: Schedule) -> str:
     return s.json_bytes.decode() if s.json_bytes is not None else log_store.to_json(s.payload)
 
 
-def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_ms: int,
+def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_ms: int | None,
              cipher: PayloadCipher | None = None) -> Outcome:
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
+    ``notify_within_ms`` None: no NOTIFY, whenever it is due (the caller wakes a sweeper).
 
     One statement (two for a broker with an encryption key): it may run in autocommit."""
     (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms,
@@ -138,8 +139,8 @@ def timer_arrays(schedules: list[Schedule]) -> dict[str, str]:
 
 
 def schedule_many(
-    raw: DictConnection, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int,
-    cipher: PayloadCipher | None = None,
+    raw: DictConnection, tenant_id: int, schedules: list[Schedule], *,
+    notify_within_ms: int | None, cipher: PayloadCipher | None = None,
 ) -> list[Outcome]:
     """Schedule several timers in the caller's transaction, in order, in one statement.
 
@@ -162,8 +163,8 @@ def schedule_many(
             for s, (_, status, txn, message_id, deliver_at) in zip(schedules, rows, strict=True)]
 
 
-def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_within_ms: int
-                  ) -> Outcome:
+def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,
+                  notify_within_ms: int | None) -> Outcome:
     """One timer through queen.schedule_timer: scalar parameters, a few key probes (the
     set-based statement's start-up alone costs PostgreSQL several times more)."""
     blob, size, compressed = rules.pack(s.payload, s.json_bytes)
@@ -173,6 +174,22 @@ def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_withi
         "payload": blob, "zstd": compressed, "notify_within_ms": notify_within_ms,
     }, binary=True))
     return _outcome(s, row)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def soonest_due(schedules: list[Schedule], outcomes: list[Outcome], within_ms: int) -> int | None:
+    """The due instant, in epoch microseconds as a NOTIFY on ``queen_timers`` gives it, of the
+    soonest of the timers just scheduled that are due within ``within_ms`` (what
+    queen.schedule_timer would have announced), or None."""
+    soonest = None
+    for s, o in zip(schedules, outcomes, strict=True):
+        if o.deliver_at is not None and s.delay_ms < within_ms and (
+                soonest is None or o.deliver_at < soonest):
+            soonest = o.deliver_at
+    return None if soonest is None else -((_EPOCH - soonest) // _MICROSECOND)
 
 
 def _planned_now(raw: DictConnection, query: str, params: dict[str, Any] | None = None
