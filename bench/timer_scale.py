@@ -13,7 +13,8 @@ made side by side, rounds interleaved (which side goes first alternates):
    256-operation ceiling per call, so 10^6 take minutes rather than tens of minutes. With
    ``--fill sql`` they are written by SQL (``generate_series``, rows of the same shape), so
    10^7 take minutes rather than an hour. The table is then VACUUMed and ANALYZEd (the state
-   autovacuum leaves it in) and the fill rate reported.
+   autovacuum leaves it in), a CHECKPOINT finishes the ones the fill's WAL requested (they
+   would otherwise run through the measurements), and the fill rate reported.
 2. ops: through the SDK (``queen_trio.SyncClient``, timed in a worker thread around the
    call): a single schedule (``timer(q).key(k).delay(1h).schedule()``, a new key each
    time), its peek, the first page (100) of ``timers(q).list()`` for a queue of 100 pending,
@@ -116,14 +117,16 @@ SELECT s.relname, coalesce(io.heap_blks_hit, 0) + coalesce(io.heap_blks_read, 0)
 FROM pg_stat_user_tables s JOIN pg_statio_user_tables io USING (relid)
 WHERE s.schemaname = 'queen' AND s.relname = ANY(%(tables)s)"""
 LOG_STATEMENTS = """
-SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%%queen.pop_head%%'), 0)::float8
+SELECT coalesce(sum(calls) FILTER (WHERE toplevel AND query LIKE '%%queen.pop_head%%'), 0)::float8
            AS pop_calls,
        coalesce(sum(shared_blks_hit + shared_blks_read)
-                FILTER (WHERE query LIKE '%%queen.pop_head%%'), 0)::float8 AS pop_blocks,
-       coalesce(sum(calls) FILTER (WHERE query LIKE '%%queen.ack_head%%'), 0)::float8
+                FILTER (WHERE toplevel AND query LIKE '%%queen.pop_head%%'), 0)::float8
+           AS pop_blocks,
+       coalesce(sum(calls) FILTER (WHERE toplevel AND query LIKE '%%queen.ack_head%%'), 0)::float8
            AS ack_calls,
        coalesce(sum(shared_blks_hit + shared_blks_read)
-                FILTER (WHERE query LIKE '%%queen.ack_head%%'), 0)::float8 AS ack_blocks
+                FILTER (WHERE toplevel AND query LIKE '%%queen.ack_head%%'), 0)::float8
+           AS ack_blocks
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 
@@ -145,14 +148,17 @@ SELECT w.wal_bytes, w.wal_fpi, w.wal_records,
        (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'autovacuum worker')
            AS autovacuum_writes,
        (SELECT coalesce(sum(shared_blks_read), 0) FROM pg_stat_statements
-        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
-        WHERE datname = current_database())) AS sweep_blocks_read,
+        WHERE toplevel AND query LIKE '%queen.sweep_timers%'
+          AND dbid = (SELECT oid FROM pg_database
+                      WHERE datname = current_database())) AS sweep_blocks_read,
        (SELECT coalesce(sum(wal_bytes), 0) FROM pg_stat_statements
-        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
-        WHERE datname = current_database())) AS sweep_wal_bytes,
+        WHERE toplevel AND query LIKE '%queen.sweep_timers%'
+          AND dbid = (SELECT oid FROM pg_database
+                      WHERE datname = current_database())) AS sweep_wal_bytes,
        (SELECT coalesce(sum(wal_fpi), 0) FROM pg_stat_statements
-        WHERE query LIKE '%queen.sweep_timers%' AND dbid = (SELECT oid FROM pg_database
-        WHERE datname = current_database())) AS sweep_wal_fpi
+        WHERE toplevel AND query LIKE '%queen.sweep_timers%'
+          AND dbid = (SELECT oid FROM pg_database
+                      WHERE datname = current_database())) AS sweep_wal_fpi
 FROM pg_stat_wal w, pg_stat_checkpointer c"""
 
 
@@ -291,7 +297,7 @@ def table_stats(url: str) -> dict[str, Any]:
                    coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8 AS sweep_blocks
             FROM pg_stat_statements
             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
+              AND toplevel AND query LIKE '%queen.sweep_timers%'""").fetchone() or {}
         server = conn.execute(SERVER_STATS).fetchone() or {}
         log_side = {f"{r['relname']}_{k}": float(r[k] or 0)
                     for r in conn.execute(LOG_SIDE_STATS, {"tables": list(LOG_SIDE_TABLES)})
@@ -301,6 +307,36 @@ def table_stats(url: str) -> dict[str, Any]:
             **{k: float(v or 0) for k, v in server.items()}}
 
 
+BURST_STATEMENTS = """
+SELECT queryid, toplevel, left(regexp_replace(query, '\\s+', ' ', 'g'), 100) AS query,
+       calls::float8, (shared_blks_hit + shared_blks_read)::float8 AS blocks,
+       (total_exec_time + total_plan_time)::float8 AS ms
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+
+def burst_statements(url: str) -> dict[tuple[Any, bool], dict[str, Any]]:
+    """Every statement's cumulative calls, shared blocks and ms (with --setting
+    pg_stat_statements.track=all, the ones inside the sweep functions too)."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        return {(r["queryid"], r["toplevel"]): r for r in conn.execute(BURST_STATEMENTS)}
+
+
+def statements_per_timer(before: dict[tuple[Any, bool], dict[str, Any]],
+                         after: dict[tuple[Any, bool], dict[str, Any]],
+                         n: int) -> list[dict[str, Any]]:
+    """The 12 statements that touched the most shared blocks in between, per timer."""
+    rows = []
+    for k, a in after.items():
+        b = before.get(k, {"calls": 0.0, "blocks": 0.0, "ms": 0.0})
+        if a["calls"] > b["calls"]:
+            rows.append({"query": ("top " if a["toplevel"] else "") + a["query"],
+                         "calls": int(a["calls"] - b["calls"]),
+                         "blocks_per_timer": round((a["blocks"] - b["blocks"]) / n, 2),
+                         "us_per_timer": round((a["ms"] - b["ms"]) / n * 1e3, 2)})
+    return sorted(rows, key=lambda r: -r["blocks_per_timer"])[:12]
+
+
 def sweep_statements(admin_url: str) -> dict[str, dict[str, float]]:
     """Per database: calls, total ms and shared blocks of the top-level sweep statements."""
     with psycopg.connect(admin_url, autocommit=True, row_factory=dict_row) as conn:
@@ -308,7 +344,8 @@ def sweep_statements(admin_url: str) -> dict[str, dict[str, float]]:
             SELECT d.datname, sum(calls) AS calls, sum(total_exec_time) AS ms,
                    sum(shared_blks_hit + shared_blks_read) AS blocks
             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-            WHERE query LIKE '%queen.sweep_timers%' GROUP BY d.datname""").fetchall()
+            WHERE toplevel AND query LIKE '%queen.sweep_timers%'
+            GROUP BY d.datname""").fetchall()
     return {r["datname"]: {"calls": float(r["calls"]), "ms": float(r["ms"]),
                            "blocks": float(r["blocks"])} for r in rows}
 
@@ -518,6 +555,7 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
             side.db_url, BURST_QUEUE, n, lambda _: int((due - time.time()) * 1000), prefix))
         if time.time() > due:
             failures.add("burst", "late write", "the burst was written after its due instant")
+    stmts0 = await in_thread(lambda: burst_statements(side.db_url))
     m0 = (await side.api.metrics())
     base = m0.value("queen_timers_fired_total") if m0 else 0.0
     first = last = None
@@ -543,10 +581,12 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
         failures.add("burst", "not drained", f"{left} timers still pending")
         return {"timers": n, "write_per_s": round(rate), "left": left}
     span = max(last - first, 0.1)
+    stmts1 = await in_thread(lambda: burst_statements(side.db_url))
     return {"timers": n, "write_per_s": round(rate), "drain_s": round(span, 2),
             "drain_per_s": round(n / span), "us_per_timer": round(span / n * 1e6, 1),
             "last_lag_s": round(last - due, 2), "left": left,
-            "profile": drain_profile(samples, n)}
+            "profile": drain_profile(samples, n),
+            "statements": statements_per_timer(stmts0, stmts1, n)}
 
 
 PER_TIMER = ("wal_bytes", "wal_fpi", "sweep_wal_bytes", "sweep_wal_fpi", "sweep_blocks_read",
@@ -629,7 +669,8 @@ def render(summary: dict[str, Any]) -> str:
         f = summary["fill"]
         p(f"fill: {f['timers']:,} timers in {f['seconds']} s = {f['per_s']:,}/s "
           f"({f['method']}); table {f['table_bytes'] / 2**20:.0f} MiB + indexes "
-          f"{f['index_bytes'] / 2**20:.0f} MiB")
+          f"{f['index_bytes'] / 2**20:.0f} MiB; then a CHECKPOINT, "
+          f"{f.get('checkpoint_s', '-')} s, before anything is measured")
     p("")
     p(f"{'operation (ms)':<22}{'empty p50/p90/p99/max':>30}{'full p50/p90/p99/max':>30}"
       f"{'ratio p50 / p99':>18}")
@@ -669,7 +710,7 @@ def render(summary: dict[str, Any]) -> str:
               f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
         render_log_side(p, s["table_samples"])
     for b in summary.get("bursts", []):
-        p(f"burst: { {k: v for k, v in b.items() if k != 'profile'} }")
+        p(f"burst: { {k: v for k, v in b.items() if k not in ('profile', 'statements')} }")
         if b.get("profile"):
             p(f"  {'fired to':>10}{'us/timer':>10}{'sweep us':>10}{'blocks':>8}"
               f"{'per sweep':>10}{'dead':>10}{'autovac':>8}  (per timer, by tenth of the drain)")
@@ -689,6 +730,11 @@ def render(summary: dict[str, Any]) -> str:
                   f"{r['checkpoint_buffers_per_timer']:>8.3f}{r['bgwriter_writes_per_timer']:>7.3f}"
                   f"{r['autovacuum_writes_per_timer']:>7.3f}"
                   f"{r['checkpoints']:>4.0f}/{r['checkpoints_req']:.0f}")
+        if b.get("statements"):
+            p("  statements, whole drain (blocks, us per timer; calls):")
+            for r in b["statements"]:
+                p(f"  {r['blocks_per_timer']:>8} {r['us_per_timer']:>8} {r['calls']:>7}  "
+                  f"{r['query']}")
     bursts = [b for b in summary.get("bursts", []) if "us_per_timer" in b]
     if len(bursts) >= 2:
         small, large = min(bursts, key=lambda b: b["timers"]), max(bursts,
@@ -722,9 +768,14 @@ async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
                           f"{FILL_CONNECTIONS} connections")
             with psycopg.connect(urls["full"], autocommit=True) as conn:
                 conn.execute("VACUUM (ANALYZE) queen.timers")
+                fill_s = time.perf_counter() - t0
+                # The fill's WAL requests checkpoints that would otherwise run, spread, through
+                # the measurements (idle lag p99 ~780 ms on both sides at 10^7): finish them.
+                conn.execute("CHECKPOINT")
             stats = table_stats(urls["full"])
             summary["fill"] = {
-                "timers": args.pending, "seconds": round(time.perf_counter() - t0, 1),
+                "timers": args.pending, "seconds": round(fill_s, 1),
+                "checkpoint_s": round(time.perf_counter() - t0 - fill_s, 1),
                 "per_s": round(rate), "table_bytes": stats["table_bytes"],
                 "index_bytes": stats["index_bytes"], "method": method}
             summary["load"]["after_fill"] = load()

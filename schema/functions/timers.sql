@@ -829,7 +829,7 @@ BEGIN
     SELECT least(
         v_clock,
         v_writers,
-        (SELECT min(t.visible_at) FROM queen.timers t WHERE t.visible_at >= v_floor),
+        (SELECT min(t.visible_at) FROM queen.timers t WHERE t.visible_at >= (SELECT v_floor)),
         -- A transaction listed in progress by this snapshot that the read above did not see
         -- holding an id (it took one since, or the read is older than this transaction's
         -- start): its start is unknown here, so the floor stays.
@@ -923,7 +923,7 @@ BEGIN
             SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.deliver_at,
                    due.payload_zstd, due.payload_bytes
             FROM queen.timers due
-            WHERE due.visible_at >= v_floor AND due.visible_at <= p_now
+            WHERE due.visible_at >= (SELECT v_floor) AND due.visible_at <= (SELECT p_now)
             ORDER BY due.visible_at
             LIMIT p_batch
             FOR UPDATE SKIP LOCKED
@@ -1054,7 +1054,7 @@ BEGIN
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
            NULL::timestamptz,
            (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t
-            WHERE t.visible_at >= queen.sweep_floor()),
+            WHERE t.visible_at >= (SELECT queen.sweep_floor())),
            extract(epoch FROM clock_timestamp())::float8;
 END
 $fn$;

@@ -124,3 +124,67 @@ def test_an_idle_sweep_under_a_held_snapshot_steps_over_no_fired_timers(
         buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
         held.rollback()
     assert buffers < 100, f"an idle sweep touched {buffers} shared buffers"
+
+
+WRITE_DUE = """
+INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, payload, payload_zstd,
+                          payload_bytes, deliver_at, visible_at)
+SELECT tenant_id, %(queue)s, %(prefix)s || lpad(g::text, 6, '0'), 'Default', 't' || g,
+       convert_to('{"i":' || g || '}', 'UTF8'), false, 7, d.at, d.at
+FROM queen.tenants, generate_series(%(lo)s::integer, %(hi)s::integer) AS g,
+     LATERAL (SELECT now() + %(s)s * interval '1 s'
+                     + greatest(g - %(spread_from)s::integer, 0) * interval '10 microseconds'
+                     AS at) d
+WHERE name = 'default'"""
+
+
+def idle_sweep_buffers(url: str) -> int:
+    """Shared buffers of one sweep with nothing due, on a new connection (so that its statements
+    are planned afresh, as on a broker's new connection)."""
+    with connect(url, autocommit=True) as conn:
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM queen.sweep_timers("
+            "%s, 'test', 500, 60000, 1048576, true, NULL)", (uuid.uuid4(),)).fetchone()
+    top = plan["QUERY PLAN"][0]["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+
+
+def test_a_burst_at_one_instant_fires_once_and_no_sweep_grows_with_what_it_fired(
+    database_url: str,
+) -> None:
+    """Timers pending far ahead and analyzed (the table's statistics say nothing is due soon),
+    then a burst of 20,000 due within 0.1 s, half of them at one instant, drained by sweeps of
+    500: each fired once, in order. Until the next vacuum, the drained timers' index entries
+    stay at the low end of timers_visible. A sweep planned its scans from the floor with the
+    bounds as constants, and the planner looked up the index's actual lowest value past every
+    one of those entries, in each: an idle sweep touched about 460 more shared buffers after
+    these 20,000 (at 10⁷ pending, a 10⁶ burst drained slower as it went, issue 31). Given as
+    parameters of the plan, the bounds are not looked up: the sweep costs the same after."""
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE queen.timers SET (autovacuum_enabled = off)")
+        conn.execute(WRITE_DUE, {"queue": "far", "prefix": "far-", "lo": 1, "hi": 5000,
+                                 "s": 30 * 86400, "spread_from": 0})
+        conn.execute("ANALYZE queen.timers")
+        before = idle_sweep_buffers(database_url)
+        # The first half due at one instant, the rest 10 µs apart after it (a burst written
+        # for longer than its lead: queen.timers_visible_above_floor raises each to its clock).
+        conn.execute(WRITE_DUE, {"queue": "burst", "prefix": "b-", "lo": 1, "hi": 20_000,
+                                 "s": 2, "spread_from": 10_000})
+        (one,) = conn.execute("SELECT count(DISTINCT visible_at) AS n FROM queen.timers "
+                              "WHERE queue = 'burst'").fetchall()
+        assert one["n"] == 10_001
+        conn.execute("SELECT pg_sleep(2.1)")
+        fired = 0
+        for _ in range(45):
+            n = len(sweep(conn).fired)
+            fired += n
+            if not n:
+                break
+        after = idle_sweep_buffers(database_url)
+    assert fired == 20_000
+    rows = sql(database_url, "SELECT meta->'timer'->>'key' AS key FROM queen.frames "
+                             "ORDER BY partition_id, \"offset\"")
+    assert [r["key"] for r in rows] == [f"b-{g:06d}" for g in range(1, 20_001)]
+    assert {r["queue"] for r in sql(database_url, "SELECT DISTINCT queue FROM queen.timers")} \
+        == {"far"}
+    assert after < before + 60, f"an idle sweep: {before} shared buffers before, {after} after"
