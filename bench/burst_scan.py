@@ -108,7 +108,7 @@ def drain(conn: psycopg.Connection[dict[str, Any]], n: int) -> list[dict[str, An
                 row = conn.execute("SELECT n_dead_tup, autovacuum_count, autoanalyze_count "
                                    "FROM pg_stat_user_tables WHERE relid = 'queen.timers'::regclass"
                                    ).fetchone()
-                tenths[-1].update(row)
+                tenths[-1].update(row or {})
             prev_stats, prev_t, prev_fired = stats, now, fired
         if done:
             return tenths
