@@ -207,6 +207,8 @@ class OwnNotify:
 
 # Marks kept per pool connection at most (each is taken by the next NOTIFY of its backend).
 _OWN_NOTIFY_KEPT = 16
+# A NOTIFY arrives within milliseconds of its commit: one expected longer ago is not waited for.
+_OWN_NOTIFY_TTL_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -396,8 +398,11 @@ class QueueWakeups:
         if not marks:
             del self._own[pid]
         # A mark still pending (the statement has not returned) or for another queue: an
-        # older NOTIFY of that backend took it, news to all.
-        return mark.committed_by if mark.key == key else None
+        # older NOTIFY of that backend took it, news to all. So is one long overdue (its
+        # backend gone, say, and its pid another's since).
+        if mark.key != key or trio.current_time() - mark.committed_by > _OWN_NOTIFY_TTL_S:
+            return None
+        return mark.committed_by
 
     def notify_all(self, reason: Reason) -> None:
         for key in list(self._lanes):

@@ -261,14 +261,14 @@ async def test_the_notify_of_this_brokers_own_ack_is_news_only_to_pops_that_look
 
     # Arrived while the ack had not returned yet (it could be an older NOTIFY of that
     # backend's previous transaction), or naming another queue, or after an ack that
-    # notified nothing: news to every pop.
-    for sent in ("pending", "1:other", None):
+    # notified nothing, or long after its ack: news to every pop.
+    for sent in ("pending", "1:other", None, "overdue"):
         w = QueueWakeups()
         with w.waiting("1:q", 1, req()) as pop:
             mark = w.expect_own_notify(77)
             if sent != "pending":
-                w.own_notify_sent(mark, sent)
-            await trio.sleep(0.01)
+                w.own_notify_sent(mark, "1:q" if sent == "overdue" else sent)
+            await trio.sleep(3.0 if sent == "overdue" else 0.01)
             pop.begin_look()
             w.look_again_in(pop, None)
             w.notify("1:q", pid=77)
