@@ -314,7 +314,7 @@ class _Worker:
         messages = got.messages
         self.done = 0  # messages whose handler finished (their settlement is owed)
         self.current, self.began = got, loop.now()
-        self.armed.set()
+        self.arm()
         try:
             if loop.in_thread:
                 await anyio.to_thread.run_sync(self.handle_in_thread, messages)
@@ -341,6 +341,10 @@ class _Worker:
             self.owed += [calls.ack_entry(m, AckStatus.RETRY, None)
                           for m in messages[self.done:]]
             loop.last_activity = loop.now()
+
+    def arm(self) -> None:
+        """A batch is in hand: tell the watchdog."""
+        self.armed.set()
 
     async def watchdog(self) -> None:
         """While a batch is handled: give the poll slot up after ``SLOT_HOLD_S``, then renew
@@ -420,10 +424,14 @@ class _Worker:
             client._lease_cache[queue] = known
         return known
 
-    async def renew_lease(self, lease_id: str) -> None:
+    async def renew_lease(self, lease_id: str, *, now: bool = False) -> None:
+        """Every third of the queue's leaseTime (``now``: at once, then so), until cancelled
+        or the lease is lost."""
         lease_s = await self.lease_seconds()  # off the handler's path: cached after the first
         while True:
-            await anyio.sleep(max(lease_s / 3, 0.05))
+            if not now:
+                await anyio.sleep(max(lease_s / 3, 0.05))
+            now = False
             try:
                 await self.loop.client.extend_lease(lease_id, lease_s)
             except (Conflict, NotFound) as exc:
@@ -584,6 +592,37 @@ class _StreamWorker(_Worker):
         super().__init__(streaming.loop)
         self.streaming, self.batches = streaming, batches
         self.source: tuple[PopStream, int] | None = None  # the batch in hand: its stream, seq
+        self.dozing = True  # the watchdog waits for a batch (else it is timing one already)
+
+    def arm(self) -> None:
+        if self.dozing:
+            self.armed.set()
+
+    async def watchdog(self) -> None:
+        """Renews the lease of a batch still in hand a third of the queue's leaseTime after it
+        came (no poll slot to give up here). Not woken for every batch: it sleeps from one
+        batch's renewal instant to the next batch's, and waits to be armed only when no batch
+        is in hand; at a steady trickle, a batch is settled long before."""
+        loop = self.loop
+        every: float | None = None
+        while True:
+            got, began = self.current, self.began
+            if got is None or not loop.renew or got.lease_id is None:
+                self.dozing = True
+                await self.armed.wait()
+                self.armed = anyio.Event()
+                self.dozing = False
+                continue
+            if every is None:
+                every = max(await self.lease_seconds() / 3, 0.05)  # then cached
+                continue  # (that batch may be over by now)
+            if loop.now() < began + every:
+                await anyio.sleep_until(began + every)
+                continue  # the same batch, or a later one that is not due yet, or none
+            with anyio.CancelScope() as scope:  # cancelled when the batch is over
+                self.watching = scope
+                await self.renew_lease(got.lease_id, now=True)
+            self.watching = None
 
     async def _pop_and_handle(self) -> None:
         loop = self.loop
