@@ -9,9 +9,10 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
   ``--calls`` requests of each back to back (broker CPU from /proc): a route that does not
   exist, ``/health``, a timer peek, a 1-timer ``POST /api/v1/timers``, a cancel (``DELETE``),
   a ``PUT``, a pop with nothing ready (``wait=false``), a lone ack.
-- ``single``: one schedule, then one cancel of it, then one push, 10 ms apart, sequential
-  (an idle broker between calls): p50/p90/p99/max of each call, and the client's CPU per
-  call.
+- ``single``: one schedule an hour ahead, one cancel of it, one schedule due within the
+  sweeper's sleep (``--soon-ms``: the sweeper is woken for it), its cancel, one push, 10 ms
+  apart, sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
+  CPU per call of the client, the broker and PostgreSQL.
 - ``push``: pushes of one message each, ``--concurrency`` at once (50, as Queen's JS client's
   bootstrap test), first into ``--partitions`` new partitions, then into the same ones again:
   pushes/s and latency.
@@ -69,23 +70,7 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
         if scenario == "routes":
             out = await _routes(q, url, args)
         elif scenario == "single":
-            lat: dict[str, list[float]] = {"schedule": [], "cancel": [], "push": []}
-            cpu: dict[str, float] = {"schedule": 0.0, "cancel": 0.0, "push": 0.0}
-            for i in range(args["calls"]):
-                key = f"single-{args['tag']}-{i}"
-                for what in ("schedule", "cancel", "push"):
-                    await trio.sleep(0.01)
-                    c, t = time.process_time(), time.perf_counter()
-                    if what == "schedule":
-                        await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
-                    elif what == "cancel":
-                        await q.timer("single").key(key).cancel()
-                    else:
-                        await q.push("single", {"i": i})
-                    lat[what].append(time.perf_counter() - t)
-                    cpu[what] += time.process_time() - c
-            out = {what: {**distribution(v), "client_cpu_ms": round(cpu[what] * 1e3 / len(v), 3)}
-                   for what, v in lat.items()}
+            out = await _single(q, args)
         elif scenario == "push":
             queue, n, c = f"boot-{args['tag']}", args["partitions"], args["concurrency"]
             for phase in ("new", "existing"):
@@ -128,6 +113,70 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
             out = {"timers": done[0], "timers_per_s": round(done[0] / wall),
                    "client_cpu_s": time.process_time() - cpu0, "wall_s": wall}
     return out
+
+
+SINGLE = ("schedule", "cancel", "schedule soon", "cancel soon", "push")
+
+
+async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The ``single`` scenario: each call alone, 10 ms after the last (an idle broker): a
+    schedule an hour ahead and its cancel, a schedule due within the sweeper's sleep ("soon":
+    the sweeper must be woken for it) and its cancel, a push. Per call: the round trip, the
+    client's CPU, and the broker's and PostgreSQL's CPU (schedstat, read outside the timing)."""
+    import trio
+
+    pid, postmaster = args["pid"], args.get("postmaster")
+    lat: dict[str, list[float]] = {what: [] for what in SINGLE}
+    cpu: dict[str, dict[str, float]] = {what: {"client": 0.0, "broker": 0.0, "postgres": 0.0}
+                                        for what in SINGLE}
+    soon_ms = args.get("soon_ms", 500)
+
+    def parties() -> tuple[float, float]:
+        return _cpu_s(pid), (_tree_cpu_s(postmaster) if postmaster else 0.0)
+
+    broker0, pg0 = parties()
+    for i in range(args["calls"]):
+        key = f"single-{args['tag']}-{i}"
+        for what in SINGLE:
+            await trio.sleep(0.01)
+            c, t = time.process_time(), time.perf_counter()
+            if what == "schedule":
+                await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
+            elif what == "schedule soon":
+                await q.timer("single").key(key + "s").delay(soon_ms).payload({"i": i}).schedule()
+            elif what == "cancel":
+                await q.timer("single").key(key).cancel()
+            elif what == "cancel soon":
+                await q.timer("single").key(key + "s").cancel()
+            else:
+                await q.push("single", {"i": i})
+            lat[what].append(time.perf_counter() - t)
+            cpu[what]["client"] += time.process_time() - c
+            broker1, pg1 = parties()
+            cpu[what]["broker"] += broker1 - broker0
+            cpu[what]["postgres"] += pg1 - pg0
+            broker0, pg0 = broker1, pg1
+    return {what: {**distribution(v), **{f"{party}_cpu_ms": round(s * 1e3 / len(v), 3)
+                                         for party, s in cpu[what].items()}}
+            for what, v in lat.items()}
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU time of ``root``'s child processes (PostgreSQL's backends), in seconds: the live
+    ones' and the ended ones' (reaped: counted in ``root``'s own stat, in clock ticks)."""
+    stat = Path(f"/proc/{root}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    total = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == root:
+                total += int((entry / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def _cpu_s(pid: int) -> float:
@@ -272,6 +321,8 @@ def main() -> None:
     parser.add_argument("--scenario", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--soon-ms", type=int, default=500,
+                        help="single: the delay of a schedule due within the sweeper's sleep")
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -306,7 +357,8 @@ def main() -> None:
                         url, pid = brokers[side]
                         for clients in ((1, 4) if scenario == "bundle" else (0,)):
                             args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
-                                    "pid": pid,
+                                    "pid": pid, "postmaster": server.postmaster_pid,
+                                    "soon_ms": opts.soon_ms,
                                     "partitions": opts.partitions,
                                     "concurrency": opts.concurrency, "clients": clients,
                                     "seconds": opts.seconds}

@@ -1,8 +1,10 @@
 """The Python CPU of one 500-timer bundle per timer, without network or database: the SDK's
 part (builders, body encoding, answer decoding, as ``bench.peer_graphile.sdk_bundle`` reads the
-answer) and the broker's part (body decode, rules, answer models, answer encoding). Stages of
-the broker: ``decode+rules`` is what ``POST /api/v1/transaction`` does before the statement,
-``answer`` what it does after (the store's outcomes are made up here). Each figure is the
+answer; and the same through ``schedule_many``) and the broker's part (body decode, rules, the
+statement's array parameters, answer models, answer encoding). Stages of the broker:
+``decode+rules`` is what ``POST /api/v1/transaction`` does before the statement, ``arrays`` the
+statement's parameters (``store.timer_arrays``), ``answer`` what it does after (the store's
+outcomes are made up here). Each figure is the
 minimum of ``--runs`` runs (process CPU time), the least disturbed by a loaded machine.
 
     PYTHONPATH=$PWD python -m bench.schedule_python [--runs 15]
@@ -42,6 +44,18 @@ def sdk_once(answer: bytes) -> None:
     _ = getattr(call, "content", None) or strict_json.dumps(call.body)  # as the transport
     fast = getattr(call, "fast", None)
     result = fast(answer) if fast is not None else codec.FALLBACK
+    if result is codec.FALLBACK:
+        result = call.parse(strict_json.loads(answer))
+    _ = [(t.key, t.deliver_at.timestamp()) for t in result.timers if t.ok]
+
+
+def sdk_many_once(answer: bytes) -> None:
+    """:func:`sdk_once` through ``schedule_many`` instead of a builder chain per timer."""
+    tx: Any = TransactionBuilder(lambda call: call)
+    call = tx.schedule_many("q", [(f"k-{i}", HOUR_MS, {"k": f"k-{i}"}) for i in range(N)]
+                            ).commit()
+    _ = getattr(call, "content", None) or strict_json.dumps(call.body)
+    result = call.fast(answer)
     if result is codec.FALLBACK:
         result = call.parse(strict_json.loads(answer))
     _ = [(t.key, t.deliver_at.timestamp()) for t in result.timers if t.ok]
@@ -92,8 +106,11 @@ def main() -> None:
 
     sdk, rules, answers = best(lambda: sdk_once(answer), runs), best(parse, runs), \
         best(answer_of, runs)
-    print(f"µs per timer of a {N}-timer bundle (min of {runs}): SDK {sdk:.1f}; broker "
-          f"decode+rules {rules:.1f}, answer {answers:.1f}, together {rules + answers:.1f}")
+    many = best(lambda: sdk_many_once(answer), runs)
+    arrays = best(lambda: store.timer_arrays(bundle.timers), runs)  # type: ignore[arg-type]
+    print(f"µs per timer of a {N}-timer bundle (min of {runs}): SDK {sdk:.1f} (schedule_many "
+          f"{many:.1f}); broker decode+rules {rules:.1f}, statement's arrays {arrays:.1f}, "
+          f"answer {answers:.1f}, together {rules + arrays + answers:.1f}")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,9 @@ async def run_broker(
                                   auth_failures_per_s=settings.auth_failures_per_s)
         segment_cache = SegmentCache(settings.segment_cache_bytes)
         cipher = payload_cipher(settings)
-        schedules = ScheduleBatcher(db, notify_within_ms=settings.sweeper_max_sleep_ms,
-                                    cipher=cipher)
+        schedules = ScheduleBatcher(
+            db, notify_within_ms=settings.sweeper_max_sleep_ms, cipher=cipher,
+            wake=lambda due_us: listener.deliver_here(timer_store.NOTIFY_CHANNEL, str(due_us)))
         switches = RuntimeSwitches(
             db, listener, count_error=count_error,
             on_change=lambda name, on: metrics.switch_enabled.labels(name).set(int(on)))

@@ -24,10 +24,16 @@ answers, headers and metrics.
 
 from __future__ import annotations
 
+import functools
+import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 import trio
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
 from quart_trio import QuartTrio
 from werkzeug.exceptions import RequestTimeout
@@ -53,20 +59,26 @@ ENABLED = True
 #: The largest body answered here: a one-timer schedule is a few hundred bytes; a larger
 #: request's own work outweighs what Quart costs.
 MAX_BODY = 64 * 1024
-#: Requests answered here, in this process (for tests and diagnostics).
+#: Off: a whole request read by hypercorn still goes through h11 and ASGI (tests compare).
+INLINE = True
+#: Requests answered here, in this process (for tests and diagnostics); of them, those
+#: answered on the connection's task (:meth:`FastRoutes.inline`).
 answered = 0
+inline_answered = 0
 
 _TIMERS = "/api/v1/timers"
 _CANCEL_PREFIX = _TIMERS + "/"
 _FAMILY = "timers_bad_request"  # the timers blueprint's 400 code (install_family_errors)
 _JSON = (b"content-type", b"application/json")
 _DELEGATED_HEADERS = frozenset({b"origin", b"sec-fetch-site", b"transfer-encoding"})
+_Handler = Callable[[ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
 
 class FastRoutes:
     """The ASGI app hypercorn serves: the two routes here, everything else to ``app``."""
 
     def __init__(self, app: QuartTrio, broker: BrokerContext) -> None:
+        install()
         self.app = app
         self.broker = broker
         self.hosts = HostPolicy.from_settings(broker.settings)
@@ -79,18 +91,64 @@ class FastRoutes:
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
                        send: ASGISendCallable) -> None:
         if scope["type"] == "http" and ENABLED:
-            method = scope["method"]
-            if method == "POST" and scope["path"] == _TIMERS and self._never_refused_early():
-                length = self._plain(scope, body=True)
-                if length is not None:
-                    await self._batch(scope, receive, send, length)
-                    return
-            elif method == "DELETE" and scope["path"].startswith(_CANCEL_PREFIX):
-                queue, _, key = scope["path"][len(_CANCEL_PREFIX):].partition("/")
-                if queue and key and self._plain(scope, body=False) is not None:
-                    await self._cancel(scope, send, queue, key)
-                    return
+            handler = self._handler(scope)
+            if handler is not None:
+                await handler(receive, send)
+                return
         await self.app(scope, receive, send)
+
+    def _handler(self, scope: HTTPScope) -> _Handler | None:
+        """What answers the request here, or None: Quart does."""
+        method = scope["method"]
+        if method == "POST" and scope["path"] == _TIMERS and self._never_refused_early():
+            length = self._plain(scope, body=True)
+            if length is not None:
+                return functools.partial(self._batch, scope, length=length)
+        elif method == "DELETE" and scope["path"].startswith(_CANCEL_PREFIX):
+            queue, _, key = scope["path"][len(_CANCEL_PREFIX):].partition("/")
+            if queue and key and self._plain(scope, body=False) is not None:
+                return functools.partial(self._cancel, scope, queue=queue, key=key)
+        return None
+
+    async def inline(self, protocol: H11Protocol, data: bytes) -> bool:
+        """Answer ``data``, hypercorn's read of an idle HTTP/1.1 connection, here on the
+        connection's own task if it is one whole request for these routes that h11 would read
+        as it is; False (nothing read, nothing sent) hands it to hypercorn as it came.
+
+        hypercorn would parse it with h11, start a task for the app and pass the body and the
+        answer through ASGI messages and h11 again: more of the broker's CPU per schedule than
+        the route's own work, and scheduler passes before the statement leaves. The answer is
+        written as hypercorn writes it (the same bytes: tests/integration/test_fast_routes.py),
+        and the connection's bookkeeping is hypercorn's (idle clock, requests counted)."""
+        connection = protocol.connection
+        if (not (ENABLED and INLINE) or type(connection) is not h11.Connection
+                or connection.our_state is not h11.IDLE or connection.their_state is not h11.IDLE
+                or connection.trailing_data[0] or protocol.context.terminated.is_set()
+                or protocol.keep_alive_requests + 1 >= protocol.config.keep_alive_max_requests
+                or protocol.config.server_names):
+            return False
+        request = whole_request(data)
+        if request is None:
+            return False
+        method, path, headers, body = request
+        scope: Any = {"type": "http", "http_version": "1.1", "method": method, "path": path,
+                      "raw_path": path.encode("ascii"), "query_string": b"",
+                      "headers": headers, "client": protocol.client}
+        handler = self._handler(scope)
+        if handler is None:
+            return False
+        global inline_answered
+        inline_answered += 1
+        await protocol.send(Updated(idle=False))
+        answer = _Written(protocol, body)
+        await handler(answer.receive, answer.send)
+        protocol.keep_alive_requests += 1
+        await protocol.context.mark_request()
+        if protocol.context.terminated.is_set():  # shutting down: as hypercorn, close it
+            await protocol.send(Closed())
+        else:
+            await protocol.send(Updated(idle=True))
+        return True
 
     def _never_refused_early(self) -> bool:
         """Whether a POST can be refused before its body is read (a token, a request-rate
@@ -128,7 +186,7 @@ class FastRoutes:
         return 0 if length == 0 else None
 
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
-                     send: ASGISendCallable, length: int) -> None:
+                     send: ASGISendCallable, *, length: int) -> None:
         started = time.perf_counter()
         body = bodies.RequestBody(length, self.body_limit)
         body.budget = self.budget
@@ -178,8 +236,8 @@ class FastRoutes:
         assert scope.cancelled_caught
         raise RequestTimeout()
 
-    async def _cancel(self, scope: HTTPScope, send: ASGISendCallable, queue: str,
-                      key: str) -> None:
+    async def _cancel(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                      send: ASGISendCallable, *, queue: str, key: str) -> None:
         started = time.perf_counter()
         path = _CANCEL_PREFIX + queue + "/" + key
         try:
@@ -210,3 +268,103 @@ class FastRoutes:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
+
+
+class _Written:
+    """The ASGI ``receive`` and ``send`` of a request answered on its connection's task: the
+    body as one message, the answer written as hypercorn writes it (its head, with hypercorn's
+    own headers after the app's, and the body in one write)."""
+
+    __slots__ = ("body", "protocol", "status", "headers")
+
+    def __init__(self, protocol: H11Protocol, body: bytes) -> None:
+        self.protocol, self.body = protocol, body
+        self.status, self.headers = 500, b""
+
+    async def receive(self) -> Any:
+        return {"type": "http.request", "body": self.body, "more_body": False}
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = b"".join(
+                b"%s: %s\r\n" % field for field in
+                [*message["headers"], *self.protocol.config.response_headers("h11")])
+            return
+        await self.protocol.send(RawData(b"HTTP/1.1 %d \r\n%s\r\n%s" % (
+            self.status, self.headers, message.get("body", b""))))
+
+
+# A request h11 reads as it is, in the plainest spelling: the request line, then header lines
+# (a token, a colon, a value of visible ASCII with single spaces or tabs inside), CRLF each.
+# Anything else (obs-fold, control bytes, bare LFs, 8-bit text) is left to h11.
+_REQUEST_LINE = re.compile(rb"(POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
+_HEADER_LINE = re.compile(
+    rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*([\x21-\x7e](?:[ \t]?[\x21-\x7e])*)?[ \t]*")
+# Whatever h11 or hypercorn would act on besides the request itself (but "Connection:
+# keep-alive", which HTTP/1.1 means anyway: httpx sends it).
+_LEFT_TO_H11 = frozenset({b"connection", b"expect", b"upgrade", b"transfer-encoding"})
+_MAX_HEAD = 16 * 1024  # h11's own bound on a head
+# Header lines seen valid, as read: a client sends the same few again and again. Bounded, so
+# a client making lines up cannot grow it.
+_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_MAX_LINES = 512
+
+
+def whole_request(data: bytes) -> tuple[str, str, list[tuple[bytes, bytes]], bytes] | None:
+    """(method, path, headers as h11 gives them: names lowercased, body) of ``data`` if it is
+    exactly one HTTP/1.1 POST or DELETE, head and whole body (by its Content-Length), with no
+    query string and no percent-escape, spelled so that h11 reads it as it is; else None."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0 or end > _MAX_HEAD:
+        return None
+    lines = data[:end].split(b"\r\n")
+    line = _REQUEST_LINE.fullmatch(lines[0])
+    if line is None or b"?" in line[2] or b"%" in line[2]:
+        return None
+    headers: list[tuple[bytes, bytes]] = []
+    length, sized, hosts = 0, False, 0
+    for raw in lines[1:]:
+        known = _LINES.get(raw)
+        if known is None:
+            field = _HEADER_LINE.fullmatch(raw)
+            if field is None:
+                return None
+            known = field[1].lower(), field[2] or b""
+            if len(_LINES) < _MAX_LINES:
+                _LINES[raw] = known
+        name, value = known
+        if name in _LEFT_TO_H11 and not (name == b"connection"
+                                         and value.lower() == b"keep-alive"):
+            return None
+        if name == b"content-length":
+            if sized or not value.isdigit() or len(value) > 20:
+                return None
+            length, sized = int(value), True
+        elif name == b"host":
+            hosts += 1
+        headers.append((name, value))
+    body = data[end + 4:]
+    if hosts != 1 or len(body) != length:
+        return None
+    return line[1].decode("ascii"), line[2].decode("ascii"), headers, body
+
+
+_ORIGINAL_HANDLE = H11Protocol.handle
+
+
+async def _handle(self: H11Protocol, event: Event) -> None:
+    """hypercorn's ``H11Protocol.handle``, with what :meth:`FastRoutes.inline` answers taken
+    first."""
+    if type(event) is RawData and self.stream is None:
+        routes = getattr(self.app, "app", None)  # (hypercorn's ASGIWrapper of the app)
+        if type(routes) is FastRoutes and await routes.inline(self, event.data):
+            return
+    await _ORIGINAL_HANDLE(self, event)
+
+
+def install() -> None:
+    """Let :class:`FastRoutes` answer whole requests on hypercorn's connection tasks
+    (idempotent; only a connection whose app is a FastRoutes is affected)."""
+    if H11Protocol.handle is not _handle:
+        H11Protocol.handle = _handle  # type: ignore[method-assign]

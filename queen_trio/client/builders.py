@@ -12,6 +12,7 @@ to the bundle and returns the transaction builder, so the chain goes on.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from operator import itemgetter
@@ -193,6 +194,19 @@ class TransactionBuilder(Generic[R]):
         return _tuple(TimerBuilder, (self, calls._name(queue, "queue"), None, None, _UNSET,
                                      None, None))
 
+    def schedule_many(self, queue: str, timers: Iterable[tuple[str, Duration, Any]], *,
+                      partition: str | None = None) -> TransactionBuilder[R]:
+        """Many timers of one queue, ``(key, delay, payload)`` each, in this order: what
+        ``.timer(queue).key(key).delay(delay).payload(payload)[.partition(partition)]
+        .schedule()`` adds for each, checked alike, without a builder per timer (a bundle of
+        500 costs the SDK a fraction of the chain's). Their answers come in ``commit()``'s
+        ``timers``, in the same order."""
+        chain = self._timers
+        for entry in _schedule_entries(queue, timers, partition):
+            chain = _Chain(chain, entry)
+        return TransactionBuilder(self._commit, self._operations, chain, self._acked, self._kv,
+                                  self._guards, self._is_async)
+
     def guard(self, lock: Any) -> TransactionBuilder[R]:
         """Commit only while ``lock`` (a held ``queen.lock(...)``, or a granted
         :class:`LockResult`) is still held: its guard goes first in the bundle's KV ops, read
@@ -258,6 +272,25 @@ class TransactionBuilder(Generic[R]):
         # (dataclasses.replace, without its introspection: a step per timer of a bundle)
         return TransactionBuilder(self._commit, self._operations, _Chain(self._timers, entry),
                                   self._acked, self._kv, self._guards, self._is_async)
+
+
+def _schedule_entries(queue: str, timers: Iterable[tuple[str, Duration, Any]],
+                      partition: str | None) -> list[dict[str, Any]]:
+    """The wire operations :meth:`TimerSpec.to_wire` makes of each timer, in one loop."""
+    queue = calls._name(queue, "queue")
+    if partition is not None:
+        partition = calls._name(partition, "partition")
+    name, payload_json, b64, mint = calls._name, calls._payload_json, base64.b64encode, \
+        calls.new_txn
+    out = []
+    for key, delay, payload in timers:
+        wire = {"op": "schedule", "queue": queue, "timerKey": name(key, "timer key"),
+                "payload": b64(payload_json(payload)).decode(),
+                "delayMs": delay if type(delay) is int else delay_ms(delay), "txn": mint()}
+        if partition is not None:
+            wire["partition"] = partition
+        out.append(wire)
+    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -19,7 +20,7 @@ from .. import strict_json
 from ..frozen import slotted_init
 from ..models import codec
 from ..models import log as wire_log
-from ..models import transaction as wire_transaction
+from ..models import timers as wire_timers
 from . import models as m
 from .durations import Duration, span_ms, ttl_seconds
 from .errors import Conflict, NotFound
@@ -143,17 +144,35 @@ def _first_result(w: Any) -> m.TimerResult:
     return m.TimerResult.from_wire(result)
 
 
+_TIMER_RESULTS = msgspec.json.Decoder(wire_timers.TimerResults)
+_TIMER_RESULT = msgspec.json.Decoder(wire_timers.TimerResult)
+
+
+def _first_result_fast(raw: bytes) -> Any:
+    """:func:`_first_result` of the answer's bytes decoded in C (the strict decoder and a
+    conversion cost a lone call more than the rest of reading its answer), or FALLBACK."""
+    answer = codec.fast(raw, _TIMER_RESULTS)
+    if answer is codec.FALLBACK or len(answer.results) != 1:
+        return codec.FALLBACK
+    return m.TimerResult.from_model(answer.results[0])
+
+
+def _timer_result_fast(raw: bytes) -> Any:
+    answer = codec.fast(raw, _TIMER_RESULT)
+    return answer if answer is codec.FALLBACK else m.TimerResult.from_model(answer)
+
+
 def schedule_timer(spec: TimerSpec) -> Call[m.TimerResult]:
     # An upsert by name: sending it twice leaves one timer, so a retry is safe.
     body = {"operations": [spec.to_wire()]}
     return Call("POST", f"{API}/timers", _first_result, True, body=body,
-                content=_timer_body(body))
+                content=_timer_body(body), fast=_first_result_fast)
 
 
 def cancel_timer(queue: str, key: str, txn: str | None = None) -> Call[m.TimerResult]:
     # Idempotent: a repeated cancel answers absent where the first answered cancelled.
     return Call("DELETE", _timer_path(queue, key), m.TimerResult.from_wire, True,
-                params=None if txn is None else {"txn": txn})
+                params=None if txn is None else {"txn": txn}, fast=_timer_result_fast)
 
 
 def peek_timer(queue: str, key: str) -> Call[m.TimerInfo | None]:
@@ -501,24 +520,10 @@ def transaction(operations: Sequence[dict[str, Any]], kv_ops: Sequence[dict[str,
     only_timers = not ops and not kv_list
     return Call("POST", f"{API}/transaction",
                 lambda w: m.TransactionResult.from_wire(w, kv_list), safe, body=body,
-                settles=tuple(acked), fast=_timers_committed if only_timers else None,
+                settles=tuple(acked),
+                fast=functools.partial(m.timers_committed, count=len(timers))
+                if only_timers else None,
                 content=_timer_body(body) if only_timers else None)
-
-
-_TRANSACTION_DONE = msgspec.json.Decoder(wire_transaction.TransactionDone)
-
-
-def _timers_committed(raw: bytes) -> m.TransactionResult:
-    """A committed bundle of timers alone, decoded in C by the broker's model (the check
-    ``TransactionResult.from_wire`` makes of it), or codec.FALLBACK: any other answer (a
-    refusal, a KV precondition) takes ``from_wire``'s path."""
-    done = codec.fast(raw, _TRANSACTION_DONE)
-    if done is codec.FALLBACK:
-        return done
-    timer = wire_transaction.TxTimer
-    if not all(type(r) is timer for r in done.results):
-        return codec.FALLBACK
-    return m.TransactionResult((), m.TimerResult.from_models(done.results))  # type: ignore[arg-type]
 
 
 def _timer_body(body: dict[str, Any]) -> bytes | None:

@@ -42,12 +42,14 @@ from urllib.parse import quote, urlsplit
 import anyio
 import anyio.abc
 import httpx
+import trio
 
 from .. import strict_json
 
 _MAX_IDLE_PER_HOST = 64
 _CHUNK = 65536
 _MAX_HEAD = 64 * 1024
+_TRIO_STREAMS = "anyio._backends._trio"  # the module of anyio's socket streams under trio
 
 
 class _Closed(Exception):
@@ -59,13 +61,71 @@ class _Connection:
     stream: anyio.abc.SocketStream
     buffer: bytearray = dataclasses.field(default_factory=bytearray)
     _socket: Any = None  # the raw socket, looked up once (anyio builds its attributes per call)
+    # Under trio, the raw socket, read and written here with trio's own waits: anyio's trio
+    # stream adds a pass through the scheduler after each write and read that went through
+    # at once (trio's socket methods do), and its guards, on every call. (Under asyncio the
+    # socket belongs to the event loop's transport: always through the stream.)
+    direct: Any = None
 
-    async def fill(self) -> None:
-        try:
-            chunk = await self.stream.receive(_CHUNK)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
-            raise _Closed from exc
+    async def fill(self, *, wait: bool = False) -> None:
+        """Read what has arrived, or wait for something; ``wait``: nothing can have arrived
+        yet (a request was just sent), so wait before reading."""
+        sock = self.direct
+        if sock is None:
+            try:
+                chunk = await self.stream.receive(_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
+                raise _Closed from exc
+        else:
+            while True:
+                if wait:
+                    await trio.lowlevel.wait_readable(sock)
+                try:
+                    chunk = sock.recv(_CHUNK)
+                except BlockingIOError:
+                    wait = True
+                    continue
+                except OSError as exc:
+                    raise _Closed from exc
+                if not chunk:
+                    raise _Closed
+                break
         self.buffer += chunk
+
+    async def send_at_once(self, data: bytes) -> bytes:
+        """Write what the socket takes of ``data`` without waiting (under trio; a check for
+        cancellation first); answers the rest, to :meth:`send`."""
+        sock = self.direct
+        if sock is None or not data:
+            return data
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return data[sock.send(data):]
+        except BlockingIOError:
+            return data
+
+    async def send(self, data: bytes) -> None:
+        sock = self.direct
+        if sock is None:
+            await self.stream.send(data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[sock.send(view):]
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+
+    def cancel_scope(self, limit_s: float | None) -> Any:
+        """A scope ending ``limit_s`` from now (trio's own under trio: anyio's costs twice)."""
+        if self.direct is None:
+            return anyio.CancelScope(deadline=_deadline(limit_s))
+        return trio.CancelScope(deadline=self.deadline(limit_s))
+
+    def deadline(self, limit_s: float | None) -> float:
+        if self.direct is None:
+            return _deadline(limit_s)
+        return math.inf if limit_s is None else trio.current_time() + limit_s
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
@@ -138,22 +198,32 @@ class _Pool:
                 from exc
         except OSError as exc:
             raise httpx.ConnectError(str(exc)) from exc
-        return _Connection(stream)
+        conn = _Connection(stream)
+        if type(stream).__module__ == _TRIO_STREAMS:
+            conn.direct = conn._socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        return conn
 
     async def _exchange(self, conn: _Connection, address: tuple[str, int], message: bytes,
                         method: str, limits: _Limits, request: httpx.Request | None) -> _Raw:
         done = reading = False
         try:
+            try:
+                rest = await conn.send_at_once(message)
+            except OSError as exc:
+                raise _Closed from exc
             # One scope for both limits (a scope costs more than the rest of a small send):
             # its deadline moves from the write's to the read's once the request is out.
-            with anyio.CancelScope(deadline=_deadline(limits.write)) as limit:
-                try:
-                    await conn.stream.send(message)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    raise _Closed from exc
-                reading = True
-                limit.deadline = _deadline(limits.read)
-                raw = await _read_answer(conn, method, request)
+            reading = not rest
+            with conn.cancel_scope(limits.read if reading else limits.write) as limit:
+                if not reading:
+                    try:
+                        await conn.send(rest)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError,
+                            OSError) as exc:
+                        raise _Closed from exc
+                    reading = True
+                    limit.deadline = conn.deadline(limits.read)
+                raw = await _read_answer(conn, method, request, sent=True)
                 done = True
             if not done:  # the scope's own deadline passed
                 if reading:
@@ -475,8 +545,10 @@ def _take_head(buf: bytearray, start: int) -> bytes | None:
     return head
 
 
-async def _read_head(conn: _Connection, request: httpx.Request | None, started: bool) -> bytes:
-    """A head (or the trailers of a chunked body), read to its empty line."""
+async def _read_head(conn: _Connection, request: httpx.Request | None, started: bool, *,
+                     wait: bool = False) -> bytes:
+    """A head (or the trailers of a chunked body), read to its empty line; ``wait``: nothing
+    of it can have arrived yet."""
     buf = conn.buffer
     searched = 0
     while (head := _take_head(buf, searched)) is None:
@@ -484,7 +556,8 @@ async def _read_head(conn: _Connection, request: httpx.Request | None, started: 
             raise httpx.RemoteProtocolError("answer head too large", request=request)
         searched = max(0, len(buf) - 2)
         try:
-            await conn.fill()
+            await conn.fill(wait=wait)
+            wait = False
         except _Closed:
             what = "mid-answer" if started or buf else "without sending an answer"
             raise httpx.RemoteProtocolError(f"the server disconnected {what}",
@@ -584,7 +657,8 @@ def _framing(framing: list[tuple[bytes, bytes]],
     return None if length is None else int(length), chunked, close
 
 
-async def _read_answer(conn: _Connection, method: str, request: httpx.Request | None) -> _Raw:
+async def _read_answer(conn: _Connection, method: str, request: httpx.Request | None, *,
+                       sent: bool = False) -> _Raw:
     """The answer to the request just sent, read as h11 would: whatever h11 refuses raises
     ``httpx.RemoteProtocolError`` (and the caller closes the connection). Interim (1xx)
     answers are skipped; a ``101`` is refused, as no upgrade was asked for."""
@@ -593,7 +667,7 @@ async def _read_answer(conn: _Connection, method: str, request: httpx.Request | 
     while True:
         head = _take_head(buf, 0)
         if head is None:
-            head = await _read_head(conn, request, started)
+            head = await _read_head(conn, request, started, wait=sent and not buf)
         started = True
         lines = head.split(b"\n")
         status_line = _STATUS_LINE.fullmatch(lines[0]) if head else None

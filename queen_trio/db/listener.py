@@ -134,6 +134,12 @@ class Listener:
             self._subscriptions[channel].discard(sub)
             send.close()
 
+    def deliver_here(self, channel: str, payload: str) -> None:
+        """Hand this process's subscribers of ``channel`` a notification of ``payload``, as if
+        PostgreSQL had delivered it: for a wake-up only this broker needs (its own sweeper, of
+        a timer it has just scheduled), without a NOTIFY's work at the commit."""
+        self._dispatch(Notification(channel, payload, 0))
+
     @property
     def connected(self) -> bool:
         return self._raw is not None

@@ -11,9 +11,13 @@ SELECT queen.lock_timer_names(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[
 -- name: schedule
 -- Upserts a list of timers in one statement (schema/functions/timers.sql): decided under the
 -- rows' locks, answering one row per input by position; queues, usage and the sweepers' NOTIFY
--- included. The timers travel as one JSON text (timers/store.py: timers_document).
+-- included. The timers travel as parallel arrays, each one text (timers/store.py:
+-- timer_arrays).
 SELECT ord, status, txn, message_id, deliver_at
-FROM queen.schedule_timers(%(tenant_id)s, %(timers)s::json, %(notify_within_ms)s::bigint)
+FROM queen.schedule_timer_list(%(tenant_id)s, %(queues)s::text[], %(keys)s::text[],
+                               %(partitions)s::text[], %(txns)s::text[], %(delays)s::bigint[],
+                               %(sizes)s::integer[], %(payloads)s::text[], %(zstd)s::boolean[],
+                               %(notify_within_ms)s::bigint)
 ORDER BY ord
 
 -- name: schedule_one

@@ -4,7 +4,7 @@ A lone PUT of a timer costs PostgreSQL about half a millisecond of CPU, nearly a
 statement and per commit (the WAL flush); a timer in a statement of hundreds some 30-40 µs
 (``bench/results/timer_pg_cost.md``). So schedules
 are not sent one by one: a writer takes every schedule that is waiting when it is free and sends
-them in one ``queen.schedule_timers`` statement, which decides each timer under its own row lock
+them in one ``queen.schedule_timer_list`` statement, which decides each timer under its own row lock
 in arrival order (the same key twice in one batch is scheduled, then rescheduled, exactly as two
 PUTs one after the other). Each caller waits for its batch's commit, so its answer still means
 "durable". With nothing else being written a schedule goes alone and at once, from its own
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -84,10 +84,17 @@ class ScheduleBatcher:
     _alive = False
 
     def __init__(self, db: Database, *, notify_within_ms: int, max_batch: int = MAX_BATCH,
-                 cipher: PayloadCipher | None = None):
+                 cipher: PayloadCipher | None = None,
+                 wake: Callable[[int], None] | None = None):
         self._db = db
         self._cipher = cipher  # seals the timers of encrypted queues (store.sealed)
         self._notify_within_ms = notify_within_ms
+        # This broker's sweeper, told the due instant (epoch µs) of the soonest timer of a
+        # statement due within notify_within_ms once it has committed, in place of the
+        # statement's NOTIFY: that one made the commit take a database-wide lock and woke a
+        # listening backend and this broker's listener while the answer was on its way, and
+        # these schedules all come through this broker, whose sweeper fires them in time.
+        self._wake = wake
         self._max_batch = max_batch
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
         self._in_flight = 0  # statements being written (a writer's, or one sent at once)
@@ -195,17 +202,22 @@ class ScheduleBatcher:
     async def _one(self, tenant_id: int, schedules: list[Schedule]) -> list[Outcome]:
         """One statement: its own transaction, so it may run in autocommit."""
         self.batches += 1
+        notify = None if self._wake is not None else self._notify_within_ms
         if len(schedules) == 1:
             outcomes = [await self._db.run_autocommit(
-                store.schedule, tenant_id, schedules[0], notify_within_ms=self._notify_within_ms,
+                store.schedule, tenant_id, schedules[0], notify_within_ms=notify,
                 cipher=self._cipher)]
         else:
             outcomes = await self._db.run_autocommit(
-                store.schedule_many, tenant_id, schedules, notify_within_ms=self._notify_within_ms,
+                store.schedule_many, tenant_id, schedules, notify_within_ms=notify,
                 cipher=self._cipher)
         if len(outcomes) != len(schedules):
             raise RuntimeError(f"{len(outcomes)} answers for {len(schedules)} timers")
         self.scheduled += len(outcomes)
+        if self._wake is not None:
+            soonest = store.soonest_due(schedules, outcomes, self._notify_within_ms)
+            if soonest is not None:
+                self._wake(soonest)
         return outcomes
 
 

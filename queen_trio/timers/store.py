@@ -11,8 +11,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -75,9 +76,10 @@ def _json_text(s: Schedule) -> str:
     return s.json_bytes.decode() if s.json_bytes is not None else log_store.to_json(s.payload)
 
 
-def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_ms: int,
+def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_ms: int | None,
              cipher: PayloadCipher | None = None) -> Outcome:
     """Create or replace the timer (tenant, queue, key); decided under the row's lock.
+    ``notify_within_ms`` None: no NOTIFY, whenever it is due (the caller wakes a sweeper).
 
     One statement (two for a broker with an encryption key): it may run in autocommit."""
     (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms,
@@ -85,39 +87,60 @@ def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_
     return outcome
 
 
-class _TimerIn(msgspec.Struct, omit_defaults=True):
-    """One timer of queen.schedule_timers' JSON argument (schema/functions/timers.sql)."""
-
-    q: str
-    k: str
-    p: str
-    t: str
-    d: int
-    b: int  # the payload's JSON size
-    j: msgspec.Raw | None = None  # the payload's stored JSON text, verbatim
-    z: str | None = None  # or base64 of its zstd bytes
+_ENCODE = msgspec.json.Encoder().encode
+# After every escaped backslash is taken out: an escape other than \" that JSON writes and
+# PostgreSQL's array input would read otherwise (\n, \u0001…: a control character).
+_OTHER_ESCAPE = re.compile(rb'\\[^"]')
 
 
-_ENCODE_TIMERS = msgspec.json.Encoder().encode
+def pg_array(values: list[Any]) -> str:
+    """``values`` (str, int, bool or None) as PostgreSQL's array input reads them, written in C:
+    a JSON array is one, but for its brackets, as long as JSON escaped nothing in its strings
+    but double quotes and backslashes (inside double quotes, array input takes the character
+    after a backslash as it is). A string JSON escapes otherwise (a control character) has
+    the array written here."""
+    raw = _ENCODE(values)
+    if b"\\" in raw and _OTHER_ESCAPE.search(raw.replace(b"\\\\", b"")):
+        return "{" + ",".join(
+            "NULL" if v is None else
+            '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(v, str)
+            else _ENCODE(v).decode() for v in values) + "}"
+    return "{" + raw[1:-1].decode() + "}"
 
 
-def timers_document(schedules: list[Schedule]) -> str:
-    """The timers as queen.schedule_timers takes them: one JSON text, encoded in C (ten arrays
-    of 500 elements cost psycopg more to dump than the statement costs PostgreSQL)."""
+def timer_arrays(schedules: list[Schedule]) -> dict[str, str]:
+    """The timers as queen.schedule_timer_list takes them: parallel arrays, each one text
+    written in C (:func:`pg_array`; arrays that psycopg adapted element by element cost more
+    than the statement, a JSON document of objects costs PostgreSQL a hash table each)."""
     minted = iter(log_rules.new_transaction_ids(sum(1 for s in schedules if not s.txn)))
-    rows = []
+    queues: list[str] = []
+    keys: list[str] = []
+    partitions: list[str] = []
+    txns: list[str] = []
+    delays: list[int] = []
+    sizes: list[int] = []
+    payloads: list[str] = []
+    zstd: list[bool] = []
+    pack = rules.pack
     for s in schedules:
-        blob, size, compressed = rules.pack(s.payload, s.json_bytes)
-        rows.append(_TimerIn(
-            s.queue, s.key, s.partition, s.txn or next(minted), s.delay_ms,
-            size, None if compressed else msgspec.Raw(blob),
-            base64.b64encode(blob).decode() if compressed else None))
-    return _ENCODE_TIMERS(rows).decode()
+        blob, size, compressed = pack(s.payload, s.json_bytes)
+        queues.append(s.queue)
+        keys.append(s.key)
+        partitions.append(s.partition)
+        txns.append(s.txn or next(minted))
+        delays.append(s.delay_ms)
+        sizes.append(size)
+        payloads.append(base64.b64encode(blob).decode() if compressed else blob.decode())
+        zstd.append(compressed)
+    return {"queues": pg_array(queues), "keys": pg_array(keys),
+            "partitions": pg_array(partitions), "txns": pg_array(txns),
+            "delays": pg_array(delays), "sizes": pg_array(sizes),
+            "payloads": pg_array(payloads), "zstd": pg_array(zstd)}
 
 
 def schedule_many(
-    raw: DictConnection, tenant_id: int, schedules: list[Schedule], *, notify_within_ms: int,
-    cipher: PayloadCipher | None = None,
+    raw: DictConnection, tenant_id: int, schedules: list[Schedule], *,
+    notify_within_ms: int | None, cipher: PayloadCipher | None = None,
 ) -> list[Outcome]:
     """Schedule several timers in the caller's transaction, in order, in one statement.
 
@@ -133,16 +156,15 @@ def schedule_many(
         return [_schedule_one(raw, tenant_id, schedules[0], notify_within_ms)]
     # (tuples, not dicts: a row per timer of a bundle)
     rows = raw.cursor(row_factory=tuple_row).execute(Q.schedule, {
-        "tenant_id": tenant_id, "timers": timers_document(schedules),
-        "notify_within_ms": notify_within_ms,
+        "tenant_id": tenant_id, **timer_arrays(schedules), "notify_within_ms": notify_within_ms,
     }, binary=True).fetchall()
     return [Outcome("too_late", s.queue, s.key, txn) if status == "too_late" else
             Outcome(status, s.queue, s.key, txn, s.partition, deliver_at, message_id)
             for s, (_, status, txn, message_id, deliver_at) in zip(schedules, rows, strict=True)]
 
 
-def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_within_ms: int
-                  ) -> Outcome:
+def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,
+                  notify_within_ms: int | None) -> Outcome:
     """One timer through queen.schedule_timer: scalar parameters, a few key probes (the
     set-based statement's start-up alone costs PostgreSQL several times more)."""
     blob, size, compressed = rules.pack(s.payload, s.json_bytes)
@@ -152,6 +174,22 @@ def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule, notify_withi
         "payload": blob, "zstd": compressed, "notify_within_ms": notify_within_ms,
     }, binary=True))
     return _outcome(s, row)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def soonest_due(schedules: list[Schedule], outcomes: list[Outcome], within_ms: int) -> int | None:
+    """The due instant, in epoch microseconds as a NOTIFY on ``queen_timers`` gives it, of the
+    soonest of the timers just scheduled that are due within ``within_ms`` (what
+    queen.schedule_timer would have announced), or None."""
+    soonest = None
+    for s, o in zip(schedules, outcomes, strict=True):
+        if o.deliver_at is not None and s.delay_ms < within_ms and (
+                soonest is None or o.deliver_at < soonest):
+            soonest = o.deliver_at
+    return None if soonest is None else -((_EPOCH - soonest) // _MICROSECOND)
 
 
 def _planned_now(raw: DictConnection, query: str, params: dict[str, Any] | None = None

@@ -72,16 +72,18 @@ $fn$;
 -- names' locks (queen.lock_timer_names) are taken first. Answers one row per input, by position
 -- (ord, 1-based), with the message id minted for each scheduled timer (a reschedule takes a new
 -- one: it is a new timer under an old name): a version 7 UUID, its first 48 bits the Unix time
--- in milliseconds, then random bits (PostgreSQL 18's uuidv7(), spelled for older servers). Also creates the queues of
--- new timers, records the change of stored bytes and, for a timer due within
--- p_notify_within_ms, wakes the sweepers with a NOTIFY (sent only if the caller commits).
+-- in milliseconds of the call, then random bits (PostgreSQL 18's uuidv7(), spelled for older
+-- servers). Also creates the queues of new timers, records the change of stored bytes and, for
+-- a timer due within p_notify_within_ms, wakes the sweepers with a NOTIFY (sent only if the
+-- caller commits).
 --
--- The timers come as one JSON array of objects (queen_trio/timers/store.py builds it):
--- {"q": queue, "k": key, "p": partition, "t": txn, "d": delayMs, "b": JSON size, and "j": the
--- payload's JSON text as it is stored, or "z": base64 of its zstd bytes}. One text parameter
--- that PostgreSQL parses in C: ten arrays of 500 elements cost the broker more to encode than
--- the statement costs PostgreSQL to run, and "j" is the stored text itself (json keeps it
--- verbatim), not a re-encoding.
+-- The timers come as parallel arrays, one element per timer (queen_trio/timers/store.py
+-- writes each array's text in C, as msgspec writes a JSON array: PostgreSQL's array input
+-- reads that as it is): queue, key, partition, txn, delayMs, the payload's JSON size, the
+-- payload as it is stored (p_payloads: its JSON text, or base64 of its zstd bytes where
+-- p_zstd). Ten arrays that psycopg adapted element by element cost the broker more than the
+-- statement costs PostgreSQL; a JSON array of objects costs PostgreSQL a hash table per object
+-- to read (json_to_recordset), where array input reads a text per element.
 --
 -- enable_seqscan = off: the look-up of existing timers always uses the primary key. A PL/pgSQL
 -- statement's plan is cached per connection and, after a few calls, kept as a generic plan; one
@@ -91,8 +93,10 @@ $fn$;
 -- each once 30,000 timers were pending (auto_explain: "Seq Scan on timers" inside the function),
 -- until a new ANALYZE invalidated the plan. With sequential scans off inside the function, every
 -- plan it makes probes the index, whatever the statistics said when it was made.
-CREATE OR REPLACE FUNCTION queen.schedule_timers(
-    p_tenant integer, p_timers json, p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
+CREATE OR REPLACE FUNCTION queen.schedule_timer_list(
+    p_tenant integer, p_queues text[], p_keys text[], p_partitions text[], p_txns text[],
+    p_delays bigint[], p_sizes integer[], p_payloads text[], p_zstd boolean[],
+    p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
 RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -103,22 +107,21 @@ SET plan_cache_mode = force_generic_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    n integer := json_array_length(p_timers);
-    v_queues text[];
-    v_keys text[];
-    v_partitions text[];
-    v_txns_in text[];
-    v_sizes integer[];
+    n integer := coalesce(cardinality(p_keys), 0);
     v_payloads bytea[];
-    v_zstd boolean[];
     v_due timestamptz[];
     v_new_ids uuid[];
     -- The message ids' random bits, drawn once per call (each draw of the server's strong
     -- random source may open /dev/urandom: a tenth of a bundle's cost when drawn per timer);
     -- a timer's id is them with its position XORed into the last bytes, so the ids of one call
-    -- differ from each other, and from other calls' by their random bits.
+    -- differ from each other, and from other calls' by their random bits. Their first eight
+    -- bytes (the call's Unix milliseconds, the version, random bits) are written once, as hex.
     v_random bytea := set_bit(set_bit(uuid_send(gen_random_uuid()), 52, 1), 53, 1);
     v_low bigint := ('x' || encode(substring(v_random FROM 9), 'hex'))::bit(64)::bigint;
+    v_head text := encode(substring(overlay(v_random
+                       PLACING substring(int8send((extract(epoch FROM clock_timestamp())
+                                                   * 1000)::bigint) FROM 3)
+                       FROM 1 FOR 6) FROM 1 FOR 8), 'hex');
     v_inserted boolean;
     v_ords integer[];
     v_status text[];
@@ -135,33 +138,30 @@ BEGIN
                      FROM generate_series(1, n) AS g;
         RETURN;
     END IF;
+    IF coalesce(cardinality(p_queues), 0) <> n OR coalesce(cardinality(p_partitions), 0) <> n
+       OR coalesce(cardinality(p_txns), 0) <> n OR coalesce(cardinality(p_delays), 0) <> n
+       OR coalesce(cardinality(p_sizes), 0) <> n OR coalesce(cardinality(p_payloads), 0) <> n
+       OR coalesce(cardinality(p_zstd), 0) <> n THEN
+        RAISE invalid_parameter_value
+            USING MESSAGE = 'schedule_timer_list: arrays of unequal lengths';
+    END IF;
     -- What timers' foreign key to tenants did per row, once: the tenant must exist, and is not
     -- deleted before this transaction ends (queen.delete_tenants_timers then deletes these).
     PERFORM FROM queen.tenants t WHERE t.tenant_id = p_tenant FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- The JSON parsed once, into arrays in input order (a single function scan, no sort), with
-    -- each timer's due instant and message id: a version 7 UUID, Unix milliseconds, then the
-    -- call's random bits (above).
-    SELECT array_agg(x.q), array_agg(x.k), array_agg(x.p), array_agg(x.t), array_agg(x.b),
-           -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
-           array_agg(CASE WHEN x.z IS NULL THEN convert_to(coalesce(x.j::text, 'null'), 'UTF8')
-                          ELSE decode(x.z, 'base64') END),
-           array_agg(x.z IS NOT NULL),
-           array_agg(now() + make_interval(secs => x.d / 1000.0)),
-           array_agg(encode(overlay(overlay(v_random PLACING int8send(v_low # x.ord) FROM 9)
-                                    PLACING substring(int8send((extract(epoch FROM
-                                        clock_timestamp()) * 1000)::bigint) FROM 3)
-                                    FROM 1 FOR 6), 'hex')::uuid)
-    INTO v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd, v_due,
-         v_new_ids
-    FROM ROWS FROM (json_to_recordset(p_timers)
-                    AS (q text, k text, p text, t text, d bigint, b integer, j json, z text))
-         WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, ord);
+    -- Each timer's stored bytes, due instant and message id, in input order. (The delay as a
+    -- multiple of a millisecond: make_interval(secs => d / 1000.0) went through numeric, and
+    -- numeric to float8 through text, at each timer; the instant is the same.)
+    SELECT array_agg(CASE WHEN u.z THEN decode(u.t, 'base64') ELSE convert_to(u.t, 'UTF8') END),
+           array_agg(now() + u.d * interval '1 millisecond'),
+           array_agg((v_head || lpad(to_hex(v_low # u.o), 16, '0'))::uuid)
+    INTO v_payloads, v_due, v_new_ids
+    FROM unnest(p_payloads, p_zstd, p_delays) WITH ORDINALITY AS u(t, z, d, o);
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
-    PERFORM queen.lock_timer_names(p_tenant, v_queues, v_keys);
+    PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
     -- New names (the usual bundle): one plain INSERT, with no look-up, sort, join or ON
     -- CONFLICT per timer (the set-based statement below cost twice as much per timer:
     -- bench/results/timer_pg_cost.md). First one look for any of the names stored (a key probe
@@ -172,7 +172,7 @@ BEGIN
     -- (unique_violation: nothing of it stays) and leaves every timer to the statements below.
     -- The locks also order concurrent inserts of one name: the rows need no sort.
     SELECT EXISTS (
-        SELECT FROM unnest(v_queues, v_keys) AS u(q, k)
+        SELECT FROM unnest(p_queues, p_keys) AS u(q, k)
         CROSS JOIN LATERAL (
             SELECT FROM queen.timers x
             WHERE x.tenant_id = p_tenant AND x.queue = u.q AND x.timer_key = u.k
@@ -186,8 +186,8 @@ BEGIN
                                       payload, payload_zstd, payload_bytes, deliver_at,
                                       visible_at)
             SELECT p_tenant, u.q, u.k, u.p, u.t, u.m, u.payload, u.zstd, u.b, u.due, u.due
-            FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_new_ids, v_payloads,
-                        v_zstd, v_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
+            FROM unnest(p_queues, p_keys, p_partitions, p_txns, v_new_ids, v_payloads,
+                        p_zstd, p_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
         EXCEPTION WHEN unique_violation THEN
             v_inserted := false;
         END;
@@ -197,23 +197,25 @@ BEGIN
                min(u.due) FILTER (WHERE u.due < now() + make_interval(
                                       secs => p_notify_within_ms / 1000.0))
         INTO v_delta, v_soonest
-        FROM unnest(v_sizes, v_due) AS u(b, due);
-        PERFORM queen.timers_stored(p_tenant, v_queues, v_delta, v_soonest);
+        FROM unnest(p_sizes, v_due) AS u(b, due);
+        PERFORM queen.timers_stored(p_tenant, p_queues, v_delta, v_soonest);
         RETURN QUERY
         SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
-        FROM unnest(v_txns_in, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
+        FROM unnest(p_txns, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
         RETURN;
     END IF;
 
     IF (SELECT count(DISTINCT length(u.q)::text || '/' || u.q || '/' || u.k)
-        FROM unnest(v_queues, v_keys) AS u(q, k)) < n THEN
+        FROM unnest(p_queues, p_keys) AS u(q, k)) < n THEN
         -- The same timer more than once (requests merged by the broker's batcher): one at a
         -- time, in order, as separate calls would.
         FOR i IN 1..n LOOP
             RETURN QUERY
             SELECT i, s.status, s.txn, s.message_id, s.deliver_at
-            FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
-                                       p_notify_within_ms) s;
+            FROM queen.schedule_timer_list(p_tenant, p_queues[i:i], p_keys[i:i],
+                                           p_partitions[i:i], p_txns[i:i], p_delays[i:i],
+                                           p_sizes[i:i], p_payloads[i:i], p_zstd[i:i],
+                                           p_notify_within_ms) s;
         END LOOP;
         RETURN;
     END IF;
@@ -225,7 +227,7 @@ BEGIN
     WITH input AS (
         SELECT x.q AS queue, x.k AS timer_key, x.p AS partition, x.t AS txn,
                x.payload, x.zstd, x.b AS bytes, x.ord::integer AS ord, x.due, x.m AS message_id
-        FROM unnest(v_queues, v_keys, v_partitions, v_txns_in, v_sizes, v_payloads, v_zstd,
+        FROM unnest(p_queues, p_keys, p_partitions, p_txns, p_sizes, v_payloads, p_zstd,
                     v_due, v_new_ids)
              WITH ORDINALITY AS x(q, k, p, t, b, payload, zstd, due, m, ord)
     ), existing AS (
@@ -293,7 +295,7 @@ BEGIN
 
     PERFORM queen.timers_stored(
         p_tenant,
-        ARRAY(SELECT v_queues[a.o] FROM unnest(v_ords, v_status) AS a(o, s)
+        ARRAY(SELECT p_queues[a.o] FROM unnest(v_ords, v_status) AS a(o, s)
               WHERE a.s = 'scheduled'),
         v_delta, v_soonest);
 
@@ -310,10 +312,37 @@ BEGIN
     FOR i IN SELECT g FROM generate_series(1, n) AS g WHERE g <> ALL (v_ords) LOOP
         RETURN QUERY
         SELECT i, s.status, s.txn, s.message_id, s.deliver_at
-        FROM queen.schedule_timers(p_tenant, json_build_array(p_timers -> (i - 1)),
-                                   p_notify_within_ms, p_attempt + 1) s;
+        FROM queen.schedule_timer_list(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
+                                       p_txns[i:i], p_delays[i:i], p_sizes[i:i],
+                                       p_payloads[i:i], p_zstd[i:i], p_notify_within_ms,
+                                       p_attempt + 1) s;
     END LOOP;
 END
+$fn$;
+
+
+-- The same, the timers as one JSON array of objects: {"q": queue, "k": key, "p": partition,
+-- "t": txn, "d": delayMs, "b": JSON size, and "j": the payload's JSON text as it is stored, or
+-- "z": base64 of its zstd bytes} (queen.schedule_timer's retry, and a broker of the previous
+-- release during a rolling upgrade).
+CREATE OR REPLACE FUNCTION queen.schedule_timers(
+    p_tenant integer, p_timers json, p_notify_within_ms bigint, p_attempt integer DEFAULT 1)
+RETURNS TABLE (ord integer, status text, txn text, message_id uuid, deliver_at timestamptz)
+LANGUAGE sql AS $fn$
+    SELECT s.*
+    FROM (SELECT array_agg(x.q ORDER BY x.o) AS q, array_agg(x.k ORDER BY x.o) AS k,
+                 array_agg(x.p ORDER BY x.o) AS p, array_agg(x.t ORDER BY x.o) AS t,
+                 array_agg(x.d ORDER BY x.o) AS d, array_agg(x.b ORDER BY x.o) AS b,
+                 -- (a payload of JSON null comes out of json_to_recordset as SQL NULL)
+                 array_agg(coalesce(x.z, coalesce(x.j::text, 'null')) ORDER BY x.o) AS payload,
+                 array_agg(x.z IS NOT NULL ORDER BY x.o) AS zstd
+          FROM ROWS FROM (json_to_recordset(p_timers)
+                          AS (q text, k text, p text, t text, d bigint, b integer, j json,
+                              z text))
+               WITH ORDINALITY AS x(q, k, p, t, d, b, j, z, o)) a
+    CROSS JOIN LATERAL queen.schedule_timer_list(p_tenant, a.q, a.k, a.p, a.t, a.d, a.b,
+                                                 a.payload, a.zstd, p_notify_within_ms,
+                                                 p_attempt) s
 $fn$;
 
 -- One timer (the usual PUT, a batch of one op, a bundle's lone timer): what schedule_timers

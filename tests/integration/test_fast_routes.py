@@ -5,6 +5,7 @@ and metrics, and whatever the fast path must not decide still reaches Quart."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections import Counter
 from typing import Any
@@ -240,3 +241,84 @@ async def test_with_auth_on_the_token_selects_the_tenant_alike(
         assert [a[2]["status"] for a in fast_answers[1:3]] == ["cancelled", "absent"]
         assert runs[1][1]['queen_auth_refused_total{reason="unauthorized"}'] == 2
         broker.shutdown()
+
+
+def _raw_request(method: str, path: str, options: dict[str, Any], *,
+                 extra: bytes = b"") -> bytes:
+    """A request of REQUESTS as one piece of bytes (the SDK writes its head and body so)."""
+    if "json" in options:
+        body = json.dumps(options["json"]).encode()
+    else:
+        body = options.get("content", b"")
+    sized = b"Content-Length: %d\r\n" % len(body) if method == "POST" else b""
+    return (b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n%sContent-Type: "
+            b"application/json\r\n%s\r\n" % (method.encode(), path.encode(), extra, sized)) + body
+
+
+async def _exchange(stream: trio.SocketStream, request: bytes, answers: int = 1) -> list[Any]:
+    """Send ``request`` in one write; read ``answers`` answers: (status line, headers but the
+    date, normalised JSON), interim ones skipped."""
+    await stream.send_all(request)
+    buffer = b""
+    out: list[Any] = []
+    while len(out) < answers:
+        while b"\r\n\r\n" not in buffer:
+            chunk = await stream.receive_some(65536)
+            assert chunk, "the broker closed the connection"
+            buffer += chunk
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        status, *fields = head.split(b"\r\n")
+        if status.startswith(b"HTTP/1.1 1"):  # an interim answer (100 Continue)
+            continue
+        length = next(int(f.split(b":")[1]) for f in fields
+                      if f.lower().startswith(b"content-length:"))
+        while len(buffer) < length:
+            buffer += await stream.receive_some(65536)
+        body, buffer = buffer[:length], buffer[length:]
+        out.append((status, [f for f in fields if not f.lower().startswith(b"date:")],
+                    _normal(json.loads(body))))
+    return out
+
+
+async def test_a_request_read_whole_is_answered_alike_on_its_connection(
+        broker: BrokerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule or cancel whose head and body arrive in one read is answered on the
+    connection's own task, byte for byte (but the date) as through h11 and ASGI, on one
+    keep-alive connection; what it must not read (pipelined requests, an Expect, a folded
+    header line, HTTP/1.0) still goes through h11 and answers alike."""
+    port = int(broker.url.rsplit(":", 1)[1])
+    odd = [
+        # two requests in one write
+        _raw_request("DELETE", f"{TIMERS}/fq/n1", {}) + _raw_request("DELETE", f"{TIMERS}/fq/n2",
+                                                                     {}),
+        _raw_request("POST", TIMERS, _ops(timer_op("fq", "e", HOUR_MS, {"a": 1}, txn="t-40")),
+                     extra=b"Expect: 100-continue\r\n"),
+        _raw_request("DELETE", f"{TIMERS}/fq/e", {}, extra=b"X-Folded: a\r\n b\r\n"),
+        _raw_request("DELETE", f"{TIMERS}/fq/e", {}, extra=b"Connection: keep-alive, x\r\n"),
+    ]
+    runs = []
+    for inline in (False, True):
+        monkeypatch.setattr(fast, "INLINE", inline)
+        before, inline_before = fast.answered, fast.inline_answered
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        # (every other one says "Connection: keep-alive", as httpx does)
+        answers = [await _exchange(stream, _raw_request(
+            *request, extra=b"Connection: keep-alive\r\n" if i % 2 else b""))
+            for i, request in enumerate(REQUESTS)]
+        inlined = fast.inline_answered - inline_before
+        answers.append(await _exchange(stream, odd[0], answers=2))
+        answers += [await _exchange(stream, request) for request in odd[1:]]
+        assert fast.inline_answered - inline_before == inlined  # none of the odd ones
+        await stream.aclose()
+        old = await trio.open_tcp_stream("127.0.0.1", port)
+        answers.append(await _exchange(old, _raw_request("DELETE", f"{TIMERS}/fq/x", {})
+                                       .replace(b"HTTP/1.1", b"HTTP/1.0")))
+        await old.aclose()
+        assert fast.inline_answered - inline_before == inlined
+        runs.append((answers, inlined, fast.answered - before))
+    assert runs[1][0] == runs[0][0]
+    assert runs[0][1] == 0 and runs[1][1] == len(REQUESTS)
+    assert runs[0][2] == runs[1][2]  # the fast routes' own count: the same either way
+    assert [a[0][0] for a in runs[1][0][:len(REQUESTS)]] == [
+        b"HTTP/1.1 %d " % s for s in (200, 200, 200, 400, 400, 403, 400, 200, 200, 200, 200,
+                                       200, 400, 400)]

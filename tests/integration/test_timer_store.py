@@ -711,3 +711,32 @@ def test_the_message_ids_of_a_bundle_are_distinct_version_7_uuids_of_their_insta
     # Each call draws its own random bits: its ids share no tail with the other call's.
     tails = [{i.bytes[8:14] for i in ids[:300]}, {i.bytes[8:14] for i in ids[300:]}]
     assert not tails[0] & tails[1]
+
+
+@pytest.mark.parametrize("txn", [None, "tab\there", 'quote"and\\backslash'])
+def test_a_bundle_stores_names_and_payloads_array_input_would_read_otherwise(
+        database_url: str, txn: str | None) -> None:
+    """A bundle travels as array texts (store.timer_arrays): names and payloads holding what
+    an array literal treats specially (quotes, backslashes, braces, commas, the word NULL,
+    spaces, JSON escapes, a txn with a control character) are stored as they were given."""
+    names = ['quo"te', "back\\slash", "{brace}", "a,b", "NULL", "null", " spaced ", "é/ü:日本"]
+    payloads: list[Any] = [{"s": 'he said "hi"\n\\'}, "NULL", None, "{}", [",", "}"],
+                           {"u": "\u2028é"}, 1.5, COMPRESSIBLE]
+    schedules = [timer_rules.Schedule(queue="arr q", key=k, delay_ms=60_000, payload=p,
+                                      partition="p{1}", txn=None if txn is None else f"{txn}{i}")
+                 for i, (k, p) in enumerate(zip(names, payloads, strict=True))]
+    with connect(database_url, autocommit=True) as conn, conn.transaction():
+        outcomes = store.schedule_many(conn, default_tenant(conn), schedules,
+                                       notify_within_ms=0)
+    assert [(o.key, o.status) for o in outcomes] == [(k, "scheduled") for k in names]
+    rows = {r["timer_key"]: r for r in sql(
+        database_url, "SELECT timer_key, partition, txn, payload, payload_zstd, payload_bytes "
+                      "FROM queen.timers WHERE queue = 'arr q'")}
+    assert set(rows) == set(names)
+    for s, o in zip(schedules, outcomes, strict=True):
+        row = rows[s.key]
+        assert row["partition"] == "p{1}" and row["txn"] == o.txn
+        assert s.txn is None or row["txn"] == s.txn
+        text = timer_rules.unpack_text(bytes(row["payload"]), row["payload_zstd"])
+        assert text == log_store.to_json(s.payload) and row["payload_bytes"] == len(text.encode())
+    assert rows["{brace}"]["payload_zstd"] is False and rows["é/ü:日本"]["payload_zstd"] is True

@@ -507,3 +507,29 @@ async def test_the_queue_detail_shows_its_pending_timers_and_the_next_due(
     detail = (await http.get(f"{API}/resources/queues/detail-t")).json()
     assert detail["timers"]["pending"] == 2
     assert parse_ts(detail["timers"]["nextDeliverAt"]) == parse_ts(first["deliverAt"])
+
+
+async def test_a_lone_schedule_wakes_its_brokers_sweeper_without_a_notify(
+        settings: Settings, database_url: str) -> None:
+    """With the sweeper asleep for up to 30 s, timers due in 300 ms scheduled alone (a PUT, a
+    one-timer POST) still fire within seconds: the broker tells its own sweeper once the
+    statement has committed, and the commit carries no NOTIFY on queen_timers (which took a
+    database-wide lock at the commit and woke every listener)."""
+    with psycopg.connect(database_url, autocommit=True) as listening:
+        listening.execute("LISTEN queen_timers")
+        async with trio.open_nursery() as nursery:
+            broker: BrokerHandle = await nursery.start(
+                run_broker, replace(settings, sweeper_max_sleep_ms=30_000))
+            async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+                await trio.sleep(0.5)  # the sweeper's first cycle is over: it sleeps 30 s
+                started = time.monotonic()
+                await schedule(http, "lone", "put", 300, {"a": 1})
+                r = await http.post(TIMERS, json={"operations": [
+                    timer_op("lone", "post", 300, {"b": 2})]})
+                assert r.json()["results"][0]["status"] == "scheduled", r.text
+                got = await wait_for_messages(http, "lone", 2, timeout=10)
+                assert sorted(m["data"]["a" if "a" in m["data"] else "b"] for m in got) == [1, 2]
+                assert time.monotonic() - started < 10
+            broker.shutdown()
+        heard = [n.payload for n in listening.notifies(timeout=0.5)]
+    assert heard == []

@@ -411,6 +411,8 @@ def _timer_answer(i: int, **fields: Any) -> dict[str, Any]:
     _answer([]),
     _answer([_timer_answer(0)], extra="ignored"),
     _answer([_timer_answer(0, messageId="not-a-uuid")]),
+    _answer([_timer_answer(0, messageId=MID.upper())]),
+    _answer([_timer_answer(0, deliverAt="2030-01-01")]),
     _answer([_timer_answer(0, status="fired")]),
     _answer([{"type": "kv", "index": 0, "op": "put", "applied": True, "version": 1}]),
     json.dumps({"success": False, "reason": "kv_precondition", "transactionId": "t",
@@ -422,10 +424,14 @@ def _timer_answer(i: int, **fields: Any) -> dict[str, Any]:
 ])
 def test_a_timer_bundles_answer_decoded_in_c_reads_as_from_wire(queen: Recorder,
                                                                 raw: bytes) -> None:
-    """The answer to a bundle of timers alone is decoded by msgspec into the broker's model:
-    the same TransactionResult as the strict path, or it takes that path (which raises what
-    it raised)."""
-    call = queen.transaction().timer("q").key("k").delay(5).schedule().commit()
+    """The answer to a bundle of timers alone is decoded by msgspec straight into its
+    results: the same TransactionResult as the strict path, or it takes that path (which
+    raises what it raised)."""
+    try:
+        count = len(json.loads(raw)["results"])
+    except (ValueError, KeyError, TypeError):
+        count = 1
+    call = _timer_bundle(queen, count)
     assert call.fast is not None
 
     def outcome(read: Any) -> Any:
@@ -456,17 +462,57 @@ def test_a_forked_child_mints_its_own_txns() -> None:
     assert uuid.UUID(child).version == 4
 
 
-def test_a_bundles_timer_results_read_as_each_one_alone() -> None:
-    from queen_trio.client.models import TimerResult
-    from queen_trio.models import timers as wire
+def _timer_bundle(queen: Recorder, count: int) -> Call[Any]:
+    tx = queen.transaction()
+    for i in range(max(count, 1)):
+        tx = tx.timer("q").key(f"k{i}").delay(5).schedule()
+    return tx.commit()
 
-    at = "2030-01-01T00:00:00.123456Z"
-    results = [
-        wire.TimerResult(ok=True, status="scheduled", queue="q", timer_key=f"k{i}", txn=f"t{i}",
-                         message_id=uuid.uuid4(), deliver_at=at if i % 2 else
-                         f"2030-01-01T00:00:0{i}.000001Z", partition="Default")
-        for i in range(6)
-    ] + [wire.TimerResult(ok=False, status="absent", queue="q", timer_key="gone", txn=None),
-         wire.TimerResult(ok=False, status="too_late", queue="q", timer_key="late", txn="t")]
-    assert TimerResult.from_models(results) == tuple(TimerResult.from_model(r) for r in results)
-    assert TimerResult.from_models(results)[0].message_id == str(results[0].message_id)
+
+def test_a_timer_bundles_answer_is_read_in_c_when_it_answers_each_timer(
+        queen: Recorder) -> None:
+    """A committed answer with one result per timer sent is read by the quick path, into what
+    the strict path makes of it; an answer with another count of results takes the strict
+    path (which refuses it, as before)."""
+    results = [_timer_answer(0), _timer_answer(1, ok=False, status="too_late",
+                                               messageId=None, deliverAt=None, partition=None),
+               {"type": "timer", "index": 2, "ok": False, "status": "absent", "queue": "q",
+                "timerKey": "gone", "txn": None}]
+    raw = _answer(results)
+    call = _timer_bundle(queen, 3)
+    assert call.fast is not None
+    quick = call.fast(raw)
+    assert quick is not codec.FALLBACK
+    assert quick == call.parse(strict_json.loads(raw))
+    assert quick.timers[0].message_id == MID
+    assert quick.timers[0].deliver_at == datetime(2030, 1, 1, tzinfo=UTC)
+    assert [t.status for t in quick.timers] == ["scheduled", "too_late", "absent"]
+    assert _timer_bundle(queen, 4).fast(raw) is codec.FALLBACK  # type: ignore[misc]
+
+
+def test_schedule_many_adds_what_the_builder_chain_adds_for_each_timer(queen: Recorder) -> None:
+    """``schedule_many`` puts in the bundle the operations the per-timer chain puts there (in
+    order, beside other entries), each checked alike before anything is sent."""
+    timers: list[tuple[str, int | timedelta | str, Any]] = [
+        ("k0", 5, {"i": 0}), ("k1", "2h", None), ("k2", timedelta(seconds=3), [1, "x"])]
+    tx = queen.transaction().timer("q").key("first").delay(1).schedule()
+    chain = tx
+    for key, delay, payload in timers:
+        chain = chain.timer("q").key(key).delay(delay).payload(payload).partition("p").schedule()
+    many = tx.schedule_many("q", timers, partition="p").timer("q").key("last").cancel()
+    chain = chain.timer("q").key("last").cancel()
+
+    def ops(call: Call[Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in op.items() if k != "txn"} for op in call.body["timers"]]
+
+    assert ops(many.commit()) == ops(chain.commit())
+    txns = [op["txn"] for op in many.commit().body["timers"][1:4]]
+    assert len(set(txns)) == 3 and all(uuid.UUID(t).version == 4 for t in txns)
+    with pytest.raises(ValueError, match="timer key"):
+        tx.schedule_many("q", [("ok", 5, 1), ("", 5, 1)])
+    with pytest.raises(ValueError):
+        tx.schedule_many("q", [("k", "soon", 1)])
+    with pytest.raises(strict_json.JsonRefused):
+        tx.schedule_many("q", [("k", 5, float("nan"))])
+    with pytest.raises(ValueError, match="queue"):
+        tx.schedule_many("", [("k", 5, 1)])
