@@ -13,7 +13,7 @@ from ..errors import ValidationError
 from ..formats import iso, iso_all, message_id
 from ..log import admin as log_admin
 from ..log import longpoll, rules, store
-from ..log.wakeups import ParkLimit
+from ..log.wakeups import ParkLimit, QueueWakeups
 from ..models import log as models
 from ..sealing import PayloadCipher, opened
 from .common import broker as _broker
@@ -354,15 +354,31 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
     rest through the general ack."""
     broker = _broker()
     tenant = current_tenant_id()
-    results = await broker.db.run_autocommit(store.ack_head, tenant, acks,
-                                             sync_commit=sync_commit)
+    results = await broker.db.run_autocommit(_ack_head_noted, broker.wakeups, tenant, acks,
+                                             sync_commit)
     if results is None:
         results = await broker.db.run_transaction(store.ack, tenant, acks)
     broker.metrics.count_acks(tenant, (r.status for r in results if r.applied))
-    for r in results:
-        if r.dead_lettered:
-            broker.metrics.dead_lettered.inc()
+    dead = sum(r.dead_lettered for r in results)
+    if dead:
+        broker.metrics.dead_lettered.inc(dead)
     return results
+
+
+def _ack_head_noted(raw: Any, wakeups: QueueWakeups, tenant: int, acks: list[rules.Ack],
+                    sync_commit: bool) -> list[store.AckResult] | None:
+    """:func:`store.ack_head`, its NOTIFY (sent when it frees the partition) noted as this
+    broker's own (log/wakeups.py): the pop the consumer sends next looks after it, and the
+    NOTIFY is no news to it."""
+    mark = wakeups.expect_own_notify(raw.info.backend_pid)
+    key = None
+    try:
+        results = store.ack_head(raw, tenant, acks, sync_commit=sync_commit)
+        if results and results[0].lease_released and results[0].queue is not None:
+            key = store.wake_key(tenant, results[0].queue)
+        return results
+    finally:
+        wakeups.own_notify_sent(mark, key)
 
 
 @log_routes.post("/ack")

@@ -19,6 +19,7 @@ How it spends requests, since that is what a consumer's latency and the broker's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -30,6 +31,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
+import sniffio
 
 from . import calls
 from .durations import Duration, delay_ms, span_ms
@@ -112,6 +114,16 @@ class InThread:
         return self.function(message)
 
 
+def _clock() -> Callable[[], float]:
+    """The running event loop's clock, as ``anyio.current_time()`` reads it, without looking
+    the backend up at every reading (a batch of one read it six times)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.current_time
+    return asyncio.get_running_loop().time
+
+
 def _positive_s(value: Duration, what: str) -> float:
     ms = delay_ms(value, what)
     if ms <= 0:
@@ -133,7 +145,8 @@ class _Loop:
         self.renew = renew
         self.counts = dict.fromkeys(ConsumeStats.__dataclass_fields__, 0)
         self.stopping = False
-        self.last_activity = anyio.current_time()
+        self.now = _clock()
+        self.last_activity = self.now()
         self.fatal: ApiError | None = None
         self.slot = anyio.Semaphore(1)
 
@@ -179,12 +192,14 @@ class _Loop:
 
 
 class _Handling:
-    """Around one handler call: what the handler settled itself (``ack``, or a committed
-    transaction that acks it) and how it ended. The handler's exception is the message's
-    failure, not the loop's: it is recorded and swallowed."""
+    """Around the handler calls of one batch (the context variable is set once per batch,
+    :meth:`begin` readies it for each message): what the handler settled itself (``ack``, or
+    a committed transaction that acks it) and how it ended. The handler's exception is the
+    message's failure, not the loop's: it is recorded (:meth:`fail`) and swallowed."""
 
-    def __init__(self, queue: str, message: Message) -> None:
-        self.queue, self.message = queue, message
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.message: Message | None = None
         self.settled: set[tuple[str, str]] = set()
         self.status: AckStatus = AckStatus.COMPLETED
         self.error: str | None = None
@@ -193,15 +208,19 @@ class _Handling:
         self.token = calls.settled_here.set(self.settled)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         calls.settled_here.reset(self.token)
-        if not isinstance(exc, Exception):
-            return False  # done, or cancelled: cancellation is the loop's
+
+    def begin(self, message: Message) -> None:
+        self.message = message
+        self.settled.clear()  # what the previous message's handler settled is not this one's
+        self.status, self.error = AckStatus.COMPLETED, None
+
+    def fail(self, exc: Exception) -> None:
+        assert self.message is not None
         self.status, self.error = AckStatus.FAILED, f"{type(exc).__name__}: {exc}"
         log.warning("consume %s: handler failed on %s: %s", self.queue,
                     self.message.transaction_id, self.error, exc_info=exc)
-        return True
 
 
 class _Worker:
@@ -244,7 +263,7 @@ class _Worker:
             wait_s: float | None = loop.poll_s
             if loop.idle_s is not None:
                 wait_s = min(loop.poll_s,
-                             loop.last_activity + loop.idle_s - anyio.current_time())
+                             loop.last_activity + loop.idle_s - loop.now())
                 if wait_s <= 0:
                     loop.stop()
                     return
@@ -283,7 +302,7 @@ class _Worker:
             if loop.stopping:
                 self.give_back(got)
                 return
-            loop.last_activity = anyio.current_time()
+            loop.last_activity = loop.now()
             await self.handle_batch(got)
 
     def give_back(self, got: Batch) -> None:
@@ -294,17 +313,25 @@ class _Worker:
         loop = self.loop
         messages = got.messages
         self.done = 0  # messages whose handler finished (their settlement is owed)
-        self.current, self.began = got, anyio.current_time()
-        self.armed.set()
+        self.current, self.began = got, loop.now()
+        self.arm()
         try:
             if loop.in_thread:
                 await anyio.to_thread.run_sync(self.handle_in_thread, messages)
             else:
-                for message in messages:
-                    failed = await self.handle(message)
-                    self.done += 1
-                    if failed or loop.stopping:
-                        break
+                handler = loop.handler
+                with _Handling(loop.queue) as handling:
+                    for message in messages:
+                        handling.begin(message)
+                        try:
+                            result = handler(message)
+                            if inspect.isawaitable(result):
+                                await result
+                        except Exception as exc:  # the message's failure; cancellation is not
+                            handling.fail(exc)
+                        self.done += 1
+                        if self.record(handling) or loop.stopping:
+                            break
         finally:
             # After a failure (or the stop) the rest goes back untouched, no retry spent: the
             # partition's order holds (a failed message is redelivered before the ones after).
@@ -313,7 +340,11 @@ class _Worker:
                 self.watching.cancel()
             self.owed += [calls.ack_entry(m, AckStatus.RETRY, None)
                           for m in messages[self.done:]]
-            loop.last_activity = anyio.current_time()
+            loop.last_activity = loop.now()
+
+    def arm(self) -> None:
+        """A batch is in hand: tell the watchdog."""
+        self.armed.set()
 
     async def watchdog(self) -> None:
         """While a batch is handled: give the poll slot up after ``SLOT_HOLD_S``, then renew
@@ -333,36 +364,37 @@ class _Worker:
                     await self.renew_lease(got.lease_id)
             self.watching = None
 
-    async def handle(self, message: Message) -> bool:
-        """Run the handler; owe the message's settlement. True if the handler raised."""
-        with _Handling(self.loop.queue, message) as handling:
-            result = self.loop.handler(message)
-            if inspect.isawaitable(result):
-                await result
-        return self.record(handling)
-
     def handle_in_thread(self, messages: Sequence[Message]) -> None:
         """A plain function's batch, in one worker thread: one hop per batch, not per
         message. A cancelled loop stops it before the next message."""
-        for message in messages:
-            anyio.from_thread.check_cancelled()
-            with _Handling(self.loop.queue, message) as handling:
-                self.loop.handler(message)
-            self.done += 1
-            if self.record(handling) or self.loop.stopping:
-                return
+        handler = self.loop.handler
+        with _Handling(self.loop.queue) as handling:
+            for message in messages:
+                anyio.from_thread.check_cancelled()
+                handling.begin(message)
+                try:
+                    handler(message)
+                except Exception as exc:
+                    handling.fail(exc)
+                self.done += 1
+                if self.record(handling) or self.loop.stopping:
+                    return
 
     def record(self, handling: _Handling) -> bool:
         """Owe the broker the handled message's settlement (unless the handler settled it
         itself); True if the handler raised."""
         loop, message = self.loop, handling.message
+        assert message is not None
         failed = handling.status is AckStatus.FAILED
-        if (message.partition_id, message.transaction_id) in handling.settled:
-            loop.count(handled=1, failed=int(failed), settled_by_handler=1)
+        counts = loop.counts
+        counts["handled"] += 1
+        if failed:
+            counts["failed"] += 1
+        if handling.settled and (message.partition_id, message.transaction_id) in handling.settled:
+            counts["settled_by_handler"] += 1
         else:
             self.owed.append(calls.ack_entry(message, handling.status, handling.error))
-            loop.count(handled=1, failed=int(failed))
-        if loop.max_messages is not None and loop.counts["handled"] >= loop.max_messages:
+        if loop.max_messages is not None and counts["handled"] >= loop.max_messages:
             loop.stop()
         return failed
 
@@ -392,10 +424,14 @@ class _Worker:
             client._lease_cache[queue] = known
         return known
 
-    async def renew_lease(self, lease_id: str) -> None:
+    async def renew_lease(self, lease_id: str, *, now: bool = False) -> None:
+        """Every third of the queue's leaseTime (``now``: at once, then so), until cancelled
+        or the lease is lost."""
         lease_s = await self.lease_seconds()  # off the handler's path: cached after the first
         while True:
-            await anyio.sleep(max(lease_s / 3, 0.05))
+            if not now:
+                await anyio.sleep(max(lease_s / 3, 0.05))
+            now = False
             try:
                 await self.loop.client.extend_lease(lease_id, lease_s)
             except (Conflict, NotFound) as exc:
@@ -494,10 +530,10 @@ class _Streaming:
         broker closes it (or it falls silent)."""
         loop = self.loop
         silent_s = loop.poll_s * STREAM_SILENT_POLLS + STREAM_SILENT_MARGIN_S
-        heard = anyio.current_time()
+        heard = loop.now()
         try:
             while True:
-                now = anyio.current_time()
+                now = loop.now()
                 wait_s = heard + silent_s - now
                 if loop.idle_s is not None and not loop.stopping:
                     idle_left = loop.last_activity + loop.idle_s - now
@@ -516,7 +552,7 @@ class _Streaming:
                     continue
                 if got is None:
                     return
-                heard = anyio.current_time()
+                heard = loop.now()
                 self.troubles = 0
                 await self.take(stream, got)
         except BrokerUnreachable as exc:
@@ -530,9 +566,12 @@ class _Streaming:
                 await stream.settle(got.seq, [calls.ack_entry(m, AckStatus.RETRY, None)
                                               for m in batch])
                 return
-            loop.last_activity = anyio.current_time()
+            loop.last_activity = loop.now()
             self.busy += 1  # a worker is free: at most `concurrency` batches are out
-            await self.to_workers.send((stream, got.seq, batch))
+            try:  # (without a trip through the event loop: a worker is waiting for it)
+                self.to_workers.send_nowait((stream, got.seq, batch))
+            except anyio.WouldBlock:
+                await self.to_workers.send((stream, got.seq, batch))
         elif got.ackRefused:  # counted as taken when sent: not those
             refused = [AckResult.from_model(a) for a in got.ackRefused]
             log.warning("consume %s: the broker refused %d settlements: %s (%s)", loop.queue,
@@ -553,6 +592,37 @@ class _StreamWorker(_Worker):
         super().__init__(streaming.loop)
         self.streaming, self.batches = streaming, batches
         self.source: tuple[PopStream, int] | None = None  # the batch in hand: its stream, seq
+        self.dozing = True  # the watchdog waits for a batch (else it is timing one already)
+
+    def arm(self) -> None:
+        if self.dozing:
+            self.armed.set()
+
+    async def watchdog(self) -> None:
+        """Renews the lease of a batch still in hand a third of the queue's leaseTime after it
+        came (no poll slot to give up here). Not woken for every batch: it sleeps from one
+        batch's renewal instant to the next batch's, and waits to be armed only when no batch
+        is in hand; at a steady trickle, a batch is settled long before."""
+        loop = self.loop
+        every: float | None = None
+        while True:
+            got, began = self.current, self.began
+            if got is None or not loop.renew or got.lease_id is None:
+                self.dozing = True
+                await self.armed.wait()
+                self.armed = anyio.Event()
+                self.dozing = False
+                continue
+            if every is None:
+                every = max(await self.lease_seconds() / 3, 0.05)  # then cached
+                continue  # (that batch may be over by now)
+            if loop.now() < began + every:
+                await anyio.sleep_until(began + every)
+                continue  # the same batch, or a later one that is not due yet, or none
+            with anyio.CancelScope() as scope:  # cancelled when the batch is over
+                self.watching = scope
+                await self.renew_lease(got.lease_id, now=True)
+            self.watching = None
 
     async def _pop_and_handle(self) -> None:
         loop = self.loop

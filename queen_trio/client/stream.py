@@ -182,7 +182,17 @@ class PopStream:
             await self._write(BytesMessage(b'{"stop":true}'))
 
     async def _write(self, event: Any) -> None:
-        async with self.lock:
+        lock = self.lock
+        if not lock.locked():
+            # Free (the common case): taken without the trips through the event loop that
+            # ``async with`` makes.
+            lock.acquire_nowait()
+            try:
+                await self._write_locked(event)
+            finally:
+                lock.release()
+            return
+        async with lock:
             await self._write_locked(event)
 
     async def _write_locked(self, event: Any) -> None:

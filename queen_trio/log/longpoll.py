@@ -145,6 +145,7 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
             if waiter.parked:
                 metrics.longpoll_looks.labels(reason).inc()
             if known_empty:
+                waiter.take_lane_knowledge()
                 metrics.longpoll_looks_spared.inc()
             elif waiter.parked and reason in BACKGROUND_REASONS:
                 async with wakeups.rechecks:  # every lane at once: a few at a time

@@ -43,6 +43,7 @@ fire, and the first to :meth:`claim_fire` it waits for the frame inside PostgreS
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import heapq
@@ -111,6 +112,7 @@ class Lane:
     # look found nothing and nothing has reached it since: a pop joining then need not look.
     news: int = 0
     empty_at: int = -1
+    empty_looked_at: float = -math.inf  # when the look that found it empty began (trio clock)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -126,13 +128,21 @@ class Waiter:
     offer: ParkedPop | None = None  # its offer to the sweeper, while it has one
     race_wait_s: float = 0.0
     looked_at_news: int = 0  # the lane's news when this pop's last look began
+    # When what this pop knows was looked up (trio clock): its last look began then, or the
+    # lane's empty look it took for its own. A change committed before it is no news to it.
+    looked_at: float = dataclasses.field(default_factory=trio.current_time)
 
     def begin_look(self) -> Reason:
         """About to look: later wakes set a fresh event. Answers why it was woken."""
         if self.woken.is_set():
             self.woken = trio.Event()
         self.looked_at_news = self.lane.news
+        self.looked_at = trio.current_time()
         return self.reason
+
+    def take_lane_knowledge(self) -> None:
+        """It joins a lane known to be empty without looking: it knows what that look did."""
+        self.looked_at = self.lane.empty_looked_at
 
     @property
     def lane_known_empty(self) -> bool:
@@ -183,6 +193,24 @@ class ParkedPop:
         return None
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class OwnNotify:
+    """A NOTIFY that a statement of this broker, on the pool connection whose backend is
+    ``pid``, may send (an ack that frees a partition): :meth:`QueueWakeups.expect_own_notify`.
+    ``key`` is set once the statement has returned having sent it, ``committed_by`` to the
+    instant it returned (trio clock): the change was committed by then."""
+
+    pid: int
+    key: str | None = None
+    committed_by: float = math.inf
+
+
+# Marks kept per pool connection at most (each is taken by the next NOTIFY of its backend).
+_OWN_NOTIFY_KEPT = 16
+# A NOTIFY arrives within milliseconds of its commit: one expected longer ago is not waited for.
+_OWN_NOTIFY_TTL_S = 2.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WakeupStatistics:
     parked: int
@@ -213,6 +241,7 @@ class QueueWakeups:
         self._sooner = trio.Event()  # set when a timer earlier than every other is added
         self._expected: dict[str, ExpectedFire] = {}
         self._offers: dict[str, list[ParkedPop]] = {}
+        self._own: dict[int, collections.deque[OwnNotify]] = {}  # by backend pid, oldest first
         # Set when the broker begins to shut down: parked long-polls answer "nothing" at once.
         self.stopping = False
 
@@ -267,6 +296,7 @@ class QueueWakeups:
         waiter.race_wait_s = 0.0
         if waiter.looked_at_news == waiter.lane.news:
             waiter.lane.empty_at = waiter.lane.news
+            waiter.lane.empty_looked_at = waiter.looked_at
         safety = now + SAFETY_RECHECK_S * random.uniform(0.5, 1.0)
         if seconds is not None and now + seconds < safety:
             self._set_timer(waiter.lane, now + seconds, "due")
@@ -297,14 +327,19 @@ class QueueWakeups:
         elif waiter.served:
             self._wake_one(lane, "next")
 
-    def _wake_one(self, lane: Lane, reason: Reason) -> None:
+    def _wake_one(self, lane: Lane, reason: Reason, before: float | None = None) -> None:
         """Wake the oldest pop of the lane that is not already woken, preferring one that is
         not waiting for a fire's hand-over (it looks only once that is over); none if all
-        are woken."""
+        are woken. ``before``: the change was committed by then (trio clock); a pop whose
+        look began since has seen it, and the lane's empty look too: it is news to neither."""
+        if before is not None and not (
+                any(w.looked_at < before for w in lane.waiters)
+                or (lane.empty_at == lane.news and lane.empty_looked_at < before)):
+            return
         lane.news += 1
         reserved = None
         for waiter in lane.waiters:
-            if not waiter.woken.is_set():
+            if not waiter.woken.is_set() and (before is None or waiter.looked_at < before):
                 if waiter.offer is None or not waiter.offer.reserved:
                     waiter.wake(reason)
                     return
@@ -312,12 +347,62 @@ class QueueWakeups:
         if reserved is not None:
             reserved.wake(reason)
 
-    def notify(self, key: str, reason: Reason = "notify", partition: str | None = None) -> None:
+    def notify(self, key: str, reason: Reason = "notify", partition: str | None = None,
+               *, pid: int | None = None) -> None:
         """Something changed in the queue: one pop of each of its lanes looks (only those
-        whose partition filter admits ``partition``, when given)."""
+        whose partition filter admits ``partition``, when given). ``pid``: the backend that
+        sent the NOTIFY; one this broker expected (:meth:`expect_own_notify`) wakes only the
+        pops that looked before its change was committed."""
+        before = None if pid is None or not self._own else self._own_notify(pid, key)
         for lane in self._lanes.get(key, {}).values():
             if partition is None or lane.partition in (None, partition):
-                self._wake_one(lane, reason)
+                self._wake_one(lane, reason, before)
+
+    # -- NOTIFYs of this broker's own statements ----------------------------------------
+    #
+    # An ack that frees a partition NOTIFYs its queue, for the pops of every broker. The pop
+    # its consumer sends next (the stream's, or a settle-and-pop's) looks after the ack has
+    # returned: the NOTIFY, arriving while or after it looks, is old news to it, and used to
+    # cost it a look and a next_look (two statements per message at a steady trickle).
+    # NOTIFYs of one backend arrive in the order of its commits: the first one from the
+    # ack's backend after the mark was set was committed by the time the ack returned.
+
+    def expect_own_notify(self, pid: int) -> OwnNotify:
+        """Before a statement that may NOTIFY runs on the connection of backend ``pid``."""
+        marks = self._own.setdefault(pid, collections.deque())
+        if len(marks) >= _OWN_NOTIFY_KEPT:
+            marks.popleft()  # (never seen: its NOTIFY is then news, which is safe)
+        mark = OwnNotify(pid)
+        marks.append(mark)
+        return mark
+
+    def own_notify_sent(self, mark: OwnNotify, key: str | None) -> None:
+        """The statement has returned (committed), having NOTIFYed ``key`` (None: nothing,
+        or not known: the mark is dropped, and what comes from that backend is news)."""
+        if key is not None:
+            mark.key, mark.committed_by = key, trio.current_time()
+            return
+        marks = self._own.get(mark.pid)
+        if marks is not None and mark in marks:
+            marks.remove(mark)
+            if not marks:
+                del self._own[mark.pid]
+
+    def _own_notify(self, pid: int, key: str) -> float | None:
+        """The NOTIFY of ``key`` by backend ``pid`` has arrived: the instant its change had
+        committed by, if this broker knows it (else None: news to every pop)."""
+        marks = self._own.get(pid)
+        if not marks:
+            return None
+        mark = marks.popleft()
+        if not marks:
+            del self._own[pid]
+        # A mark still pending (the statement has not returned) or for another queue: an
+        # older NOTIFY of that backend took it, news to all. So is one long overdue (its
+        # backend gone, say, and its pid another's since).
+        if mark.key != key or trio.current_time() - mark.committed_by > _OWN_NOTIFY_TTL_S:
+            return None
+        return mark.committed_by
 
     def notify_all(self, reason: Reason) -> None:
         for key in list(self._lanes):
@@ -436,8 +521,9 @@ class QueueWakeups:
                     task_status.started()
                     async for item in notifications:
                         if item is MISSED:
+                            self._own.clear()  # their NOTIFYs may be among those lost
                             self.notify_all("missed")  # anything may have changed meanwhile
                         else:
-                            self.notify(item.payload)
+                            self.notify(item.payload, pid=item.pid)
         finally:
             self._alive = False

@@ -209,3 +209,45 @@ async def test_a_broker_shutting_down_ends_its_streams_at_once(settings: Setting
         outer.cancel_scope.cancel()
     await client.aclose()
     assert got == ["first"]
+
+
+def _looks(broker: BrokerHandle, reason: str) -> float:
+    """Looks of waiting pops at the database, by what woke them (the broker's own counter)."""
+    return sum(s.value for metric in broker.context.metrics.registry.collect()
+               for s in metric.samples
+               if s.name == "queen_longpoll_looks_total" and s.labels["reason"] == reason)
+
+
+async def test_a_trickle_costs_one_look_per_message_not_one_more_for_the_acks_notify(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # Each message pushed wakes the stream's parked pop once. The consumer's settlement frees
+    # the partition, and that ack NOTIFYs the queue; the stream's next pop looks after the ack
+    # has returned, so that NOTIFY is no news to it, and wakes it no more (it used to: a look
+    # and a next_look at the database per message, for nothing).
+    await queen.configure("trickle")
+    n = 30
+    handled: list[int] = []
+    arrived = trio.Event()
+
+    def handler(message: Message) -> None:
+        handled.append(message.data["i"])
+        arrived.set()
+
+    async def feed() -> None:
+        nonlocal arrived
+        for i in range(n):
+            arrived = trio.Event()
+            await queen.push("trickle", {"i": i})
+            with trio.fail_after(10):
+                await arrived.wait()
+            await trio.sleep(0.1)  # the pop parks again; the ack's NOTIFY comes meanwhile
+
+    before = _looks(broker, "notify")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        stats = await queen.consume("trickle", handler, max_messages=n)
+    assert handled == list(range(n)) and stats.completed == n
+    # (Without the fix, about a third of those NOTIFYs came after the next pop had looked:
+    # 43-45 looks.)
+    assert _looks(broker, "notify") - before <= n + n // 6

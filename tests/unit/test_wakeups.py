@@ -220,3 +220,56 @@ async def test_a_reserved_pop_is_woken_to_wait_for_its_batch_and_one_for_a_gone_
     assert not gone.handed.is_set()
     # A withdrawn pop is never reserved again.
     assert w.announce_fire("1:q", "p1", 5.0, 10.0) is None
+
+
+async def test_the_notify_of_this_brokers_own_ack_is_news_only_to_pops_that_looked_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    w = QueueWakeups()
+    with w.waiting("1:q", 1, req()) as early:
+        early.begin_look()
+        w.look_again_in(early, None)  # it found nothing, before the ack below committed
+        mark = w.expect_own_notify(77)  # the ack runs on backend 77 ...
+        await trio.sleep(0.01)
+        w.own_notify_sent(mark, "1:q")  # ... and has returned: it freed a partition of q
+        await trio.sleep(0.01)
+        with w.waiting("1:q", 1, req()) as late:
+            late.begin_look()  # the consumer's next pop: it looks after the ack
+            w.notify("1:q", pid=77)
+            assert woken(early, late) == [True, False]  # the NOTIFY was old news to ``late``
+            early.begin_look()
+            w.look_again_in(early, None)
+            w.look_again_in(late, None)
+            # A later NOTIFY of that backend, or of another one, is news to both.
+            w.notify("1:q", pid=77)
+            assert woken(early, late) == [True, False]
+            w.notify("1:q", pid=78)
+            assert woken(early, late) == [True, True]
+
+    w = QueueWakeups()
+    with w.waiting("1:q", 1, req()) as alone:
+        mark = w.expect_own_notify(77)
+        await trio.sleep(0.01)
+        w.own_notify_sent(mark, "1:q")
+        await trio.sleep(0.01)
+        alone.begin_look()
+        w.look_again_in(alone, None)
+        w.notify("1:q", pid=77)
+        assert woken(alone) == [False]
+        with w.waiting("1:q", 1, req()) as joiner:
+            assert joiner.lane_known_empty  # its empty look saw the ack: still known empty
+
+    # Arrived while the ack had not returned yet (it could be an older NOTIFY of that
+    # backend's previous transaction), or naming another queue, or after an ack that
+    # notified nothing, or long after its ack: news to every pop.
+    for sent in ("pending", "1:other", None, "overdue"):
+        w = QueueWakeups()
+        with w.waiting("1:q", 1, req()) as pop:
+            mark = w.expect_own_notify(77)
+            if sent != "pending":
+                w.own_notify_sent(mark, "1:q" if sent == "overdue" else sent)
+            await trio.sleep(3.0 if sent == "overdue" else 0.01)
+            pop.begin_look()
+            w.look_again_in(pop, None)
+            w.notify("1:q", pid=77)
+            assert woken(pop) == [True], sent
