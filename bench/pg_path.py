@@ -1,0 +1,116 @@
+"""Which statements PostgreSQL runs per timer on the fire -> pop -> ack path, and what they cost.
+
+Runs ``bench.peer_graphile``'s ``steady`` or ``burst`` scenario for ``ours`` (one broker, one
+SDK ``consume()``) on a temporary server of an installed PostgreSQL with pg_stat_statements
+(``track = all``: the statements inside the plpgsql functions are counted too), and between
+the scenario's two CPU snapshots (the measured window) takes the difference of
+pg_stat_statements and of pg_stat_database's commits. Prints the scenario's figures, then
+transactions per timer and the statements by time per timer, planning included (a function's
+row includes the statements it runs: "top" marks the statements the clients sent; plans per
+call below 1: a cached generic plan).
+
+    PYTHONPATH=$PWD python -m bench.pg_path --scenario steady
+    PYTHONPATH=$PWD python -m bench.pg_path --scenario burst --burst 20000 --top 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import peer_graphile
+from bench.harness.cpu import TreeCpu
+from bench.harness.pg import installed_server
+from bench.harness.report import Failures
+
+_STATEMENTS = """
+SELECT queryid, toplevel, dbid, calls, total_exec_time, plans, total_plan_time, query
+FROM pg_stat_statements
+"""
+_COMMITS = "SELECT sum(xact_commit)::bigint, sum(xact_rollback)::bigint FROM pg_stat_database"
+
+
+@dataclasses.dataclass
+class Snapshot:
+    # (queryid, toplevel, dbid) -> (calls, exec ms, plans, plan ms, text)
+    statements: dict[tuple[Any, ...], tuple[int, float, int, float, str]]
+    commits: int
+    rollbacks: int
+
+
+def take(admin_url: str) -> Snapshot:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(_STATEMENTS).fetchall()
+        commits, rollbacks = conn.execute(_COMMITS).fetchone()  # type: ignore[misc]
+    return Snapshot({(q, top, db): (calls, ms, plans, plan_ms, text)
+                     for q, top, db, calls, ms, plans, plan_ms, text in rows}, commits, rollbacks)
+
+
+def report(before: Snapshot, after: Snapshot, timers: int, top: int) -> list[str]:
+    lines = [f"transactions per timer: {(after.commits - before.commits) / timers:.2f} "
+             f"committed, {(after.rollbacks - before.rollbacks) / timers:.3f} rolled back"]
+    diffs = []
+    for key, (calls, ms, plans, plan_ms, text) in after.statements.items():
+        c0, ms0, p0, pms0, _ = before.statements.get(key, (0, 0.0, 0, 0.0, ""))
+        if calls > c0:
+            diffs.append((ms - ms0 + plan_ms - pms0, calls - c0, plans - p0, plan_ms - pms0,
+                          key[1], text))
+    diffs.sort(reverse=True)
+    lines.append(f"{'us/timer':>9} {'calls/timer':>11} {'us/call':>8} {'plans/call':>10} "
+                 f"{'plan us/call':>12} top statement")
+    for ms, calls, plans, plan_ms, toplevel, text in diffs[:top]:
+        short = " ".join(text.split())[:160]
+        lines.append(f"{ms * 1000 / timers:9.1f} {calls / timers:11.3f} "
+                     f"{ms * 1000 / calls:8.1f} {plans / calls:10.2f} "
+                     f"{plan_ms * 1000 / calls:12.1f} {'top' if toplevel else '   '} {short}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pg_path",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--scenario", choices=("steady", "burst"), default="steady")
+    parser.add_argument("--pg-bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    parser.add_argument("--steady-rate", type=int, default=500)
+    parser.add_argument("--steady-seconds", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=50_000)
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args(argv)
+    sizes = dataclasses.replace(peer_graphile.SIZES["moderate"], rounds=1,
+                                steady_rate=args.steady_rate,
+                                steady_seconds=args.steady_seconds, burst_timers=args.burst)
+    settings = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all",
+                "pg_stat_statements.max=10000", "pg_stat_statements.track_planning=on")
+    with installed_server(args.pg_bin, settings) as server:
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+        snapshots: list[Snapshot] = []
+
+        class Profiled(TreeCpu):
+            def snapshot(self) -> dict[str, float]:
+                snapshots.append(take(server.admin_url))
+                return super().snapshot()
+
+        peer_graphile.TreeCpu = Profiled  # type: ignore[misc]
+        failures = Failures()
+        result = peer_graphile.run_unit(server, args.scenario, "ours", sizes, failures)
+    print(peer_graphile.unit_line(args.scenario, "ours", result))
+    print(json.dumps({k: result.get(k) for k in ("cpu_ms_per_timer", "cpu_cores")}))
+    if len(snapshots) < 2:
+        print("no measured window", file=sys.stderr)
+        return 1
+    timers = (args.steady_rate * args.steady_seconds if args.scenario == "steady"
+              else args.burst)
+    print("\n".join(report(snapshots[-2], snapshots[-1], timers, args.top)))
+    failures.print_details(examples=5, width=300)
+    return 0 if failures.total() == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
