@@ -11,6 +11,7 @@ call below 1: a cached generic plan).
 
     PYTHONPATH=$PWD python -m bench.pg_path --scenario steady
     PYTHONPATH=$PWD python -m bench.pg_path --scenario burst --burst 20000 --top 40
+    PYTHONPATH=$PWD python -m bench.pg_path --perf /tmp/pg.perf   # + perf record of the backends
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from typing import Any
 import psycopg
 
 from bench import peer_graphile
-from bench.harness.cpu import TreeCpu
+from bench.harness.cpu import TreeCpu, children_of, proc_stats
 from bench.harness.pg import installed_server
 from bench.harness.report import Failures
 
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-seconds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=50_000)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--perf", type=Path, default=None,
+                        help="perf record the server's processes over the window into this file")
     args = parser.parse_args(argv)
     sizes = dataclasses.replace(peer_graphile.SIZES["moderate"], rounds=1,
                                 steady_rate=args.steady_rate,
@@ -91,10 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(server.admin_url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
         snapshots: list[Snapshot] = []
+        perf: list[subprocess.Popen[bytes]] = []
 
         class Profiled(TreeCpu):
             def snapshot(self) -> dict[str, float]:
                 snapshots.append(take(server.admin_url))
+                if args.perf is not None and server.postmaster_pid is not None:
+                    if not perf:
+                        pids = children_of(proc_stats()).get(server.postmaster_pid, [])
+                        perf.append(subprocess.Popen(
+                            ["perf", "record", "-q", "-F", "1999", "-o", str(args.perf), "-p",
+                             ",".join(map(str, [server.postmaster_pid, *pids]))]))
+                    elif perf[0].poll() is None:
+                        perf[0].send_signal(signal.SIGINT)
+                        perf[0].wait()
                 return super().snapshot()
 
         peer_graphile.TreeCpu = Profiled  # type: ignore[misc]
