@@ -37,6 +37,9 @@ SELECT queryid, toplevel, dbid, calls, total_exec_time, plans, total_plan_time, 
 FROM pg_stat_statements
 """
 _COMMITS = "SELECT sum(xact_commit)::bigint, sum(xact_rollback)::bigint FROM pg_stat_database"
+_BACKENDS = """
+SELECT pid, coalesce(nullif(application_name, ''), backend_type) AS who FROM pg_stat_activity
+"""
 
 
 @dataclasses.dataclass
@@ -45,19 +48,31 @@ class Snapshot:
     statements: dict[tuple[Any, ...], tuple[int, float, int, float, str]]
     commits: int
     rollbacks: int
+    backends: dict[int, tuple[str, float]]  # pid -> (application or process, CPU seconds)
 
 
 def take(admin_url: str) -> Snapshot:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         rows = conn.execute(_STATEMENTS).fetchall()
         commits, rollbacks = conn.execute(_COMMITS).fetchone()  # type: ignore[misc]
+        who: dict[int, str] = dict(conn.execute(_BACKENDS).fetchall())
+    stats = proc_stats()
     return Snapshot({(q, top, db): (calls, ms, plans, plan_ms, text)
-                     for q, top, db, calls, ms, plans, plan_ms, text in rows}, commits, rollbacks)
+                     for q, top, db, calls, ms, plans, plan_ms, text in rows}, commits, rollbacks,
+                    {pid: (name, stats[pid][1] / TreeCpu.TICK)
+                     for pid, name in who.items() if pid in stats})
 
 
 def report(before: Snapshot, after: Snapshot, timers: int, top: int) -> list[str]:
     lines = [f"transactions per timer: {(after.commits - before.commits) / timers:.2f} "
              f"committed, {(after.rollbacks - before.rollbacks) / timers:.3f} rolled back"]
+    by_who: dict[str, float] = {}
+    for pid, (name, cpu) in after.backends.items():
+        if pid in before.backends:
+            by_who[name] = by_who.get(name, 0.0) + cpu - before.backends[pid][1]
+    lines.append("server processes' CPU per timer (us), those alive over the whole window: " +
+                 ", ".join(f"{name} {s * 1e6 / timers:.0f}"
+                           for name, s in sorted(by_who.items(), key=lambda kv: -kv[1])))
     diffs = []
     for key, (calls, ms, plans, plan_ms, text) in after.statements.items():
         c0, ms0, p0, pms0, _ = before.statements.get(key, (0, 0.0, 0, 0.0, ""))
