@@ -21,7 +21,7 @@ the commit follows the instant rather than the work. A sweep that ran a hair ear
 nothing and cost a whole MIN_SLEEP. Only a cycle for a timer's own instant is kept that way: a
 cycle held back to MIN_SLEEP (every cycle under steady load) or at MAX_SLEEP has no instant to
 keep (what it fires has been due for a while, and the cycles' spacing, not their phase, sets
-the lag), so it is sent at its start and works at once. Keeping the instant costs the backend
+the lag), so its sweep works as soon as it is sent. Keeping the instant costs the backend
 about a millisecond of CPU per cycle, the last of it a spin on the clock (pg_sleep wakes to the
 millisecond): at 100 cycles a second, a third of PostgreSQL's CPU at a steady 500 timers/s.
 
@@ -134,13 +134,8 @@ def next_plan(
         return Plan(due_at, due_db, "deadline", announcing and due_at > last_start + min_sleep,
                     upcoming if announcing and upcoming is not None
                     and upcoming.due == due_db else None)
-    return Plan(now + max_sleep, None, "max_sleep", announcing)
-
-
-def _send_lead(plan: Plan) -> float:
-    """How long before its start a cycle's sweep is sent: ahead, for a timer's instant (the
-    backend waits for it); else at the start."""
-    return _EARLY_SEND_S if plan.due_db is not None else 0.0
+    # (From the cycle's start, not its return: sent ahead, it returns before its start.)
+    return Plan(max(now, last_start) + max_sleep, None, "max_sleep", announcing)
 
 
 def next_batch(batch: int, taken: int, base: int, backlog: int) -> int:
@@ -256,7 +251,7 @@ class Sweeper:
         while True:
             plan = floored(plan, last_start, self._min_sleep)
             start_at = plan.start_at
-            await trio.sleep_until(start_at - _send_lead(plan))
+            await trio.sleep_until(start_at - _EARLY_SEND_S)
             if self._switches is not None and not self._switches.timers_fire:
                 # Paused by an operator: due timers stay pending (nothing is lost), and the
                 # sweeper waits for the resume rather than wake for them. Then it sweeps at once.
@@ -340,19 +335,17 @@ class Sweeper:
 
     async def _sleep_or_wake(
         self, notifications: trio.MemoryReceiveChannel, plan: Plan,
-        *, lead_s: float | None = None,
+        *, lead_s: float = _EARLY_SEND_S,
     ) -> Plan:
-        """Sleep until ``lead_s`` (default: as the cycle is sent, :func:`_send_lead`) before
-        ``plan.start_at``, brought forward by NOTIFYs of sooner timers.
+        """Sleep until ``lead_s`` before ``plan.start_at``, brought forward by NOTIFYs of
+        sooner timers.
 
         Returns ``plan`` if it stood, else the plan for the soonest timer notified (reason
         "notify"), or for an immediate cycle if notifications were missed.
         """
         deadline, due_db, notified = plan.start_at, plan.due_db, False
         while True:
-            lead = lead_s if lead_s is not None else (
-                _EARLY_SEND_S if due_db is not None else 0.0)
-            with trio.move_on_at(deadline - lead) as sleep:
+            with trio.move_on_at(deadline - lead_s) as sleep:
                 item = await notifications.receive()
             if sleep.cancelled_caught:
                 return Plan(deadline, due_db, "notify", plan.look_ahead) if notified else plan

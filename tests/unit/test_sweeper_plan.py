@@ -197,12 +197,12 @@ async def test_back_to_back_cycles_are_min_sleep_apart(
 ) -> None:
     t0 = trio.current_time()
     # Each sweep reports a timer already due: the next cycle waits for the floor. It is the
-    # floor's cycle, not a timer's: sent at its start, and the backend works at once (no wait,
-    # no spin on the clock, for an instant nothing is due at).
+    # floor's cycle, not a timer's: the backend works as soon as it is sent (no wait, no spin
+    # on the clock, for an instant nothing is due at).
     h = Harness(monkeypatch, [_result(EPOCH + t0), _result(EPOCH + t0 + 0.001)])
     first, second, third = await h.run()
-    assert second.sent == pytest.approx(t0 + MIN_SLEEP, abs=1e-9)
-    assert third.sent == pytest.approx(t0 + 2 * MIN_SLEEP, abs=1e-9)
+    assert second.sent == pytest.approx(t0 + MIN_SLEEP - EARLY, abs=1e-9)
+    assert third.sent == pytest.approx(t0 + 2 * MIN_SLEEP - EARLY, abs=1e-9)
     for cycle in (second, third):
         assert not cycle.for_timer
         assert cycle.not_before is None
@@ -217,7 +217,7 @@ async def test_a_full_batch_is_followed_by_a_sweep_at_once(
     cycles = await h.run()
     assert [c.sent for c in cycles[:3]] == [t0, t0, t0]
     assert [(c.not_before, c.for_timer) for c in cycles[:3]] == [(None, False)] * 3
-    assert cycles[3].sent == pytest.approx(t0 + MAX_SLEEP, abs=1e-9)
+    assert cycles[3].sent == pytest.approx(t0 + MAX_SLEEP - EARLY, abs=1e-9)
 
 
 async def test_without_timers_the_sweeper_sleeps_max_sleep(
@@ -226,8 +226,8 @@ async def test_without_timers_the_sweeper_sleeps_max_sleep(
     t0 = trio.current_time()
     h = Harness(monkeypatch, [_result(None), _result(None)])
     _, second, third = await h.run()
-    assert second.sent == pytest.approx(t0 + MAX_SLEEP, abs=1e-9)
-    assert third.sent == pytest.approx(t0 + 2 * MAX_SLEEP, abs=1e-9)
+    assert second.sent == pytest.approx(t0 + MAX_SLEEP - EARLY, abs=1e-9)
+    assert third.sent == pytest.approx(t0 + 2 * MAX_SLEEP - EARLY, abs=1e-9)
     assert not second.for_timer and second.not_before is None
     assert h.wakeups("max_sleep") == 2
 
@@ -306,9 +306,11 @@ async def test_a_failed_cycle_is_retried_after_a_short_backoff_not_max_sleep(
     h = Harness(monkeypatch, [down, down, down, _result(None), _result(None)])
     cycles = await h.run()
     gaps = [b.sent - a.sent for a, b in zip(cycles, cycles[1:], strict=False)]
-    # 50 ms, then 100 ms, then 200 ms after each failure; once a cycle succeeds, the plan is
-    # the usual one again (MAX_SLEEP without timers).
-    assert gaps == pytest.approx([0.05, 0.1, 0.2, MAX_SLEEP, MAX_SLEEP], abs=1e-6)
+    # 50 ms, then 100 ms, then 200 ms after each failure (each sweep is sent EARLY before its
+    # start, and fails at once); once a cycle succeeds, the plan is the usual one again
+    # (MAX_SLEEP without timers).
+    assert gaps == pytest.approx([0.05 - EARLY, 0.1 - EARLY, 0.2 - EARLY, MAX_SLEEP, MAX_SLEEP],
+                                 abs=1e-6)
     assert h.metrics.timer_failures.labels("transient")._value.get() == 3
 
 
@@ -375,12 +377,12 @@ async def test_under_steady_load_the_floors_cycle_announces_the_timer_it_fires(
     _, second, third = await h.run()
     assert h.look_ups == []
     for cycle, start in ((second, t0 + MIN_SLEEP), (third, t0 + 2 * MIN_SLEEP)):
-        assert cycle.sent == pytest.approx(start, abs=1e-9)
+        assert cycle.sent == pytest.approx(start - EARLY, abs=1e-9)
         assert not cycle.for_timer and cycle.not_before is None
         assert cycle.announced is not None
         assert (cycle.announced.queue, cycle.announced.partition) == ("q", "Default")
         # (a pop waiting for it in PostgreSQL queues behind the sweep's fire lock)
         assert cycle.announced.due == pytest.approx(
-            EPOCH + start + sweeper_module._FLOOR_ANNOUNCE_S, abs=1e-6)
-    assert [at for _, at, _ in h.announcements] == pytest.approx(
-        [t0 + MIN_SLEEP, t0 + 2 * MIN_SLEEP], abs=1e-9)
+            EPOCH + start - EARLY + sweeper_module._FLOOR_ANNOUNCE_S, abs=1e-6)
+    assert [told_at for _, _, told_at in h.announcements] == pytest.approx(
+        [t0 + MIN_SLEEP - EARLY, t0 + 2 * MIN_SLEEP - EARLY], abs=1e-9)
