@@ -113,6 +113,8 @@ DECLARE
     v_floor timestamptz := queen.sweep_floor();
     v_clock timestamptz := clock_timestamp();  -- read before anything below
     v_writers timestamptz;
+    v_holders bigint[];  -- the transaction ids backends hold, as that read saw them
+    v_unstarted bigint[];  -- those of this database's backends it saw no start for
     v_next timestamptz;
 BEGIN
     -- Every transaction of this database holding a transaction id now, read BEFORE the
@@ -120,11 +122,17 @@ BEGIN
     -- its first use: this one). A writer that takes its id after this read reads its clock
     -- later still (the trigger below), so its rows are not below v_clock. The snapshot's own
     -- list of transactions in progress is not enough: an id at or above its xmax (nothing newer
-    -- has finished yet, as for a lone writer) is running but not listed.
-    SELECT min(a.xact_start) INTO v_writers
+    -- has finished yet, as for a lone writer) is running but not listed. (What the next
+    -- statement checks that list against is kept from this one read: the table, built once
+    -- per call and per backend, is most of the cost.)
+    SELECT min(a.xact_start) FILTER (WHERE a.datid = d.oid),
+           coalesce(array_agg(a.backend_xid::text::bigint), '{}'),
+           coalesce(array_agg(a.backend_xid::text::bigint)
+                        FILTER (WHERE a.xact_start IS NULL AND a.datid = d.oid), '{}')
+    INTO v_writers, v_holders, v_unstarted
     FROM pg_stat_get_activity(NULL) a
-    WHERE a.backend_xid IS NOT NULL
-      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database());
+    CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
+    WHERE a.backend_xid IS NOT NULL;
     SELECT least(
         v_clock,
         v_writers,
@@ -132,12 +140,10 @@ BEGIN
         -- A transaction listed in progress by this snapshot that the read above did not see
         -- holding an id (it took one since, or the read is older than this transaction's
         -- start): its start is unknown here, so the floor stays.
-        (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
+        (SELECT CASE WHEN bool_or(NOT x.xid = ANY (v_holders) OR x.xid = ANY (v_unstarted))
                      THEN v_floor END
-         FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
-         CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
-         LEFT JOIN pg_stat_get_activity(NULL) a
-                ON a.backend_xid::text::bigint = x.xid::text::bigint % 4294967296))
+         FROM (SELECT s.xid::text::bigint % 4294967296 AS xid
+               FROM pg_snapshot_xip(pg_current_snapshot()) AS s(xid)) AS x))
     INTO v_next;
     IF v_next <> v_floor THEN
         PERFORM setval('queen.timer_sweep_floor',
