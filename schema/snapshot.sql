@@ -7,6 +7,7 @@ CREATE SCHEMA queen;
 CREATE FUNCTION queen.ack_head(p_tenant integer, p_partition uuid, p_group text, p_lease uuid, p_txns text[]) RETURNS TABLE(outcome text, queue text, partition text, committed_before bigint, acked_ahead_before bigint[], leased_to bigint, transaction_id text, "offset" bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -553,6 +554,7 @@ $$;
 CREATE FUNCTION queen.next_look(p_tenant integer, p_queue text, p_group text, p_partition text) RETURNS double precision
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     RETURN (
@@ -579,6 +581,7 @@ $$;
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1293,6 +1296,7 @@ $$;
 CREATE FUNCTION queen.sweep_due(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE

@@ -113,7 +113,8 @@ CREATE OR REPLACE FUNCTION queen.next_look(
     p_tenant integer, p_queue text, p_group text, p_partition text)
 RETURNS float8
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan  -- (planned once per connection, as queen.pop_head)
+SET plan_cache_mode = force_generic_plan  -- (planned once per connection, by index, as
+SET enable_seqscan = off                   -- queen.pop_head)
 AS $fn$
 BEGIN
     RETURN (
@@ -157,8 +158,11 @@ RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
 LANGUAGE plpgsql
 -- Planned once per connection: the frames' read was planned afresh at most pops, a custom
 -- plan each time (180 µs of a one-message pop at a steady 500/s, bench.pg_path). Unlike sorts
--- off (see queen.ack_head), this changes no plan's shape.
+-- off (see queen.ack_head), this changes no plan's shape; sequential scans off so that no plan
+-- made while a table was nearly empty reads all of it once it has grown (as
+-- queen.schedule_timers: every statement here has its index).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -304,8 +308,9 @@ RETURNS TABLE (outcome text, queue text, partition text, committed_before bigint
                "offset" bigint)
 LANGUAGE plpgsql
 -- Planned once per connection: the frames' look-up was planned afresh at most acks (90 µs of
--- a one-message ack at a steady 500/s, bench.pg_path); this changes no plan's shape.
+-- a one-message ack at a steady 500/s, bench.pg_path), by index (see queen.pop_head).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE

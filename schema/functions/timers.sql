@@ -903,7 +903,10 @@ LANGUAGE plpgsql
 -- Planned once per connection (its statements' parameters are ctids, arrays and instants whose
 -- values never change a good plan): the fire's DELETE was planned afresh at every sweep, a
 -- custom plan each time (170 µs of a 7-timer sweep's 1.1 ms at a steady 500/s, bench.pg_path).
+-- Sequential scans off: no plan made while a table was nearly empty reads all of it once it has
+-- grown (as queen.schedule_timers).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
