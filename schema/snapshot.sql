@@ -6,6 +6,8 @@ CREATE SCHEMA queen;
 
 CREATE FUNCTION queen.ack_head(p_tenant integer, p_partition uuid, p_group text, p_lease uuid, p_txns text[]) RETURNS TABLE(outcome text, queue text, partition text, committed_before bigint, acked_ahead_before bigint[], leased_to bigint, transaction_id text, "offset" bigint)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -112,6 +114,8 @@ DECLARE
     v_floor timestamptz := queen.sweep_floor();
     v_clock timestamptz := clock_timestamp();  -- read before anything below
     v_writers timestamptz;
+    v_holders bigint[];  -- the transaction ids backends hold, as that read saw them
+    v_unstarted bigint[];  -- those of this database's backends it saw no start for
     v_next timestamptz;
 BEGIN
     -- Every transaction of this database holding a transaction id now, read BEFORE the
@@ -119,11 +123,17 @@ BEGIN
     -- its first use: this one). A writer that takes its id after this read reads its clock
     -- later still (the trigger below), so its rows are not below v_clock. The snapshot's own
     -- list of transactions in progress is not enough: an id at or above its xmax (nothing newer
-    -- has finished yet, as for a lone writer) is running but not listed.
-    SELECT min(a.xact_start) INTO v_writers
+    -- has finished yet, as for a lone writer) is running but not listed. (What the next
+    -- statement checks that list against is kept from this one read: the table, built once
+    -- per call and per backend, is most of the cost.)
+    SELECT min(a.xact_start) FILTER (WHERE a.datid = d.oid),
+           coalesce(array_agg(a.backend_xid::text::bigint), '{}'),
+           coalesce(array_agg(a.backend_xid::text::bigint)
+                        FILTER (WHERE a.xact_start IS NULL AND a.datid = d.oid), '{}')
+    INTO v_writers, v_holders, v_unstarted
     FROM pg_stat_get_activity(NULL) a
-    WHERE a.backend_xid IS NOT NULL
-      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database());
+    CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
+    WHERE a.backend_xid IS NOT NULL;
     SELECT least(
         v_clock,
         v_writers,
@@ -131,12 +141,10 @@ BEGIN
         -- A transaction listed in progress by this snapshot that the read above did not see
         -- holding an id (it took one since, or the read is older than this transaction's
         -- start): its start is unknown here, so the floor stays.
-        (SELECT CASE WHEN bool_or(a.pid IS NULL OR a.xact_start IS NULL AND a.datid = d.oid)
+        (SELECT CASE WHEN bool_or(NOT x.xid = ANY (v_holders) OR x.xid = ANY (v_unstarted))
                      THEN v_floor END
-         FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
-         CROSS JOIN (SELECT oid FROM pg_database WHERE datname = current_database()) d
-         LEFT JOIN pg_stat_get_activity(NULL) a
-                ON a.backend_xid::text::bigint = x.xid::text::bigint % 4294967296))
+         FROM (SELECT s.xid::text::bigint % 4294967296 AS xid
+               FROM pg_snapshot_xip(pg_current_snapshot()) AS s(xid)) AS x))
     INTO v_next;
     IF v_next <> v_floor THEN
         PERFORM setval('queen.timer_sweep_floor',
@@ -543,8 +551,37 @@ CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RE
         '-infinity')
 $$;
 
+CREATE FUNCTION queen.next_look(p_tenant integer, p_queue text, p_group text, p_partition text) RETURNS double precision
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    RETURN (
+        SELECT extract(epoch FROM min(coalesce(greatest(
+                   c.lease_expires_at, c.retry_at,
+                   (SELECT f.created_at + make_interval(secs => q.delayed_processing_s)
+                    FROM queen.frames f
+                    WHERE q.delayed_processing_s > 0 AND f.partition_id = p.partition_id
+                      AND f."offset" = greatest(c.committed + 1, p.log_start)),
+                   CASE WHEN q.window_buffer_s > 0  -- windowBuffer: the newest frame old enough
+                        THEN queen.newest_frame_at(p.partition_id, p.next_offset)
+                             + make_interval(secs => q.window_buffer_s) END),
+               now())) - now())::float8
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
+        LEFT JOIN queen.cursors c
+               ON c.partition_id = p.partition_id AND c.consumer_group = p_group
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue
+          AND (p_partition IS NULL OR p.name = p_partition)
+          AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start));
+END
+$$;
+
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1258,6 +1295,8 @@ $$;
 
 CREATE FUNCTION queen.sweep_due(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1397,13 +1436,20 @@ BEGIN
     -- Nothing it took was due later than v_now: return (then commit) no earlier than that.
     PERFORM queen.wait_until(extract(epoch FROM v_now)::float8);
 
+    -- The clock row: the earliest timer left (when, and where it will land: the sweeper tells
+    -- that queue's parked pops before the cycle that fires it, with no look-up of its own).
     RETURN QUERY
-    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+    SELECT NULL::boolean, n.tenant_id, n.queue, NULL::text, n.partition, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
-           NULL::timestamptz,
-           (SELECT extract(epoch FROM min(t.visible_at))::float8 FROM queen.timers t
-            WHERE t.visible_at >= (SELECT queen.sweep_floor())),
-           extract(epoch FROM clock_timestamp())::float8;
+           NULL::timestamptz, extract(epoch FROM n.visible_at)::float8,
+           extract(epoch FROM clock_timestamp())::float8
+    FROM (SELECT) AS one
+    LEFT JOIN LATERAL (
+        SELECT t.tenant_id, t.queue, t.partition, t.visible_at
+        FROM queen.timers t
+        WHERE t.visible_at >= (SELECT queen.sweep_floor())
+        ORDER BY t.visible_at
+        LIMIT 1) AS n ON true;
 END
 $$;
 

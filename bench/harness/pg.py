@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -155,10 +155,11 @@ SYSTEM_USER = "embedded_postgres"  # the embedded server's user: PostgreSQL refu
 
 
 @contextlib.contextmanager
-def installed_server(bin_dir: Path) -> Iterator[Server]:
+def installed_server(bin_dir: Path, settings: Sequence[str] = ()) -> Iterator[Server]:
     """A temporary server of the PostgreSQL whose programs are in ``bin_dir`` (initdb, postgres),
     with its default (durable) settings and the embedded server's connection limit; stopped
-    ("fast") and removed on the way out."""
+    ("fast") and removed on the way out. ``settings``: more ``name=value`` for its command
+    line (e.g. ``shared_preload_libraries=pg_stat_statements``)."""
     import signal
     import subprocess
     import time
@@ -185,7 +186,8 @@ def installed_server(bin_dir: Path) -> Iterator[Server]:
             process = subprocess.Popen(
                 [str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port),
                  "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-                 "-c", "max_connections=200"],
+                 "-c", "max_connections=200",
+                 *(arg for setting in settings for arg in ("-c", setting))],
                 user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         url = f"postgresql://postgres@127.0.0.1:{port}/postgres"

@@ -168,8 +168,10 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
                 known_empty = False  # the lane's timer is set already
             else:
                 # When something becomes poppable that nobody will NOTIFY (a lease or a retry
-                # hold ending, a delayed frame maturing): the lane's timer goes off then.
-                look_in = await broker.db.run_autocommit(store.next_look_in_s, tenant, req)
+                # hold ending, a delayed frame maturing): the lane's timer goes off then. (The
+                # one-statement pop answers it with "nothing".)
+                look_in = outcome.look_in_s if outcome.looked else await broker.db.run_autocommit(
+                    store.next_look_in_s, tenant, req)
                 if outcome.retry_in_s is not None:  # delayedProcessing, as the pop saw it
                     look_in = min(math.inf if look_in is None else look_in, outcome.retry_in_s)
                 wakeups.look_again_in(waiter, look_in)

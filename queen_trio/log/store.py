@@ -336,6 +336,9 @@ class PopOutcome:
     retry_in_s: float | None = None  # a held-back frame matures this soon (delayedProcessing)
     skipped: int = 0  # messages skipped over log_start by this pop (all partitions it visited)
     more: tuple[PopBatch, ...] = ()  # a multi-partition pop: the other partitions' batches
+    # Nothing popped, and the pop said when to look again (as next_look_in_s): ``looked``.
+    looked: bool = False
+    look_in_s: float | None = None
 
     @property
     def batches(self) -> list[PopBatch]:
@@ -408,6 +411,8 @@ def _head_outcome(req: PopRequest, rows: list[dict[str, Any]], *,
     if first["outcome"] == "fallback":
         return None
     if first["outcome"] == "empty":
+        if "look_in_s" in first:  # (Q.pop_head and Q.pop_head_after answer it)
+            return PopOutcome(None, looked=True, look_in_s=first["look_in_s"])
         return PopOutcome(None)
     if texts:
         messages = [Message(r["offset"], r["transaction_id"], _raw_or_none(r["payload"]),

@@ -106,26 +106,35 @@ SELECT pg_notify('queen_log', %(payload)s)
 -- The commit level (NULL: the server's own) is set for this statement's own transaction
 -- (pop_head always returns a row, so the join evaluates it); it takes effect at the commit
 -- that ends the statement. Payload and meta come back as JSON text: the payload goes into
--- the answer as it is stored, never decoded (store._head_outcome).
+-- the answer as it is stored, never decoded (store._head_outcome). An 'empty' answer says when
+-- to look again (look_in_s, as next_look below): a pop that then parks needs no statement of
+-- its own for it.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
                       true))
 SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
-       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
+       CASE WHEN p.outcome = 'empty'
+            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+       END AS look_in_s
 FROM commit_level,
      queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                     %(auto_ack)s, %(after)s) AS p
 
 -- name: pop_head_after
 -- pop_head, tried from the due instant of a timer about to fire into this queue until it has
--- fired or p_give_up (schema/functions/log.sql); the commit level as for pop_head.
+-- fired or p_give_up (schema/functions/log.sql); the commit level and look_in_s as for
+-- pop_head.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
                       true))
 SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
-       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
+       CASE WHEN p.outcome = 'empty'
+            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+       END AS look_in_s
 FROM commit_level,
      queen.pop_head_after(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                           %(auto_ack)s, %(not_before)s, %(give_up)s) AS p
@@ -153,29 +162,10 @@ WHERE partition_id = %(partition_id)s
 FOR KEY SHARE SKIP LOCKED
 
 -- name: next_look
--- For a long poll that found nothing: in how many seconds a partition of the queue with frames
--- past the group's cursor becomes poppable without anyone saying so (nobody NOTIFYs these):
--- its lease or its retryDelay hold ends, or its next frame matures (delayedProcessing; a
--- sealed one counts as mature). 0 or less: one looks poppable already (another consumer held
--- its cursor as we looked); NULL: none will until a NOTIFY. The same partitions, cursors and
--- tests as pop_candidates.
-SELECT extract(epoch FROM min(coalesce(greatest(
-           c.lease_expires_at, c.retry_at,
-           (SELECT f.created_at + make_interval(secs => q.delayed_processing_s)
-            FROM queen.frames f
-            WHERE q.delayed_processing_s > 0 AND f.partition_id = p.partition_id
-              AND f."offset" = greatest(c.committed + 1, p.log_start)),
-           CASE WHEN q.window_buffer_s > 0  -- windowBuffer: when the newest frame is old enough
-                THEN queen.newest_frame_at(p.partition_id, p.next_offset)
-                     + make_interval(secs => q.window_buffer_s) END),
-       now())) - now())::float8 AS in_s
-FROM queen.queues q
-JOIN queen.partitions p ON p.queue_id = q.queue_id
-LEFT JOIN queen.cursors c
-       ON c.partition_id = p.partition_id AND c.consumer_group = %(group)s
-WHERE q.tenant_id = %(tenant_id)s AND q.name = %(name)s
-  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-  AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
+-- For a long poll that found nothing: in how many seconds something in the queue becomes
+-- poppable unannounced (queen.next_look in schema/functions/log.sql). The one-statement pops
+-- answer it with their 'empty' row already (look_in_s).
+SELECT queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s) AS in_s
 
 -- name: claim_cursor_creation
 -- Creating a group's cursors on a queue is one transaction's at a time (until it ends), and the

@@ -297,6 +297,14 @@ class Claimed:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NextDue:
+    tenant_id: int
+    queue: str
+    partition: str
+    due: float  # epoch seconds, the database's clock
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SweepResult:
     # (tenant, deliver_at) of each timer PostgreSQL fired (and committed)
     fired: list[tuple[int, datetime]]
@@ -305,14 +313,8 @@ class SweepResult:
     db_now: float  # epoch seconds (database clock) at the end of the statement
     # With a pop handed the fire (``sweep(pop=...)``): what its queen.pop_head answered.
     popped: log_store.PopOutcome | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NextDue:
-    tenant_id: int
-    queue: str
-    partition: str
-    due: float  # epoch seconds, the database's clock
+    # The timer due at next_due, and where it will land.
+    upcoming: NextDue | None = None
 
 
 def sweep(
@@ -348,7 +350,7 @@ def sweep(
     fired: list[tuple[int, datetime]] = []
     claimed: list[Claimed] = []
     next_due = db_now = None
-    popped = None
+    popped = upcoming = None
     for r in rows:
         if r.get("popped") is not None:
             assert pop is not None
@@ -358,6 +360,8 @@ def sweep(
             fired.append((r["tenant_id"], r["deliver_at"]))
         elif r["fired"] is None:
             next_due, db_now = r["next_due"], r["db_now"]
+            if next_due is not None:
+                upcoming = NextDue(r["tenant_id"], r["queue"], r["partition"], next_due)
         else:
             claimed.append(Claimed(r["tenant_id"], r["queue"], r["timer_key"], r["partition"],
                                    r["txn"], r["payload"], r["payload_zstd"],
@@ -365,7 +369,7 @@ def sweep(
                                    r["due_at"]))
     claimed.sort(key=lambda c: c.due_at)
     assert db_now is not None, "sweep_timers always answers its clock row"
-    return SweepResult(fired, claimed, next_due, db_now, popped)
+    return SweepResult(fired, claimed, next_due, db_now, popped, upcoming)
 
 
 def claim(raw: DictConnection, token: uuid.UUID, broker: str, batch: int,

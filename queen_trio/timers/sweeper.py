@@ -18,12 +18,19 @@ that deadline and sends the statement with T itself as ``not_before``: the backe
 that is already running, not in one a packet has to wake. The backend does the fire's work a
 millisecond ahead of T, with the rows locked, and returns (then commits) at T, so
 the commit follows the instant rather than the work. A sweep that ran a hair early would find
-nothing and cost a whole MIN_SLEEP.
+nothing and cost a whole MIN_SLEEP. Only a cycle for a timer's own instant is kept that way: a
+cycle held back to MIN_SLEEP (every cycle under steady load) or at MAX_SLEEP has no instant to
+keep (what it fires has been due for a while, and the cycles' spacing, not their phase, sets
+the lag), so its sweep works as soon as it is sent. Keeping the instant costs the backend
+about a millisecond of CPU per cycle, the last of it a spin on the clock (pg_sleep wakes to the
+millisecond): at 100 cycles a second, a third of PostgreSQL's CPU at a steady 500 timers/s.
 
-Ahead of such a sweep (one planned for a timer's own instant, not for the MIN_SLEEP floor) the
-sweeper looks up where the timer will land, wakes the pops parked on that queue when it sends
-the sweep, and the sweep holds the queue's fire lock until it commits, so one of those pops can
-take the frame the moment it is visible (queen.pop_head_after).
+Each sweep also answers where the earliest timer left will land. The sweeper tells the pops
+parked on that queue when it sends the sweep that fires it (one planned for the timer's own
+instant, or the MIN_SLEEP floor's cycle under steady load), and the sweep holds the queue's
+fire lock until it commits: the sweep itself pops for one of those pops
+(queen.sweep_timers_and_pop), or one can take the frame the moment it is visible
+(queen.pop_head_after). A timer a NOTIFY brought forward is looked up a little ahead instead.
 
 These functions of the schema are in schema/functions/timers.sql and schema/functions/log.sql."""
 
@@ -63,6 +70,10 @@ _FIRE_TIMEOUT_S = 10.0  # bound on the shielded fire at shutdown
 _EARLY_SEND_S = 0.006
 # How much earlier still the sweeper looks up where an idle sweep's timer will land.
 _LOOK_AHEAD_S = 0.01
+# A cycle that is not for a timer's instant announces the timer it fires for a little after
+# it is sent: a pop waiting for the fire inside PostgreSQL (queen.pop_head_after) sleeps until
+# just before that, then queues behind the fire lock the sweep takes as it arrives.
+_FLOOR_ANNOUNCE_S = 0.003
 # Longest run of back-to-back sweeps a worker thread makes while a backlog drains.
 _DRAIN_SLICE_S = 0.2
 # Database trouble, not a broken timer: it spends no attempt.
@@ -91,9 +102,11 @@ class Plan:
     # MAX_SLEEP; "notify": a NOTIFY of a sooner timer (or of missed ones); "min_sleep": held
     # back to MIN_SLEEP after the last cycle's start; "backlog": the last batch was full.
     reason: Reason
-    # Wake _LOOK_AHEAD_S early to look up where the timer due at due_db will land.
+    # Announce the timer due at due_db: wake _LOOK_AHEAD_S early to look up where it will land
+    # unless ``upcoming`` says so already.
     look_ahead: bool = False
-    # That timer, as looked up: announced to the parked pops when the cycle starts.
+    # The timer the cycle fires first, as the last sweep answered it or as looked up: announced
+    # to the parked pops when the cycle starts.
     upcoming: store.NextDue | None = None
 
 
@@ -104,6 +117,7 @@ _BACKLOG = Plan(-math.inf, None, "backlog")
 def next_plan(
     *, now: float, last_start: float, full: bool, due_at: float | None, due_db: float | None,
     min_sleep: float, max_sleep: float, announcing: bool,
+    upcoming: store.NextDue | None = None,
 ) -> Plan:
     """The next cycle, planned when a cycle that started at ``last_start`` returns at ``now``
     (trio clock). ``full``: its batch was full (a backlog is draining: go on at once). Else
@@ -111,13 +125,17 @@ def next_plan(
     ``due_db`` on the database's) if that comes before ``now + max_sleep``, else at MAX_SLEEP.
     ``announcing``: the sweeper tells parked pops of a timer about to fire; a plan looks ahead
     for it unless the cycle falls at the MIN_SLEEP floor (then, under load, the cycle is the
-    floor's, not a timer's). NOTIFYs may bring the plan forward while the sweeper sleeps;
-    :func:`floored` keeps it MIN_SLEEP after ``last_start``."""
+    floor's, not a timer's). ``upcoming``: the timer due at ``due_db`` as the sweep answered
+    it (where it lands), kept for the announcement. NOTIFYs may bring the plan forward while
+    the sweeper sleeps; :func:`floored` keeps it MIN_SLEEP after ``last_start``."""
     if full:
         return _BACKLOG
     if due_at is not None and due_at < now + max_sleep:
-        return Plan(due_at, due_db, "deadline", announcing and due_at > last_start + min_sleep)
-    return Plan(now + max_sleep, None, "max_sleep", announcing)
+        return Plan(due_at, due_db, "deadline", announcing and due_at > last_start + min_sleep,
+                    upcoming if announcing and upcoming is not None
+                    and upcoming.due == due_db else None)
+    # (From the cycle's start, not its return: sent ahead, it returns before its start.)
+    return Plan(max(now, last_start) + max_sleep, None, "max_sleep", announcing)
 
 
 def next_batch(batch: int, taken: int, base: int, backlog: int) -> int:
@@ -140,11 +158,12 @@ def retry_delay(failures: int, *, max_sleep: float, first: float = RETRY_FIRST_S
 
 def floored(plan: Plan, last_start: float, min_sleep: float) -> Plan:
     """``plan``, or a cycle ``min_sleep`` after ``last_start`` if it would start sooner (not
-    for a timer then: nothing to wait for in the backend, nothing to announce). A backlog
-    drains back to back."""
+    for a timer's instant then, but it fires the timer ``plan`` was for, still announced to
+    its queue's parked pops: under steady load every cycle is the floor's). A backlog drains
+    back to back."""
     floor = last_start + min_sleep
     if floor > plan.start_at and plan.reason != "backlog":
-        return Plan(floor, None, "min_sleep")
+        return Plan(floor, None, "min_sleep", upcoming=plan.upcoming)
     return plan
 
 
@@ -244,14 +263,16 @@ class Sweeper:
             last_start = max(start_at, now)
             self._last_cycle_at = last_start
             self._cycles += 1
+            not_before = plan.due_db  # (only a timer's instant is waited for in the backend)
             announced = plan.upcoming
             handover = None
             if announced is not None:
                 assert self._announce_fire is not None
+                if not_before is None:
+                    # The floor's cycle fires it (it was due sooner), as the cycle is sent.
+                    announced = dataclasses.replace(
+                        announced, due=self._db_instant(trio.current_time()) + _FLOOR_ANNOUNCE_S)
                 handover = self._announce_fire(announced, start_at)
-            not_before = plan.due_db
-            if not_before is None and start_at > now:
-                not_before = self._db_instant(start_at)
             try:
                 result = await self._cycle(not_before=not_before, announced=announced,
                                            for_timer=plan.due_db is not None,
@@ -280,6 +301,7 @@ class Sweeper:
                 now=trio.current_time(), last_start=last_start, full=full,
                 due_at=None if due_db is None else self._local_deadline(due_db), due_db=due_db,
                 min_sleep=self._min_sleep, max_sleep=self._max_sleep, announcing=announcing,
+                upcoming=result.upcoming,
             )
             if full:
                 continue
@@ -293,14 +315,15 @@ class Sweeper:
         self, notifications: trio.MemoryReceiveChannel, plan: Plan
     ) -> Plan:
         """:meth:`_sleep_or_wake`, looking up a little ahead where the timer due at the end
-        will land (off the path of the sweep itself). A NOTIFY of a sooner timer after the
-        look-up cancels it."""
+        will land (off the path of the sweep itself), unless the last sweep said so. A NOTIFY
+        of a sooner timer after the look-up cancels the announcement."""
         plan = await self._sleep_or_wake(notifications, plan,
                                          lead_s=_EARLY_SEND_S + _LOOK_AHEAD_S)
         if plan.start_at <= trio.current_time():
             return plan  # deaf for a while: sweep now
-        planned, upcoming = plan.due_db, None
-        if planned is not None:
+        # (A plan a NOTIFY brought forward has none.)
+        planned, upcoming = plan.due_db, plan.upcoming
+        if planned is not None and upcoming is None:
             # Never at the sweep's expense: a look-up that has not answered by the send is
             # dropped (the database is slow, or its answers are not reaching us).
             with trio.move_on_at(plan.start_at - _EARLY_SEND_S):
@@ -421,7 +444,9 @@ class Sweeper:
             else:
                 # In a worker thread: a drain runs sweeps back to back there, without queueing
                 # behind HTTP tasks for the event loop, and each return is timed where it happens.
-                swept = await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced)
+                swept = await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
+                                                     True,
+                                                     None if handover is None else handover.req)
         return swept
 
     def _sweep_at(

@@ -294,6 +294,47 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
         handle.shutdown()
 
 
+async def test_a_timer_the_floors_cycle_fires_is_handed_to_a_parked_pop(
+    settings: Settings,
+) -> None:
+    """Under steady load (timers due closer together than QUEEN_SWEEPER_MIN_SLEEP_MS) every
+    cycle is the floor's, not a timer's: it still tells the pops parked on the queue of the
+    first timer it fires (as the last sweep answered it), and the sweep pops for one of them,
+    instead of a NOTIFY waking a pop that then pops in a transaction of its own."""
+    floor_s = 0.6
+    slow = replace_settings(settings, sweeper_min_sleep_ms=int(floor_s * 1000))
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(run_broker, slow)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
+            q = "/api/v1/pop/queue/q"
+            await _give_the_group_a_cursor(http, q)
+            answer: dict[str, httpx.Response] = {}
+
+            async def parked_pop() -> None:
+                answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "10000"})
+
+            async with trio.open_nursery() as pops:
+                pops.start_soon(parked_pop)
+                await trio.sleep(0.05)
+                # "first" has a cycle of its own; "second", due half a floor later, is fired
+                # by the floor's cycle after it.
+                for key, delay_ms in (("first", 400), ("second", 400 + int(floor_s * 500))):
+                    put = await http.put(f"/api/v1/timers/q/{key}",
+                                         json={"delayMs": delay_ms, "payload": key})
+                    assert put.status_code == 200
+            (message,) = answer["pop"].json()["messages"]
+            assert message["data"] == "first"
+            assert (await _ack(http, message)).status_code == 200
+            handed = await _metric(http, "handed_over")
+            async with trio.open_nursery() as pops:
+                pops.start_soon(parked_pop)
+            (message,) = answer["pop"].json()["messages"]
+            assert message["data"] == "second"
+            assert await _metric(http, "handed_over") == handed + 1
+            assert await _metric(http, "handed_back") == 0
+        handle.shutdown()
+
+
 async def test_with_the_wait_off_parked_pops_hear_of_fires_by_notify(settings: Settings) -> None:
     plain = replace_settings(settings, pop_fire_wait_ms=0)
     async with trio.open_nursery() as nursery:
@@ -369,7 +410,7 @@ def test_the_sweep_pops_for_a_reserved_pop_in_the_fires_transaction(database_url
         assert batch.messages[0].meta == {"messageId": str(scheduled.message_id),
                                           "timer": {"key": "due", "deliverAt": ANY_TEXT}}
         # Exactly what the ordinary pop answers for the same frame, once released.
-        assert log_store.pop_head(conn, tenant, leased) == log_store.PopOutcome(None)
+        assert log_store.pop_head(conn, tenant, leased).batch is None
         log_store.release_batch(conn, tenant, batch)
         again = log_store.pop_head(conn, tenant, leased)
         assert again is not None and again.batch is not None

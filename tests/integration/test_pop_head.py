@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from queen_trio.db.rows import DictConnection, one
@@ -79,6 +80,27 @@ def test_a_consumer_that_keeps_up_is_served_in_one_statement(database_url: str) 
         assert log_store.pop_head(conn, tenant, request("q")).batch is None
         # The general pop agrees.
         assert general_pop(conn, tenant, request("q")).batch is None
+
+
+def test_a_pop_that_finds_nothing_says_when_to_look_again(database_url: str) -> None:
+    """A parked pop needs to know when something becomes poppable unannounced (here: the lease
+    holding the queue's frames ends); the one-statement pop answers it with "nothing", as the
+    separate look (next_look_in_s) would, so parking costs no statement of its own."""
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        assert log_store.pop_head(conn, tenant, request("q")).batch is None
+        push(conn, tenant, "q", ["a"])
+        general_pop(conn, tenant, request("q"))  # creates the cursor
+        push(conn, tenant, "q", ["b"])
+        # Leased (the first batch is not acked): nothing, until the lease ends.
+        empty = log_store.pop_head(conn, tenant, request("q"))
+        assert empty is not None and empty.batch is None and empty.looked
+        looked = log_store.next_look_in_s(conn, tenant, request("q"))
+        assert looked is not None and looked > 200  # the queue's leaseTime: 300 s
+        assert empty.look_in_s == pytest.approx(looked, abs=5)
+        # Nothing past the cursor anywhere: nothing will become poppable unannounced.
+        quiet = log_store.pop_head(conn, tenant, request("elsewhere"))
+        assert quiet is not None and quiet.looked and quiet.look_in_s is None
 
 
 def test_auto_ack_advances_the_cursor(database_url: str) -> None:

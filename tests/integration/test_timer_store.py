@@ -6,6 +6,7 @@ order."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import random
 import threading
 import time
@@ -182,6 +183,28 @@ def test_the_sweep_fires_plain_timers_in_its_own_statement(database_url: str) ->
     frames = _frames(database_url)
     assert sorted(f["payload"]["i"] for f in frames) == list(range(50))
     assert [f["offset"] for f in frames] == list(range(50))
+
+
+def test_the_sweep_answers_where_the_earliest_timer_left_lands(database_url: str) -> None:
+    """The sweeper announces a timer to its queue's parked pops from the last sweep's answer,
+    with no look-up of its own: the clock row names the earliest pending timer's queue and
+    partition."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            store.schedule_many(conn, tenant, [
+                timer("now", "n", -10, 1),
+                dataclasses.replace(timer("soon", "s", 60_000, 2), partition="p7"),
+                timer("later", "l", 120_000, 3)], notify_within_ms=0)
+        soon = sql(database_url, "SELECT extract(epoch FROM visible_at)::float8 AS at "
+                                 "FROM queen.timers WHERE timer_key = 's'")[0]["at"]
+        swept = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20)
+        assert len(swept.fired) == 1
+        assert swept.next_due == soon
+        assert swept.upcoming == store.NextDue(tenant, "soon", "p7", soon)
+        sql(database_url, "DELETE FROM queen.timers")
+        swept = store.sweep(conn, uuid.uuid4(), "test", 20, 60_000, max_payload=1 << 20)
+        assert (swept.next_due, swept.upcoming) == (None, None)
 
 
 def test_schedules_and_cancels_of_one_timer_at_once_wait_for_each_other(

@@ -111,9 +111,12 @@ class Cycle:
     announced: NextDue | None
 
 
-def _result(next_due: float | None = None, fired: int = 0) -> SweepResult:
+def _result(next_due: float | None = None, fired: int = 0, *, told: bool = False
+            ) -> SweepResult:
+    """``told``: the sweep answers where the timer due at ``next_due`` lands."""
+    upcoming = NextDue(1, "q", "Default", next_due) if told and next_due is not None else None
     return SweepResult(fired=[None] * fired, rows=[], next_due=next_due,  # type: ignore[list-item]
-                       db_now=0.0)
+                       db_now=0.0, upcoming=upcoming)
 
 
 class Harness:
@@ -193,14 +196,16 @@ async def test_back_to_back_cycles_are_min_sleep_apart(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     t0 = trio.current_time()
-    # Each sweep reports a timer already due: the next cycle waits for the floor.
+    # Each sweep reports a timer already due: the next cycle waits for the floor. It is the
+    # floor's cycle, not a timer's: the backend works as soon as it is sent (no wait, no spin
+    # on the clock, for an instant nothing is due at).
     h = Harness(monkeypatch, [_result(EPOCH + t0), _result(EPOCH + t0 + 0.001)])
     first, second, third = await h.run()
     assert second.sent == pytest.approx(t0 + MIN_SLEEP - EARLY, abs=1e-9)
     assert third.sent == pytest.approx(t0 + 2 * MIN_SLEEP - EARLY, abs=1e-9)
-    for cycle, start in ((second, t0 + MIN_SLEEP), (third, t0 + 2 * MIN_SLEEP)):
-        assert not cycle.for_timer  # the floor's cycle, not a timer's
-        assert cycle.not_before == pytest.approx(EPOCH + start, abs=1e-6)
+    for cycle in (second, third):
+        assert not cycle.for_timer
+        assert cycle.not_before is None
 
 
 async def test_a_full_batch_is_followed_by_a_sweep_at_once(
@@ -223,7 +228,7 @@ async def test_without_timers_the_sweeper_sleeps_max_sleep(
     _, second, third = await h.run()
     assert second.sent == pytest.approx(t0 + MAX_SLEEP - EARLY, abs=1e-9)
     assert third.sent == pytest.approx(t0 + 2 * MAX_SLEEP - EARLY, abs=1e-9)
-    assert not second.for_timer
+    assert not second.for_timer and second.not_before is None
     assert h.wakeups("max_sleep") == 2
 
 
@@ -302,9 +307,10 @@ async def test_a_failed_cycle_is_retried_after_a_short_backoff_not_max_sleep(
     cycles = await h.run()
     gaps = [b.sent - a.sent for a, b in zip(cycles, cycles[1:], strict=False)]
     # 50 ms, then 100 ms, then 200 ms after each failure (each sweep is sent EARLY before its
-    # instant); once a cycle succeeds, the plan is the usual one again (MAX_SLEEP without
-    # timers).
-    assert gaps == pytest.approx([0.05 - EARLY, 0.1, 0.2, MAX_SLEEP, MAX_SLEEP], abs=1e-6)
+    # start, and fails at once); once a cycle succeeds, the plan is the usual one again
+    # (MAX_SLEEP without timers).
+    assert gaps == pytest.approx([0.05 - EARLY, 0.1 - EARLY, 0.2 - EARLY, MAX_SLEEP, MAX_SLEEP],
+                                 abs=1e-6)
     assert h.metrics.timer_failures.labels("transient")._value.get() == 3
 
 
@@ -323,3 +329,60 @@ async def test_the_listener_coming_back_cuts_the_backoff_short(
 
     cycles = await h.run(meanwhile)
     assert cycles[5].sent == pytest.approx(t0 + 0.8, abs=1e-6)
+
+
+async def test_a_timer_the_sweep_answered_is_announced_without_a_look_up(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t0 = trio.current_time()
+    due = t0 + 0.3
+    h = Harness(monkeypatch, [_result(EPOCH + due, told=True)], announcing=True)
+    _, second = await h.run()
+    assert h.look_ups == []  # the sweep said where it lands: no statement of its own
+    assert second.sent == pytest.approx(due - EARLY, abs=1e-9)
+    assert second.for_timer and second.not_before == pytest.approx(EPOCH + due, abs=1e-6)
+    assert second.announced == NextDue(1, "q", "Default", EPOCH + due)
+    ((timer, instant, told_at),) = h.announcements
+    assert timer is second.announced and instant == pytest.approx(due, abs=1e-9)
+    assert told_at == second.sent
+
+
+async def test_a_sooner_notify_than_the_timer_the_sweep_answered_is_looked_up(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t0 = trio.current_time()
+    due = t0 + 0.3
+    h = Harness(monkeypatch, [_result(EPOCH + due, told=True)], announcing=True)
+
+    async def meanwhile() -> None:
+        await trio.sleep_until(t0 + 0.1)
+        await h.notify(t0 + 0.2)  # where that one lands, the last sweep did not say
+
+    _, second = await h.run(meanwhile)
+    assert h.look_ups == [pytest.approx(t0 + 0.2 - EARLY - LOOK_AHEAD, abs=1e-9)]
+    assert second.sent == pytest.approx(t0 + 0.2 - EARLY, abs=1e-6)
+    assert second.announced is not None
+    assert second.announced.due == pytest.approx(EPOCH + t0 + 0.2, abs=1e-6)
+
+
+async def test_under_steady_load_the_floors_cycle_announces_the_timer_it_fires(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Timers due closer together than MIN_SLEEP: every cycle is the floor's, and each still
+    tells the parked pops of the first timer it fires (the sweep then pops for one of them)."""
+    t0 = trio.current_time()
+    h = Harness(monkeypatch, [_result(EPOCH + t0 + 0.002, fired=1, told=True),
+                              _result(EPOCH + t0 + MIN_SLEEP + 0.002, fired=5, told=True)],
+                announcing=True)
+    _, second, third = await h.run()
+    assert h.look_ups == []
+    for cycle, start in ((second, t0 + MIN_SLEEP), (third, t0 + 2 * MIN_SLEEP)):
+        assert cycle.sent == pytest.approx(start - EARLY, abs=1e-9)
+        assert not cycle.for_timer and cycle.not_before is None
+        assert cycle.announced is not None
+        assert (cycle.announced.queue, cycle.announced.partition) == ("q", "Default")
+        # (a pop waiting for it in PostgreSQL queues behind the sweep's fire lock)
+        assert cycle.announced.due == pytest.approx(
+            EPOCH + start - EARLY + sweeper_module._FLOOR_ANNOUNCE_S, abs=1e-6)
+    assert [told_at for _, _, told_at in h.announcements] == pytest.approx(
+        [t0 + MIN_SLEEP - EARLY, t0 + 2 * MIN_SLEEP - EARLY], abs=1e-9)
