@@ -30,11 +30,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.harness.fill import sql_fill
 from bench.harness.report import load, now_iso, save_json, source_revision
-from bench.timer_scale import RESULTS_DIR, sql_fill
 from queen_trio.db.migrations import apply_migrations
 from queen_trio.embedded import EmbeddedPostgres
 
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BATCH = 5000
 SWEEP = ("SELECT count(*) AS n FROM queen.sweep_timers(%s, 'bench', %s, 30000, 1048576, true, "
          "NULL) WHERE fired")

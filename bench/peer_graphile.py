@@ -64,6 +64,7 @@ from typing import Any, Protocol
 import trio
 
 import queen_trio
+from bench.harness import pg_statements
 from bench.harness.api import epoch
 from bench.harness.brokers import brokers
 from bench.harness.collector import collector_paused
@@ -642,6 +643,13 @@ async def graphile_unit(scenario: str, party: str, dsn: str, postmaster: int | N
     return result
 
 
+def timers_of(scenario: str, sizes: Sizes) -> int:
+    """How many timers a unit of ``scenario`` measures."""
+    return {"schedule": sizes.schedule_timers, "burst": sizes.burst_timers,
+            "steady": sizes.steady_rate * sizes.steady_seconds,
+            "idle": sizes.idle_timers}[scenario]
+
+
 def run_unit(server: Server, scenario: str, party: str, sizes: Sizes,
              failures: Failures) -> dict[str, Any]:
     started = time.monotonic()
@@ -841,6 +849,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-bin", type=Path, default=None,
                         help="a temporary server of the PostgreSQL installed there (e.g. "
                              "/usr/lib/postgresql/15/bin; default: the embedded one)")
+    parser.add_argument("--statements", type=int, metavar="TOP", default=None,
+                        help="with --pg-bin and --parties ours: after each unit, PostgreSQL's "
+                             "TOP statements by time per timer over its measured window "
+                             "(pg_stat_statements, track = all), commits and CPU per server "
+                             "process per timer (bench.harness.pg_statements)")
+    parser.add_argument("--perf", type=Path, default=None,
+                        help="with --statements: perf record the server's processes over the "
+                             "measured window into this file")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--out", default="peers32", help="result file name, without suffix")
     parser.add_argument("--table-only", action="store_true",
@@ -873,7 +889,16 @@ def main(argv: list[str] | None = None) -> int:
     failures = Failures()
     started = time.monotonic()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with shared_server(args.admin_url, args.pg_bin) as server:
+    if args.statements is not None and (args.pg_bin is None or parties != ["ours"]):
+        print("--statements takes --pg-bin and --parties ours", file=sys.stderr)
+        return 2
+    with shared_server(args.admin_url, args.pg_bin,
+                       () if args.statements is None else pg_statements.SETTINGS) as server:
+        watch = None
+        if args.statements is not None:
+            watch = pg_statements.StatementWatch(server.admin_url, server.postmaster_pid,
+                                                 args.perf)
+            TreeCpu.observers.append(watch.observe)
         info: dict[str, Any] = {"command": command, "checkout": source_revision(),
                 "started_at": now_iso(), "cpu_count": os.cpu_count(),
                 "python": sys.version.split()[0], "postgresql": server.settings(),
@@ -895,6 +920,9 @@ def main(argv: list[str] | None = None) -> int:
                     result["round"] = r + 1
                     results.setdefault(scenario, {}).setdefault(party, []).append(result)
                     print(unit_line(scenario, party, result), flush=True)
+                    if watch is not None:
+                        print("\n".join(watch.report(timers_of(scenario, sizes),
+                                                      args.statements)), flush=True)
     info.update(uptime_at_end=_uptime(), elapsed_s=round(time.monotonic() - started, 1))
     lag_by = {s: {p: pooled(rounds) for p, rounds in by_party.items()}
               for s, by_party in results.items() if s != "schedule"}

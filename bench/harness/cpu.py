@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 
 class CpuMeter:
@@ -133,11 +135,16 @@ class TreeCpu:
     client, and of the rest of the machine ("other")."""
 
     TICK = CpuMeter.TICK
+    #: Called at every snapshot, before it is taken (bench.harness.pg_statements watches the
+    #: database over the same window).
+    observers: ClassVar[list[Callable[[], None]]] = []
 
     def __init__(self, parties: dict[str, list[int]]) -> None:
         self.parties = parties
 
     def snapshot(self) -> dict[str, float]:
+        for observe in self.observers:
+            observe()
         snap = {"client": time.process_time()}
         if not Path("/proc").is_dir():
             return snap

@@ -79,16 +79,18 @@ def local_postmaster(admin_url: str) -> int | None:
 
 
 @contextlib.contextmanager
-def shared_server(admin_url: str | None, bin_dir: Path | None = None) -> Iterator[Server]:
+def shared_server(admin_url: str | None, bin_dir: Path | None = None,
+                  settings: Sequence[str] = ()) -> Iterator[Server]:
     """``admin_url``'s server, or a temporary embedded one with PostgreSQL's default (durable)
     settings, as a broker's own embedded server has; ``bin_dir``: a temporary server of the
-    PostgreSQL installed there instead (e.g. /usr/lib/postgresql/15/bin)."""
+    PostgreSQL installed there instead (e.g. /usr/lib/postgresql/15/bin), with ``settings``
+    on its command line."""
     if admin_url:
         yield Server(admin_url, "existing server (--admin-url / QUEEN_DATABASE_URL)",
                      local_postmaster(admin_url))
         return
     if bin_dir is not None:
-        with installed_server(bin_dir) as installed:
+        with installed_server(bin_dir, settings) as installed:
             yield installed
         return
     from queen_trio.embedded import EmbeddedPostgres
