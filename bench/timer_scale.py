@@ -58,7 +58,6 @@ import io
 import os
 import random
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -73,7 +72,7 @@ from psycopg.rows import dict_row
 import queen_trio
 from bench.harness.api import Api
 from bench.harness.brokers import brokers
-from bench.harness.fill import FILL_CONNECTIONS, SQL_FILL_CHUNK, sql_fill
+from bench.harness.fill import FILL_CONNECTIONS, SQL_FILL_CHUNK, in_parts, sql_fill
 from bench.harness.lines import LineProcess
 from bench.harness.pg import Server
 from bench.harness.report import Failures, load, now_iso, save_json, source_revision
@@ -198,33 +197,23 @@ def write_timers(url: str, queue: str, count: int, delay_ms: Callable[[int], int
     """``count`` timers through the broker's own schedule statement, FILL_BATCH a statement
     on FILL_CONNECTIONS connections; timers/s."""
     t0 = time.perf_counter()
-    errors: list[BaseException] = []
 
     def worker(part: int) -> None:
-        try:
-            with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-                tenant = conn.execute("SELECT tenant_id FROM queen.tenants "
-                                      "WHERE name = 'default'").fetchone()["tenant_id"]
-                for start in range(part * FILL_BATCH, count, FILL_BATCH * FILL_CONNECTIONS):
-                    with conn.transaction():
-                        store.schedule_many(conn, tenant, [
-                            Schedule(queue, new_key(prefix, i), delay_ms(i), {"i": i},
-                                     "Default", None)
-                            for i in range(start, min(count, start + FILL_BATCH))],
-                            notify_within_ms=0)
-                    if start % 100_000 == 0 and start:
-                        print(f"  {prefix}: {start:,} of {count:,} written, "
-                              f"{start / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            tenant = conn.execute("SELECT tenant_id FROM queen.tenants "
+                                  "WHERE name = 'default'").fetchone()["tenant_id"]
+            for start in range(part * FILL_BATCH, count, FILL_BATCH * FILL_CONNECTIONS):
+                with conn.transaction():
+                    store.schedule_many(conn, tenant, [
+                        Schedule(queue, new_key(prefix, i), delay_ms(i), {"i": i},
+                                 "Default", None)
+                        for i in range(start, min(count, start + FILL_BATCH))],
+                        notify_within_ms=0)
+                if start % 100_000 == 0 and start:
+                    print(f"  {prefix}: {start:,} of {count:,} written, "
+                          f"{start / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
 
-    threads = [threading.Thread(target=worker, args=(p,)) for p in range(FILL_CONNECTIONS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    in_parts(FILL_CONNECTIONS, worker)
     return count / (time.perf_counter() - t0)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -45,25 +46,35 @@ def sql_fill(url: str, queue: str, count: int, *, base_ms: int, step_ms: int, pr
     timers/s. For the 10^7 fill, which the broker's statement takes an hour to write on this
     machine."""
     t0 = time.perf_counter()
-    errors: list[BaseException] = []
 
     def worker(part: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for lo in range(part * chunk, count, chunk * connections):
+                hi = min(count, lo + chunk)
+                conn.execute(SQL_FILL, {"queue": queue, "prefix": prefix, "lo": lo,
+                                        "hi": hi, "base_ms": base_ms, "step_ms": step_ms})
+                print(f"  {prefix}: rows {lo:,}-{hi:,} written, "
+                      f"{hi / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
+
+    in_parts(connections, worker)
+    return count / (time.perf_counter() - t0)
+
+
+def in_parts(parts: int, worker: Callable[[int], None]) -> None:
+    """``worker(0)`` … ``worker(parts - 1)`` on threads of their own (a connection each), all
+    to their end; the first exception raised in any is raised here."""
+    errors: list[BaseException] = []
+
+    def run(part: int) -> None:
         try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                for lo in range(part * chunk, count, chunk * connections):
-                    hi = min(count, lo + chunk)
-                    conn.execute(SQL_FILL, {"queue": queue, "prefix": prefix, "lo": lo,
-                                            "hi": hi, "base_ms": base_ms, "step_ms": step_ms})
-                    print(f"  {prefix}: rows {lo:,}-{hi:,} written, "
-                          f"{hi / (time.perf_counter() - t0):,.0f}/s", file=sys.stderr)
+            worker(part)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(p,)) for p in range(connections)]
+    threads = [threading.Thread(target=run, args=(p,)) for p in range(parts)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    return count / (time.perf_counter() - t0)
