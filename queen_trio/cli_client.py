@@ -27,6 +27,8 @@ from enum import Enum
 from itertools import islice
 from typing import Any
 
+import msgspec
+
 from . import strict_json
 
 EXIT_OK = 0
@@ -379,9 +381,12 @@ def _json_arg(text: str, what: str) -> Any:
 
 
 def plain(value: Any) -> Any:
-    """A result as JSON-ready data: dataclass fields, enum values, ISO-8601 times."""
+    """A result as JSON-ready data: dataclass or msgspec Struct fields (``TimerResult`` is a
+    Struct), enum values, ISO-8601 times."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, msgspec.Struct):
+        return {name: plain(getattr(value, name)) for name in value.__struct_fields__}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, datetime):

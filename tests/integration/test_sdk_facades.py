@@ -16,6 +16,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+import msgspec
 import trio
 
 from queen_trio.client import ApiError, Client, Message, SyncClient
@@ -98,10 +99,12 @@ async def scenario(ev: Facade, p: str) -> list[Any]:
 
 def normalized(value: Any, prefix: str) -> Any:
     """The results with what legitimately differs between runs blanked out."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: "<version>" if f.name == "version"  # a sequence: differs by run
-                  else normalized(getattr(value, f.name), prefix)
-                  for f in dataclasses.fields(value)}
+    names = ([f.name for f in dataclasses.fields(value)]
+             if dataclasses.is_dataclass(value) and not isinstance(value, type)
+             else list(value.__struct_fields__) if isinstance(value, msgspec.Struct) else None)
+    if names is not None:  # a result: a dataclass, or a msgspec Struct (TimerResult)
+        fields = {name: "<version>" if name == "version"  # a sequence: differs by run
+                  else normalized(getattr(value, name), prefix) for name in names}
         return (type(value).__name__, fields)
     if isinstance(value, Enum):
         return (type(value).__name__, value.value)
