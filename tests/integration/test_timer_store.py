@@ -292,13 +292,18 @@ def test_a_planned_sweep_stages_its_fire_ahead_and_commits_it_at_the_instant(
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             swept = pool.submit(store.sweep, conn, uuid.uuid4(), "test", 20, 60_000,
                                 max_payload=1 << 20, not_before=due)
-            # Staged: the row is locked, well before the instant.
+            # Staged: the row is deleted and the frame written (uncommitted), well before the
+            # instant. The probe reads the sweep's locks in pg_locks and takes none itself: a
+            # probe that locked the row (FOR UPDATE SKIP LOCKED) made the sweep's own SKIP LOCKED
+            # pass the row by whenever the two met, and the sweep then fired nothing.
             locked_at = None
             while locked_at is None and not swept.done():
                 (probe,) = other.execute(
                     "SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
-                    "NOT EXISTS (SELECT 1 FROM queen.timers FOR UPDATE SKIP LOCKED) AS locked"
-                ).fetchall()
+                    "EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND granted "
+                    "AND mode = 'RowExclusiveLock' "
+                    "AND relation = 'queen.timers'::regclass) AS locked",
+                    (conn.info.backend_pid,)).fetchall()
                 if probe["locked"]:
                     locked_at = probe["now"]
             assert locked_at is not None and locked_at < due - 0.03
