@@ -306,7 +306,9 @@ def test_a_planned_sweep_stages_its_fire_ahead_and_commits_it_at_the_instant(
                     (conn.info.backend_pid,)).fetchall()
                 if probe["locked"]:
                     locked_at = probe["now"]
-            assert locked_at is not None and locked_at < due - 0.03
+            # Before the instant (90 ms ahead on a quiet machine; a probe at load 8 has been
+            # seen to notice it only 28 ms ahead, so the bound is the instant itself).
+            assert locked_at is not None and locked_at < due
             # The timer is being fired: a cancel answers too_late and leaves it to fire.
             with other.transaction():
                 answer = store.cancel(other, tenant, "staged", "t", None)
