@@ -72,6 +72,7 @@ from psycopg.rows import dict_row
 import queen_trio
 from bench.harness.api import Api
 from bench.harness.brokers import brokers
+from bench.harness.cpu import machine_busy_ticks
 from bench.harness.fill import FILL_CONNECTIONS, SQL_FILL_CHUNK, in_parts, sql_fill
 from bench.harness.lines import LineProcess
 from bench.harness.pg import Server
@@ -135,7 +136,7 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 # drain whose working set outgrows shared_buffers, or whose WAL outgrows max_wal_size, pays
 # here what its buffers-touched count does not show.
 SERVER_STATS = """
-SELECT w.wal_bytes, w.wal_fpi, w.wal_records,
+SELECT w.wal_bytes, w.wal_fpi, w.wal_records, w.wal_buffers_full,
        c.num_timed + c.num_requested AS checkpoints, c.num_requested AS checkpoints_req,
        c.buffers_written AS checkpoint_buffers,
        (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'client backend')
@@ -144,6 +145,15 @@ SELECT w.wal_bytes, w.wal_fpi, w.wal_records,
            AS backend_reads,
        (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'background writer')
            AS bgwriter_writes,
+       -- with track_wal_io_timing / track_io_timing on (--setting): µs spent writing and
+       -- fsyncing WAL, by client backends (a commit's flush) and by everyone
+       (SELECT coalesce(sum(write_time + fsync_time), 0) * 1000 FROM pg_stat_io
+        WHERE object = 'wal' AND backend_type = 'client backend') AS wal_io_us_backends,
+       (SELECT coalesce(sum(write_time + fsync_time), 0) * 1000 FROM pg_stat_io
+        WHERE object = 'wal') AS wal_io_us_all,
+       (SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal') AS wal_fsyncs,
+       (SELECT coalesce(sum(write_time + fsync_time + read_time), 0) * 1000 FROM pg_stat_io
+        WHERE object = 'relation' AND backend_type = 'client backend') AS rel_io_us_backends,
        (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'autovacuum worker')
            AS autovacuum_writes,
        (SELECT coalesce(sum(shared_blks_read), 0) FROM pg_stat_statements
@@ -323,8 +333,10 @@ def lags(delivery: Delivery) -> list[float]:
 
 
 class Side:
-    def __init__(self, name: str, url: str, db_url: str, failures: Failures) -> None:
+    def __init__(self, name: str, url: str, db_url: str, failures: Failures,
+                 broker_pid: int | None = None, postmaster_pid: int | None = None) -> None:
         self.name, self.url, self.db_url = name, url, db_url
+        self.broker_pid, self.postmaster_pid = broker_pid, postmaster_pid
         self.sdk = queen_trio.SyncClient(url)
         self.api = Api(LeanClient(url), failures)
         self.ops: dict[str, list[float]] = {}
@@ -467,6 +479,58 @@ async def phase_snapshot(side: Side, minutes: float, rate: int,
             "table_samples": samples}
 
 
+CPU_PARTIES = ("cpu_broker_main", "cpu_broker_threads", "cpu_pg_clients", "cpu_pg_autovacuum",
+               "cpu_pg_background", "cpu_pg_exited", "cpu_machine")
+
+
+def party_cpu(side: Side) -> dict[str, float]:
+    """CPU µs used so far (/proc) by the broker's main thread (the event loop) and its other
+    threads (the sweeper's drain, the housekeeper's sealing), by PostgreSQL's client backends,
+    autovacuum workers, background processes (checkpointer, writers, io workers), and by its
+    exited processes (the postmaster's reaped children), and by the whole machine. A drain's
+    CPU per timer, by party, does not depend on what else the machine runs as its wall time
+    does."""
+    if side.broker_pid is None or side.postmaster_pid is None or not Path("/proc").is_dir():
+        return {}
+    tick = 1e6 / os.sysconf("SC_CLK_TCK")
+
+    def ticks(path: Path) -> tuple[float, float]:
+        try:
+            text = path.read_text()
+        except OSError:
+            return 0.0, 0.0
+        f = text[text.rindex(")") + 2:].split()
+        return float(int(f[11]) + int(f[12])), float(int(f[13]) + int(f[14]))
+
+    out = dict.fromkeys(CPU_PARTIES, 0.0)
+    # (A thread that has exited is gone from task/, its time is still the process's.)
+    out["cpu_broker_main"] = ticks(
+        Path(f"/proc/{side.broker_pid}/task/{side.broker_pid}/stat"))[0] * tick
+    out["cpu_broker_threads"] = (ticks(Path(f"/proc/{side.broker_pid}/stat"))[0] * tick
+                                 - out["cpu_broker_main"])
+    out["cpu_pg_exited"] = sum(ticks(Path(f"/proc/{side.postmaster_pid}/stat"))) * tick
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) != side.postmaster_pid:
+                continue
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        own = ticks(entry / "stat")[0] * tick
+        if "autovacuum worker" in cmd:
+            out["cpu_pg_autovacuum"] += own
+        elif any(w in cmd for w in ("checkpointer", "background writer", "walwriter",
+                                    "io worker", "autovacuum launcher", "launcher")):
+            out["cpu_pg_background"] += own
+        else:
+            out["cpu_pg_clients"] += own
+    out["cpu_machine"] = machine_busy_ticks() * tick
+    return out
+
+
 async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict[str, Any]:
     """N timers due at one instant (written as the fill is), drained by the broker. With the
     SQL fill, one statement writes them all, due 1 s after it starts: they appear at its
@@ -500,7 +564,7 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
             first = now
         if first is not None and (polls % 10 == 0 or fired >= n):
             samples.append({"fired": fired, **await in_thread(
-                lambda: table_stats(side.db_url))})
+                lambda: table_stats(side.db_url)), **party_cpu(side)})
         polls += 1
         if fired >= n:
             last = now
@@ -516,13 +580,30 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
     return {"timers": n, "write_per_s": round(rate), "drain_s": round(span, 2),
             "drain_per_s": round(n / span), "us_per_timer": round(span / n * 1e6, 1),
             "last_lag_s": round(last - due, 2), "left": left,
+            "cpu_us_per_timer": drain_cpu(samples),
             "profile": drain_profile(samples, n),
             "statements": statements_per_timer(stmts0, stmts1, n)}
 
 
-PER_TIMER = ("wal_bytes", "wal_fpi", "sweep_wal_bytes", "sweep_wal_fpi", "sweep_blocks_read",
+PER_TIMER = (*CPU_PARTIES, "wal_io_us_backends", "wal_io_us_all", "wal_fsyncs",
+             "rel_io_us_backends", "wal_buffers_full", "wal_bytes", "wal_fpi",
+             "sweep_wal_bytes", "sweep_wal_fpi", "sweep_blocks_read",
              "backend_writes", "backend_reads", "checkpoint_buffers", "bgwriter_writes",
              "autovacuum_writes")
+
+
+def drain_cpu(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """CPU µs per timer fired by party (:func:`party_cpu`), first sample of the drain to its
+    last."""
+    if len(samples) < 2 or "cpu_machine" not in samples[0]:
+        return {}
+    a, b = samples[0], samples[-1]
+    fired = b["fired"] - a["fired"]
+    if fired <= 0:
+        return {}
+    out = {k.removeprefix("cpu_"): round((b[k] - a[k]) / fired, 2) for k in CPU_PARTIES}
+    out["broker_and_pg"] = round(sum(v for k, v in out.items() if k != "machine"), 2)
+    return out
 
 
 def drain_profile(samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -641,7 +722,11 @@ def render(summary: dict[str, Any]) -> str:
               f"{r['autovacuum_count']:>8}{r['vacuum_count']:>5}{calls:>8.0f}{blocks:>13.1f}")
         render_log_side(p, s["table_samples"])
     for b in summary.get("bursts", []):
-        p(f"burst: { {k: v for k, v in b.items() if k not in ('profile', 'statements')} }")
+        shown = {k: v for k, v in b.items()
+                 if k not in ("profile", "statements", "cpu_us_per_timer")}
+        p(f"burst: {shown}")
+        if b.get("cpu_us_per_timer"):
+            p(f"  CPU us per timer, whole drain: {b['cpu_us_per_timer']}")
         if b.get("profile"):
             p(f"  {'fired to':>10}{'us/timer':>10}{'sweep us':>10}{'blocks':>8}"
               f"{'per sweep':>10}{'dead':>10}{'autovac':>8}  (per timer, by tenth of the drain)")
@@ -661,6 +746,22 @@ def render(summary: dict[str, Any]) -> str:
                   f"{r['checkpoint_buffers_per_timer']:>8.3f}{r['bgwriter_writes_per_timer']:>7.3f}"
                   f"{r['autovacuum_writes_per_timer']:>7.3f}"
                   f"{r['checkpoints']:>4.0f}/{r['checkpoints_req']:.0f}")
+        if b.get("profile") and "cpu_machine_per_timer" in b["profile"][0]:
+            p(f"  {'fired to':>10}{'main':>7}{'threads':>8}{'pg cl':>7}{'autovac':>8}"
+              f"{'pg bg':>7}{'exited':>7}{'machine':>8}  (CPU us per timer, /proc)")
+            for r in b["profile"]:
+                p(f"  {r['fired_to']:>10,}" + "".join(
+                    f"{r[k + '_per_timer']:>{w}.1f}" for k, w in zip(
+                        CPU_PARTIES, (7, 8, 7, 8, 7, 7, 8), strict=True)))
+        if b.get("profile") and "wal_io_us_all_per_timer" in b["profile"][0]:
+            p(f"  {'fired to':>10}{'WAL io be':>10}{'WAL io all':>11}{'fsyncs':>8}"
+              f"{'rel io be':>10}{'WAL buf full':>13}"
+              "  (per timer; io in us: track_wal_io_timing, track_io_timing)")
+            for r in b["profile"]:
+                p(f"  {r['fired_to']:>10,}{r['wal_io_us_backends_per_timer']:>10.2f}"
+                  f"{r['wal_io_us_all_per_timer']:>11.2f}{r['wal_fsyncs_per_timer']:>8.4f}"
+                  f"{r['rel_io_us_backends_per_timer']:>10.2f}"
+                  f"{r.get('wal_buffers_full_per_timer', 0):>13.4f}")
         if b.get("statements"):
             p("  statements, whole drain (blocks, us per timer; calls):")
             for r in b["statements"]:
@@ -682,7 +783,8 @@ def render(summary: dict[str, Any]) -> str:
 
 async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
               handles: dict[str, Any], summary: dict[str, Any], failures: Failures) -> None:
-    sides = {name: Side(name, handles[name].url, urls[name], failures) for name in SIDES}
+    sides = {name: Side(name, handles[name].url, urls[name], failures, handles[name].pid,
+                        server.postmaster_pid) for name in SIDES}
     try:
         if args.pending:
             t0 = time.perf_counter()

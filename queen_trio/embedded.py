@@ -37,9 +37,54 @@ _SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 # in the middle of the drain, and the first change of every page after each is a full-page
 # image. docs/timers-at-scale.md has the measurements; README "Timers at scale" recommends the
 # same for a server of your own.
+#
+# shared_buffers: PostgreSQL's default, 128MB, is smaller than what a burst of a million timers
+# touches while it drains (the burst's rows, the frames it writes and their indexes, about
+# 500 MB). The drain then writes dirty pages out and reads the burst's rows back from the
+# operating system (client backends wrote 0.04-0.16 pages per timer fired and read 0.03;
+# none with 1GB), where a burst of 100,000 fits. An eighth of the machine's memory (or of a
+# container's limit), between the default and 1GB (PostgreSQL maps it; the pages are taken
+# as they are first used).
+SHARED_BUFFERS_MIN_MB = 128
+SHARED_BUFFERS_MAX_MB = 1024
+
+
+# A container's memory limit (cgroup v2, then v1): less than the machine's memory it runs on.
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),
+                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def available_memory(cgroup_limits: tuple[Path, ...] = _CGROUP_LIMITS) -> int | None:
+    """This machine's physical memory in bytes, or the memory limit of the container this
+    process runs in if that is less; None if neither can be read."""
+    try:
+        memory: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        memory = None
+    for path in cgroup_limits:
+        try:
+            limit = int(path.read_text().strip())  # "max" (no limit) does not parse
+        except (OSError, ValueError):
+            continue
+        memory = limit if memory is None else min(memory, limit)
+        break
+    return memory
+
+
+def shared_buffers_mb(memory_bytes: int | None = None) -> int:
+    """The embedded server's shared_buffers in MB: an eighth of ``memory_bytes``
+    (:func:`available_memory` when None), at least PostgreSQL's 128MB, at most 1GB."""
+    if memory_bytes is None:
+        memory_bytes = available_memory()
+        if memory_bytes is None:
+            return SHARED_BUFFERS_MIN_MB
+    return max(SHARED_BUFFERS_MIN_MB, min(SHARED_BUFFERS_MAX_MB, memory_bytes // 8 // 2**20))
+
+
 DEFAULT_SERVER_SETTINGS = {
     "max_wal_size": "4GB",
     "checkpoint_timeout": "15min",
+    "shared_buffers": f"{shared_buffers_mb()}MB",
 }
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0

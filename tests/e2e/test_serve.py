@@ -15,6 +15,8 @@ import psutil
 import psycopg
 import pytest
 
+from queen_trio.embedded import shared_buffers_mb
+
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "queen_trio"]
@@ -81,7 +83,16 @@ def test_serve_on_embedded_postgres_then_stop_signal(
             with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/queen") as conn:
                 shown = {n: conn.execute(f"SHOW {n}").fetchone()[0]
                          for n in ("max_wal_size", "checkpoint_timeout")}
+                # and shared buffers that hold what a burst of a million touches while it
+                # drains (PostgreSQL's 128MB did not: the drain wrote pages out and read them
+                # back), on a machine with the memory for them
+                buffers_mb = conn.execute(
+                    "SELECT setting::bigint * 8192 / 1048576 FROM pg_settings "
+                    "WHERE name = 'shared_buffers'").fetchone()[0]
             assert shown == {"max_wal_size": "4GB", "checkpoint_timeout": "15min"}, shown
+            assert buffers_mb == shared_buffers_mb(), buffers_mb
+            if psutil.virtual_memory().total >= 8 * 2**30:
+                assert buffers_mb == 1024, buffers_mb
         started = time.monotonic()
         proc.send_signal(stop_signal)
         assert proc.wait(timeout=5) == 0
