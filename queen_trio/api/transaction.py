@@ -133,9 +133,10 @@ async def transaction() -> Response:
         outcomes = await broker.schedules.schedule_many(
             current_tenant_id(), bundle.timers)  # type: ignore[arg-type]
         count_outcomes(outcomes, bundle.timers)
+        flat: list[models.TransactionItem] = []
+        flat += outcome_models(outcomes, models.TxTimer, 0)
         return model_response(models.TransactionDone(
-            success=True, transaction_id=transaction_id,
-            results=outcome_models(outcomes, models.TxTimer, 0)))
+            success=True, transaction_id=transaction_id, results=flat))
     try:
         results, kv_results, outcomes = await broker.db.run_transaction(
             transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher
