@@ -96,7 +96,7 @@ def main() -> None:
     # formats what the broker really holds.
     now = datetime.now(ZoneInfo("Etc/UTC"))
     outcomes = [store.Outcome("scheduled", s.queue, s.key, s.txn, s.partition,
-                              now + timedelta(hours=1, microseconds=i), uuid.uuid4())
+                              now + timedelta(hours=1, microseconds=i), str(uuid.uuid4()))
                 for i, s in enumerate(bundle.timers)]
 
     def answer_of() -> bytes:

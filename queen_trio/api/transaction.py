@@ -23,6 +23,7 @@ from ..kv.rules import PreconditionLost
 from ..log import rules as log_rules
 from ..models import transaction as models
 from ..switches import KV, TIMERS_SCHEDULE
+from ..timers import rules as timer_rules
 from .common import model_response
 from .errors import read_object_via
 from .kv import precondition_answer, result_models
@@ -88,6 +89,14 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
         reason=refusal.extra["reason"], results=[]), status=403)
 
 
+def _schedules_only(bundle: transactions.Bundle) -> bool:
+    """Whether the bundle only schedules timers (no push, ack, KV op, required lease or
+    cancel): then it is one statement, its own transaction."""
+    return (not bundle.operations and not bundle.kv and not bundle.required_leases
+            and bool(bundle.timers)
+            and all(type(t) is timer_rules.Schedule for t in bundle.timers))
+
+
 def _bundle_builtins(decoded: models.Bundle) -> dict[str, Any]:
     """A decoded bundle as the dicts the rules read, its timers left as models
     (transactions._parse_timers takes them as they are: a bundle of 500 timers as dicts cost
@@ -118,6 +127,16 @@ async def transaction() -> Response:
     if bundle.adds_storage():
         enforce_storage_gate()
     transaction_id = log_rules.new_transaction_id()
+    if _schedules_only(bundle):
+        # One statement commits them all (queen.schedule_timer_list), as on POST
+        # /api/v1/timers: in autocommit, without a BEGIN and a COMMIT round trip around it.
+        outcomes = await broker.schedules.schedule_many(
+            current_tenant_id(), bundle.timers)  # type: ignore[arg-type]
+        count_outcomes(outcomes, bundle.timers)
+        flat: list[models.TransactionItem] = []
+        flat += outcome_models(outcomes, models.TxTimer, 0)
+        return model_response(models.TransactionDone(
+            success=True, transaction_id=transaction_id, results=flat))
     try:
         results, kv_results, outcomes = await broker.db.run_transaction(
             transactions.execute, current_tenant_id(), bundle, limits, cipher=broker.cipher

@@ -12,8 +12,10 @@ SELECT queen.lock_timer_names(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[
 -- Upserts a list of timers in one statement (schema/functions/timers.sql): decided under the
 -- rows' locks, answering one row per input by position; queues, usage and the sweepers' NOTIFY
 -- included. The timers travel as parallel arrays, each one text (timers/store.py:
--- timer_arrays).
-SELECT ord, status, txn, message_id, deliver_at
+-- timer_arrays). The message id comes as its text (what the answer writes): a uuid.UUID per
+-- timer cost the broker its construction and kept every answer's objects tracked by the
+-- garbage collector.
+SELECT ord, status, txn, message_id::text AS message_id, deliver_at
 FROM queen.schedule_timer_list(%(tenant_id)s, %(queues)s::text[], %(keys)s::text[],
                                %(partitions)s::text[], %(txns)s::text[], %(delays)s::bigint[],
                                %(sizes)s::integer[], %(payloads)s::text[], %(zstd)s::boolean[],
@@ -22,8 +24,8 @@ ORDER BY ord
 
 -- name: schedule_one
 -- One timer (queen.schedule_timer): the same decision in a few key probes, with scalar
--- parameters; the payload as stored (zstd says how).
-SELECT ord, status, txn, message_id, deliver_at
+-- parameters; the payload as stored (zstd says how). The message id as text, as above.
+SELECT ord, status, txn, message_id::text AS message_id, deliver_at
 FROM queen.schedule_timer(%(tenant_id)s, %(queue)s, %(key)s, %(partition)s, %(txn)s,
                           %(delay_ms)s::bigint, %(bytes)s::integer, %(payload)s::bytea,
                           %(zstd)s, %(notify_within_ms)s::bigint)

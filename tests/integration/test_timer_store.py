@@ -659,9 +659,10 @@ def test_one_timer_alone_is_decided_and_stored_as_in_a_bundle(database_url: str,
         first = _decide(conn, tenant, path, timer("fresh-q", "k", 60_000, {"v": 1}))
         row = _row(database_url, "k")
         assert first.status == "scheduled" and row is not None
+        # (the id as its text, as the answer writes it)
         assert (first.txn, first.message_id, first.deliver_at) == (
-            row["txn"], row["message_id"], row["deliver_at"])
-        assert first.message_id is not None and first.message_id.version == 7
+            row["txn"], str(row["message_id"]), row["deliver_at"])
+        assert first.message_id is not None and uuid.UUID(first.message_id).version == 7
         assert (bytes(row["payload"]), row["payload_zstd"], row["payload_bytes"]) == (
             b'{"v":1}', False, 7)
         # The queue of a new timer is created with it; the bytes are counted.
@@ -677,7 +678,7 @@ def test_one_timer_alone_is_decided_and_stored_as_in_a_bundle(database_url: str,
         row = _row(database_url, "k")
         assert again.status == "rescheduled" and row is not None
         assert again.message_id not in (None, first.message_id)
-        assert (row["attempts"], row["payload_zstd"], row["message_id"]) == (
+        assert (row["attempts"], row["payload_zstd"], str(row["message_id"])) == (
             0, True, again.message_id)
         assert timer_rules.unpack(bytes(row["payload"]), True) == COMPRESSIBLE
         assert again.deliver_at is not None and again.deliver_at > before
@@ -734,9 +735,12 @@ def test_the_message_ids_of_a_bundle_are_distinct_version_7_uuids_of_their_insta
             end_ms = time.time_ns() // 1_000_000 + 5
             for o in outcomes:
                 assert o.message_id is not None
-                assert (o.message_id.version, o.message_id.variant) == (7, uuid.RFC_4122)
-                assert start_ms <= int.from_bytes(o.message_id.bytes[:6]) <= end_ms
-            ids += [o.message_id for o in outcomes]
+                # (the id as its text, as the answer writes it: PostgreSQL's spelling)
+                assert o.message_id == str(uuid.UUID(o.message_id))
+                mid = uuid.UUID(o.message_id)
+                assert (mid.version, mid.variant) == (7, uuid.RFC_4122)
+                assert start_ms <= int.from_bytes(mid.bytes[:6]) <= end_ms
+            ids += [uuid.UUID(o.message_id) for o in outcomes if o.message_id is not None]
     assert len(set(ids)) == 600
     # Each call draws its own random bits: its ids share no tail with the other call's.
     tails = [{i.bytes[8:14] for i in ids[:300]}, {i.bytes[8:14] for i in ids[300:]}]
