@@ -46,7 +46,7 @@ from quart import Blueprint, Response, websocket
 
 from ..errors import ApiError, DatabaseUnavailable, RequestError, ValidationError
 from ..log import longpoll, rules, store
-from ..log.wakeups import ParkLimit
+from ..log.wakeups import ParkLimit, QueueWakeups
 from ..models import codec
 from .common import broker as _broker
 from .errors import error_response
@@ -110,6 +110,27 @@ async def _open(queue: str, partition: str | None) -> Response | None:
     await ws.accept()
     await _Stream(ws, current_tenant_id(), req, inflight).run()
     return None
+
+
+def _settle_whole_noted(raw: Any, wakeups: QueueWakeups, tenant: int, req: rules.PopRequest,
+                        batch: store.PopBatch, acks: list[rules.Ack], pop: bool,
+                        sync_commit: bool) -> store.BatchSettled | None:
+    """:func:`store.settle_pop_head`, its NOTIFY (sent unless the pop leased the same
+    partition again) noted as this broker's own, as for an ack (api/log.py
+    ``_ack_head_noted``)."""
+    mark = wakeups.expect_own_notify(raw.info.backend_pid)
+    key = None
+    try:
+        settled = store.settle_pop_head(raw, tenant, req, batch, acks, pop=pop,
+                                        sync_commit=sync_commit)
+        if settled is not None:
+            again = settled.popped is not None and settled.popped.batch is not None and any(
+                b.partition_id == batch.partition_id for b in settled.popped.batches)
+            if not again:
+                key = store.wake_key(tenant, batch.queue)
+        return settled
+    finally:
+        wakeups.own_notify_sent(mark, key)
 
 
 class _Stream:
@@ -180,9 +201,8 @@ class _Stream:
             if not batches:
                 await self._send({"idle": True})
                 continue
-            answer = batches_to_wire(self.req, batches, self.broker.cipher)
             self.changed = trio.Event()
-            await self.ws.send(b'{"seq":%d,"pop":%s}' % (self.seq, codec.encode(answer)))
+            await self._send_batch(self.seq, batches)
             # A quick consumer settles within a moment, and the pop after it looks once; a
             # pop at once would look too, find the partition it holds still leased, and park
             # (two statements for nothing). A slow one keeps no other partition waiting long.
@@ -211,22 +231,66 @@ class _Stream:
                 self.changed.set()
                 continue
             results: list[store.AckResult] = []
+            popped: list[store.PopBatch] = []
             with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
                 try:
                     if acks:
-                        results = await settle(acks,
-                                               sync_commit=self.broker.settings.pop_commit_sync)
+                        settled = await self._settle_whole(seq, acks)
+                        if settled is None:
+                            results = await settle(
+                                acks, sync_commit=self.broker.settings.pop_commit_sync)
+                        else:
+                            results = settled.results
+                            if settled.popped is not None:
+                                popped = settled.popped.batches
                 except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
                     log.warning("stream %s: settling failed: %s", self.req.queue, exc)
                     await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
                     return
-            self.out.pop(seq, None)
-            self.changed.set()
+                self.out.pop(seq, None)
+                if popped:  # the next batch, in the settled one's place
+                    self.seq += 1
+                    self.out[self.seq] = popped
+                    next_seq = self.seq
+            if popped:
+                await self._send_batch(next_seq, popped)
+            else:
+                self.changed.set()
             # Only refusals are answered: a consumer counts what it sent as taken (a message
             # per batch less each way, the common case).
             refused = [ack_result(r) for r in results if r.refused is not None]
             if refused:
                 await self._send({"seq": seq, "ackRefused": refused})
+
+    async def _send_batch(self, seq: int, batches: list[store.PopBatch]) -> None:
+        answer = batches_to_wire(self.req, batches, self.broker.cipher)
+        await self.ws.send(b'{"seq":%d,"pop":%s}' % (seq, codec.encode(answer)))
+
+    async def _settle_whole(self, seq: int,
+                            acks: list[rules.Ack]) -> store.BatchSettled | None:
+        """Batch ``seq`` completed whole (the common settlement): its acknowledgement as one
+        offset commit, checked against the batch this stream holds rather than looked up
+        frame by frame, and, when the batch was full (a backlog: there is likely more), the
+        next pop in the same statement (queen.settle_pop_head). None: not that case, or the
+        cursor is not as the batch's pop left it: the usual ack (:func:`settle`) decides."""
+        sent = self.out.get(seq)
+        if sent is None or len(sent) != 1 or not store.completes_whole(sent[0], acks):
+            return None
+        batch, req, broker = sent[0], self.req, self.broker
+        pop = (len(batch.messages) >= req.batch and longpoll._head_served(req)
+               and req.subscribe_from != rules.SUBSCRIBE_NOW
+               and not (self.stopping or self.abandon.abandoned or broker.wakeups.stopping))
+        tenant = self.tenant
+        settled = await broker.db.run_autocommit(
+            _settle_whole_noted, broker.wakeups, tenant, req, batch, acks, pop,
+            broker.settings.pop_commit_sync)
+        if settled is None:
+            return None
+        broker.metrics.count_acks(tenant, (r.status for r in settled.results))
+        if pop:
+            got = [] if settled.popped is None else settled.popped.batches
+            broker.metrics.count_pop(tenant, sum(len(b.messages) for b in got))
+        return settled
 
     def _settlement(self, raw: str | bytes) -> tuple[int | None, list[rules.Ack]]:
         try:

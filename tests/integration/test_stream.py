@@ -251,3 +251,56 @@ async def test_a_trickle_costs_one_look_per_message_not_one_more_for_the_acks_no
     # (Without the fix, about a third of those NOTIFYs came after the next pop had looked:
     # 43-45 looks.)
     assert _looks(broker, "notify") - before <= n + n // 6
+
+
+def _pops(broker: BrokerHandle, outcome: str) -> float:
+    """Pops the broker made, by outcome ("messages" or "empty": its own counter)."""
+    return sum(s.value for metric in broker.context.metrics.registry.collect()
+               for s in metric.samples
+               if s.name == "queen_pop_requests_total" and s.labels.get("result") == outcome)
+
+
+async def test_a_backlog_drains_one_statement_per_batch_each_message_once_in_order(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # A full batch settled whole is acknowledged and followed by the next pop in one
+    # statement (queen.settle_pop_head): the partition is never seen free in between, so the
+    # stream's parked pop is not woken to look for each batch, and pops nothing empty.
+    n, batch = 120, 10
+    await queen.push_many("backlog", list(range(n)))
+    handled: list[int] = []
+    looks = {r: _looks(broker, r) for r in ("notify", "next")}
+    empty = _pops(broker, "empty")
+    stats = await queen.consume("backlog", lambda m: handled.append(m.data), batch=batch,
+                                max_messages=n)
+    assert handled == list(range(n))  # each once, in order
+    assert (stats.completed, stats.ack_errors) == (n, 0)
+    assert _acks_applied(broker)["completed"] >= n
+    assert len(await queen.pop("backlog")) == 0
+    # Without it: a look (woken by the settlement's NOTIFY) and an empty pop per batch.
+    woken = sum(_looks(broker, r) - v for r, v in looks.items())
+    assert woken <= 3, woken
+    assert _pops(broker, "empty") - empty <= 4
+
+
+async def test_a_whole_batch_settled_after_its_lease_was_lost_is_refused(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # The one-statement settlement takes a batch only under its live lease, the cursor as its
+    # pop left it; a batch whose lease expired and was taken by another consumer is refused
+    # (and that consumer's lease stands), as every other ack.
+    await queen.configure("lapsed", lease_time=1)
+    await queen.push_many("lapsed", ["a", "b"])
+    stolen: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        if not stolen:
+            await trio.sleep(1.3)
+            stolen.extend(await queen.pop("lapsed", batch=10))
+
+    stats = await queen.consume("lapsed", handler, max_messages=2, renew_leases=False,
+                                concurrency=1, batch=2)
+    assert [m.data for m in stolen] == ["a", "b"]
+    assert (stats.handled, stats.completed, stats.ack_errors) == (2, 0, 2)
+    for message in stolen:
+        assert (await queen.ack(message)).refused is None
