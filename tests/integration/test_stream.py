@@ -271,8 +271,15 @@ async def test_a_backlog_drains_one_statement_per_batch_each_message_once_in_ord
     handled: list[int] = []
     looks = {r: _looks(broker, r) for r in ("notify", "next")}
     empty = _pops(broker, "empty")
-    stats = await queen.consume("backlog", lambda m: handled.append(m.data), batch=batch,
-                                max_messages=n)
+
+    async def handler(message: Message) -> None:
+        handled.append(message.data)
+        if len(handled) % batch == 0:
+            # A batch that takes longer than the stream's wait for its settlement (20 ms):
+            # the stream's own pop looks meanwhile, finds the partition leased and parks.
+            await trio.sleep(0.05)
+
+    stats = await queen.consume("backlog", handler, batch=batch, max_messages=n)
     assert handled == list(range(n))  # each once, in order
     assert (stats.completed, stats.ack_errors) == (n, 0)
     assert _acks_applied(broker)["completed"] >= n
