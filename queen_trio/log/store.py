@@ -825,8 +825,9 @@ def ack_head(raw: DictConnection, tenant_id: int, acks: Sequence[Ack], *,
 @dataclasses.dataclass(frozen=True, slots=True)
 class BatchSettled:
     """:func:`settle_pop_head`'s answer: the batch's completions applied (``results``, as
-    :func:`ack_head` gives them) and what the pop after them found (``popped``; a batch, or
-    nothing: ``PopOutcome(None)``; None: the pop's case needs :func:`pop`)."""
+    :func:`ack_head` gives them) and what the pop after them found (``popped``: a batch, or
+    nothing with when to look again, as :func:`pop_head` answers; None: no pop was asked
+    for, or its case needs :func:`pop`)."""
 
     results: list[AckResult]
     popped: PopOutcome | None
@@ -868,6 +869,8 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
         return None
     results = [AckResult(a.index, a.transaction_id, a.partition_id, a.status, batch.queue,
                          batch.partition, True, False, False) for a in acks]
+    if not pop:
+        return BatchSettled(results, None)
     return BatchSettled(results, _rotated(tenant_id, _head_outcome(req, rows, texts=True)))
 
 

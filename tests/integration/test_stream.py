@@ -4,6 +4,7 @@ backpressure, the broker's idle timeout, auth, and the fallback to the HTTP pop 
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -311,3 +312,70 @@ async def test_a_whole_batch_settled_after_its_lease_was_lost_is_refused(
     assert (stats.handled, stats.completed, stats.ack_errors) == (2, 0, 2)
     for message in stolen:
         assert (await queen.ack(message)).refused is None
+
+
+class _Statements:
+    """Counts the statements (and transactions) the broker's pool runs, by what runs them,
+    while it is installed: the real pool, only counted."""
+
+    def __init__(self, broker: BrokerHandle) -> None:
+        self.db = broker.context.db
+        self.calls: list[str] = []
+
+    def __enter__(self) -> _Statements:
+        db, calls = self.db, self.calls
+        self.saved = db.run_autocommit, db.run_transaction
+
+        def counted(run: Any) -> Any:
+            async def wrapper(fn: Any, *args: Any, **kwargs: Any) -> Any:
+                calls.append(getattr(fn, "__name__", repr(fn)))
+                return await run(fn, *args, **kwargs)
+            return wrapper
+
+        db.run_autocommit = counted(db.run_autocommit)  # type: ignore[method-assign]
+        db.run_transaction = counted(db.run_transaction)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.run_autocommit, self.db.run_transaction = self.saved  # type: ignore[method-assign]
+
+
+async def test_a_trickle_settles_and_looks_again_in_one_statement_per_message(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # Messages one at a time: each is pushed (a statement), wakes the stream's parked pop,
+    # which looks and takes it (one), and the consumer settles it within the stream's wait
+    # for it: the stream's next pop applies that settlement and looks again in one statement
+    # (queen.settle_pop_head), and parks on what it found. (Before: an ack, then a look.)
+    await queen.configure("drip")
+    n = 30
+    handled: list[int] = []
+    arrived = trio.Event()
+
+    def handler(message: Message) -> None:
+        handled.append(message.data)
+        arrived.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(queen.consume, "drip", handler)  # (warm: the stream is open)
+        await queen.push("drip", -1)
+        with trio.fail_after(10):
+            await arrived.wait()
+        await trio.sleep(0.3)
+        handled.clear()
+        with _Statements(broker) as statements:
+            for i in range(n):
+                arrived = trio.Event()
+                await queen.push("drip", i)
+                with trio.fail_after(10):
+                    await arrived.wait()
+                await trio.sleep(0.1)  # settled, and parked again before the next
+        nursery.cancel_scope.cancel()
+    assert handled == list(range(n))
+    calls = collections.Counter(statements.calls)
+    # Consuming each message: the look that takes it, and its settlement with the next look
+    # (before: a look, an ack, and a look after it: 3 per message).
+    consuming = sum(v for k, v in calls.items()
+                    if k in ("pop_head", "pop_head_after", "pop", "next_look_in_s",
+                             "_ack_head_noted", "ack", "_settle_whole_noted"))
+    assert consuming <= 2 * n + 5, calls
