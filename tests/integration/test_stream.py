@@ -374,8 +374,10 @@ async def test_a_trickle_settles_and_looks_again_in_one_statement_per_message(
     assert handled == list(range(n))
     calls = collections.Counter(statements.calls)
     # Consuming each message: the look that takes it, and its settlement with the next look
-    # (before: a look, an ack, and a look after it: 3 per message).
+    # (before: a look, an ack, and a look after it: 3 per message). On a loaded machine a
+    # settlement may come after the stream stopped waiting for it (20 ms): then it is applied
+    # on its own and the pop looks as before (the margin).
     consuming = sum(v for k, v in calls.items()
                     if k in ("pop_head", "pop_head_after", "pop", "next_look_in_s",
                              "_ack_head_noted", "ack", "_settle_whole_noted"))
-    assert consuming <= 2 * n + 5, calls
+    assert consuming <= 2 * n + n // 2, calls
