@@ -350,7 +350,11 @@ class _Stream:
         pending, self.pending = self.pending, None
         if pending is not None:
             seq, acks = pending
-            results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+            try:
+                results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+            except _DB_TROUBLE as exc:  # not applied: its lease ends by itself
+                log.warning("stream %s: settling failed: %s", self.req.queue, exc)
+                return
             self.out.pop(seq, None)
             self.changed.set()
             await self._send_refused(seq, results)
