@@ -1293,6 +1293,68 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.settle_pop_head(p_tenant integer, p_queue text, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint, p_through bigint, p_pop_partition text, p_batch integer, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_sort text := current_setting('enable_sort');
+    v_commit text := current_setting('synchronous_commit');
+    cur record;
+BEGIN
+    -- The cursor, newest version first, locked (as in queen.ack_head).
+    PERFORM set_config('enable_sort', 'off', true);
+    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+           c.lease_expires_at > now() AS lease_live INTO cur
+    FROM queen.cursors c
+    WHERE (c.partition_id, c.consumer_group) >= (p_partition_id, p_group)
+      AND (c.partition_id, c.consumer_group) <= (p_partition_id, p_group)
+      AND c.tenant_id = p_tenant
+    ORDER BY c.partition_id DESC, c.consumer_group DESC
+    LIMIT 1
+    FOR UPDATE;
+    PERFORM set_config('enable_sort', v_sort, true);
+    IF NOT FOUND OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
+       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+        RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,
+                            NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
+                            NULL::timestamptz, NULL::jsonb;
+        RETURN;
+    END IF;
+    UPDATE queen.cursors c
+    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
+    WHERE c.ctid = cur.tid;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
+      AND r."offset" <= p_through;
+
+    IF p_batch > 0 THEN
+        -- (A new statement: it sees the cursor committed through above.) The queue's long
+        -- polls are told unless the pop has leased the same partition again at once.
+        RETURN QUERY
+        WITH popped AS MATERIALIZED (
+            SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_pop_partition, p_batch,
+                                         false, p_after)),
+        told AS MATERIALIZED (
+            SELECT pg_notify('queen_log', p_tenant::text || ':' || p_queue)
+            WHERE NOT EXISTS (SELECT 1 FROM popped x
+                              WHERE x.outcome = 'messages' AND x.partition_id = p_partition_id))
+        SELECT x.* FROM popped x, (SELECT count(*) FROM told) AS forced;
+        -- The pop's lease may be forgotten in a crash (it does not wait for the disk), the
+        -- acknowledgement may not: the commit waits as the caller asked.
+        PERFORM set_config('synchronous_commit', v_commit, true);
+        RETURN;
+    END IF;
+    PERFORM pg_notify('queen_log', p_tenant::text || ':' || p_queue);
+    RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid,
+                        NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
+                        NULL::timestamptz, NULL::jsonb;
+END
+$$;
+
 CREATE FUNCTION queen.sweep_due(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'

@@ -36,6 +36,7 @@ shutdown the broker pops no more, waits a moment for the batches out to be settl
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -46,7 +47,7 @@ from quart import Blueprint, Response, websocket
 
 from ..errors import ApiError, DatabaseUnavailable, RequestError, ValidationError
 from ..log import longpoll, rules, store
-from ..log.wakeups import ParkLimit
+from ..log.wakeups import ParkLimit, QueueWakeups
 from ..models import codec
 from .common import broker as _broker
 from .errors import error_response
@@ -112,6 +113,33 @@ async def _open(queue: str, partition: str | None) -> Response | None:
     return None
 
 
+def _settle_whole_noted(raw: Any, wakeups: QueueWakeups, tenant: int, req: rules.PopRequest,
+                        batch: store.PopBatch, acks: list[rules.Ack], pop: bool,
+                        sync_commit: bool) -> store.BatchSettled | None:
+    """:func:`store.settle_pop_head`, its NOTIFY (sent unless the pop leased the same
+    partition again) noted as this broker's own, as for an ack (api/log.py
+    ``_ack_head_noted``)."""
+    mark = wakeups.expect_own_notify(raw.info.backend_pid)
+    key, news = None, True
+    try:
+        settled = store.settle_pop_head(raw, tenant, req, batch, acks, pop=pop,
+                                        sync_commit=sync_commit)
+        if settled is not None:
+            popped = settled.popped
+            again = popped is not None and popped.batch is not None and any(
+                b.partition_id == batch.partition_id for b in popped.batches)
+            if not again:
+                key = store.wake_key(tenant, batch.queue)
+            # A pop after the settlement that found nothing, nor anything about to be
+            # poppable, has looked for this broker's pops of the queue already: the partition
+            # it freed has nothing more for the group.
+            news = not (popped is not None and popped.batch is None and popped.looked
+                        and (popped.look_in_s is None or popped.look_in_s > 0))
+        return settled
+    finally:
+        wakeups.own_notify_sent(mark, key, news=news)
+
+
 class _Stream:
     """One consumer's stream: a pop loop and the reading of its settlements."""
 
@@ -124,12 +152,17 @@ class _Stream:
         self.stopping = False
         self.close_code = _CLOSE_NORMAL
         self.abandon = longpoll.Abandon()  # the consumer stopped or left: stop waiting
+        # The batch whose settlement the pop loop waits for (SETTLE_HOLD_S), and a whole one
+        # handed to it (seq, acks): its next pop applies it first, in the same statement.
+        self.holding: int | None = None
+        self.pending: tuple[int, list[rules.Ack]] | None = None
 
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_settlements)
                 await self._pop_loop()
+                await self._settle_pending()
                 with trio.move_on_after(DRAIN_S):
                     while self.out:
                         await self._wait_changed()
@@ -137,10 +170,12 @@ class _Stream:
             await self.ws.close(self.close_code)
         finally:
             # The consumer went away (the handler is cancelled then) or the stream ended:
-            # what it did not settle goes back now rather than when its lease ends.
+            # what it did not settle goes back now rather than when its lease ends (after
+            # what it did settle).
             if self.out:
                 with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
                     try:
+                        await self._settle_pending()
                         await self._give_back()
                     except _DB_TROUBLE as exc:  # the leases end by themselves
                         log.warning("stream %s: giving back failed: %s", self.req.queue, exc)
@@ -155,16 +190,19 @@ class _Stream:
         # (abandoned: the consumer has gone, and nothing here may wait for it: a send to a
         # closed WebSocket returns at once, without a checkpoint that would cancel this loop)
         while not (self.stopping or wakeups.stopping or self.abandon.abandoned):
-            if len(self.out) >= self.inflight:
+            if len(self.out) - (self.pending is not None) >= self.inflight:
                 await self._wait_changed()
                 continue
+            pending, self.pending = self.pending, None
+            first_look = None if pending is None else functools.partial(
+                self._settle_then_look, *pending)
             # Not cut off by the consumer leaving: a pop cancelled inside PostgreSQL may have
             # taken a lease nobody would see; it ends when abandoned (only its sleep is cut
             # short) or by its own timeout, and what it took goes back.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout_s + 5):
                 try:
                     batches = await longpoll.pop_batches(self.broker, self.tenant, self.req,
-                                                         self.abandon)
+                                                         self.abandon, first_look)
                 except ParkLimit as limit:
                     await self._fail("too_many_waiting_pops", f"{limit.limit} pops wait "
                                      f"already ({limit.scope} bound); retry later",
@@ -180,14 +218,16 @@ class _Stream:
             if not batches:
                 await self._send({"idle": True})
                 continue
-            answer = batches_to_wire(self.req, batches, self.broker.cipher)
             self.changed = trio.Event()
-            await self.ws.send(b'{"seq":%d,"pop":%s}' % (self.seq, codec.encode(answer)))
-            # A quick consumer settles within a moment, and the pop after it looks once; a
-            # pop at once would look too, find the partition it holds still leased, and park
-            # (two statements for nothing). A slow one keeps no other partition waiting long.
+            self.holding = self.seq  # (before it can be settled)
+            await self._send_batch(self.seq, batches)
+            # A quick consumer settles within a moment, and the pop after it looks once (in
+            # the settlement's own statement when the batch is settled whole); a pop at once
+            # would look too, find the partition it holds still leased, and park (two
+            # statements for nothing). A slow one keeps no other partition waiting long.
             with trio.move_on_after(SETTLE_HOLD_S):
                 await self._wait_changed()
+            self.holding = None
         if wakeups.stopping:
             self.close_code = _CLOSE_GOING_AWAY
 
@@ -210,23 +250,121 @@ class _Stream:
                 self.abandon.now()
                 self.changed.set()
                 continue
+            if (seq == self.holding and self.pending is None and self._whole(seq, acks)
+                    and self._may_pop()):
+                # The pop loop waits for this one: its next pop settles it first, in one
+                # statement, and parks on what that look found.
+                self.holding = None
+                self.pending = seq, acks
+                self.changed.set()
+                continue
             results: list[store.AckResult] = []
+            popped: list[store.PopBatch] = []
             with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
                 try:
                     if acks:
-                        results = await settle(acks,
-                                               sync_commit=self.broker.settings.pop_commit_sync)
+                        settled = await self._settle_whole(seq, acks)
+                        if settled is None:
+                            results = await settle(
+                                acks, sync_commit=self.broker.settings.pop_commit_sync)
+                        else:
+                            results = settled.results
+                            if settled.popped is not None:
+                                popped = settled.popped.batches
                 except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
                     log.warning("stream %s: settling failed: %s", self.req.queue, exc)
                     await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
                     return
+                self.out.pop(seq, None)
+                if popped:  # the next batch, in the settled one's place
+                    self.seq += 1
+                    self.out[self.seq] = popped
+                    next_seq = self.seq
+            if popped:
+                await self._send_batch(next_seq, popped)
+            else:
+                self.changed.set()
+            await self._send_refused(seq, results)
+
+    async def _send_batch(self, seq: int, batches: list[store.PopBatch]) -> None:
+        answer = batches_to_wire(self.req, batches, self.broker.cipher)
+        await self.ws.send(b'{"seq":%d,"pop":%s}' % (seq, codec.encode(answer)))
+
+    def _whole(self, seq: int, acks: list[rules.Ack]) -> bool:
+        """Whether ``acks`` complete batch ``seq`` whole (:func:`store.completes_whole`)."""
+        sent = self.out.get(seq)
+        return (sent is not None and len(sent) == 1 and bool(acks)
+                and store.completes_whole(sent[0], acks))
+
+    def _may_pop(self) -> bool:
+        """Whether a settlement may be followed by a pop in its statement (queen.pop_head
+        serves this stream's pops, and the stream goes on)."""
+        req = self.req
+        return (longpoll.head_served(req) and req.subscribe_from != rules.SUBSCRIBE_NOW
+                and not (self.stopping or self.abandon.abandoned
+                         or self.broker.wakeups.stopping))
+
+    async def _settle_whole(self, seq: int, acks: list[rules.Ack], *,
+                            pop: bool | None = None) -> store.BatchSettled | None:
+        """Batch ``seq`` completed whole (the common settlement): its acknowledgement as one
+        offset commit, checked against the batch this stream holds rather than looked up
+        frame by frame, and with ``pop`` the next pop in the same statement
+        (queen.settle_pop_head; by default when the batch was full: a backlog, there is
+        likely more, and the pop is counted here). None: not that case, or the cursor is not
+        as the batch's pop left it: the usual ack (:func:`settle`) decides."""
+        if not self._whole(seq, acks):
+            return None
+        batch, req, broker = self.out[seq][0], self.req, self.broker
+        counted = pop is None
+        if pop is None:
+            pop = len(batch.messages) >= req.batch and self._may_pop()
+        tenant = self.tenant
+        settled = await broker.db.run_autocommit(
+            _settle_whole_noted, broker.wakeups, tenant, req, batch, acks, pop,
+            broker.settings.pop_commit_sync)
+        if settled is None:
+            return None
+        broker.metrics.count_acks(tenant, (r.status for r in settled.results))
+        if pop and counted:
+            got = [] if settled.popped is None else settled.popped.batches
+            broker.metrics.count_pop(tenant, sum(len(b.messages) for b in got))
+        return settled
+
+    async def _settle_then_look(self, seq: int, acks: list[rules.Ack]) -> store.PopOutcome:
+        """The pop loop's first look after the consumer settled batch ``seq`` whole: the
+        settlement and the look in one statement; else the settlement as usual, then the
+        look."""
+        settled = await self._settle_whole(seq, acks, pop=True)
+        if settled is None:
+            results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+            self.out.pop(seq, None)
+            await self._send_refused(seq, results)
+        else:
+            self.out.pop(seq, None)
+            if settled.popped is not None:
+                return settled.popped
+        return await longpoll.look(self.broker, self.tenant, self.req)
+
+    async def _settle_pending(self) -> None:
+        """A settlement handed to the pop loop that it did not get to: applied as usual."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            seq, acks = pending
+            try:
+                results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+            except _DB_TROUBLE as exc:  # not applied: its lease ends by itself
+                log.warning("stream %s: settling failed: %s", self.req.queue, exc)
+                return
             self.out.pop(seq, None)
             self.changed.set()
-            # Only refusals are answered: a consumer counts what it sent as taken (a message
-            # per batch less each way, the common case).
-            refused = [ack_result(r) for r in results if r.refused is not None]
-            if refused:
-                await self._send({"seq": seq, "ackRefused": refused})
+            await self._send_refused(seq, results)
+
+    async def _send_refused(self, seq: int, results: list[store.AckResult]) -> None:
+        # Only refusals are answered: a consumer counts what it sent as taken (a message
+        # per batch less each way, the common case).
+        refused = [ack_result(r) for r in results if r.refused is not None]
+        if refused:
+            await self._send({"seq": seq, "ackRefused": refused})
 
     def _settlement(self, raw: str | bytes) -> tuple[int | None, list[rules.Ack]]:
         try:

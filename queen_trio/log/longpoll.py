@@ -10,6 +10,7 @@ reads the request and writes the answer.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -69,30 +70,38 @@ class Abandon:
                 self._sleeping = None
 
 
+FirstLook = Callable[[], Awaitable[store.PopOutcome]]
+
+
 async def pop_batches(broker: PopBroker, tenant: int, req: rules.PopRequest,
-                      abandon: Abandon | None = None) -> list[store.PopBatch]:
+                      abandon: Abandon | None = None,
+                      first_look: FirstLook | None = None) -> list[store.PopBatch]:
     """The pop ``req`` of ``tenant``: one look, or with ``wait`` a long-poll
     (:func:`_wait_for_messages`); :class:`~.wakeups.ParkLimit` when it may not wait.
-    ``abandon``: ends the wait early when told to."""
+    ``abandon``: ends the wait early when told to. ``first_look``: the pop's first look
+    instead of :func:`look` (a stream's settlement and the pop after it in one statement),
+    made after the pop has joined its lane (no wake-up after it goes unseen)."""
     if req.subscribe_from == rules.SUBSCRIBE_NOW:
         # The group's subscription instant, before it looks: what is pushed from now on is
         # new to it, whichever partition it lands in (store.subscribe).
         await broker.db.run_transaction(store.subscribe, tenant, req)
     if not req.wait or req.timeout_ms == 0:
-        return _popped(broker.metrics, tenant, await _look(broker, tenant, req))
+        outcome = await (first_look() if first_look is not None else look(broker, tenant, req))
+        return _popped(broker.metrics, tenant, outcome)
     key = store.wake_key(tenant, req.queue)
     with broker.wakeups.waiting(key, tenant, req) as waiter:
         return _popped(broker.metrics, tenant,
-                       await _wait_for_messages(broker, tenant, req, key, waiter, abandon))
+                       await _wait_for_messages(broker, tenant, req, key, waiter, abandon,
+                                                first_look))
 
 
-async def _look(broker: PopBroker, tenant: int, req: rules.PopRequest,
-                fire: ExpectedFire | None = None) -> store.PopOutcome:
+async def look(broker: PopBroker, tenant: int, req: rules.PopRequest,
+               fire: ExpectedFire | None = None) -> store.PopOutcome:
     """One pop: most are served by one statement, the rest by the general pop (which alone
     takes several partitions). ``fire``: a timer is about to fire into the queue; wait for its
     frame in PostgreSQL."""
     sync_commit = broker.settings.pop_commit_sync
-    if not _head_served(req):
+    if not head_served(req):
         outcome = None
     elif fire is not None:
         fire_wait_s = broker.settings.pop_fire_wait_ms / 1000
@@ -114,8 +123,8 @@ async def _look(broker: PopBroker, tenant: int, req: rules.PopRequest,
 
 
 async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopRequest, key: str,
-                             waiter: Waiter, abandon: Abandon | None = None
-                             ) -> store.PopOutcome:
+                             waiter: Waiter, abandon: Abandon | None = None,
+                             first_look: FirstLook | None = None) -> store.PopOutcome:
     """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
     (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
     instead of waiting (:class:`~.wakeups.ParkLimit`)."""
@@ -125,7 +134,7 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
     parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
     # A lane whose last look found nothing, with no news since: join it without a look (a
     # client polling again after its timeout costs no query).
-    known_empty = waiter.lane_known_empty
+    known_empty = waiter.lane_known_empty and first_look is None
     outcome = store.PopOutcome(None)
     try:
         while True:
@@ -138,20 +147,23 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
                 if handed is not None and handed.batch is not None:
                     waiter.served = True
                     return handed
-            fire = wakeups.claim_fire(key) if waiter.parked and _head_served(req) else None
+            fire = wakeups.claim_fire(key) if waiter.parked and head_served(req) else None
             if fire is not None and (req.partition not in (None, fire.partition)
                                      or fire.due_local + fire_wait_s > deadline):
                 fire = None
             if waiter.parked:
                 metrics.longpoll_looks.labels(reason).inc()
-            if known_empty:
+            if first_look is not None:
+                outcome = await first_look()
+                first_look = None
+            elif known_empty:
                 waiter.take_lane_knowledge()
                 metrics.longpoll_looks_spared.inc()
             elif waiter.parked and reason in BACKGROUND_REASONS:
                 async with wakeups.rechecks:  # every lane at once: a few at a time
-                    outcome = await _look(broker, tenant, req, fire)
+                    outcome = await look(broker, tenant, req, fire)
             else:
-                outcome = await _look(broker, tenant, req, fire)
+                outcome = await look(broker, tenant, req, fire)
             if outcome.batch is not None:
                 waiter.served = True  # there may be more: the next of the lane looks
                 return outcome
@@ -161,7 +173,7 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
             if not waiter.parked:
                 _park(broker, waiter)
                 metrics.longpoll_waiters.inc()
-            if parked is None and _head_served(req):
+            if parked is None and head_served(req):
                 parked = ParkedPop(tenant, req, deadline, waiter=waiter)
                 wakeups.offer(key, parked)
             if known_empty:
@@ -194,7 +206,7 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
             metrics.longpoll_waiters.dec()
 
 
-def _head_served(req: rules.PopRequest) -> bool:
+def head_served(req: rules.PopRequest) -> bool:
     """Whether the one-statement pop (queen.pop_head, which the sweeper's hand-over uses too)
     can serve this pop: one partition, the queue's lease, no conflation."""
     return req.partitions == 1 and not req.conflation and req.lease_s is None

@@ -822,6 +822,58 @@ def ack_head(raw: DictConnection, tenant_id: int, acks: Sequence[Ack], *,
             for a in acks]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchSettled:
+    """:func:`settle_pop_head`'s answer: the batch's completions applied (``results``, as
+    :func:`ack_head` gives them) and what the pop after them found (``popped``: a batch, or
+    nothing with when to look again, as :func:`pop_head` answers; None: no pop was asked
+    for, or its case needs :func:`pop`)."""
+
+    results: list[AckResult]
+    popped: PopOutcome | None
+
+
+def completes_whole(batch: PopBatch, acks: Sequence[Ack]) -> bool:
+    """Whether ``acks`` complete exactly ``batch``'s messages, and the batch is one
+    contiguous run of offsets under a lease: the case :func:`settle_pop_head` serves."""
+    messages = batch.messages
+    if (batch.lease_id is None or not messages or len(acks) != len(messages)
+            or messages[-1].offset - messages[0].offset != len(messages) - 1):
+        return False
+    pid, group, lease = batch.partition_id, batch.group, batch.lease_id
+    for a in acks:
+        if (a.status != "completed" or a.partition_id != pid or a.group != group
+                or a.lease_id not in (None, lease)):
+            return False
+    return {a.transaction_id for a in acks} == {m.transaction_id for m in messages}
+
+
+def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch: PopBatch,
+                    acks: Sequence[Ack], *, pop: bool,
+                    sync_commit: bool = True) -> BatchSettled | None:
+    """A batch this broker handed out, completed whole by ``acks``
+    (:func:`completes_whole`), as one offset commit through its last offset while the cursor
+    is as its pop left it, then (``pop``) the next pop of ``req`` (as :func:`pop_head`), in
+    one statement that may run in autocommit. None when the acknowledgement's case needs
+    :func:`ack` (then nothing was changed). ``sync_commit`` as for :func:`pop_head`."""
+    rows = raw.execute(
+        Q.settle_pop_head,
+        {"tenant_id": tenant_id, "name": req.queue, "group": batch.group,
+         "partition_id": batch.partition_id, "lease_id": batch.lease_id,
+         "from": batch.messages[0].offset, "through": batch.messages[-1].offset,
+         "partition": req.partition, "batch": req.batch if pop else 0,
+         "synchronous_commit": _commit_level(sync_commit),
+         "after": rotation.start_after(tenant_id, req.queue, req.group)},
+    ).fetchall()
+    if rows[0]["outcome"] == "unsettled":
+        return None
+    results = [AckResult(a.index, a.transaction_id, a.partition_id, a.status, batch.queue,
+                         batch.partition, True, False, False) for a in acks]
+    if not pop:
+        return BatchSettled(results, None)
+    return BatchSettled(results, _rotated(tenant_id, _head_outcome(req, rows, texts=True)))
+
+
 def _where(a: Ack) -> str:
     return f"acknowledgement {a.index}" if a.index else "acknowledgement"
 

@@ -203,6 +203,9 @@ class OwnNotify:
     pid: int
     key: str | None = None
     committed_by: float = math.inf
+    # The statement that sent it also looked, after its change, and found nothing for this
+    # broker's pops of the queue: it is news to none of them.
+    no_news: bool = False
 
 
 # Marks kept per pool connection at most (each is taken by the next NOTIFY of its backend).
@@ -376,11 +379,14 @@ class QueueWakeups:
         marks.append(mark)
         return mark
 
-    def own_notify_sent(self, mark: OwnNotify, key: str | None) -> None:
+    def own_notify_sent(self, mark: OwnNotify, key: str | None, *,
+                        news: bool = True) -> None:
         """The statement has returned (committed), having NOTIFYed ``key`` (None: nothing,
-        or not known: the mark is dropped, and what comes from that backend is news)."""
+        or not known: the mark is dropped, and what comes from that backend is news).
+        ``news=False``: the statement then looked for the queue's pops itself (a settlement
+        followed by a pop in one statement, queen.settle_pop_head) and found nothing."""
         if key is not None:
-            mark.key, mark.committed_by = key, trio.current_time()
+            mark.key, mark.committed_by, mark.no_news = key, trio.current_time(), not news
             return
         marks = self._own.get(mark.pid)
         if marks is not None and mark in marks:
@@ -402,7 +408,7 @@ class QueueWakeups:
         # backend gone, say, and its pid another's since).
         if mark.key != key or trio.current_time() - mark.committed_by > _OWN_NOTIFY_TTL_S:
             return None
-        return mark.committed_by
+        return -math.inf if mark.no_news else mark.committed_by
 
     def notify_all(self, reason: Reason) -> None:
         for key in list(self._lanes):

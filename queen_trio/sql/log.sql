@@ -122,6 +122,24 @@ FROM commit_level,
      queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
                     %(auto_ack)s, %(after)s) AS p
 
+-- name: settle_pop_head
+-- A stream's batch completed whole through its last offset, then (batch above 0) the next
+-- pop, in one statement (queen.settle_pop_head, schema/functions/log.sql); the commit level,
+-- payload and meta, and look_in_s when the pop found nothing, as for pop_head.
+WITH commit_level AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
+                      true))
+SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
+       CASE WHEN p.outcome = 'empty' AND %(batch)s > 0
+            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+       END AS look_in_s
+FROM commit_level,
+     queen.settle_pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition_id)s,
+                           %(lease_id)s, %(from)s, %(through)s, %(partition)s, %(batch)s,
+                           %(after)s) AS p
+
 -- name: pop_head_after
 -- pop_head, tried from the due instant of a timer about to fire into this queue until it has
 -- fired or p_give_up (schema/functions/log.sql); the commit level and look_in_s as for

@@ -410,6 +410,92 @@ BEGIN
 END
 $fn$;
 
+-- A stream's batch settled whole, and the next pop, in one statement.
+--
+-- A streaming consumer (queen_trio/api/stream.py) that completes every message of a batch the
+-- broker handed it says so by transactionId; the broker, which still holds that batch, checks
+-- in memory that the settlement names exactly its messages, and then needs no look-up of the
+-- frames by transactionId (what queen.ack_head spends most of its time on, a probe per message):
+-- the acknowledgement is the offset commit through the batch's last offset p_through. It is
+-- taken here only while the cursor is exactly as that pop left it: the lease p_lease live and
+-- the cursor's, handing out (p_from - 1, p_through], nothing committed or done out of order
+-- since (then every message is a plain completion, as queen.ack_head would answer). Anything
+-- else answers one 'unsettled' row having changed nothing, and the broker runs its usual ack.
+--
+-- Then, with p_batch > 0, the group's next pop in the same statement (queen.pop_head, in its
+-- rotation after p_after): a consumer draining a backlog gets its next batch without another
+-- round trip, and the partition is never seen free in between (no NOTIFY, no parked pop woken
+-- to find it leased again). Its rows follow, as queen.pop_head answers them; with p_batch = 0,
+-- or when the pop finds nothing, one 'empty' row ('fallback': the pop's case needs the general
+-- pop, and the acknowledgement has committed all the same). The queue's long polls are told
+-- (NOTIFY) when the partition is left free.
+CREATE OR REPLACE FUNCTION queen.settle_pop_head(
+    p_tenant integer, p_queue text, p_group text, p_partition_id uuid, p_lease uuid,
+    p_from bigint, p_through bigint, p_pop_partition text, p_batch integer, p_after text)
+RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
+               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
+               payload jsonb, created_at timestamptz, meta jsonb)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- (as queen.ack_head and queen.pop_head)
+SET enable_seqscan = off
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_sort text := current_setting('enable_sort');
+    v_commit text := current_setting('synchronous_commit');
+    cur record;
+BEGIN
+    -- The cursor, newest version first, locked (as in queen.ack_head).
+    PERFORM set_config('enable_sort', 'off', true);
+    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+           c.lease_expires_at > now() AS lease_live INTO cur
+    FROM queen.cursors c
+    WHERE (c.partition_id, c.consumer_group) >= (p_partition_id, p_group)
+      AND (c.partition_id, c.consumer_group) <= (p_partition_id, p_group)
+      AND c.tenant_id = p_tenant
+    ORDER BY c.partition_id DESC, c.consumer_group DESC
+    LIMIT 1
+    FOR UPDATE;
+    PERFORM set_config('enable_sort', v_sort, true);
+    IF NOT FOUND OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
+       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+        RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,
+                            NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
+                            NULL::timestamptz, NULL::jsonb;
+        RETURN;
+    END IF;
+    UPDATE queen.cursors c
+    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
+    WHERE c.ctid = cur.tid;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
+      AND r."offset" <= p_through;
+
+    IF p_batch > 0 THEN
+        -- (A new statement: it sees the cursor committed through above.) The queue's long
+        -- polls are told unless the pop has leased the same partition again at once.
+        RETURN QUERY
+        WITH popped AS MATERIALIZED (
+            SELECT * FROM queen.pop_head(p_tenant, p_queue, p_group, p_pop_partition, p_batch,
+                                         false, p_after)),
+        told AS MATERIALIZED (
+            SELECT pg_notify('queen_log', p_tenant::text || ':' || p_queue)
+            WHERE NOT EXISTS (SELECT 1 FROM popped x
+                              WHERE x.outcome = 'messages' AND x.partition_id = p_partition_id))
+        SELECT x.* FROM popped x, (SELECT count(*) FROM told) AS forced;
+        -- The pop's lease may be forgotten in a crash (it does not wait for the disk), the
+        -- acknowledgement may not: the commit waits as the caller asked.
+        PERFORM set_config('synchronous_commit', v_commit, true);
+        RETURN;
+    END IF;
+    PERFORM pg_notify('queen_log', p_tenant::text || ':' || p_queue);
+    RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid,
+                        NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
+                        NULL::timestamptz, NULL::jsonb;
+END
+$fn$;
+
 -- A parked pop can wait for a timer's fire inside PostgreSQL.
 --
 -- Before an idle sweep fires a timer (the sweep is sent ahead of the due instant: see

@@ -4,6 +4,7 @@ backpressure, the broker's idle timeout, auth, and the fallback to the HTTP pop 
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -251,3 +252,132 @@ async def test_a_trickle_costs_one_look_per_message_not_one_more_for_the_acks_no
     # (Without the fix, about a third of those NOTIFYs came after the next pop had looked:
     # 43-45 looks.)
     assert _looks(broker, "notify") - before <= n + n // 6
+
+
+def _pops(broker: BrokerHandle, outcome: str) -> float:
+    """Pops the broker made, by outcome ("messages" or "empty": its own counter)."""
+    return sum(s.value for metric in broker.context.metrics.registry.collect()
+               for s in metric.samples
+               if s.name == "queen_pop_requests_total" and s.labels.get("result") == outcome)
+
+
+async def test_a_backlog_drains_one_statement_per_batch_each_message_once_in_order(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # A full batch settled whole is acknowledged and followed by the next pop in one
+    # statement (queen.settle_pop_head): the partition is never seen free in between, so the
+    # stream's parked pop is not woken to look for each batch, and pops nothing empty.
+    n, batch = 120, 10
+    await queen.push_many("backlog", list(range(n)))
+    handled: list[int] = []
+    looks = {r: _looks(broker, r) for r in ("notify", "next")}
+    empty = _pops(broker, "empty")
+
+    async def handler(message: Message) -> None:
+        handled.append(message.data)
+        if len(handled) % batch == 0:
+            # A batch that takes longer than the stream's wait for its settlement (20 ms):
+            # the stream's own pop looks meanwhile, finds the partition leased and parks.
+            await trio.sleep(0.05)
+
+    stats = await queen.consume("backlog", handler, batch=batch, max_messages=n)
+    assert handled == list(range(n))  # each once, in order
+    assert (stats.completed, stats.ack_errors) == (n, 0)
+    assert _acks_applied(broker)["completed"] >= n
+    assert len(await queen.pop("backlog")) == 0
+    # Without it: a look (woken by the settlement's NOTIFY) and an empty pop per batch.
+    woken = sum(_looks(broker, r) - v for r, v in looks.items())
+    assert woken <= 3, woken
+    assert _pops(broker, "empty") - empty <= 4
+
+
+async def test_a_whole_batch_settled_after_its_lease_was_lost_is_refused(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # The one-statement settlement takes a batch only under its live lease, the cursor as its
+    # pop left it; a batch whose lease expired and was taken by another consumer is refused
+    # (and that consumer's lease stands), as every other ack.
+    await queen.configure("lapsed", lease_time=1)
+    await queen.push_many("lapsed", ["a", "b"])
+    stolen: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        if not stolen:
+            await trio.sleep(1.3)
+            stolen.extend(await queen.pop("lapsed", batch=10))
+
+    stats = await queen.consume("lapsed", handler, max_messages=2, renew_leases=False,
+                                concurrency=1, batch=2)
+    assert [m.data for m in stolen] == ["a", "b"]
+    assert (stats.handled, stats.completed, stats.ack_errors) == (2, 0, 2)
+    for message in stolen:
+        assert (await queen.ack(message)).refused is None
+
+
+class _Statements:
+    """Counts the statements (and transactions) the broker's pool runs, by what runs them,
+    while it is installed: the real pool, only counted."""
+
+    def __init__(self, broker: BrokerHandle) -> None:
+        self.db = broker.context.db
+        self.calls: list[str] = []
+
+    def __enter__(self) -> _Statements:
+        db, calls = self.db, self.calls
+        self.saved = db.run_autocommit, db.run_transaction
+
+        def counted(run: Any) -> Any:
+            async def wrapper(fn: Any, *args: Any, **kwargs: Any) -> Any:
+                calls.append(getattr(fn, "__name__", repr(fn)))
+                return await run(fn, *args, **kwargs)
+            return wrapper
+
+        db.run_autocommit = counted(db.run_autocommit)  # type: ignore[method-assign]
+        db.run_transaction = counted(db.run_transaction)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.run_autocommit, self.db.run_transaction = self.saved  # type: ignore[method-assign]
+
+
+async def test_a_trickle_settles_and_looks_again_in_one_statement_per_message(
+    queen: Client, broker: BrokerHandle
+) -> None:
+    # Messages one at a time: each is pushed (a statement), wakes the stream's parked pop,
+    # which looks and takes it (one), and the consumer settles it within the stream's wait
+    # for it: the stream's next pop applies that settlement and looks again in one statement
+    # (queen.settle_pop_head), and parks on what it found. (Before: an ack, then a look.)
+    await queen.configure("drip")
+    n = 30
+    handled: list[int] = []
+    arrived = trio.Event()
+
+    def handler(message: Message) -> None:
+        handled.append(message.data)
+        arrived.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(queen.consume, "drip", handler)  # (warm: the stream is open)
+        await queen.push("drip", -1)
+        with trio.fail_after(10):
+            await arrived.wait()
+        await trio.sleep(0.3)
+        handled.clear()
+        with _Statements(broker) as statements:
+            for i in range(n):
+                arrived = trio.Event()
+                await queen.push("drip", i)
+                with trio.fail_after(10):
+                    await arrived.wait()
+                await trio.sleep(0.1)  # settled, and parked again before the next
+        nursery.cancel_scope.cancel()
+    assert handled == list(range(n))
+    calls = collections.Counter(statements.calls)
+    # Consuming each message: the look that takes it, and its settlement with the next look
+    # (before: a look, an ack, and a look after it: 3 per message). On a loaded machine a
+    # settlement may come after the stream stopped waiting for it (20 ms): then it is applied
+    # on its own and the pop looks as before (the margin).
+    consuming = sum(v for k, v in calls.items()
+                    if k in ("pop_head", "pop_head_after", "pop", "next_look_in_s",
+                             "_ack_head_noted", "ack", "_settle_whole_noted"))
+    assert consuming <= 2 * n + n // 2, calls

@@ -273,3 +273,28 @@ async def test_the_notify_of_this_brokers_own_ack_is_news_only_to_pops_that_look
             w.look_again_in(pop, None)
             w.notify("1:q", pid=77)
             assert woken(pop) == [True], sent
+
+
+async def test_the_notify_of_a_settlement_whose_own_look_found_nothing_is_news_to_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A stream's settlement and its next look in one statement (queen.settle_pop_head): the
+    # pop that runs it looks before the statement commits, yet the partition it frees is the
+    # one it then looked at and found empty. Its NOTIFY wakes nobody here, and the lane stays
+    # known to be empty; the same NOTIFY from a statement that did not look wakes a pop that
+    # looked before it.
+    for news, expected in ((False, [False, False]), (True, [True, False])):
+        w = QueueWakeups()
+        with w.waiting("1:q", 1, req()) as other, w.waiting("1:q", 1, req()) as stream:
+            other.begin_look()
+            w.look_again_in(other, None)  # parked earlier, on nothing
+            stream.begin_look()
+            mark = w.expect_own_notify(77)
+            await trio.sleep(0.01)
+            w.own_notify_sent(mark, "1:q", news=news)
+            w.look_again_in(stream, None)
+            await trio.sleep(0.01)
+            w.notify("1:q", pid=77)
+            assert woken(other, stream) == expected, news
+            with w.waiting("1:q", 1, req()) as joiner:
+                assert joiner.lane_known_empty is (not news)
