@@ -39,7 +39,6 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import RequestTimeout
 
 from ..context import BrokerContext
-from ..db.pool import keep_portal
 from ..errors import RequestError
 from ..models import codec
 from . import bodies
@@ -141,7 +140,6 @@ class FastRoutes:
             return False
         global inline_answered
         inline_answered += 1
-        await keep_portal()  # (this connection's later calls run their statements cheaper)
         await protocol.send(Updated(idle=False))
         answer = _Written(protocol, body)
         await handler(answer.receive, answer.send)

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import greenback
 import psycopg
 import trio
 from psycopg.rows import dict_row
@@ -350,15 +349,6 @@ class Database:
             self._read_only_dropped += 1
         if self._on_read_only_event is not None:
             self._on_read_only_event(event)
-
-
-async def keep_portal() -> None:
-    """Let the calling task run every later statement without a greenback portal of its own
-    (a task that lives long and makes many calls: an HTTP connection's task). Each call
-    otherwise sets one up and takes it down again: on an idle broker about 0.1 ms of CPU per
-    statement (bench/sched_path.py's single calls). A checkpoint the first time only."""
-    if not greenback.has_portal():
-        await greenback.ensure_portal()
 
 
 def _commit(raw: psycopg.Connection[Any]) -> None:

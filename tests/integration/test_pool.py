@@ -11,7 +11,6 @@ import trio
 import trio.testing
 
 from queen_trio.db import Database
-from queen_trio.db.pool import keep_portal
 from queen_trio.db.rows import DictConnection
 from queen_trio.errors import DatabaseUnavailable
 
@@ -298,55 +297,6 @@ async def test_a_free_connection_sends_the_statement_before_other_tasks_run(
         for conn in held:
             await db._release(conn)
     assert ran == ["other", "statement"]
-
-
-async def test_a_task_that_keeps_its_portal_runs_and_cancels_statements_alike(
-        db: Database, database_url: str) -> None:
-    """keep_portal() (an HTTP connection's task): the task's later statements answer as
-    before, its transactions commit and roll back, a cancelled statement returns at once and
-    its server stops it, and other tasks keep running while a statement waits."""
-    async def connection_task() -> None:
-        await keep_portal()
-        await keep_portal()  # (again: nothing more)
-        assert await db.run_autocommit(
-            lambda raw: raw.execute("INSERT INTO items VALUES (1, 'a')").rowcount) == 1
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            await db.run_transaction(lambda raw: raw.execute(
-                "INSERT INTO items VALUES (2, 'b'), (1, 'again')"))
-        assert await _count(db) == 1  # the failed transaction left nothing
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await trio.sleep(0.01)
-                ticks += 1
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            assert await db.run_autocommit(
-                lambda raw: raw.execute("SELECT pg_sleep(0.2), 7 AS n").fetchone()["n"]) == 7
-            nursery.cancel_scope.cancel()
-        assert ticks >= 5
-        started = trio.current_time()
-        with trio.move_on_after(0.2):
-            await db.run_autocommit(lambda raw: raw.execute("SELECT pg_sleep(30)"))
-        assert trio.current_time() - started < 1.0
-        with _admin(database_url) as admin:
-            for _ in range(100):
-                busy = admin.execute("SELECT count(*) FROM pg_stat_activity "
-                                     "WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'"
-                                     ).fetchone()[0]
-                if not busy:
-                    break
-                trio_sleep_blocking(0.02)
-            else:
-                pytest.fail("the cancelled statement kept running on the server")
-        assert await db.run_autocommit(
-            lambda raw: raw.execute("SELECT 1 AS one").fetchone()["one"]) == 1
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(connection_task)
 
 
 async def test_run_in_a_worker_thread_uses_one(db: Database) -> None:
