@@ -97,13 +97,14 @@ class FastRoutes:
                 return
         await self.app(scope, receive, send)
 
-    def _handler(self, scope: HTTPScope) -> _Handler | None:
-        """What answers the request here, or None: Quart does."""
+    def _handler(self, scope: HTTPScope, whole: bytes | None = None) -> _Handler | None:
+        """What answers the request here, or None: Quart does. ``whole``: the body, read
+        already (a request answered on its connection's task)."""
         method = scope["method"]
         if method == "POST" and scope["path"] == _TIMERS and self._never_refused_early():
             length = self._plain(scope, body=True)
             if length is not None:
-                return functools.partial(self._batch, scope, length=length)
+                return functools.partial(self._batch, scope, length=length, whole=whole)
         elif method == "DELETE" and scope["path"].startswith(_CANCEL_PREFIX):
             queue, _, key = scope["path"][len(_CANCEL_PREFIX):].partition("/")
             if queue and key and self._plain(scope, body=False) is not None:
@@ -134,7 +135,7 @@ class FastRoutes:
         scope: Any = {"type": "http", "http_version": "1.1", "method": method, "path": path,
                       "raw_path": path.encode("ascii"), "query_string": b"",
                       "headers": headers, "client": protocol.client}
-        handler = self._handler(scope)
+        handler = self._handler(scope, body)
         if handler is None:
             return False
         global inline_answered
@@ -186,7 +187,10 @@ class FastRoutes:
         return 0 if length == 0 else None
 
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
-                     send: ASGISendCallable, *, length: int) -> None:
+                     send: ASGISendCallable, *, length: int, whole: bytes | None = None
+                     ) -> None:
+        """``whole``: the body, already read (answered on the connection's task): taken as
+        :meth:`_read` takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
         body = bodies.RequestBody(length, self.body_limit)
         body.budget = self.budget
@@ -194,7 +198,11 @@ class FastRoutes:
             try:
                 tenant_id = await self._tenant(scope)
                 admit_tenant(self.broker, tenant_id)
-                if not await self._read(receive, body):
+                if whole is not None:
+                    body.append(whole)
+                    if not body.finished:  # (finished: refused by the budget, answered now)
+                        body.set_complete()
+                elif not await self._read(receive, body):
                     return  # the client went away: Quart answers nothing either
                 raw = body.whole()
                 answer: bytes | ErrorAnswer = codec.encode(

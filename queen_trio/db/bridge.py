@@ -32,7 +32,6 @@ is ever written through it.
 from __future__ import annotations
 
 import logging
-import math
 import select
 import sys
 import threading
@@ -89,8 +88,16 @@ class TrioWaitConnection(psycopg.Connection[dict[str, Any]]):
 
 async def _wait_on_trio(gen: PQGen[T], fileno: int, limit_s: float | None) -> T:
     """Consume psycopg's generator, each wait it yields a trio wait; psycopg's
-    ``_WaitTimeout`` after ``limit_s``, as its own waits do."""
-    with trio.move_on_after(math.inf if limit_s is None else limit_s) as scope:
+    ``_WaitTimeout`` after ``limit_s``, as its own waits do (None, every statement's: no
+    cancel scope, which costs more than the rest of a wait)."""
+    if limit_s is None:
+        try:
+            state = next(gen)
+            while True:
+                state = gen.send(await _ready(fileno, state))
+        except StopIteration as done:
+            return done.value
+    with trio.move_on_after(limit_s) as scope:
         try:
             state = next(gen)
             while True:

@@ -185,6 +185,23 @@ async def test_a_schedule_past_the_body_budget_is_refused_alike(
             assert answers[0] == answers[1]
             assert answers[1][0] == 503 and answers[1][2]["error"] == "overloaded"
             assert (await http.get(f"{TIMERS}/fq/b")).json()["found"] is False
+        # The same request whole in one write: answered on its connection's task (its body
+        # taken as it came), refused alike.
+        raw = []
+        for inline in (False, True):
+            monkeypatch.setattr(fast, "INLINE", inline)
+            inline_before = fast.inline_answered
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            ((status, fields, body),) = await _exchange(stream, _raw_request(
+                "POST", TIMERS, _ops(timer_op("fq", "c", HOUR_MS, {"a": 1}, txn="t-21"))))
+            await stream.aclose()
+            assert fast.inline_answered - inline_before == inline
+            raw.append((status, [f for f in fields if not f.lower().startswith(b"connection:")],
+                        body))
+        assert raw[0] == raw[1]
+        assert raw[1][0] == b"HTTP/1.1 503 " and raw[1][2]["error"] == "overloaded"
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+            assert (await http.get(f"{TIMERS}/fq/c")).json()["found"] is False
         await slow.aclose()
         broker.shutdown()
 

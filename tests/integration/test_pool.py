@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 import trio
+import trio.testing
 
 from queen_trio.db import Database
 from queen_trio.db.rows import DictConnection
@@ -258,6 +259,44 @@ async def test_statements_run_in_the_calling_task_and_leave_the_loop_free(db: Da
         nursery.cancel_scope.cancel()
     assert ran_in == [threading.main_thread()]
     assert ticks >= 15  # ~30 possible; a blocked loop would manage 0
+
+
+async def test_a_free_connection_sends_the_statement_before_other_tasks_run(
+        db: Database) -> None:
+    """A call that finds a connection free sends its statement before any other ready task
+    runs (no pass through the scheduler on the way: a lone call on an idle broker is not
+    queued behind a sweeper cycle or a refresh); the wait for the answer lets them run. A
+    call that must wait for a connection still lets the others run first."""
+    ran: list[str] = []
+
+    def statement(raw: DictConnection) -> int:
+        ran.append("statement")
+        return raw.execute("SELECT 1 AS one").fetchone()["one"]
+
+    async def other() -> None:
+        ran.append("other")
+
+    for _ in range(20):  # (a pass through the scheduler runs the other first half the time)
+        ran.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)  # ready: runs at the calling task's next schedule point
+            assert await db.run_autocommit(statement) == 1
+        assert ran == ["statement", "other"]
+
+    ran.clear()
+    held = [await db._acquire() for _ in range(db.max_size)]  # every slot taken
+    async with trio.open_nursery() as nursery:
+        async def waiting() -> None:
+            assert await db.run_autocommit(statement) == 1
+
+        nursery.start_soon(waiting)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ran == ["other"]  # the waiting call has sent nothing yet
+        for conn in held:
+            await db._release(conn)
+    assert ran == ["other", "statement"]
 
 
 async def test_run_in_a_worker_thread_uses_one(db: Database) -> None:
