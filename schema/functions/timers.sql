@@ -807,12 +807,14 @@ BEGIN
 END
 $fn$;
 
--- Raises (or sets) the floor as described above; answers it. A floor less than 20 ms behind
--- the clock (and not ahead of it) was raised that recently and is left as it is: a sweep from
--- it steps over no more than what was fired in those 20 ms. Raising it costs more than the
--- rest of a small sweep's bookkeeping (reading the backends' table above all: about 200 µs
--- of a 1.2 ms sweep at a steady 500 timers/s), and under a steady flow sweeps come every
--- 10 ms (MIN_SLEEP): it is raised at every other one. A floor ahead of the clock (the clock
+-- Raises (or sets) the floor as described above; answers it. A floor less than 50 ms behind
+-- the clock (and not ahead of it) is left as it is: it was raised moments ago, and a sweep from
+-- it steps over no more than the timers fired since (their index entries). Raising it costs
+-- more than the rest of a small sweep's bookkeeping (reading every backend's state above all),
+-- and under a steady flow sweeps come every 10 ms (MIN_SLEEP) with the floor a cycle behind
+-- (at the oldest timer not yet fired): it is now raised at about every fourth one. Under a
+-- held snapshot, where those entries cannot be cleaned, a sweep steps over at most 50 ms of
+-- fires more (25 entries at a steady 500 timers/s). A floor ahead of the clock (the clock
 -- stepped back) is recomputed at once, so it comes down to the clock as before.
 CREATE OR REPLACE FUNCTION queen.advance_sweep_floor() RETURNS timestamptz
 LANGUAGE plpgsql AS $fn$

@@ -208,8 +208,8 @@ def test_a_floor_raised_moments_ago_is_left_where_it_is_and_an_old_or_future_one
     database_url: str,
 ) -> None:
     """Raising the floor reads every backend's state (most of a small sweep's bookkeeping):
-    under a steady flow, where sweeps come 10 ms apart, a floor raised less than 20 ms ago is
-    left as it is. One further behind is raised to the clock, and one ahead of the clock (the
+    under a steady flow, where sweeps come 10 ms apart, a floor less than 50 ms behind the
+    clock is left as it is. One further behind is raised to the clock, and one ahead of the clock (the
     clock stepped back) is brought down to it, as at every sweep before."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
