@@ -443,25 +443,22 @@ class Sweeper:
                      ) -> list[tuple[SweepResult, float]]:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
+        req = None if handover is None else handover.req
+        if for_timer or not self._draining:
+            # One statement, run from this task: its return is seen (and timed) as it comes
+            # back, where a worker thread would queue for the GIL behind the pop it has just
+            # served, and it costs no hand-over to a thread and back (under a steady flow, a
+            # hundred floor cycles a second: a seventh of the broker's CPU went to those
+            # hand-overs), nor a context manager around the pool's connection. A backlog found
+            # here is drained by the next cycles, in a worker thread.
+            return await self._db.run_autocommit(self._sweep_at, not_before, token, announced,
+                                                 False, req)
         async with self._db.connection() as conn:
-            swept: list[tuple[SweepResult, float]]
-            if for_timer or not self._draining:
-                # One statement, run from this task: its return is seen (and timed) as it comes
-                # back, where a worker thread would queue for the GIL behind the pop it has just
-                # served, and it costs no hand-over to a thread and back (under a steady flow,
-                # a hundred floor cycles a second: a seventh of the broker's CPU went to those
-                # hand-overs). A backlog found here is drained by the next cycles, in a worker
-                # thread.
-                swept = await conn.run_raw(self._sweep_at, not_before, token, announced, False,
-                                       None if handover is None else handover.req)
-            else:
-                # The last sweep came back full (a backlog): in a worker thread, where a drain
-                # runs sweeps back to back without queueing behind HTTP tasks for the event
-                # loop, and each return is timed where it happens.
-                swept = await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
-                                                     True,
-                                                     None if handover is None else handover.req)
-        return swept
+            # The last sweep came back full (a backlog): in a worker thread, where a drain
+            # runs sweeps back to back without queueing behind HTTP tasks for the event
+            # loop, and each return is timed where it happens.
+            return await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
+                                                True, req)
 
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
