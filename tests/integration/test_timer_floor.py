@@ -209,8 +209,8 @@ def test_a_floor_raised_moments_ago_is_left_where_it_is_and_an_old_or_future_one
 ) -> None:
     """Raising the floor reads every backend's state (most of a small sweep's bookkeeping):
     under a steady flow, where sweeps come 10 ms apart, a floor less than 50 ms behind the
-    clock is left as it is. One further behind is raised to the clock, and one ahead of the clock (the
-    clock stepped back) is brought down to it, as at every sweep before."""
+    clock is left as it is. One further behind is raised to the clock, and one ahead of the
+    clock (the clock stepped back) is brought down to it, as at every sweep before."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
         store.schedule(conn, tenant, timer("floor-far", "far", 3_600_000, 1),
