@@ -98,5 +98,147 @@ async def measure(url: str) -> None:
                         f"{percentile(ordered, p):7.2f}" for p in (50, 90, 99, 100)))
 
 
+
+
+# -- a steady flow through the broker's own Sweeper (``--steady``) -----------------------------
+#
+# The Sweeper of whichever checkout is on PYTHONPATH, in this process with its own listener and
+# pool (no HTTP, no parked pops), fires RATE timers/s due one after the other for SECONDS:
+# under a steady flow its cycles come at the MIN_SLEEP floor. Reports this process's CPU (the
+# broker's sweeper) and the sweeper backends' CPU per cycle and per timer. With ``--baseline
+# DIR`` the same runs, rounds interleaved, on a second database of one temporary server with
+# that checkout's code and schema (each side in its own process: this file run by path with
+# that side's PYTHONPATH)::
+#
+#     python -m bench.sweeper_cycle --steady 500 --pg-bin /usr/lib/postgresql/15/bin \
+#         --baseline /work/wt/base --rounds 4
+
+
+def _schedstat_s(pid: int) -> float:
+    """CPU time of a process (nanosecond resolution), in seconds."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+async def steady_side(url: str, rate: int, seconds: float) -> dict[str, float]:
+    from queen_trio.config import Settings
+    from queen_trio.db import Listener
+    from queen_trio.metrics import BrokerMetrics
+    from queen_trio.timers.store import NOTIFY_CHANNEL
+    from queen_trio.timers.sweeper import Sweeper
+
+    settings = Settings(pop_fire_wait_ms=0)
+    n = int(rate * seconds)
+    async with Database(url, max_size=2) as setup:
+        async with setup.connection() as conn:
+            tenant_id = await conn.fetchval(
+                "SELECT tenant_id FROM queen.tenants WHERE name = 'default'")
+        first = time.time() + 1.0 + n / 5_000
+        for b in range(0, n, 500):
+            delay0 = first - time.time()
+            await setup.run_autocommit(store.schedule_many, tenant_id, [
+                rules.schedule({"delayMs": int((delay0 + i / rate) * 1000), "payload": {"i": i}},
+                               "bench.steady", f"s{i}", horizon_s=3600, ceiling=1 << 20)
+                for i in range(b, min(n, b + 500))], notify_within_ms=None)
+        async with setup.connection() as conn:
+            await conn.execute("ANALYZE queen.timers")
+    async with Database(url, max_size=2, application_name="queen-trio-sweeper") as db, \
+            Database(url, max_size=1) as setup_db:
+        listener = Listener(url, [NOTIFY_CHANNEL])
+        sweeper = Sweeper(db, listener, settings, BrokerMetrics(), lambda _: 1 << 20)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            await trio.sleep(max(0.0, first - time.time()))
+            await nursery.start(sweeper.run)
+            async def backends() -> dict[int, float]:
+                # (A connection the pool opens later counts from its start.)
+                async with setup_db.connection() as conn:
+                    rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE "
+                                            "application_name = 'queen-trio-sweeper'")
+                return {r["pid"]: _schedstat_s(r["pid"]) for r in rows}
+
+            cycles0, fired0 = sweeper.statistics().cycles, sweeper.statistics().fired
+            cpu0, pg0, t0 = time.process_time(), await backends(), time.time()
+            while (sweeper.statistics().fired < n  # noqa: ASYNC110 - a counter, polled
+                   and time.time() < first + seconds + 10):
+                await trio.sleep(0.05)
+            stats = sweeper.statistics()
+            cpu, pg1 = time.process_time() - cpu0, await backends()
+            pg = sum(v - pg0.get(pid, 0.0) for pid, v in pg1.items())
+            window = time.time() - t0
+            nursery.cancel_scope.cancel()
+    cycles, fired = stats.cycles - cycles0, stats.fired - fired0
+    return {"cycles": cycles, "fired": fired, "window_s": window,
+            "broker_us_per_cycle": cpu / cycles * 1e6, "pg_us_per_cycle": pg / cycles * 1e6,
+            "broker_us_per_timer": cpu / fired * 1e6, "pg_us_per_timer": pg / fired * 1e6}
+
+
+def steady_main() -> None:
+    import argparse
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.harness.pg import installed_server
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steady", type=int, required=True, metavar="RATE")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pg-bin", type=Path, required=True)
+    parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--side-url", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side_url:  # one side's round, in its own process
+        out = trio.run(steady_side, args.side_url, args.steady, args.seconds)
+        print(json.dumps(out))
+        return
+    here = Path(__file__).resolve().parent.parent
+    sides = [("this checkout", here)] + ([("baseline", args.baseline.resolve())]
+                                         if args.baseline else [])
+    print(f"platform {platform.platform()}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"steady {args.steady} timers/s for {args.seconds} s through the Sweeper; CPU us")
+    totals: dict[str, list[float]] = {name: [0, 0, 0, 0] for name, _ in sides}
+    with installed_server(args.pg_bin) as server:
+        urls = {}
+        for name, checkout in sides:
+            urls[name] = server.create_database("steady")
+            subprocess.run([sys.executable, "-c", "import sys; from queen_trio.db.migrations "
+                            "import apply_migrations; apply_migrations(sys.argv[1])",
+                            urls[name]], cwd=checkout,
+                           env={**os.environ, "PYTHONPATH": str(checkout)}, check=True)
+        for r in range(args.rounds):
+            for name, checkout in (sides if r % 2 == 0 else sides[::-1]):
+                done = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--steady",
+                     str(args.steady), "--seconds", str(args.seconds), "--pg-bin",
+                     str(args.pg_bin), "--side-url", urls[name]],
+                    cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
+                    capture_output=True, text=True, check=True)
+                out = json.loads(done.stdout.strip().splitlines()[-1])
+                t = totals[name]
+                t[0] += out["broker_us_per_cycle"] * out["cycles"]
+                t[1] += out["pg_us_per_cycle"] * out["cycles"]
+                t[2] += out["cycles"]
+                t[3] += out["fired"]
+                print(f"round {r + 1} {name:<14} {out['cycles']:5d} cycles "
+                      f"{out['fired'] / out['cycles']:5.2f} timers/cycle; per cycle broker "
+                      f"{out['broker_us_per_cycle']:7.1f} PostgreSQL {out['pg_us_per_cycle']:7.1f}"
+                      f"; per timer broker {out['broker_us_per_timer']:6.1f} PostgreSQL "
+                      f"{out['pg_us_per_timer']:6.1f}")
+    for name, (broker, pg, cycles, fired) in totals.items():
+        print(f"all rounds {name:<14} per cycle broker {broker / cycles:7.1f} PostgreSQL "
+              f"{pg / cycles:7.1f}; per timer broker {broker / fired:6.1f} PostgreSQL "
+              f"{pg / fired:6.1f}")
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 if __name__ == "__main__":
-    measure_on_scratch(measure, "queen-bench-cycle-")
+    import sys as _sys
+
+    if "--steady" in _sys.argv:
+        steady_main()
+    else:
+        measure_on_scratch(measure, "queen-bench-cycle-")

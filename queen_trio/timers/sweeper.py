@@ -226,6 +226,8 @@ class Sweeper:
         # Timers the next sweep takes: sweeper_batch, grown after each full sweep while a
         # backlog drains (see next_batch).
         self._batch = settings.sweeper_batch
+        # The last cycle's batch came back full: a backlog is draining (see _sweep).
+        self._draining = False
 
     def statistics(self) -> SweeperStatistics:
         return SweeperStatistics(self._cycles, self._fired, self._last_cycle_at, self._alive)
@@ -296,6 +298,7 @@ class Sweeper:
             # (Against the base batch: a grown sweep that took less than it asked for is
             # followed by one more at once, which finds the last of the backlog, or nothing.)
             full = len(result.fired) + len(result.rows) >= self._settings.sweeper_batch
+            self._draining = full
             due_db = None if full else result.next_due
             plan = next_plan(
                 now=trio.current_time(), last_start=last_start, full=full,
@@ -307,6 +310,14 @@ class Sweeper:
                 continue
             if plan.look_ahead:
                 plan = await self._sleep_and_look_up(notifications, plan)
+            elif plan.start_at <= last_start + self._min_sleep:
+                # Due by the MIN_SLEEP floor (every cycle under a steady flow): no NOTIFY can
+                # bring the cycle sooner than the floor, so the only sleep is the loop's, until
+                # the floor. (Each sleep that ends at its deadline costs trio a cancellation: with
+                # two a cycle, a fifth of the sweeper's CPU under a steady flow.) What was
+                # notified meanwhile is dropped: the floor's cycle sweeps those timers if they are
+                # due by then, and its answer tells of any due later (they are committed).
+                _drop_waiting(notifications)
             else:
                 plan = await self._sleep_or_wake(notifications, plan)
             self._metrics.sweeper_wakeups.labels(plan.reason).inc()
@@ -432,22 +443,22 @@ class Sweeper:
                      ) -> list[tuple[SweepResult, float]]:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
+        req = None if handover is None else handover.req
+        if for_timer or not self._draining:
+            # One statement, run from this task: its return is seen (and timed) as it comes
+            # back, where a worker thread would queue for the GIL behind the pop it has just
+            # served, and it costs no hand-over to a thread and back (under a steady flow, a
+            # hundred floor cycles a second: a seventh of the broker's CPU went to those
+            # hand-overs), nor a context manager around the pool's connection. A backlog found
+            # here is drained by the next cycles, in a worker thread.
+            return await self._db.run_autocommit(self._sweep_at, not_before, token, announced,
+                                                 False, req)
         async with self._db.connection() as conn:
-            swept: list[tuple[SweepResult, float]]
-            if for_timer:
-                # One statement, waiting for the timer's instant in the backend, run from this
-                # task: its return is seen (and timed) as it comes back, where a worker thread
-                # would queue for the GIL behind the pop it has just served. A backlog found
-                # here is drained by the next cycles, in a worker thread.
-                swept = await conn.run_raw(self._sweep_at, not_before, token, announced, False,
-                                       None if handover is None else handover.req)
-            else:
-                # In a worker thread: a drain runs sweeps back to back there, without queueing
-                # behind HTTP tasks for the event loop, and each return is timed where it happens.
-                swept = await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
-                                                     True,
-                                                     None if handover is None else handover.req)
-        return swept
+            # The last sweep came back full (a backlog): in a worker thread, where a drain
+            # runs sweeps back to back without queueing behind HTTP tasks for the event
+            # loop, and each return is timed where it happens.
+            return await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
+                                                True, req)
 
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
@@ -565,6 +576,15 @@ class Sweeper:
             except TRANSIENT:
                 pass
         self._unreleased.append(token)  # the next cycle tries again
+
+
+def _drop_waiting(notifications: trio.MemoryReceiveChannel) -> None:
+    """Read every notification waiting, without waiting for more."""
+    while True:
+        try:
+            notifications.receive_nowait()
+        except trio.WouldBlock:
+            return
 
 
 def _identity(c: Claimed) -> str:

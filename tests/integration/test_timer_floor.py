@@ -188,3 +188,52 @@ def test_a_burst_at_one_instant_fires_once_and_no_sweep_grows_with_what_it_fired
     assert {r["queue"] for r in sql(database_url, "SELECT DISTINCT queue FROM queen.timers")} \
         == {"far"}
     assert after < before + 60, f"an idle sweep: {before} shared buffers before, {after} after"
+
+
+def _floor_after_advance(conn: psycopg.Connection[dict[str, Any]], set_to_ms: int) -> float:
+    """The floor set ``set_to_ms`` from the clock (negative: behind it), then advanced, both in
+    one message (microseconds apart in the server, however loaded the machine): how far
+    (seconds) the floor the advance answers is behind the clock read after it."""
+    cur = conn.execute(
+        "SELECT setval('queen.timer_sweep_floor', (extract(epoch FROM clock_timestamp())"
+        f" * 1000000)::bigint + {set_to_ms * 1000}); "
+        "SELECT extract(epoch FROM clock_timestamp() - queen.advance_sweep_floor())::float8"
+        " AS behind")
+    assert cur.nextset()  # the second statement's answer
+    (row,) = cur.fetchall()
+    return float(row["behind"])
+
+
+def test_a_floor_raised_moments_ago_is_left_where_it_is_and_an_old_or_future_one_is_moved(
+    database_url: str,
+) -> None:
+    """Raising the floor reads every backend's state (most of a small sweep's bookkeeping):
+    under a steady flow, where sweeps come 10 ms apart, a floor less than 50 ms behind the
+    clock is left as it is. One further behind is raised to the clock, and one ahead of the
+    clock (the clock stepped back) is brought down to it, as at every sweep before."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        store.schedule(conn, tenant, timer("floor-far", "far", 3_600_000, 1),
+                       notify_within_ms=0)
+        # (sweep_floor() answers a millisecond below what was set.)
+        fresh = _floor_after_advance(conn, -5)
+        assert 0.005 <= fresh < 0.5, f"a floor 5 ms behind was moved: {fresh * 1000:.1f} ms"
+        old = _floor_after_advance(conn, -60_000)
+        assert old < 0.5, f"a floor a minute behind was left {old:.3f} s behind"
+        ahead = _floor_after_advance(conn, 3_600_000)
+        assert 0 <= ahead < 0.5, f"a floor an hour ahead was left at {ahead:.3f} s"
+
+
+def test_a_timer_scheduled_into_the_past_under_a_fresh_floor_fires_at_once(
+    database_url: str,
+) -> None:
+    """The floor left where it is by a sweep is still below every timer written since: one
+    scheduled an hour into the past right after the floor moved fires at the next sweep."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        _floor_after_advance(conn, -1)
+        store.schedule(conn, tenant, timer("floor", "past-under-fresh", -3_600_000, 1),
+                       notify_within_ms=0)
+        fired = sweep(conn)
+    assert [at for _, at in fired.fired] and frames_of(database_url, "past-under-fresh") == 1
+    assert "past-under-fresh" not in pending(database_url)
