@@ -54,7 +54,11 @@ def databases() -> Iterator[Databases]:
         with psycopg.connect(admin_url) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]
         _server_description = f"{description}, PostgreSQL {version}"
-        yield Databases(admin_url)
+        databases = Databases(admin_url, ahead=True)
+        try:
+            yield databases
+        finally:
+            databases.close()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]

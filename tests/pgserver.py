@@ -13,7 +13,9 @@ Choice of server, in order (as docs/operations.md, "Using an existing PostgreSQL
 
 A template database with every migration and function file applied is built once per schema
 version (their checksums) and cloned for each test (``CREATE DATABASE … TEMPLATE``), so tests
-never see each other's rows and may run in parallel.
+never see each other's rows and may run in parallel. With ``ahead=True`` (the test session's
+``databases`` fixture) the next test's clone is made, and the last test's database dropped, on
+a thread while the current test runs: each test still gets a fresh, untouched clone.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,10 +110,21 @@ def _docker_answers() -> bool:
 class Databases:
     """Creates and drops uniquely named databases on the session's server."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, *, ahead: bool = False) -> None:
         self.admin_url = admin_url
         self.template = self._build_template()
         self._clone = self._clone_statement()
+        # ahead: one migrated clone is kept ready (or in the making), and drops are queued; a
+        # single thread does both, in order, while the tests run. close() ends it.
+        self._ahead: threading.Thread | None = None
+        self._ready: queue.Queue[str | BaseException] = queue.Queue()
+        self._chores: queue.Queue[str | None] = queue.Queue()  # "" = make a clone; else drop
+        self._failed_drops: list[str] = []  # close() raises them
+        if ahead:
+            self._ahead = threading.Thread(target=self._do_chores, name="databases-ahead",
+                                           daemon=True)
+            self._ahead.start()
+            self._chores.put("")
 
     def _admin(self) -> psycopg.Connection:
         return psycopg.connect(self.admin_url, autocommit=True)
@@ -135,11 +150,48 @@ class Databases:
         return name
 
     def create(self, *, migrated: bool = True) -> str:
+        if migrated and self._ahead is not None:
+            made = self._ready.get()  # the clone made meanwhile (or being made: wait for it)
+            self._chores.put("")  # and the next one
+            if isinstance(made, BaseException):
+                raise made
+            return with_dbname(self.admin_url, made)
+        return with_dbname(self.admin_url,
+                           self._make(self.template if migrated else "template0"))
+
+    def _make(self, template: str) -> str:
         name = f"queen_t_{uuid.uuid4().hex[:16]}"
-        template = self.template if migrated else "template0"
         with self._admin() as conn:
             conn.execute(self._clone.format(sql.Identifier(name), sql.Identifier(template)))
-        return with_dbname(self.admin_url, name)
+        return name
+
+    def _do_chores(self) -> None:
+        while (chore := self._chores.get()) is not None:
+            if chore:
+                try:
+                    self._drop(chore)
+                except Exception as exc:  # noqa: BLE001 - said by close(); the run goes on
+                    self._failed_drops.append(f"{chore}: {exc!r}")
+            else:
+                try:
+                    self._ready.put(self._make(self.template))
+                except BaseException as exc:  # noqa: BLE001 - create() raises it in the test
+                    self._ready.put(exc)
+
+    def close(self) -> None:
+        """Finish the queued drops and drop the clone kept ready (``ahead``); raise if a
+        queued drop failed."""
+        if self._ahead is None:
+            return
+        self._chores.put(None)
+        self._ahead.join()
+        self._ahead = None
+        while not self._ready.empty():
+            made = self._ready.get_nowait()
+            if isinstance(made, str):
+                self._drop(made)
+        if self._failed_drops:
+            raise AssertionError(f"databases not dropped: {self._failed_drops}")
 
     def _clone_statement(self) -> sql.SQL:
         """How each test's database is cloned. On a server without fsync (the embedded one, see
@@ -157,6 +209,12 @@ class Databases:
 
     def drop(self, url: str) -> None:
         name = url_params(url)["dbname"]
+        if self._ahead is not None:
+            self._chores.put(name)
+        else:
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
         with self._admin() as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
