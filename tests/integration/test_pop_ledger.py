@@ -41,6 +41,9 @@ async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
             assert r.status_code == 201, r.text
 
     async def consumer(me: int, done: trio.Event) -> None:
+        # The consumers start once the deserter holds something: started together, they had
+        # been seen to take and complete all 360 before its first pop (then nothing expired).
+        await deserted.wait()
         while not done.is_set():
             r = await http.get(f"{API}/pop/queue/{QUEUE}", params={
                 "consumerGroup": GROUP, "batch": "25", "partitions": "3"})
@@ -105,9 +108,10 @@ async def test_nothing_lost_nothing_twice_with_multi_partition_leases(
                     assert n not in completed and n not in in_flight
                     abandoned.add(n)
                     deliveries[n] = deliveries.get(n, 0) + 1
+                deserted.set()
             await trio.sleep(0.05)
 
-    done = trio.Event()
+    done, deserted = trio.Event(), trio.Event()
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             for first in range(3):
