@@ -32,6 +32,7 @@ is ever written through it.
 from __future__ import annotations
 
 import logging
+import re
 import select
 import sys
 import threading
@@ -243,17 +244,71 @@ class Connection:
             await self._abandon()
             raise
         except psycopg.Error as exc:
-            # Whatever the SQLSTATE (connection lost, admin shutdown, idle-in-transaction
-            # timeout…), an error that leaves the connection unusable is "database unavailable".
-            if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
-                raise DatabaseUnavailable(str(exc).strip()) from exc
-            reason = self.read_only_reason
-            if isinstance(exc, READ_ONLY_ERRORS) or reason is not None:
-                # A standby, or a primary demoted or fenced under us: never write through it.
-                self._drop_read_only()
-                raise DatabaseUnavailable(
-                    f"the database server is read-only ({reason or str(exc).strip()}); "
-                    "waiting for a writable one") from exc
+            self._raise_for(exc)
+            raise
+
+    def _raise_for(self, exc: psycopg.Error) -> None:
+        """The bridge's answer to a statement's error, if it is not the error itself."""
+        # Whatever the SQLSTATE (connection lost, admin shutdown, idle-in-transaction
+        # timeout…), an error that leaves the connection unusable is "database unavailable".
+        if self._raw.broken or self._raw.closed or self._raw.pgconn.status == pq.ConnStatus.BAD:
+            raise DatabaseUnavailable(str(exc).strip()) from exc
+        reason = self.read_only_reason
+        if isinstance(exc, READ_ONLY_ERRORS) or reason is not None:
+            # A standby, or a primary demoted or fenced under us: never write through it.
+            self._drop_read_only()
+            raise DatabaseUnavailable(
+                f"the database server is read-only ({reason or str(exc).strip()}); "
+                "waiting for a writable one") from exc
+
+    async def lone_row(self, statement: LoneStatement, params: Sequence[str | None]
+                       ) -> list[bytes | None] | None:
+        """Run one statement in autocommit straight through libpq, in this task: its first
+        row's values as the server wrote them (text), or None for no row.
+
+        For the hottest lone statements (one schedule, one cancel): no cursor, no adaptation,
+        no greenback portal, only trio's waits on the socket (psycopg's statement call costs
+        the broker about twice as much CPU). The contracts are :meth:`_call`'s: a cancelled
+        call closes the connection, errors are psycopg's own (built from the server's
+        answer), a read-only server's raise :class:`DatabaseUnavailable`."""
+        if not self.usable:
+            raise DatabaseUnavailable("connection is closed")
+        if self._begin_pending or self.in_transaction:
+            raise RuntimeError("lone_row runs in autocommit, outside any transaction")
+        for value in params:
+            if value is not None and "\x00" in value:  # libpq would cut the text there
+                raise psycopg.DataError(
+                    "PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        pgconn = self._raw.pgconn
+        try:
+            pgconn.send_query_params(
+                statement.query, [None if v is None else v.encode() for v in params])
+            fileno = pgconn.socket
+            while pgconn.flush():
+                await trio.lowlevel.wait_writable(fileno)
+            row: list[bytes | None] | None = None
+            failure: psycopg.Error | None = None
+            while True:
+                while pgconn.is_busy():
+                    await trio.lowlevel.wait_readable(fileno)
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                if result.status == pq.ExecStatus.TUPLES_OK:
+                    if row is None and result.ntuples:
+                        row = [result.get_value(0, col) for col in range(result.nfields)]
+                elif result.status != pq.ExecStatus.COMMAND_OK and failure is None:
+                    failure = errors.error_from_result(result, encoding=self._raw.info.encoding)
+            if failure is not None:
+                raise failure
+            return row
+        except trio.Cancelled:
+            await self._abandon()
+            raise
+        except psycopg.Error as exc:
+            self._raise_for(exc)
             raise
 
     def _in_task(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
@@ -309,6 +364,32 @@ class Connection:
             running = self._running
         if not running:
             self._raw.close()
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sbt]")
+
+
+class LoneStatement:
+    """A statement written with psycopg's ``%(name)s`` placeholders (one text for both
+    paths), as libpq takes it for :meth:`Connection.lone_row`: ``$1``, ``$2``… and the
+    parameters' names in that order. Casts stay the statement's; a parameter is sent as text
+    of unknown type, as a literal would be."""
+
+    def __init__(self, query: str):
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        if "%%" in query:
+            raise ValueError("a lone statement has no literal %")
+        self.query = _PLACEHOLDER.sub(number, query).encode()
+        self.names = tuple(names)
+
+    def params(self, values: dict[str, str | None]) -> list[str | None]:
+        return [values[name] for name in self.names]
 
 
 def _execute(raw: psycopg.Connection[Any], query: str, params: Params) -> int:
