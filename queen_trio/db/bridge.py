@@ -261,10 +261,12 @@ class Connection:
                 f"the database server is read-only ({reason or str(exc).strip()}); "
                 "waiting for a writable one") from exc
 
-    async def lone_row(self, statement: LoneStatement, params: Sequence[str | None]
-                       ) -> list[bytes | None] | None:
+    async def lone_row(self, statement: LoneStatement, params: Sequence[str | bytes | None],
+                       binary: bool = False) -> list[bytes | None] | None:
         """Run one statement in autocommit straight through libpq, in this task: its first
-        row's values as the server wrote them (text), or None for no row.
+        row's values as the server wrote them (text, or binary with ``binary``), or None for no
+        row. A ``str`` parameter goes as text, a ``bytes`` one in binary (its type then comes
+        from the statement's cast).
 
         For the hottest lone statements (one schedule, one cancel): no cursor, no adaptation,
         no greenback portal, only trio's waits on the socket (psycopg's statement call costs
@@ -276,14 +278,18 @@ class Connection:
         if self._begin_pending or self.in_transaction:
             raise RuntimeError("lone_row runs in autocommit, outside any transaction")
         for value in params:
-            if value is not None and "\x00" in value:  # libpq would cut the text there
+            if isinstance(value, str) and "\x00" in value:  # libpq would cut the text there
                 raise psycopg.DataError(
                     "PostgreSQL text fields cannot contain NUL (0x00) bytes")
         await trio.lowlevel.checkpoint_if_cancelled()
         pgconn = self._raw.pgconn
         try:
             pgconn.send_query_params(
-                statement.query, [None if v is None else v.encode() for v in params])
+                statement.query,
+                [v.encode() if isinstance(v, str) else v for v in params],
+                param_formats=[pq.Format.BINARY if isinstance(v, bytes) else pq.Format.TEXT
+                               for v in params],
+                result_format=pq.Format.BINARY if binary else pq.Format.TEXT)
             fileno = pgconn.socket
             while pgconn.flush():
                 await trio.lowlevel.wait_writable(fileno)
@@ -388,7 +394,7 @@ class LoneStatement:
         self.query = _PLACEHOLDER.sub(number, query).encode()
         self.names = tuple(names)
 
-    def params(self, values: dict[str, str | None]) -> list[str | None]:
+    def params(self, values: dict[str, str | bytes | None]) -> list[str | bytes | None]:
         return [values[name] for name in self.names]
 
 

@@ -196,13 +196,13 @@ class Database:
         finally:
             await self._release(conn)
 
-    async def lone_row(self, statement: LoneStatement, values: dict[str, str | None]
-                       ) -> list[bytes | None] | None:
+    async def lone_row(self, statement: LoneStatement, values: dict[str, str | bytes | None],
+                       binary: bool = False) -> list[bytes | None] | None:
         """Run one statement in autocommit straight through libpq (:meth:`Connection.lone_row`):
         its first row's values as text, or None. For the hottest lone statements only."""
         conn = await self._acquire()  # as in run_transaction()
         try:
-            return await conn.lone_row(statement, statement.params(values))
+            return await conn.lone_row(statement, statement.params(values), binary)
         finally:
             await self._release(conn)
 
