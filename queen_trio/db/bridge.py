@@ -154,6 +154,7 @@ class Connection:
         self._running = False
         self._abandoned = False
         self._begin_pending = False
+        self._lone_prepared: set[bytes] = set()  # the LoneStatements prepared on this one
 
     @property
     def usable(self) -> bool:
@@ -284,32 +285,20 @@ class Connection:
         await trio.lowlevel.checkpoint_if_cancelled()
         pgconn = self._raw.pgconn
         try:
-            pgconn.send_query_params(
-                statement.query,
+            fileno = pgconn.socket
+            if statement.name not in self._lone_prepared:
+                # Once per connection, as psycopg prepares a statement it has run a few times:
+                # PostgreSQL then parses and plans it once, not on every call.
+                pgconn.send_prepare(statement.name, statement.query)
+                await _lone_answer(pgconn, fileno, self._raw.info.encoding)
+                self._lone_prepared.add(statement.name)
+            pgconn.send_query_prepared(
+                statement.name,
                 [v.encode() if isinstance(v, str) else v for v in params],
                 param_formats=[pq.Format.BINARY if isinstance(v, bytes) else pq.Format.TEXT
                                for v in params],
                 result_format=pq.Format.BINARY if binary else pq.Format.TEXT)
-            fileno = pgconn.socket
-            while pgconn.flush():
-                await trio.lowlevel.wait_writable(fileno)
-            row: list[bytes | None] | None = None
-            failure: psycopg.Error | None = None
-            while True:
-                while pgconn.is_busy():
-                    await trio.lowlevel.wait_readable(fileno)
-                    pgconn.consume_input()
-                result = pgconn.get_result()
-                if result is None:
-                    break
-                if result.status == pq.ExecStatus.TUPLES_OK:
-                    if row is None and result.ntuples:
-                        row = [result.get_value(0, col) for col in range(result.nfields)]
-                elif result.status != pq.ExecStatus.COMMAND_OK and failure is None:
-                    failure = errors.error_from_result(result, encoding=self._raw.info.encoding)
-            if failure is not None:
-                raise failure
-            return row
+            return await _lone_answer(pgconn, fileno, self._raw.info.encoding)
         except trio.Cancelled:
             await self._abandon()
             raise
@@ -372,6 +361,31 @@ class Connection:
             self._raw.close()
 
 
+async def _lone_answer(pgconn: pq.abc.PGconn, fileno: int, encoding: str
+                       ) -> list[bytes | None] | None:
+    """Flush what was sent, then read every result of it: the first row's values (None: no
+    row), or the first error, raised as psycopg raises it."""
+    while pgconn.flush():
+        await trio.lowlevel.wait_writable(fileno)
+    row: list[bytes | None] | None = None
+    failure: psycopg.Error | None = None
+    while True:
+        while pgconn.is_busy():
+            await trio.lowlevel.wait_readable(fileno)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        if result.status == pq.ExecStatus.TUPLES_OK:
+            if row is None and result.ntuples:
+                row = [result.get_value(0, col) for col in range(result.nfields)]
+        elif result.status != pq.ExecStatus.COMMAND_OK and failure is None:
+            failure = errors.error_from_result(result, encoding=encoding)
+    if failure is not None:
+        raise failure
+    return row
+
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sbt]")
 
 
@@ -380,6 +394,8 @@ class LoneStatement:
     paths), as libpq takes it for :meth:`Connection.lone_row`: ``$1``, ``$2``… and the
     parameters' names in that order. Casts stay the statement's; a parameter is sent as text
     of unknown type, as a literal would be."""
+
+    _count = 0
 
     def __init__(self, query: str):
         names: list[str] = []
@@ -393,6 +409,8 @@ class LoneStatement:
             raise ValueError("a lone statement has no literal %")
         self.query = _PLACEHOLDER.sub(number, query).encode()
         self.names = tuple(names)
+        LoneStatement._count += 1
+        self.name = b"queen_lone_%d" % LoneStatement._count
 
     def params(self, values: dict[str, str | bytes | None]) -> list[str | bytes | None]:
         return [values[name] for name in self.names]
