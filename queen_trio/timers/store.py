@@ -189,8 +189,8 @@ async def schedule_lone(db: Database, tenant_id: int, s: Schedule, *,
                         notify_within_ms: int | None,
                         cipher: PayloadCipher | None = None) -> Outcome:
     """:func:`schedule` in autocommit; without an encryption key sent straight through libpq
-    (:meth:`Database.lone_row`): the same statement and answer for a lone schedule at a
-    fraction of the broker's CPU."""
+    (:meth:`Database.lone_row`): the same statement and answer for a lone schedule, for less
+    of the broker's CPU."""
     if cipher is not None:  # (the payload may have to be sealed first: another statement)
         return await db.run_autocommit(schedule, tenant_id, s, notify_within_ms=notify_within_ms,
                                        cipher=cipher)
@@ -265,7 +265,7 @@ _CANCEL_ONE = LoneStatement(Q.cancel_one)
 async def cancel_lone(db: Database, tenant_id: int, queue: str, key: str,
                       echo_txn: str | None) -> Outcome:
     """:func:`cancel` in autocommit, sent straight through libpq (:meth:`Database.lone_row`):
-    the same statement and answer for a lone DELETE at a fraction of the broker's CPU."""
+    the same statement and answer for a lone DELETE, for less of the broker's CPU."""
     row = await db.lone_row(_CANCEL_ONE, {"tenant_id": str(tenant_id), "queue": queue,
                                           "key": key, "txn": echo_txn})
     if row is None:
