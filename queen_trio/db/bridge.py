@@ -293,19 +293,29 @@ class Connection:
         pgconn = self._raw.pgconn
         try:
             fileno = pgconn.socket
-            if statement.name not in self._lone_prepared:
-                # Once per connection, as psycopg prepares a statement it has run a few times:
-                # PostgreSQL then parses and plans it once, not on every call.
-                pgconn.send_prepare(statement.name, statement.query)
-                await _lone_answer(pgconn, fileno, self._raw.info.encoding)
-                self._lone_prepared.add(statement.name)
-            pgconn.send_query_prepared(
-                statement.name,
-                [v.encode() if isinstance(v, str) else v for v in params],
-                param_formats=[pq.Format.BINARY if isinstance(v, bytes) else pq.Format.TEXT
-                               for v in params],
-                result_format=pq.Format.BINARY if binary else pq.Format.TEXT)
-            return await _lone_answer(pgconn, fileno, self._raw.info.encoding)
+            encoding = self._raw.info.encoding
+            values = [v.encode() if isinstance(v, str) else v for v in params]
+            formats = [pq.Format.BINARY if isinstance(v, bytes) else pq.Format.TEXT
+                       for v in params]
+            for again in (False, True):
+                if statement.name not in self._lone_prepared:
+                    # Once per connection, as psycopg prepares a statement it has run a few
+                    # times: PostgreSQL then parses and plans it once, not on every call.
+                    pgconn.send_prepare(statement.name, statement.query)
+                    await _lone_answer(pgconn, fileno, encoding)
+                    self._lone_prepared.add(statement.name)
+                pgconn.send_query_prepared(
+                    statement.name, values, param_formats=formats,
+                    result_format=pq.Format.BINARY if binary else pq.Format.TEXT)
+                try:
+                    return await _lone_answer(pgconn, fileno, encoding)
+                except errors.InvalidSqlStatementName:
+                    # Deallocated meanwhile (psycopg sends DEALLOCATE ALL after some of its
+                    # rollbacks): nothing ran; prepared again, then sent once more.
+                    self._lone_prepared.discard(statement.name)
+                    if again:
+                        raise
+            raise AssertionError("unreachable")
         except trio.Cancelled:
             await self._abandon()
             raise

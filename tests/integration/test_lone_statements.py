@@ -191,3 +191,12 @@ async def test_a_cancelled_lone_call_leaves_no_connection_in_the_pool(
             pytest.fail("the cancelled statement kept running on the server")
     # a lone call still runs, on another connection
     assert await db.lone_row(slow, {"s": "0"}) == [b"", b"1"]
+
+
+async def test_a_lone_statement_deallocated_meanwhile_is_prepared_again(db: Database) -> None:
+    statement = LoneStatement("SELECT %(v)s::int + 1")
+    assert await db.lone_row(statement, {"v": "1"}) == [b"2"]
+    async with db.connection() as conn:  # (psycopg does this after some rollbacks)
+        await conn.execute("DEALLOCATE ALL")
+    assert await db.lone_row(statement, {"v": "2"}) == [b"3"]
+    assert db.statistics().discarded_total == 0
