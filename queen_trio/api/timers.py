@@ -178,9 +178,8 @@ async def cancel_one(broker: BrokerContext, tenant_id: int, queue: str, key: str
     and :mod:`.fast`'s)."""
     if txn is not None:
         txn = log_rules.transaction_id(txn, "txn")
-    outcome = await broker.db.run_autocommit(
-        store.cancel, tenant_id, log_rules.queue_name(queue), rules.timer_key(key), txn
-    )
+    outcome = await store.cancel_lone(
+        broker.db, tenant_id, log_rules.queue_name(queue), rules.timer_key(key), txn)
     broker.metrics.timers_cancelled.labels(outcome.status).inc()
     return outcome_model(outcome)
 

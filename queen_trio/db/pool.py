@@ -36,7 +36,7 @@ import trio
 from psycopg.rows import dict_row
 
 from ..errors import DatabaseUnavailable, PoolExhausted
-from .bridge import Connection, TrioWaitConnection
+from .bridge import Connection, LoneStatement, TrioWaitConnection
 from .conninfo import broker_conninfo, is_read_only_refusal
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,16 @@ class Database:
         conn = await self._acquire()  # as in run_transaction()
         try:
             return await conn._call(fn, *args)
+        finally:
+            await self._release(conn)
+
+    async def lone_row(self, statement: LoneStatement, values: dict[str, str | bytes | None],
+                       binary: bool = False) -> list[bytes | None] | None:
+        """Run one statement in autocommit straight through libpq (:meth:`Connection.lone_row`):
+        its first row's values as text, or None. For the hottest lone statements only."""
+        conn = await self._acquire()  # as in run_transaction()
+        try:
+            return await conn.lone_row(statement, statement.params(values), binary)
         finally:
             await self._release(conn)
 

@@ -204,8 +204,8 @@ class ScheduleBatcher:
         self.batches += 1
         notify = None if self._wake is not None else self._notify_within_ms
         if len(schedules) == 1:
-            outcomes = [await self._db.run_autocommit(
-                store.schedule, tenant_id, schedules[0], notify_within_ms=notify,
+            outcomes = [await store.schedule_lone(
+                self._db, tenant_id, schedules[0], notify_within_ms=notify,
                 cipher=self._cipher)]
         else:
             outcomes = await self._db.run_autocommit(

@@ -21,6 +21,8 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..db import queries
+from ..db.bridge import LoneStatement
+from ..db.pool import Database
 from ..db.rows import DictConnection, one
 from ..db.transient import TRANSIENT_ERRORS, describe
 from ..log import rules as log_rules
@@ -179,6 +181,37 @@ def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,
     return _outcome(s, row)
 
 
+_SCHEDULE_ONE = LoneStatement(Q.schedule_one)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+async def schedule_lone(db: Database, tenant_id: int, s: Schedule, *,
+                        notify_within_ms: int | None,
+                        cipher: PayloadCipher | None = None) -> Outcome:
+    """:func:`schedule` in autocommit; without an encryption key sent straight through libpq
+    (:meth:`Database.lone_row`): the same statement and answer for a lone schedule, for less
+    of the broker's CPU."""
+    if cipher is not None:  # (the payload may have to be sealed first: another statement)
+        return await db.run_autocommit(schedule, tenant_id, s, notify_within_ms=notify_within_ms,
+                                       cipher=cipher)
+    blob, size, compressed = rules.pack(s.payload, s.json_bytes)
+    row = await db.lone_row(_SCHEDULE_ONE, {
+        "tenant_id": str(tenant_id), "queue": s.queue, "key": s.key, "partition": s.partition,
+        "txn": s.txn or log_rules.new_transaction_id(), "delay_ms": str(s.delay_ms),
+        "bytes": str(size), "payload": blob, "zstd": "t" if compressed else "f",
+        "notify_within_ms": None if notify_within_ms is None else str(notify_within_ms),
+    }, binary=True)
+    if row is None:
+        raise RuntimeError("expected one row, the statement returned none (SELECT 0)")
+    _, status, txn, message_id, deliver_at = row
+    if status == b"too_late":
+        return Outcome("too_late", s.queue, s.key, None if txn is None else txn.decode())
+    return Outcome(_text(status), s.queue, s.key, None if txn is None else txn.decode(),
+                   s.partition, None if deliver_at is None else _PG_EPOCH + timedelta(
+                       microseconds=int.from_bytes(deliver_at, "big", signed=True)),
+                   None if message_id is None else message_id.decode())
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -224,6 +257,27 @@ def cancel(raw: DictConnection, tenant_id: int, queue: str, key: str,
     row = one(raw.execute(Q.cancel_one, {"tenant_id": tenant_id, "queue": queue, "key": key,
                                          "txn": echo_txn}))
     return Outcome(row["status"], queue, key, row["txn"])
+
+
+_CANCEL_ONE = LoneStatement(Q.cancel_one)
+
+
+async def cancel_lone(db: Database, tenant_id: int, queue: str, key: str,
+                      echo_txn: str | None) -> Outcome:
+    """:func:`cancel` in autocommit, sent straight through libpq (:meth:`Database.lone_row`):
+    the same statement and answer for a lone DELETE, for less of the broker's CPU."""
+    row = await db.lone_row(_CANCEL_ONE, {"tenant_id": str(tenant_id), "queue": queue,
+                                          "key": key, "txn": echo_txn})
+    if row is None:
+        raise RuntimeError("expected one row, the statement returned none (SELECT 0)")
+    _, status, txn = row
+    return Outcome(_text(status), queue, key, None if txn is None else txn.decode())
+
+
+def _text(value: bytes | None) -> str:
+    if value is None:
+        raise RuntimeError("expected a value, the statement returned NULL")
+    return value.decode()
 
 
 def cancel_many(raw: DictConnection, tenant_id: int, cancels: list[Cancel]) -> list[Outcome]:
