@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import psycopg
 import trio
 
 from queen_trio.server import BrokerHandle
@@ -35,8 +36,20 @@ async def test_concurrent_puts_share_statements_and_each_gets_its_own_answer(
     broker: BrokerHandle, http: httpx.AsyncClient, database_url: str,
 ) -> None:
     limits = httpx.Limits(max_connections=CLIENTS)
-    async with httpx.AsyncClient(base_url=broker.url, timeout=10, limits=limits) as many:
-        answers = await put_all(many, [("batched", f"k{i}", {"i": i}) for i in range(240)])
+    # The first statement is held behind a lock on the table for a while, so the PUTs are
+    # really concurrent at the broker: one client process's requests otherwise arrive about as
+    # fast as a lone statement is answered (once that got faster, most went alone).
+    with psycopg.connect(database_url, autocommit=True) as locker:
+        async with httpx.AsyncClient(base_url=broker.url, timeout=30, limits=limits) as many, \
+                trio.open_nursery() as nursery:
+            locker.execute("BEGIN; LOCK TABLE queen.timers IN SHARE MODE")
+
+            async def release_later() -> None:
+                await trio.sleep(2.0)
+                locker.execute("COMMIT")
+
+            nursery.start_soon(release_later)
+            answers = await put_all(many, [("batched", f"k{i}", {"i": i}) for i in range(240)])
     assert [a.status_code for a in answers] == [200] * 240
     bodies = [a.json() for a in answers]
     assert [(b["status"], b["timerKey"]) for b in bodies] == [
