@@ -97,21 +97,20 @@ async def _wait_on_trio(gen: PQGen[T], fileno: int, limit_s: float | None) -> T:
     ``_WaitTimeout`` after ``limit_s``, as its own waits do (None, every statement's: no
     cancel scope, which costs more than the rest of a wait)."""
     if limit_s is None:
-        try:
-            state = next(gen)
-            while True:
-                state = gen.send(await _ready(fileno, state))
-        except StopIteration as done:
-            return done.value
+        return await _drive(gen, fileno)
     with trio.move_on_after(limit_s) as scope:
-        try:
-            state = next(gen)
-            while True:
-                state = gen.send(await _ready(fileno, state))
-        except StopIteration as done:
-            return done.value
+        return await _drive(gen, fileno)
     assert scope.cancelled_caught
     raise errors._WaitTimeout("wait timeout expired")
+
+
+async def _drive(gen: PQGen[T], fileno: int) -> T:
+    try:
+        state = next(gen)
+        while True:
+            state = gen.send(await _ready(fileno, state))
+    except StopIteration as done:
+        return done.value
 
 
 async def _ready(fileno: int, state: Wait) -> Ready:
