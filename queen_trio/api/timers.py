@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 from itertools import count
 from typing import Any, TypeVar
@@ -99,7 +100,7 @@ def _isos(stamps: list[datetime | None]) -> list[str | None]:
     return [None if at is None else next(texts) for at in stamps]
 
 
-def count_outcomes(outcomes: list[store.Outcome], ops: list[rules.Schedule | rules.Cancel],
+def count_outcomes(outcomes: list[store.Outcome], ops: Sequence[rules.Schedule | rules.Cancel],
                    metrics: BrokerMetrics | None = None) -> None:
     metrics = metrics or _broker().metrics
     counts = Counter((isinstance(op, rules.Schedule), o.status)

@@ -89,12 +89,13 @@ def _paused_rider(bundle: transactions.Bundle, broker: BrokerContext) -> Respons
         reason=refusal.extra["reason"], results=[]), status=403)
 
 
-def _schedules_only(bundle: transactions.Bundle) -> bool:
-    """Whether the bundle only schedules timers (no push, ack, KV op, required lease or
-    cancel): then it is one statement, its own transaction."""
-    return (not bundle.operations and not bundle.kv and not bundle.required_leases
-            and bool(bundle.timers)
-            and all(type(t) is timer_rules.Schedule for t in bundle.timers))
+def _schedules_only(bundle: transactions.Bundle) -> list[timer_rules.Schedule] | None:
+    """The bundle's timers if it only schedules timers (no push, ack, KV op, required lease
+    or cancel): then it is one statement, its own transaction. None otherwise."""
+    if bundle.operations or bundle.kv or bundle.required_leases or not bundle.timers:
+        return None
+    schedules = [t for t in bundle.timers if type(t) is timer_rules.Schedule]
+    return schedules if len(schedules) == len(bundle.timers) else None
 
 
 def _bundle_builtins(decoded: models.Bundle) -> dict[str, Any]:
@@ -127,12 +128,11 @@ async def transaction() -> Response:
     if bundle.adds_storage():
         enforce_storage_gate()
     transaction_id = log_rules.new_transaction_id()
-    if _schedules_only(bundle):
+    if (schedules := _schedules_only(bundle)) is not None:
         # One statement commits them all (queen.schedule_timer_list), as on POST
         # /api/v1/timers: in autocommit, without a BEGIN and a COMMIT round trip around it.
-        outcomes = await broker.schedules.schedule_many(
-            current_tenant_id(), bundle.timers)  # type: ignore[arg-type]
-        count_outcomes(outcomes, bundle.timers)
+        outcomes = await broker.schedules.schedule_many(current_tenant_id(), schedules)
+        count_outcomes(outcomes, schedules)
         flat: list[models.TransactionItem] = []
         flat += outcome_models(outcomes, models.TxTimer, 0)
         return model_response(models.TransactionDone(
