@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -203,6 +203,17 @@ class Database:
         conn = await self._acquire()  # as in run_transaction()
         try:
             return await conn.lone_row(statement, statement.params(values), binary)
+        finally:
+            await self._release(conn)
+
+    async def lone_rows(self, statement: LoneStatement, values: Sequence[str | bytes | None],
+                        binary: bool = False) -> list[tuple[Any, ...]]:
+        """Every row of one statement run in autocommit straight through libpq, as typed
+        tuples (:meth:`Connection.lone_rows`): the sweeper's cycle. ``values`` in the order of
+        ``statement.names``."""
+        conn = await self._acquire()  # as in run_transaction()
+        try:
+            return await conn.lone_rows(statement, values, binary)
         finally:
             await self._release(conn)
 
