@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -400,30 +401,62 @@ def sweep(
         assert fire_lock is not None and fire_lock.queue == pop.queue
         params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
                       pop_auto_ack=pop.auto_ack)
-    rows = raw.execute(
+    rows = raw.cursor(row_factory=tuple_row).execute(
         Q.sweep if pop is None else Q.sweep_and_pop, params,
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
+    return _swept(rows, pop)
+
+
+_SWEEP = LoneStatement(Q.sweep)
+_SWEEP_AND_POP = LoneStatement(Q.sweep_and_pop)
+# The order sweep_lone sends its values in.
+assert _SWEEP.names == ("lock_tenant", "lock_queue", "token", "broker", "batch", "lease_ms",
+                        "max_payload", "fire", "not_before")
+assert _SWEEP_AND_POP.names == _SWEEP.names + ("pop_group", "pop_partition", "pop_batch",
+                                               "pop_auto_ack")
+
+
+async def sweep_lone(
+    db: Database, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
+    max_payload: int, not_before: float | None = None, fire_lock: NextDue | None = None,
+    pop: log_rules.PopRequest | None = None,
+) -> SweepResult:
+    """:func:`sweep` (firing) in autocommit, sent straight through libpq
+    (:meth:`Database.lone_rows`): the same statement and answer for the sweeper's cycles on
+    the event loop, a hundred a second under a steady flow, for less of the broker's CPU."""
+    # (The parameters as text, in the statement's order, without a dict of values first.)
+    values: list[str | bytes | None] = [
+        None if fire_lock is None else str(fire_lock.tenant_id),
+        None if fire_lock is None else fire_lock.queue,
+        str(token), broker, str(batch), str(lease_ms), str(max_payload), "t",
+        None if not_before is None else repr(not_before)]
+    if pop is not None:
+        assert fire_lock is not None and fire_lock.queue == pop.queue
+        values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f"]
+    rows = await db.lone_rows(_SWEEP if pop is None else _SWEEP_AND_POP, values, binary=True)
+    return _swept(rows, pop)
+
+
+def _swept(rows: Sequence[Sequence[Any]], pop: log_rules.PopRequest | None) -> SweepResult:
+    """The sweep's answer, from its rows (the columns of queen.sweep_timers, then ``popped``
+    with a pop)."""
     fired: list[tuple[int, datetime]] = []
     claimed: list[Claimed] = []
     next_due = db_now = None
     popped = upcoming = None
     for r in rows:
-        if r.get("popped") is not None:
-            assert pop is not None
-            popped = log_store.head_outcome_from_json(pop, r["popped"]) if r["popped"] else None
-            db_now = r["db_now"]  # read after the pop: the statement's true end
-        elif r["fired"]:
-            fired.append((r["tenant_id"], r["deliver_at"]))
-        elif r["fired"] is None:
-            next_due, db_now = r["next_due"], r["db_now"]
+        if pop is not None and r[14] is not None:
+            popped = log_store.head_outcome_from_json(pop, r[14]) if r[14] else None
+            db_now = r[13]  # read after the pop: the statement's true end
+        elif r[0]:
+            fired.append((r[1], r[9]))
+        elif r[0] is None:
+            next_due, db_now = r[12], r[13]
             if next_due is not None:
-                upcoming = NextDue(r["tenant_id"], r["queue"], r["partition"], next_due)
+                upcoming = NextDue(r[1], r[2], r[4], next_due)
         else:
-            claimed.append(Claimed(r["tenant_id"], r["queue"], r["timer_key"], r["partition"],
-                                   r["txn"], r["payload"], r["payload_zstd"],
-                                   r["payload_bytes"], r["deliver_at"], r["attempts"],
-                                   r["due_at"]))
+            claimed.append(Claimed(*r[1:12]))
     claimed.sort(key=lambda c: c.due_at)
     assert db_now is not None, "sweep_timers always answers its clock row"
     return SweepResult(fired, claimed, next_due, db_now, popped, upcoming)

@@ -449,16 +449,32 @@ class Sweeper:
             # back, where a worker thread would queue for the GIL behind the pop it has just
             # served, and it costs no hand-over to a thread and back (under a steady flow, a
             # hundred floor cycles a second: a seventh of the broker's CPU went to those
-            # hand-overs), nor a context manager around the pool's connection. A backlog found
-            # here is drained by the next cycles, in a worker thread.
-            return await self._db.run_autocommit(self._sweep_at, not_before, token, announced,
-                                                 False, req)
+            # hand-overs), nor a context manager around the pool's connection. Sent straight
+            # through libpq (store.sweep_lone): psycopg's cursor path cost the broker twice the
+            # CPU of the statement's whole trip (issue 32). A backlog found here is drained by
+            # the next cycles, in a worker thread.
+            return [await self._sweep_lone(token, not_before, announced, req)]
         async with self._db.connection() as conn:
             # The last sweep came back full (a backlog): in a worker thread, where a drain
             # runs sweeps back to back without queueing behind HTTP tasks for the event
             # loop, and each return is timed where it happens.
             return await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
                                                 True, req)
+
+    async def _sweep_lone(self, token: uuid.UUID, not_before: float | None,
+                          announced: store.NextDue | None, pop: PopRequest | None
+                          ) -> tuple[SweepResult, float]:
+        """One sweep, from this task (see :meth:`_sweep_at`), answered with the local time it
+        returned."""
+        s = self._settings
+        batch = self._batch
+        result = await store.sweep_lone(self._db, token, self.owner, batch, s.sweeper_lease_ms,
+                                        max_payload=self._max_payload, not_before=not_before,
+                                        fire_lock=announced, pop=pop)
+        returned_at = time.time()
+        self._batch = next_batch(batch, len(result.fired) + len(result.rows), s.sweeper_batch,
+                                 s.sweeper_backlog_batch)
+        return result, returned_at
 
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
