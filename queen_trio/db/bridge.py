@@ -13,10 +13,12 @@ connections instead, through one private call (:meth:`Connection._call`), in one
   between statements (sealing segments) or must not queue behind HTTP tasks for the event loop
   (the sweeper's back-to-back drain). psycopg releases the GIL while it waits on the socket.
 
-* **straight through libpq** (:meth:`Connection.lone_row`): one autocommit statement, the
-  hottest lone ones only (one schedule, one cancel): ``send_query_prepared`` and trio's waits on
-  the socket, no cursor, no greenback portal; the answer's few values are read by the caller.
-  The contracts below hold for it as for the others, and its errors are psycopg's own.
+* **straight through libpq** (:meth:`Connection.lone_row`, :meth:`Connection.lone_rows`): one
+  autocommit statement, the hottest lone ones only (one schedule, one cancel, the sweeper's
+  cycle): ``send_query_prepared`` and trio's waits on the socket, no cursor, no greenback
+  portal; the answer's few values are read by the caller (``lone_rows``: loaded by psycopg's
+  loaders, as a cursor's). The contracts below hold for it as for the others, and its errors
+  are psycopg's own.
 
 (The LISTEN side is trio-native as well: see :mod:`queen_trio.db.listener`. Which connection a
 task gets, and for how long one is kept: :mod:`queen_trio.db.pool`.)
