@@ -420,10 +420,11 @@ def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | N
 
 def _head_answer(req: PopRequest, rows: list[tuple[Any, ...]]) -> PopOutcome | None:
     """The outcome of a one-statement pop's answer (Q.pop_head, Q.settle_pop_head,
-    Q.pop_head_after), its rows read as tuples (a dict per row was a third of reading them):
-    outcome, partition_id, partition, lease_id, lease_expires_at (those four on the first row
-    only), offset, transaction_id, payload and meta as JSON text (the payload kept as that
-    text, ``msgspec.Raw``; the meta decoded), created_at, look_in_s."""
+    Q.pop_head_after: the columns of Q.pop_answer), its rows read as tuples (a dict per row
+    was a third of reading them): outcome, partition_id, partition, lease_id,
+    lease_expires_at (those four on the first row only), offset, transaction_id, payload and
+    meta as JSON text (the payload kept as that text, ``msgspec.Raw``; the meta decoded),
+    created_at, look_in_s."""
     first = rows[0]
     if first[0] == "fallback":
         return None
