@@ -10,7 +10,12 @@ less), for a 500-message batch shaped as a burst's (timer frames, one fire insta
   read into acknowledgements (rules.ack_batch);
 * ``sdk decode``: the answer's bytes to the SDK's SettledPop (what consume() hands out), as
   the SDK's transport reads it;
-* ``sdk settle``: 500 settlements owed (calls.ack_entry) to the request body's bytes.
+* ``sdk settle``: 500 settlements owed (calls.ack_entry) to the request body's bytes;
+* ``broker stream settle``: the same settlement as a stream's message (``seq`` added) read by
+  the stream (api/stream.py ``_Stream._settlement``) and found whole, twice, as the stream
+  asks (when it arrives, and when it is applied);
+* ``sdk stream settle``: 500 settlements owed to the stream message's bytes, as
+  ``PopStream.settle`` writes them (client/stream.py).
 
 Run it against two checkouts to compare (``PYTHONPATH=<checkout> python -m bench.drain_path``).
 
@@ -29,7 +34,9 @@ from typing import Any
 from bench.harness.report import load, source_revision
 from queen_trio import strict_json
 from queen_trio.api import log as api_log
+from queen_trio.api import stream as api_stream
 from queen_trio.client import calls
+from queen_trio.client import stream as sdk_stream
 from queen_trio.client.models import AckStatus
 from queen_trio.log import rules, store
 from queen_trio.models import codec
@@ -55,6 +62,39 @@ def sdk_decode(call: calls.Call[Any], raw: bytes) -> Any:
     fast = getattr(call, "fast", None)
     quick = codec.FALLBACK if fast is None else fast(raw)
     return call.parse(strict_json.loads(raw)) if quick is codec.FALLBACK else quick
+
+
+class _Captured(sdk_stream.PopStream):
+    """A stream without a socket: what ``settle`` would send is kept."""
+
+    def __init__(self) -> None:  # (no socket, no connection)
+        self.sent = b""
+
+    async def _write(self, event: Any) -> None:
+        self.sent = bytes(event.data)
+
+
+def sdk_stream_settle(stream: _Captured, entries: list[dict[str, Any]]) -> bytes:
+    """``PopStream.settle``'s message for ``entries`` (its coroutine never waits here)."""
+    step = stream.settle(1, entries)
+    try:
+        step.send(None)
+    except StopIteration:
+        return stream.sent
+    raise RuntimeError("PopStream.settle waited")
+
+
+def broker_stream(batch: store.PopBatch) -> Any:
+    """A stream (api/stream.py) holding ``batch`` as its batch 1, for reading settlements."""
+    stream: Any = object.__new__(api_stream._Stream)
+    stream.out = {1: [batch]}
+    stream.known_whole = None  # (a checkout without it ignores it)
+    return stream
+
+
+def broker_stream_settle(stream: Any, raw: bytes) -> bool:
+    seq, acks = stream._settlement(raw)
+    return bool(stream._whole(seq, acks) and stream._whole(seq, acks))
 
 
 def cpu_us(fn: Callable[[], Any], number: int) -> float:
@@ -88,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     got = settled.parse(strict_json.loads(answer_bytes))
     owed = [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]
     settle_bytes = strict_json.dumps(calls.compact_acks(owed))
+    captured = _Captured()
+    stream_bytes = sdk_stream_settle(captured, owed)
+    held = broker_stream(batch)
+    assert broker_stream_settle(held, stream_bytes), "the stream did not find the batch whole"
 
     steps: dict[str, Callable[[], Any]] = {
         "broker encode": encode,
@@ -95,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "sdk decode": lambda: sdk_decode(settled, answer_bytes),
         "sdk settle": lambda: strict_json.dumps(calls.compact_acks(
             [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch])),
+        "broker stream settle": lambda: broker_stream_settle(held, stream_bytes),
+        "sdk stream settle": lambda: sdk_stream_settle(captured, [
+            calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]),
     }
     print(f"drain_path at {source_revision()}, {n} messages, load {load()}")
     for r in range(args.rounds):

@@ -11,7 +11,6 @@ CREATE FUNCTION queen.ack_head(p_tenant integer, p_partition uuid, p_group text,
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_sort text := current_setting('enable_sort');
     cur record;
     v_txns text[];
     v_offsets bigint[];
@@ -21,33 +20,11 @@ DECLARE
     v_queue text;
     v_pname text;
 BEGIN
-    -- The cursor is read newest version first: a backward scan of cursors_pkey, bounded by
-    -- row comparisons (an equality on the key would let the planner drop the ORDER BY and scan
-    -- forward), stops at the first version visible. Behind a held snapshot nothing of the
-    -- row's earlier versions can be pruned; each page they filled has an index entry (a HOT
-    -- chain ends where its page is full), and a forward scan walked them all, one buffer per
-    -- page, every pop and ack (44 buffers after 3,000 updates; this: 3). The newest version
-    -- is on the newest page (fillfactor 50 keeps new versions off pages already half full).
-    -- The row is locked, so the UPDATE below finds it by its ctid.
-    -- Sorts are off for this statement alone, so that it is planned as that backward read
-    -- whatever the table's size (on a small table the planner would rather sort a scan of
-    -- it). Off for the whole function (a SET clause), every statement of the ack was planned
-    -- under it: PostgreSQL's CPU per timer at a steady 500/s went from 0.88 to 2.3 ms and lag
-    -- p50 from 9 to 38 ms (bench.peer_graphile --scenario steady).
-    PERFORM set_config('enable_sort', 'off', true);
-    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
-           c.lease_expires_at > now() AS lease_live INTO cur
-    FROM queen.cursors c
-    WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
-      AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
-      AND c.tenant_id = p_tenant
-    ORDER BY c.partition_id DESC, c.consumer_group DESC
-    LIMIT 1
-    FOR UPDATE;
-    PERFORM set_config('enable_sort', v_sort, true);
+    -- The cursor, newest version first, locked (queen.cursor_for_update).
+    cur := queen.cursor_for_update(p_tenant, p_partition, p_group);
     -- An ack under a lease that is not live (expired, released, another's) gets its verdict
     -- from the general ack.
-    IF NOT FOUND OR cur.leased_to IS NULL
+    IF cur.tid IS NULL OR cur.leased_to IS NULL
        OR (p_lease IS NOT NULL
            AND (cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE)) THEN
         RETURN QUERY SELECT 'fallback', NULL::text, NULL::text, NULL::bigint, NULL::bigint[],
@@ -401,6 +378,24 @@ BEGIN
     LEFT JOIN deleted d ON d.ord = i.ord
     LEFT JOIN existing e ON e.ord = i.ord
     ORDER BY i.ord;
+END
+$$;
+
+CREATE FUNCTION queen.cursor_for_update(p_tenant integer, p_partition uuid, p_group text, OUT tid tid, OUT committed bigint, OUT acked_ahead bigint[], OUT lease_id uuid, OUT leased_to bigint, OUT lease_live boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    AS $$
+BEGIN
+    SELECT c.ctid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
+           c.lease_expires_at > now()
+    INTO tid, committed, acked_ahead, lease_id, leased_to, lease_live
+    FROM queen.cursors c
+    WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
+      AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
+      AND c.tenant_id = p_tenant
+    ORDER BY c.partition_id DESC, c.consumer_group DESC
+    LIMIT 1
+    FOR UPDATE;
 END
 $$;
 
@@ -1303,23 +1298,12 @@ CREATE FUNCTION queen.settle_pop_head(p_tenant integer, p_queue text, p_group te
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_sort text := current_setting('enable_sort');
     v_commit text := current_setting('synchronous_commit');
     cur record;
 BEGIN
-    -- The cursor, newest version first, locked (as in queen.ack_head).
-    PERFORM set_config('enable_sort', 'off', true);
-    SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
-           c.lease_expires_at > now() AS lease_live INTO cur
-    FROM queen.cursors c
-    WHERE (c.partition_id, c.consumer_group) >= (p_partition_id, p_group)
-      AND (c.partition_id, c.consumer_group) <= (p_partition_id, p_group)
-      AND c.tenant_id = p_tenant
-    ORDER BY c.partition_id DESC, c.consumer_group DESC
-    LIMIT 1
-    FOR UPDATE;
-    PERFORM set_config('enable_sort', v_sort, true);
-    IF NOT FOUND OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+    -- The cursor, newest version first, locked (queen.cursor_for_update).
+    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
+    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
        OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
        OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
         RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,

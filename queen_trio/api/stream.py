@@ -71,6 +71,8 @@ _CLOSE_NORMAL, _CLOSE_GOING_AWAY, _CLOSE_POLICY, _CLOSE_TRY_LATER = 1000, 1001, 
 # The database away (a failover, say): the stream ends, the consumer comes back after a backoff.
 _DB_TROUBLE = (DatabaseUnavailable, psycopg.OperationalError)
 _DB_AWAY = ("database_unavailable", "the database is unreachable; reconnect later")
+# A settlement of a batch whole in the SDK's compact form says no more than these.
+_WHOLE_KEYS = frozenset(("seq", "partitionId", "leaseId", "consumerGroup", "acknowledgments"))
 
 
 @stream_routes.websocket("/stream/queue/<queue>")
@@ -156,6 +158,8 @@ class _Stream:
         # handed to it (seq, acks): its next pop applies it first, in the same statement.
         self.holding: int | None = None
         self.pending: tuple[int, list[rules.Ack]] | None = None
+        # The last settlement read as completing its batch whole (_read_whole): (seq, acks).
+        self.known_whole: tuple[int, list[rules.Ack]] | None = None
 
     async def run(self) -> None:
         try:
@@ -292,6 +296,9 @@ class _Stream:
 
     def _whole(self, seq: int, acks: list[rules.Ack]) -> bool:
         """Whether ``acks`` complete batch ``seq`` whole (:func:`store.completes_whole`)."""
+        known = self.known_whole
+        if known is not None and known[1] is acks:
+            return known[0] == seq and seq in self.out
         sent = self.out.get(seq)
         return (sent is not None and len(sent) == 1 and bool(acks)
                 and store.completes_whole(sent[0], acks))
@@ -379,8 +386,38 @@ class _Stream:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq not in self.out:
             raise ValidationError("invalid_seq", "seq must name a batch of this stream that "
                                   "is not settled yet")
-        acks = rules.ack_batch(body) if body.get("acknowledgments", []) != [] else []
-        return seq, acks
+        items = body.get("acknowledgments", [])
+        if items == []:
+            return seq, []
+        acks = self._read_whole(seq, body, items)
+        return seq, rules.ack_batch(body) if acks is None else acks
+
+    def _read_whole(self, seq: int, body: dict[str, Any], items: Any) -> list[rules.Ack] | None:
+        """The common settlement, read without reading each acknowledgement as a request's:
+        batch ``seq`` completed whole in the SDK's compact form (partitionId, leaseId and
+        consumerGroup said once, each message by its transactionId alone, in the batch's
+        order). Every value equals one this stream handed out, so none needs validating;
+        its acknowledgements are built from the batch (what :func:`rules.ack_batch` would
+        read) and known whole (:meth:`_whole`). None: any other settlement, read as usual."""
+        sent = self.out.get(seq)
+        if sent is None or len(sent) != 1 or not isinstance(items, list):
+            return None
+        batch = sent[0]
+        messages, lease, pid = batch.messages, batch.lease_id, batch.partition_id
+        if (lease is None or len(items) != len(messages) or not body.keys() <= _WHOLE_KEYS
+                or messages[-1].offset - messages[0].offset != len(messages) - 1
+                or body.get("partitionId") != str(pid) or body.get("leaseId") != str(lease)
+                or (body.get("consumerGroup") or rules.QUEUE_MODE_GROUP) != batch.group):
+            return None
+        group = batch.group
+        acks = []
+        for i, (item, message) in enumerate(zip(items, messages, strict=True)):
+            txn = message.transaction_id
+            if type(item) is not dict or len(item) != 1 or item.get("transactionId") != txn:
+                return None
+            acks.append(rules.Ack(i, txn, pid, "completed", group, lease, None))
+        self.known_whole = seq, acks
+        return acks
 
     async def _give_back(self) -> None:
         """Release the batches out, no retry spent (``retry``)."""

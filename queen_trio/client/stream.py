@@ -58,6 +58,26 @@ class FromBroker(msgspec.Struct):
 _DECODE = msgspec.json.Decoder(FromBroker)
 
 
+def _completed_body(seq: int, entries: Sequence[dict[str, Any]]) -> bytes | None:
+    """The common settlement, every message completed under one lease, as
+    :func:`calls.compact_acks` writes it (partitionId, leaseId and consumerGroup once, each
+    message by its transactionId) in one pass over the entries; None for any other."""
+    if not entries:
+        return None
+    first = entries[0]
+    pid, lease, group = first["partitionId"], first.get("leaseId"), first["consumerGroup"]
+    if lease is None:
+        return None
+    txns = []
+    for e in entries:
+        if (len(e) != 5 or e["status"] != "completed" or e["leaseId"] != lease
+                or e["partitionId"] != pid or e["consumerGroup"] != group):
+            return None
+        txns.append({"transactionId": e["transactionId"]})
+    return _ENCODE.encode({"partitionId": pid, "leaseId": lease, "consumerGroup": group,
+                           "acknowledgments": txns, "seq": seq})
+
+
 class StreamUnsupported(Exception):
     """The broker offers no streaming pop."""
 
@@ -171,9 +191,12 @@ class PopStream:
 
     async def settle(self, seq: int, entries: Sequence[dict[str, Any]]) -> None:
         """Batch ``seq`` is done: its settlements (``ack_entry`` dicts; may be empty)."""
-        body = calls.compact_acks(entries)
-        body["seq"] = seq
-        await self._write(BytesMessage(_ENCODE.encode(body)))
+        raw = _completed_body(seq, entries)
+        if raw is None:
+            body = calls.compact_acks(entries)
+            body["seq"] = seq
+            raw = _ENCODE.encode(body)
+        await self._write(BytesMessage(raw))
 
     async def stop(self) -> None:
         """Ask for no more batches (once); the broker closes when its pop has answered."""

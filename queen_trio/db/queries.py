@@ -2,7 +2,9 @@
 
 A file holds blocks that each start with ``-- name: <identifier>``; everything up to the next
 such line is that query's text. Python code refers to queries by name (``OPS.schema_version``)
-and never holds SQL text of its own.
+and never holds SQL text of its own. A block may name another block of its file as
+``{{<identifier>}}``: that block's text (without its leading comment lines) stands there, so
+that what several queries share is written once. The named block may not name others.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from importlib import resources
 from types import MappingProxyType
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
+_LEADING_COMMENTS = re.compile(r"\A(?:--[^\n]*\n)+")
 
 
 class Queries:
@@ -42,7 +46,20 @@ def parse(area: str, text: str) -> Queries:
         if not body:
             raise ValueError(f"sql/{area}.sql: query {name!r} is empty")
         queries[name] = body
-    return Queries(area, queries)
+    return Queries(area, {name: _included(area, queries, body) for name, body in queries.items()})
+
+
+def _included(area: str, queries: dict[str, str], body: str) -> str:
+    def text(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in queries:
+            raise ValueError(f"sql/{area}.sql names {{{{{name}}}}}, which it does not define")
+        part = queries[name]
+        if _INCLUDE.search(part):
+            raise ValueError(f"sql/{area}.sql: {name!r} is named in another block and names "
+                             "others itself")
+        return _LEADING_COMMENTS.sub("", part)
+    return _INCLUDE.sub(text, body)
 
 
 def load(area: str) -> Queries:

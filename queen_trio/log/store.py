@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+from psycopg.rows import tuple_row
 
 from ..db import queries
 from ..db.rows import DictConnection, one
@@ -358,14 +359,14 @@ def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
     ``sync_commit=False``: the commit does not wait for the WAL flush (a database crash may
     forget this pop, so its messages would be delivered again; nothing is lost). True leaves
     the commit as the server is configured."""
-    rows = raw.execute(
+    rows = raw.cursor(row_factory=tuple_row).execute(
         Q.pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": _commit_level(sync_commit),
          "after": rotation.start_after(tenant_id, req.queue, req.group)},
     ).fetchall()
-    return _rotated(tenant_id, _head_outcome(req, rows, texts=True))
+    return _rotated(tenant_id, _head_answer(req, rows))
 
 
 def _rotated(tenant_id: int, outcome: PopOutcome | None) -> PopOutcome | None:
@@ -383,14 +384,14 @@ def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_bef
     due instant ``not_before`` and tries until the frame is there or ``give_up`` has passed
     (epoch seconds, the database's clock; schema/functions/log.sql). Answers as :func:`pop_head`
     does."""
-    rows = raw.execute(
+    rows = raw.cursor(row_factory=tuple_row).execute(
         Q.pop_head_after,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": _commit_level(sync_commit), "not_before": not_before,
          "give_up": give_up},
     ).fetchall()
-    return _head_outcome(req, rows, texts=True)
+    return _head_answer(req, rows)
 
 
 def next_look_in_s(raw: DictConnection, tenant_id: int, req: PopRequest) -> float | None:
@@ -403,26 +404,39 @@ def next_look_in_s(raw: DictConnection, tenant_id: int, req: PopRequest) -> floa
     return row["in_s"]
 
 
-def _head_outcome(req: PopRequest, rows: list[dict[str, Any]], *,
-                  texts: bool = False) -> PopOutcome | None:
-    """``texts``: payload and meta are JSON text (Q.pop_head): the payload is kept as that
-    text (``msgspec.Raw``, written into the answer as it is), the meta decoded."""
+def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
+    """The outcome of queen.pop_head's rows as dicts of their values (the sweep's hand-over:
+    :func:`head_outcome_from_json`)."""
     first = rows[0]
     if first["outcome"] == "fallback":
         return None
     if first["outcome"] == "empty":
-        if "look_in_s" in first:  # (Q.pop_head and Q.pop_head_after answer it)
-            return PopOutcome(None, looked=True, look_in_s=first["look_in_s"])
         return PopOutcome(None)
-    if texts:
-        messages = [Message(r["offset"], r["transaction_id"], _raw_or_none(r["payload"]),
-                            r["created_at"], 0, _META.decode(r["meta"]) if r["meta"] else None)
-                    for r in rows]
-    else:
-        messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
-                            r["meta"]) for r in rows]
+    messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
+                        r["meta"]) for r in rows]
     return PopOutcome(PopBatch(req.queue, first["partition"], first["partition_id"], req.group,
                                first["lease_id"], first["lease_expires_at"], messages))
+
+
+def _head_answer(req: PopRequest, rows: list[tuple[Any, ...]]) -> PopOutcome | None:
+    """The outcome of a one-statement pop's answer (Q.pop_head, Q.settle_pop_head,
+    Q.pop_head_after: the columns of Q.pop_answer), its rows read as tuples (a dict per row
+    was a third of reading them): outcome, partition_id, partition, lease_id,
+    lease_expires_at (those four on the first row only), offset, transaction_id, payload and
+    meta as JSON text (the payload kept as that text, ``msgspec.Raw``; the meta decoded),
+    created_at, look_in_s."""
+    first = rows[0]
+    if first[0] == "fallback":
+        return None
+    if first[0] == "empty":
+        return PopOutcome(None, looked=True, look_in_s=first[10])
+    if first[1] is None:  # (the statement numbers its rows: the first comes first)
+        first = next(r for r in rows if r[1] is not None)
+    meta = _META.decode
+    messages = [Message(r[5], r[6], None if r[7] is None else msgspec.Raw(r[7]), r[8], 0,
+                        meta(r[9]) if r[9] else None) for r in rows]
+    return PopOutcome(PopBatch(req.queue, first[2], first[1], req.group, first[3], first[4],
+                               messages))
 
 
 def head_outcome_from_json(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
@@ -445,10 +459,6 @@ def payload_value(message: Message) -> Any:
     JSON text (``msgspec.Raw``), which is decoded here; the other pops hold it decoded."""
     payload = message.payload
     return msgspec.json.decode(payload) if isinstance(payload, msgspec.Raw) else payload
-
-
-def _raw_or_none(text: str | None) -> msgspec.Raw | None:
-    return None if text is None else msgspec.Raw(text)
 
 
 def _uuid_or_none(text: str | None) -> uuid.UUID | None:
@@ -856,7 +866,7 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
     is as its pop left it, then (``pop``) the next pop of ``req`` (as :func:`pop_head`), in
     one statement that may run in autocommit. None when the acknowledgement's case needs
     :func:`ack` (then nothing was changed). ``sync_commit`` as for :func:`pop_head`."""
-    rows = raw.execute(
+    rows = raw.cursor(row_factory=tuple_row).execute(
         Q.settle_pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": batch.group,
          "partition_id": batch.partition_id, "lease_id": batch.lease_id,
@@ -865,13 +875,13 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
          "synchronous_commit": _commit_level(sync_commit),
          "after": rotation.start_after(tenant_id, req.queue, req.group)},
     ).fetchall()
-    if rows[0]["outcome"] == "unsettled":
+    if rows[0][0] == "unsettled":
         return None
     results = [AckResult(a.index, a.transaction_id, a.partition_id, a.status, batch.queue,
                          batch.partition, True, False, False) for a in acks]
     if not pop:
         return BatchSettled(results, None)
-    return BatchSettled(results, _rotated(tenant_id, _head_outcome(req, rows, texts=True)))
+    return BatchSettled(results, _rotated(tenant_id, _head_answer(req, rows)))
 
 
 def _where(a: Ack) -> str:

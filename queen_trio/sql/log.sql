@@ -100,62 +100,53 @@ UPDATE queen.partitions SET next_offset = %(next_offset)s WHERE partition_id = %
 -- Wakes long-polling pops of this queue (on every broker); delivered only if we commit.
 SELECT pg_notify('queen_log', %(payload)s)
 
--- name: pop_head
--- The common pop in one statement (schema/functions/log.sql); 'fallback' sends the broker to
--- its general pop.
--- The commit level (NULL: the server's own) is set for this statement's own transaction
--- (pop_head always returns a row, so the join evaluates it); it takes effect at the commit
--- that ends the statement. Payload and meta come back as JSON text: the payload goes into
--- the answer as it is stored, never decoded (store._head_outcome). An 'empty' answer says when
--- to look again (look_in_s, as next_look below): a pop that then parks needs no statement of
--- its own for it.
+-- name: pop_answer
+-- What the one-statement pops answer (pop_head, settle_pop_head, pop_head_after below, each
+-- followed by its function's call, WITH ORDINALITY AS p). The commit level (NULL: the server's
+-- own) is set for the statement's own transaction (the functions always return a row, so the
+-- join evaluates it); it takes effect at the commit that ends the statement. Payload and meta
+-- come back as JSON text: the payload goes into the answer as it is stored, never decoded
+-- (store._head_answer). What every row of a batch shares (partition, lease) is on its first
+-- row only, the others NULL: a 500-message batch's 499 copies of two uuids, a name and an
+-- instant were a third of what reading the rows cost the broker. An 'empty' answer from a pop
+-- (batch above 0) says when to look again (look_in_s, as next_look below): a pop that then
+-- parks needs no statement of its own for it.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
                       true))
-SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
-       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
-       CASE WHEN p.outcome = 'empty'
-            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
-       END AS look_in_s
-FROM commit_level,
-     queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
-                    %(auto_ack)s, %(after)s) AS p
-
--- name: settle_pop_head
--- A stream's batch completed whole through its last offset, then (batch above 0) the next
--- pop, in one statement (queen.settle_pop_head, schema/functions/log.sql); the commit level,
--- payload and meta, and look_in_s when the pop found nothing, as for pop_head.
-WITH commit_level AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
-                      true))
-SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
+SELECT p.outcome, CASE WHEN p.ordinality = 1 THEN p.partition_id END AS partition_id,
+       CASE WHEN p.ordinality = 1 THEN p.partition END AS partition,
+       CASE WHEN p.ordinality = 1 THEN p.lease_id END AS lease_id,
+       CASE WHEN p.ordinality = 1 THEN p.lease_expires_at END AS lease_expires_at, p."offset",
        p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
        CASE WHEN p.outcome = 'empty' AND %(batch)s > 0
             THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
        END AS look_in_s
 FROM commit_level,
+
+-- name: pop_head
+-- The common pop in one statement (schema/functions/log.sql); 'fallback' sends the broker to
+-- its general pop. The answer: pop_answer above.
+{{pop_answer}}
+     queen.pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
+                    %(auto_ack)s, %(after)s) WITH ORDINALITY AS p
+
+-- name: settle_pop_head
+-- A stream's batch completed whole through its last offset, then (batch above 0) the next
+-- pop, in one statement (queen.settle_pop_head, schema/functions/log.sql); the answer as for
+-- pop_head.
+{{pop_answer}}
      queen.settle_pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition_id)s,
                            %(lease_id)s, %(from)s, %(through)s, %(partition)s, %(batch)s,
-                           %(after)s) AS p
+                           %(after)s) WITH ORDINALITY AS p
 
 -- name: pop_head_after
 -- pop_head, tried from the due instant of a timer about to fire into this queue until it has
--- fired or p_give_up (schema/functions/log.sql); the commit level and look_in_s as for
--- pop_head.
-WITH commit_level AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
-                      true))
-SELECT p.outcome, p.partition_id, p.partition, p.lease_id, p.lease_expires_at, p."offset",
-       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
-       CASE WHEN p.outcome = 'empty'
-            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
-       END AS look_in_s
-FROM commit_level,
+-- fired or p_give_up (schema/functions/log.sql); the answer as for pop_head.
+{{pop_answer}}
      queen.pop_head_after(%(tenant_id)s, %(name)s, %(group)s, %(partition)s, %(batch)s,
-                          %(auto_ack)s, %(not_before)s, %(give_up)s) AS p
+                          %(auto_ack)s, %(not_before)s, %(give_up)s) WITH ORDINALITY AS p
 
 -- name: pop_commit_level
 -- The general pop sets its transaction's commit level first.

@@ -34,3 +34,15 @@ def test_every_shipped_query_file_loads() -> None:
     assert files, "no query files found"
     for name in files:
         assert queries.load(name.removesuffix(".sql")).names()
+
+
+def test_a_block_named_in_another_stands_there_without_its_comments() -> None:
+    q = queries.parse("x", "-- name: shared\n-- what it is\nSELECT a, b\nFROM\n\n"
+                           "-- name: one\n-- the first\n{{shared}} t1\n\n"
+                           "-- name: two\n{{shared}} t2")
+    assert q.one == "-- the first\nSELECT a, b\nFROM t1"
+    assert q.two == "SELECT a, b\nFROM t2"
+    with pytest.raises(ValueError, match="does not define"):
+        queries.parse("x", "-- name: a\nSELECT {{b}}")
+    with pytest.raises(ValueError, match="names others"):
+        queries.parse("x", "-- name: a\nSELECT 1\n-- name: b\n{{a}}\n-- name: c\n{{b}}")
