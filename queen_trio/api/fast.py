@@ -192,23 +192,34 @@ class FastRoutes:
         """``whole``: the body, already read (answered on the connection's task): taken as
         :meth:`_read` takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
-        body = bodies.RequestBody(length, self.body_limit)
-        body.budget = self.budget
+        held = 0  # bytes of ``whole`` taken from the budget here
+        body: bodies.RequestBody | None = None
         try:
             try:
                 tenant_id = await self._tenant(scope)
                 admit_tenant(self.broker, tenant_id)
-                if whole is not None:
-                    body.append(whole)
-                    if not body.finished:  # (finished: refused by the budget, answered now)
-                        body.set_complete()
-                elif not await self._read(receive, body):
-                    return  # the client went away: Quart answers nothing either
-                raw = body.whole()
+                if whole is not None and self.budget.take(len(whole)):
+                    # What a RequestBody does with a whole body its limit allows (``_plain``
+                    # checked the length), without its events: held against the budget
+                    # until the request ends.
+                    held, raw = len(whole), whole
+                else:
+                    body = bodies.RequestBody(length, self.body_limit)
+                    body.budget = self.budget
+                    if whole is not None:
+                        body.append(whole)  # refused by the budget: answered now
+                        if not body.finished:
+                            body.set_complete()
+                    elif not await self._read(receive, body):
+                        return  # the client went away: Quart answers nothing either
+                    raw = body.whole()
                 answer: bytes | ErrorAnswer = codec.encode(
                     await apply_batch(self.broker, tenant_id, raw)) + b"\n"
             finally:
-                body.clear()
+                if held:
+                    self.budget.give(held)
+                if body is not None:
+                    body.clear()
         except RequestError as exc:
             answer = family_answer(_FAMILY, exception_answer(exc, "POST", _TIMERS))
         except RequestTimeout as exc:
