@@ -25,6 +25,7 @@ answers, headers and metrics.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ import h11
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
 from quart_trio import QuartTrio
 from werkzeug.exceptions import RequestTimeout
@@ -310,8 +312,34 @@ class _Written:
                 b"%s: %s\r\n" % field for field in
                 [*message["headers"], *self.protocol.config.response_headers("h11")])
             return
-        await self.protocol.send(RawData(b"HTTP/1.1 %d \r\n%s\r\n%s" % (
-            self.status, self.headers, message.get("body", b""))))
+        data = b"HTTP/1.1 %d \r\n%s\r\n%s" % (self.status, self.headers,
+                                                message.get("body", b""))
+        rest = _write_at_once(self.protocol, data)
+        if rest:
+            await self.protocol.send(RawData(rest))
+
+
+def _write_at_once(protocol: H11Protocol, data: bytes) -> bytes:
+    """Write what the socket takes of ``data`` now, if hypercorn's plain-TCP connection is
+    free to be written (its send lock free); answers what is left for hypercorn's own write
+    (all of it when nothing could be written here, on any error included: that write meets
+    it again and handles it as hypercorn does).
+
+    hypercorn's write takes the send lock, enters two shielded scopes and trio's stream
+    guards before the bytes leave, then passes through the scheduler: on a lone call's path
+    (the client waits for these bytes) that cost more than the route's own answer. Nothing
+    awaits between the lock's check and the write, so no other write can interleave."""
+    server = getattr(protocol.send, "__self__", None)
+    if type(server) is not TCPServer or server.send_lock.locked():
+        return data
+    stream = server.stream
+    if type(stream) is not trio.SocketStream:  # (TLS: hypercorn's own write)
+        return data
+    try:
+        sent = os.write(stream.socket.fileno(), data)
+    except OSError:  # (BlockingIOError included: the socket's buffer is full)
+        return data
+    return data[sent:]
 
 
 # A request h11 reads as it is, in the plainest spelling: the request line, then header lines
