@@ -332,7 +332,7 @@ def _write_at_once(protocol: H11Protocol, data: bytes) -> bytes:
     server = getattr(protocol.send, "__self__", None)
     if type(server) is not TCPServer or server.send_lock.locked():
         return data
-    stream = server.stream
+    stream: Any = server.stream  # (typed as TLS's by hypercorn, whatever it is)
     if type(stream) is not trio.SocketStream:  # (TLS: hypercorn's own write)
         return data
     try:
