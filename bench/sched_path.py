@@ -12,7 +12,10 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
 - ``single``: one schedule an hour ahead, one cancel of it, one schedule due within the
   sweeper's sleep (``--soon-ms``: the sweeper is woken for it), its cancel, one push, 10 ms
   apart, sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
-  CPU per call of the client, the broker and PostgreSQL.
+  CPU per call of the client, the broker and PostgreSQL. ``--firing R``: the same while the
+  broker fires R timers a second, scheduled ahead in bundles onto another queue and consumed
+  by an SDK consumer process at its defaults (``bench.harness.sdk_consumer``), as in
+  ``bench.peer_graphile``'s idle scenario; the timers fired are counted.
 - ``push``: pushes of one message each, ``--concurrency`` at once (50, as Queen's JS client's
   bootstrap test), first into ``--partitions`` new partitions, then into the same ones again:
   pushes/s and latency.
@@ -134,6 +137,7 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
     def parties() -> tuple[float, float]:
         return _cpu_s(pid), (_tree_cpu_s(postmaster) if postmaster else 0.0)
 
+    fired = await _firing_ahead(q, args)
     broker0, pg0 = parties()
     for i in range(args["calls"]):
         key = f"single-{args['tag']}-{i}"
@@ -156,9 +160,42 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
             cpu[what]["broker"] += broker1 - broker0
             cpu[what]["postgres"] += pg1 - pg0
             broker0, pg0 = broker1, pg1
-    return {what: {**distribution(v), **{f"{party}_cpu_ms": round(s * 1e3 / len(v), 3)
-                                         for party, s in cpu[what].items()}}
-            for what, v in lat.items()}
+    out: dict[str, Any] = {
+        what: {**distribution(v), **{f"{party}_cpu_ms": round(s * 1e3 / len(v), 3)
+                                     for party, s in cpu[what].items()}}
+        for what, v in lat.items()}
+    if fired is not None:
+        out["firing"] = {"per_s": args["firing"], "scheduled": fired[0],
+                         "due_during_calls": fired[1](time.time())}
+    return out
+
+
+FIRING_QUEUE = "firing"
+#: How long the ``single`` scenario's calls take per call (5 calls 10 ms apart and their
+#: round trips), to schedule enough timers to fire all along.
+_SINGLE_ROUND_S = 0.075
+
+
+async def _firing_ahead(q: Any, args: dict[str, Any]) -> tuple[int, Any] | None:
+    """With ``firing`` (timers/s): timers due one after the other at that rate from half a
+    second from now until past the scenario's end, scheduled now in bundles of
+    :data:`BUNDLE`; (how many, a function of an epoch time giving how many were due by
+    then). None without ``firing``."""
+    rate = args.get("firing") or 0
+    if rate <= 0:
+        return None
+    lead_s = 0.5
+    n = int(rate * (lead_s + args["calls"] * _SINGLE_ROUND_S + 1))
+    start = time.time()
+    entries = [(f"fire-{args['tag']}-{i}", int((lead_s + i / rate) * 1000), {"i": i})
+               for i in range(n)]
+    for b in range(0, n, BUNDLE):
+        await q.transaction().schedule_many(FIRING_QUEUE, entries[b:b + BUNDLE]).commit()
+
+    def due_by(now: float) -> int:
+        return max(0, min(n, int((now - start - lead_s) * rate)))
+
+    return n, due_by
 
 
 def _tree_cpu_s(root: int) -> float:
@@ -253,6 +290,28 @@ def child_main(url: str, scenario: str, args: str) -> None:
 
 
 @contextlib.contextmanager
+def side_consumer(checkout: Path, url: str, firing: int) -> Iterator[None]:
+    """With ``firing``: an SDK consumer process of ``checkout`` on the firing queue."""
+    if firing <= 0:
+        yield
+        return
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.harness.sdk_consumer", "--url", url, "--queue",
+         FIRING_QUEUE], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
 def side_broker(checkout: Path, database_url: str) -> Iterator[tuple[str, int]]:
     """A broker of ``checkout`` on ``database_url``: (url, pid)."""
     root = Path(tempfile.mkdtemp(prefix="queen-bench-sched-"))
@@ -323,6 +382,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--soon-ms", type=int, default=500,
                         help="single: the delay of a schedule due within the sweeper's sleep")
+    parser.add_argument("--firing", type=int, default=0,
+                        help="single: timers/s the broker fires meanwhile (0: none)")
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -332,6 +393,7 @@ def main() -> None:
     opts = parser.parse_args()
     sides = {"this": REPO, "baseline": opts.baseline.resolve()}
     report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
+                              "firing_per_s": opts.firing,
                               "baseline": str(sides["baseline"]), "load_start": load(),
                               "rounds": []}
     with shared_server(opts.admin_url) as server:
@@ -349,7 +411,9 @@ def main() -> None:
         with server.database("sched_this") as db_this, \
                 server.database("sched_base") as db_base, \
                 side_broker(sides["this"], db_this) as this, \
-                side_broker(sides["baseline"], db_base) as base:
+                side_broker(sides["baseline"], db_base) as base, \
+                side_consumer(sides["this"], this[0], opts.firing), \
+                side_consumer(sides["baseline"], base[0], opts.firing):
             brokers = {"this": this, "baseline": base}
             for r in range(opts.rounds):
                 for scenario in scenarios:
@@ -358,7 +422,7 @@ def main() -> None:
                         for clients in ((1, 4) if scenario == "bundle" else (0,)):
                             args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
                                     "pid": pid, "postmaster": server.postmaster_pid,
-                                    "soon_ms": opts.soon_ms,
+                                    "soon_ms": opts.soon_ms, "firing": opts.firing,
                                     "partitions": opts.partitions,
                                     "concurrency": opts.concurrency, "clients": clients,
                                     "seconds": opts.seconds}

@@ -25,6 +25,7 @@ answers, headers and metrics.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ import h11
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
 from quart_trio import QuartTrio
 from werkzeug.exceptions import RequestTimeout
@@ -192,23 +194,34 @@ class FastRoutes:
         """``whole``: the body, already read (answered on the connection's task): taken as
         :meth:`_read` takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
-        body = bodies.RequestBody(length, self.body_limit)
-        body.budget = self.budget
+        held = 0  # bytes of ``whole`` taken from the budget here
+        body: bodies.RequestBody | None = None
         try:
             try:
                 tenant_id = await self._tenant(scope)
                 admit_tenant(self.broker, tenant_id)
-                if whole is not None:
-                    body.append(whole)
-                    if not body.finished:  # (finished: refused by the budget, answered now)
-                        body.set_complete()
-                elif not await self._read(receive, body):
-                    return  # the client went away: Quart answers nothing either
-                raw = body.whole()
+                if whole is not None and self.budget.take(len(whole)):
+                    # What a RequestBody does with a whole body its limit allows (``_plain``
+                    # checked the length), without its events: held against the budget
+                    # until the request ends.
+                    held, raw = len(whole), whole
+                else:
+                    body = bodies.RequestBody(length, self.body_limit)
+                    body.budget = self.budget
+                    if whole is not None:
+                        body.append(whole)  # refused by the budget: answered now
+                        if not body.finished:
+                            body.set_complete()
+                    elif not await self._read(receive, body):
+                        return  # the client went away: Quart answers nothing either
+                    raw = body.whole()
                 answer: bytes | ErrorAnswer = codec.encode(
                     await apply_batch(self.broker, tenant_id, raw)) + b"\n"
             finally:
-                body.clear()
+                if held:
+                    self.budget.give(held)
+                if body is not None:
+                    body.clear()
         except RequestError as exc:
             answer = family_answer(_FAMILY, exception_answer(exc, "POST", _TIMERS))
         except RequestTimeout as exc:
@@ -299,8 +312,34 @@ class _Written:
                 b"%s: %s\r\n" % field for field in
                 [*message["headers"], *self.protocol.config.response_headers("h11")])
             return
-        await self.protocol.send(RawData(b"HTTP/1.1 %d \r\n%s\r\n%s" % (
-            self.status, self.headers, message.get("body", b""))))
+        data = b"HTTP/1.1 %d \r\n%s\r\n%s" % (self.status, self.headers,
+                                                message.get("body", b""))
+        rest = _write_at_once(self.protocol, data)
+        if rest:
+            await self.protocol.send(RawData(rest))
+
+
+def _write_at_once(protocol: H11Protocol, data: bytes) -> bytes:
+    """Write what the socket takes of ``data`` now, if hypercorn's plain-TCP connection is
+    free to be written (its send lock free); answers what is left for hypercorn's own write
+    (all of it when nothing could be written here, on any error included: that write meets
+    it again and handles it as hypercorn does).
+
+    hypercorn's write takes the send lock, enters two shielded scopes and trio's stream
+    guards before the bytes leave, then passes through the scheduler: on a lone call's path
+    (the client waits for these bytes) that cost more than the route's own answer. Nothing
+    awaits between the lock's check and the write, so no other write can interleave."""
+    server = getattr(protocol.send, "__self__", None)
+    if type(server) is not TCPServer or server.send_lock.locked():
+        return data
+    stream: Any = server.stream  # (typed as TLS's by hypercorn, whatever it is)
+    if type(stream) is not trio.SocketStream:  # (TLS: hypercorn's own write)
+        return data
+    try:
+        sent = os.write(stream.socket.fileno(), data)
+    except OSError:  # (BlockingIOError included: the socket's buffer is full)
+        return data
+    return data[sent:]
 
 
 # A request h11 reads as it is, in the plainest spelling: the request line, then header lines

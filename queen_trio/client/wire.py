@@ -61,6 +61,9 @@ class _Connection:
     stream: anyio.abc.SocketStream
     buffer: bytearray = dataclasses.field(default_factory=bytearray)
     _socket: Any = None  # the raw socket, looked up once (anyio builds its attributes per call)
+    # A poll object with the socket registered, made once: a zero-timeout look through it
+    # costs a quarter of a select() call, which builds its descriptor sets every time.
+    _poller: Any = None
     # Under trio, the raw socket, read and written here with trio's own waits: anyio's trio
     # stream adds a pass through the scheduler after each write and read that went through
     # at once (trio's socket methods do), and its guards, on every call. (Under asyncio the
@@ -134,14 +137,21 @@ class _Connection:
     def closed_by_peer(self) -> bool:
         """An idle connection with something to read has been closed (or is talking
         nonsense): either way it must not carry a request."""
-        sock = self._socket
-        if sock is None:
-            sock = self._socket = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        poller = self._poller
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
+            if poller is None:
+                sock = self._socket
+                if sock is None:
+                    sock = self._socket = self.stream.extra(
+                        anyio.abc.SocketAttribute.raw_socket)
+                poller = select.poll()
+                poller.register(sock, select.POLLIN)
+                self._poller = poller
+            # Readable, at its end, in error or no longer open (POLLHUP, POLLERR and POLLNVAL
+            # come whatever was asked): not to be used.
+            return bool(poller.poll(0))
         except (OSError, ValueError):
             return True
-        return bool(readable)
 
 
 class _Pool:
@@ -378,6 +388,8 @@ class LeanClient:
         self._pool = _Pool()
         self._origins: dict[str, tuple[tuple[str, int], str, str] | None] = {}
         self._fallback: httpx.AsyncClient | None = None
+        # The limits of the last timeout asked for (the same object call after call).
+        self._limits: tuple[float | httpx.Timeout, _Limits] | None = None
 
     async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
                       json: Any = None, content: bytes | None = None,
@@ -410,8 +422,11 @@ class LeanClient:
             body, typed = content, "Content-Type: application/json\r\n"
         sized = f"Content-Length: {len(body)}\r\n" if body or method in _BODY_METHODS else ""
         head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{self._fixed}{typed}{sized}\r\n"
+        limits = self._limits
+        if limits is None or limits[0] is not limit:
+            limits = self._limits = (limit, _Limits.of(limit))
         raw = await self._pool.exchange(address, head.encode("latin-1") + body, method,
-                                        _Limits.of(limit))
+                                        limits[1])
         return Answer(raw.status, Headers(raw.headers), raw.content)
 
     async def get(self, url: str, **options: Any) -> Answer | httpx.Response:

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import trio
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from ..errors import DatabaseUnavailable, PoolExhausted
@@ -265,20 +266,27 @@ class Database:
         except trio.WouldBlock:
             await self._wait_for_a_slot()
         try:
-            self._close_idle()
+            now = trio.current_time()
+            self._close_idle(now)
             while self._idle:
                 conn = self._idle.pop()
-                if conn.usable and conn.read_only_reason is not None:
-                    # Its server reported itself read-only since (a fenced primary): drop it
-                    # before anything is sent.
-                    conn._drop_read_only()
-                elif conn.usable and conn.server_went_away():
-                    # Its server is gone (a crash, a failover): a fresh connection, not a 503.
-                    conn._close()
-                elif conn.usable and self._too_old(conn):
-                    continue
+                # The checks read libpq's own state (no psycopg ConnectionInfo per look):
+                # on a lone call's path they cost more than the rest of the pool's work.
                 if conn.usable:
-                    break
+                    if _reports_read_only(conn):
+                        # Its server reported itself read-only since (a fenced primary):
+                        # drop it before anything is sent.
+                        conn._drop_read_only()
+                    elif conn.server_went_away():
+                        # Its server is gone (a crash, a failover): a fresh connection, not
+                        # a 503.
+                        conn._close()
+                    elif now - conn.opened_at >= self._max_lifetime_s:
+                        self._closed_lifetime += 1
+                        conn._close()
+                        continue
+                    else:
+                        break
                 self._discarded += 1
             else:
                 conn = await self._connect()
@@ -301,21 +309,45 @@ class Database:
                             f"{self._acquire_timeout_s:g} s; retry")
 
     async def _release(self, conn: Connection) -> None:
+        if not self._give_back(conn):
+            await self._release_after_rollback(conn)
+
+    def _give_back(self, conn: Connection) -> bool:
+        """:meth:`_release` without a trip through the scheduler when nothing has to be
+        rolled back (a connection left outside a transaction, or unusable): False, and
+        nothing done, otherwise."""
+        usable = conn.usable
+        if usable and _in_transaction(conn):
+            return False
         self._in_use -= 1
         try:
-            if conn.usable and conn.in_transaction:
-                await self._rollback(conn)
-            if conn.usable and self._too_old(conn):
-                return
-            if conn.usable and not self._closed:
-                conn.released_at = trio.current_time()
-                self._idle.append(conn)
-                return
-            if not conn.usable:
-                self._discarded += 1
-            conn._close()
+            self._put_back(conn, usable)
         finally:
             self._slots.release()
+        return True
+
+    async def _release_after_rollback(self, conn: Connection) -> None:
+        self._in_use -= 1
+        try:
+            await self._rollback(conn)
+            self._put_back(conn, conn.usable)
+        finally:
+            self._slots.release()
+
+    def _put_back(self, conn: Connection, usable: bool) -> None:
+        if usable:
+            now = trio.current_time()
+            if now - conn.opened_at >= self._max_lifetime_s:  # too old: closed, not reused
+                self._closed_lifetime += 1
+                conn._close()
+                return
+            if not self._closed:
+                conn.released_at = now
+                self._idle.append(conn)
+                return
+        else:
+            self._discarded += 1
+        conn._close()
 
     async def _connect(self) -> Connection:
         def connect() -> TrioWaitConnection:
@@ -347,18 +379,10 @@ class Database:
                                       "waiting for a writable one")
         return conn
 
-    def _too_old(self, conn: Connection) -> bool:
-        """Close ``conn`` if it has lived max_lifetime_s."""
-        if trio.current_time() - conn.opened_at < self._max_lifetime_s:
-            return False
-        self._closed_lifetime += 1
-        conn._close()
-        return True
-
-    def _close_idle(self) -> None:
+    def _close_idle(self, now: float) -> None:
         """Close the connections idle longer than max_idle_s: the oldest are first in the
         list (a connection goes back at its end, and the next task takes the newest)."""
-        limit = trio.current_time() - self._max_idle_s
+        limit = now - self._max_idle_s
         while self._idle and self._idle[0].released_at <= limit:
             self._closed_idle += 1
             self._idle.pop(0)._close()
@@ -370,6 +394,19 @@ class Database:
             self._read_only_dropped += 1
         if self._on_read_only_event is not None:
             self._on_read_only_event(event)
+
+
+def _reports_read_only(conn: Connection) -> bool:
+    """Whether ``conn``'s server has reported itself read-only (its ``read_only_reason``
+    is not None), from libpq's record of the parameters the server reported."""
+    pgconn = conn._raw.pgconn
+    return (pgconn.parameter_status(b"in_hot_standby") == b"on"
+            or pgconn.parameter_status(b"default_transaction_read_only") == b"on")
+
+
+def _in_transaction(conn: Connection) -> bool:
+    """``conn.in_transaction``, from libpq's state directly."""
+    return conn._raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
 
 
 def _commit(raw: psycopg.Connection[Any]) -> None:

@@ -345,3 +345,20 @@ async def test_a_statement_larger_than_the_socket_buffers_goes_through(db: Datab
         assert await conn.fetchval("SELECT length(%s::text)", (big,)) == len(big)
         echoed = await conn.fetchval("SELECT %s::text || 'y'", (big,))
     assert len(echoed) == len(big) + 1 and echoed.endswith("xy")
+
+
+async def test_a_connection_given_back_inside_a_transaction_is_rolled_back_and_kept(
+        db: Database) -> None:
+    """A connection handed back with a transaction open (a BEGIN its borrower never ended)
+    is rolled back and kept: the next borrower gets it in autocommit, without the row."""
+    async with db.connection() as conn:
+        pid = conn.backend_pid
+        await conn.execute("BEGIN")
+        await conn.execute("INSERT INTO items VALUES (1, 'never committed')")
+        assert conn.in_transaction
+    async with db.connection() as conn:
+        assert conn.backend_pid == pid and not conn.in_transaction
+        await conn.execute("INSERT INTO items VALUES (2, 'autocommit')")
+    assert await _count(db) == 1
+    stats = db.statistics()
+    assert (stats.discarded_total, stats.connects_total, stats.in_use) == (0, 1, 0)
