@@ -534,13 +534,15 @@ CREATE FUNCTION queen.lock_partitions(p_tenant integer, p_queues text[], p_names
 $$;
 
 CREATE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[]) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     -- One statement: the locks are taken as the sorted rows go by.
-    SELECT count(pg_advisory_xact_lock(1363170305, h.name))
+    PERFORM count(pg_advisory_xact_lock(1363170305, h.name))
     FROM (SELECT DISTINCT queen.timer_name_hash(p_tenant, u.q, u.k) AS name
           FROM unnest(p_queues, p_keys) AS u(q, k)
           ORDER BY 1) AS h;
+END
 $$;
 
 CREATE FUNCTION queen.newest_frame_at(p_partition uuid, p_next_offset bigint) RETURNS timestamp with time zone
