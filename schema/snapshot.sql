@@ -1085,6 +1085,12 @@ BEGIN
     END;
     IF v_inserted THEN
         PERFORM queen.timers_stored(p_tenant, p_queues, v_delta, v_soonest);
+        IF p_attempt = 0 THEN
+            -- The caller takes the short answer (see above): one row for all of them.
+            RETURN QUERY SELECT 0, 'scheduled', NULL::text, (v_head || to_hex(v_low))::uuid,
+                                now();
+            RETURN;
+        END IF;
         RETURN QUERY
         SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
         FROM unnest(p_txns, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
@@ -1201,7 +1207,7 @@ BEGIN
         FROM queen.schedule_timer_list(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                        p_txns[i:i], p_delays[i:i], p_sizes[i:i],
                                        p_payloads[i:i], p_zstd[i:i], p_notify_within_ms,
-                                       p_attempt + 1) s;
+                                       greatest(p_attempt, 1) + 1) s;
     END LOOP;
 END
 $$;

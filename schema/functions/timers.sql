@@ -90,6 +90,14 @@ $fn$;
 -- statement costs PostgreSQL; a JSON array of objects costs PostgreSQL a hash table per object
 -- to read (json_to_recordset), where array input reads a text per element.
 --
+-- p_attempt 0 is a first attempt whose caller takes a short answer when every timer was new
+-- (the usual bundle): one row, ord 0, status 'scheduled', txn NULL, message_id the call's base
+-- id, deliver_at now(); timer i's message id is then the base id with i XORed into its last
+-- 64 bits, its due instant now() plus its delay, its txn the one it was given. Making,
+-- sending and reading a row per timer cost PostgreSQL and the broker more than the broker's
+-- writing those answers itself. Any other answer is a row per timer, as for p_attempt 1 (the
+-- default, a previous release's broker's).
+--
 -- enable_seqscan = off: the look-up of existing timers always uses the primary key. A PL/pgSQL
 -- statement's plan is cached per connection and, after a few calls, kept as a generic plan; one
 -- made while the table was nearly empty (a broker's first schedules, or statistics taken then)
@@ -204,6 +212,12 @@ BEGIN
     END;
     IF v_inserted THEN
         PERFORM queen.timers_stored(p_tenant, p_queues, v_delta, v_soonest);
+        IF p_attempt = 0 THEN
+            -- The caller takes the short answer (see above): one row for all of them.
+            RETURN QUERY SELECT 0, 'scheduled', NULL::text, (v_head || to_hex(v_low))::uuid,
+                                now();
+            RETURN;
+        END IF;
         RETURN QUERY
         SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
         FROM unnest(p_txns, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
@@ -320,7 +334,7 @@ BEGIN
         FROM queen.schedule_timer_list(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                        p_txns[i:i], p_delays[i:i], p_sizes[i:i],
                                        p_payloads[i:i], p_zstd[i:i], p_notify_within_ms,
-                                       p_attempt + 1) s;
+                                       greatest(p_attempt, 1) + 1) s;
     END LOOP;
 END
 $fn$;

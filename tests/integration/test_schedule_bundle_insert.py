@@ -6,7 +6,11 @@ PostgreSQL."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import random
+import uuid
+
+import pytest
 
 from queen_trio.timers import store
 
@@ -146,3 +150,34 @@ def test_concurrent_bundles_of_partly_stored_names_in_opposite_orders_never_dead
     rows = sql(database_url, "SELECT timer_key, count(*) AS n FROM queen.timers "
                              "GROUP BY timer_key")
     assert {r["n"] for r in rows} == {1}
+
+
+@pytest.mark.parametrize("zone", ["Etc/UTC", "Europe/Berlin", "America/St_Johns"])
+def test_a_bundle_of_new_names_answers_the_ids_and_instants_it_stored(
+    database_url: str, zone: str
+) -> None:
+    """A bundle of new names is answered by one row that the broker expands (attempt 0): each
+    timer's message id and due instant in its answer are the ones stored, in the session's
+    zone, whatever the delays (past, now, across a change of summer time), and the txns the
+    ones sent or minted."""
+    delays = [-5_000, 0, 1, 999, 3_600_000, 120 * 86_400_000, 200 * 86_400_000 + 7, 0]
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute(f"SET TimeZone = '{zone}'")
+        tenant = default_tenant(conn)
+        with conn.transaction():
+            schedules = [timer("q", f"t{i}", d, {"i": i}) for i, d in enumerate(delays)]
+            schedules[3] = dataclasses.replace(schedules[3], txn="my-own-txn")
+            outcomes = store.schedule_many(conn, tenant, schedules, notify_within_ms=0)
+        rows = {r["timer_key"]: r for r in conn.execute(
+            "SELECT timer_key, message_id::text AS message_id, deliver_at, txn "
+            "FROM queen.timers").fetchall()}
+    assert [o.status for o in outcomes] == ["scheduled"] * len(delays)
+    assert outcomes[3].txn == "my-own-txn"
+    for o in outcomes:
+        row = rows[o.key]
+        assert (o.message_id, o.deliver_at, o.txn) == (
+            row["message_id"], row["deliver_at"], row["txn"]), o.key
+        assert o.deliver_at is not None
+        assert o.deliver_at.utcoffset() == row["deliver_at"].utcoffset(), o.key
+        assert uuid.UUID(o.message_id).version == 7
+    assert len({o.message_id for o in outcomes}) == len(delays)
