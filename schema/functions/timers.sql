@@ -188,8 +188,10 @@ BEGIN
     -- CONFLICT per timer (the set-based statement below cost twice as much per timer:
     -- bench/results/timer_pg_cost.md). Under the names' locks no other schedule or cancel of
     -- them is under way, so the INSERT's own unique check is the look for a stored name: one
-    -- found (committed) fails it whole at once (unique_violation: nothing of it stays), as
-    -- does the same name twice in this call, and every timer is left to the statements below.
+    -- found (committed) fails it whole at once (unique_violation: nothing of it stays; the rows
+    -- it had inserted before it are rolled back, a cost only a bundle mixing new and stored
+    -- names pays), as does the same name twice in this call, and every timer is left to the
+    -- statements below.
     -- A name whose row a sweeper is changing (a claim, a fire, not yet committed) would make
     -- that check wait for the sweeper's commit, where a schedule answers too_late at once
     -- (below): the INSERT waits for no lock longer than lock_timeout's 1 ms (lock_not_available,
