@@ -14,12 +14,13 @@ SELECT queen.lock_timer_names(%(tenant_id)s, %(queues)b::text[], %(keys)b::text[
 -- included. The timers travel as parallel arrays, each one text (timers/store.py:
 -- timer_arrays). The message id comes as its text (what the answer writes): a uuid.UUID per
 -- timer cost the broker its construction and kept every answer's objects tracked by the
--- garbage collector.
+-- garbage collector. Attempt 0: a bundle of new names is answered by one row (ord 0) that
+-- store.schedule_many expands.
 SELECT ord, status, txn, message_id::text AS message_id, deliver_at
 FROM queen.schedule_timer_list(%(tenant_id)s, %(queues)s::text[], %(keys)s::text[],
                                %(partitions)s::text[], %(txns)s::text[], %(delays)s::bigint[],
                                %(sizes)s::integer[], %(payloads)s::text[], %(zstd)s::boolean[],
-                               %(notify_within_ms)s::bigint)
+                               %(notify_within_ms)s::bigint, 0)
 ORDER BY ord
 
 -- name: schedule_one

@@ -118,6 +118,11 @@ def timer_arrays(schedules: list[Schedule]) -> dict[str, str]:
     """The timers as queen.schedule_timer_list takes them: parallel arrays, each one text
     written in C (:func:`pg_array`; arrays that psycopg adapted element by element cost more
     than the statement, a JSON document of objects costs PostgreSQL a hash table each)."""
+    return _timer_columns(schedules)[0]
+
+
+def _timer_columns(schedules: list[Schedule]) -> tuple[dict[str, str], list[str]]:
+    """:func:`timer_arrays`, and each timer's txn (the minted ones included)."""
     minted = iter(log_rules.new_transaction_ids(sum(1 for s in schedules if not s.txn)))
     queues: list[str] = []
     keys: list[str] = []
@@ -141,7 +146,7 @@ def timer_arrays(schedules: list[Schedule]) -> dict[str, str]:
     return {"queues": pg_array(queues), "keys": pg_array(keys),
             "partitions": pg_array(partitions), "txns": pg_array(txns),
             "delays": pg_array(delays), "sizes": pg_array(sizes),
-            "payloads": pg_array(payloads), "zstd": pg_array(zstd)}
+            "payloads": pg_array(payloads), "zstd": pg_array(zstd)}, txns
 
 
 def schedule_many(
@@ -160,13 +165,47 @@ def schedule_many(
     schedules = sealed(raw, tenant_id, schedules, cipher)
     if len(schedules) == 1:
         return [_schedule_one(raw, tenant_id, schedules[0], notify_within_ms)]
+    arrays, txns = _timer_columns(schedules)
     # (tuples, not dicts: a row per timer of a bundle)
     rows = raw.cursor(row_factory=tuple_row).execute(Q.schedule, {
-        "tenant_id": tenant_id, **timer_arrays(schedules), "notify_within_ms": notify_within_ms,
+        "tenant_id": tenant_id, **arrays, "notify_within_ms": notify_within_ms,
     }, binary=True).fetchall()
+    if rows and rows[0][0] == 0:
+        (_, _, _, base_id, now), = rows
+        return _all_scheduled(schedules, txns, base_id, now)
     return [Outcome("too_late", s.queue, s.key, txn) if status == "too_late" else
             Outcome(status, s.queue, s.key, txn, s.partition, deliver_at, message_id)
             for s, (_, status, txn, message_id, deliver_at) in zip(schedules, rows, strict=True)]
+
+
+# Zones whose offset is zero at every instant: there, adding a delay to an aware datetime (wall
+# clock arithmetic) gives the instant PostgreSQL computes.
+_ZERO_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal",
+                         "Etc/Zulu", "Zulu", "Etc/GMT", "GMT", "Etc/GMT0", "GMT0", "Etc/GMT+0",
+                         "Etc/GMT-0", "Etc/Greenwich", "Greenwich"})
+
+
+def _all_scheduled(schedules: list[Schedule], txns: list[str], base_id: str,
+                   now: datetime) -> list[Outcome]:
+    """The outcomes of a bundle of new names, from queen.schedule_timer_list's short answer
+    (attempt 0): timer i's message id is the call's base id with i XORed into its last 64
+    bits, as the function minted it, and its due instant PostgreSQL's now() plus its delay
+    (each distinct delay computed once), in the session's zone as psycopg reads instants."""
+    head, low = base_id[:19], int(base_id[19:23] + base_id[24:], 16)
+    zone = now.tzinfo
+    wall = zone is UTC or str(zone) in _ZERO_ZONES
+    start = now if wall else now.astimezone(UTC)
+    dues: dict[int, datetime] = {}
+    out = []
+    for i, (s, txn) in enumerate(zip(schedules, txns, strict=True), 1):
+        due = dues.get(s.delay_ms)
+        if due is None:
+            due = start + timedelta(milliseconds=s.delay_ms)
+            dues[s.delay_ms] = due = due if wall else due.astimezone(zone)
+        tail = f"{low ^ i:016x}"
+        out.append(Outcome("scheduled", s.queue, s.key, txn, s.partition, due,
+                           f"{head}{tail[:4]}-{tail[4:]}"))
+    return out
 
 
 def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,

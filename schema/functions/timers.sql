@@ -31,12 +31,17 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION queen.lock_timer_names(p_tenant integer, p_queues text[], p_keys text[])
 RETURNS void
-LANGUAGE sql AS $fn$
+-- PL/pgSQL, not SQL: a SQL function's statement was parsed and planned again in every
+-- transaction that called it (about a tenth of a millisecond, for every bundle); this one's
+-- plan is kept for the session.
+LANGUAGE plpgsql AS $fn$
+BEGIN
     -- One statement: the locks are taken as the sorted rows go by.
-    SELECT count(pg_advisory_xact_lock(1363170305, h.name))
+    PERFORM count(pg_advisory_xact_lock(1363170305, h.name))
     FROM (SELECT DISTINCT queen.timer_name_hash(p_tenant, u.q, u.k) AS name
           FROM unnest(p_queues, p_keys) AS u(q, k)
           ORDER BY 1) AS h;
+END
 $fn$;
 
 -- What storing timers implies besides their rows, for queen.schedule_timers' two paths: the
@@ -85,6 +90,14 @@ $fn$;
 -- statement costs PostgreSQL; a JSON array of objects costs PostgreSQL a hash table per object
 -- to read (json_to_recordset), where array input reads a text per element.
 --
+-- p_attempt 0 is a first attempt whose caller takes a short answer when every timer was new
+-- (the usual bundle): one row, ord 0, status 'scheduled', txn NULL, message_id the call's base
+-- id, deliver_at now(); timer i's message id is then the base id with i XORed into its last
+-- 64 bits, its due instant now() plus its delay, its txn the one it was given. Making,
+-- sending and reading a row per timer cost PostgreSQL and the broker more than the broker's
+-- writing those answers itself. Any other answer is a row per timer, as for p_attempt 1 (the
+-- default, a previous release's broker's).
+--
 -- enable_seqscan = off: the look-up of existing timers always uses the primary key. A PL/pgSQL
 -- statement's plan is cached per connection and, after a few calls, kept as a generic plan; one
 -- made while the table was nearly empty (a broker's first schedules, or statistics taken then)
@@ -123,6 +136,8 @@ DECLARE
                                                    * 1000)::bigint) FROM 3)
                        FROM 1 FOR 6) FROM 1 FOR 8), 'hex');
     v_inserted boolean;
+    v_notify_before timestamptz;
+    v_lock_timeout text;
     v_ords integer[];
     v_status text[];
     v_txns text[];
@@ -151,54 +166,60 @@ BEGIN
     IF NOT FOUND THEN
         RAISE foreign_key_violation USING MESSAGE = format('tenant %s does not exist', p_tenant);
     END IF;
-    -- Each timer's stored bytes, due instant and message id, in input order. (The delay as a
-    -- multiple of a millisecond: make_interval(secs => d / 1000.0) went through numeric, and
-    -- numeric to float8 through text, at each timer; the instant is the same.)
+    -- Each timer's stored bytes, due instant and message id, in input order, and in the same
+    -- pass the bytes stored and the soonest instant due within p_notify_within_ms (the bound
+    -- computed once). (The delay as a multiple of a millisecond: make_interval(secs => d /
+    -- 1000.0) went through numeric, and numeric to float8 through text, at each timer; the
+    -- instant is the same. An id's last 16 hex digits need no padding: the top bits of
+    -- v_low are the variant's 10, so to_hex writes all 64 bits.)
+    v_notify_before := now() + p_notify_within_ms * interval '1 millisecond';
     SELECT array_agg(CASE WHEN u.z THEN decode(u.t, 'base64') ELSE convert_to(u.t, 'UTF8') END),
            array_agg(now() + u.d * interval '1 millisecond'),
-           array_agg((v_head || lpad(to_hex(v_low # u.o), 16, '0'))::uuid)
-    INTO v_payloads, v_due, v_new_ids
-    FROM unnest(p_payloads, p_zstd, p_delays) WITH ORDINALITY AS u(t, z, d, o);
+           array_agg((v_head || to_hex(v_low # u.o))::uuid),
+           sum(u.b),
+           min(now() + u.d * interval '1 millisecond')
+               FILTER (WHERE now() + u.d * interval '1 millisecond' < v_notify_before)
+    INTO v_payloads, v_due, v_new_ids, v_delta, v_soonest
+    FROM unnest(p_payloads, p_zstd, p_delays, p_sizes) WITH ORDINALITY AS u(t, z, d, b, o);
     -- In a statement of its own: the next one's snapshot then sees every schedule or cancel of
     -- these names that committed while we waited for their locks.
     PERFORM queen.lock_timer_names(p_tenant, p_queues, p_keys);
     -- New names (the usual bundle): one plain INSERT, with no look-up, sort, join or ON
     -- CONFLICT per timer (the set-based statement below cost twice as much per timer:
-    -- bench/results/timer_pg_cost.md). First one look for any of the names stored (a key probe
-    -- each, stopping at the first found): a plain INSERT over a timer a sweeper holds would
-    -- wait for the fire's commit, where a schedule answers too_late at once (below). None
-    -- found under the names' locks, no other transaction can store one before we commit, so
-    -- the INSERT meets no conflict but the same name twice in this call, which fails it whole
-    -- (unique_violation: nothing of it stays) and leaves every timer to the statements below.
-    -- The locks also order concurrent inserts of one name: the rows need no sort.
-    SELECT EXISTS (
-        SELECT FROM unnest(p_queues, p_keys) AS u(q, k)
-        CROSS JOIN LATERAL (
-            SELECT FROM queen.timers x
-            WHERE x.tenant_id = p_tenant AND x.queue = u.q AND x.timer_key = u.k
-            LIMIT 1  -- (keeps the planner from flattening the probe into a join)
-        ) t)
-    INTO v_inserted;
-    v_inserted := NOT v_inserted;
+    -- bench/results/timer_pg_cost.md). Under the names' locks no other schedule or cancel of
+    -- them is under way, so the INSERT's own unique check is the look for a stored name: one
+    -- found (committed) fails it whole at once (unique_violation: nothing of it stays; the rows
+    -- it had inserted before it are rolled back, a cost only a bundle mixing new and stored
+    -- names pays), as does the same name twice in this call, and every timer is left to the
+    -- statements below.
+    -- A name whose row a sweeper is changing (a claim, a fire, not yet committed) would make
+    -- that check wait for the sweeper's commit, where a schedule answers too_late at once
+    -- (below): the INSERT waits for no lock longer than lock_timeout's 1 ms (lock_not_available,
+    -- the statements below then). A separate look for stored names before the INSERT (a key
+    -- probe each) cost PostgreSQL a seventh of a bundle of new names. The locks also order
+    -- concurrent inserts of one name: the rows need no sort.
+    BEGIN
+        v_lock_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '1ms', true);
+        INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
+                                  payload, payload_zstd, payload_bytes, deliver_at, visible_at)
+        SELECT p_tenant, u.q, u.k, u.p, u.t, u.m, u.payload, u.zstd, u.b, u.due, u.due
+        FROM unnest(p_queues, p_keys, p_partitions, p_txns, v_new_ids, v_payloads,
+                    p_zstd, p_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        v_inserted := true;
+    EXCEPTION WHEN unique_violation OR lock_not_available THEN
+        -- (the block's rollback restored lock_timeout)
+        v_inserted := false;
+    END;
     IF v_inserted THEN
-        BEGIN
-            INSERT INTO queen.timers (tenant_id, queue, timer_key, partition, txn, message_id,
-                                      payload, payload_zstd, payload_bytes, deliver_at,
-                                      visible_at)
-            SELECT p_tenant, u.q, u.k, u.p, u.t, u.m, u.payload, u.zstd, u.b, u.due, u.due
-            FROM unnest(p_queues, p_keys, p_partitions, p_txns, v_new_ids, v_payloads,
-                        p_zstd, p_sizes, v_due) AS u(q, k, p, t, m, payload, zstd, b, due);
-        EXCEPTION WHEN unique_violation THEN
-            v_inserted := false;
-        END;
-    END IF;
-    IF v_inserted THEN
-        SELECT sum(u.b),
-               min(u.due) FILTER (WHERE u.due < now() + make_interval(
-                                      secs => p_notify_within_ms / 1000.0))
-        INTO v_delta, v_soonest
-        FROM unnest(p_sizes, v_due) AS u(b, due);
         PERFORM queen.timers_stored(p_tenant, p_queues, v_delta, v_soonest);
+        IF p_attempt = 0 THEN
+            -- The caller takes the short answer (see above): one row for all of them.
+            RETURN QUERY SELECT 0, 'scheduled', NULL::text, (v_head || to_hex(v_low))::uuid,
+                                now();
+            RETURN;
+        END IF;
         RETURN QUERY
         SELECT u.o::integer, 'scheduled', u.t, u.m, u.due
         FROM unnest(p_txns, v_new_ids, v_due) WITH ORDINALITY AS u(t, m, due, o);
@@ -315,7 +336,7 @@ BEGIN
         FROM queen.schedule_timer_list(p_tenant, p_queues[i:i], p_keys[i:i], p_partitions[i:i],
                                        p_txns[i:i], p_delays[i:i], p_sizes[i:i],
                                        p_payloads[i:i], p_zstd[i:i], p_notify_within_ms,
-                                       p_attempt + 1) s;
+                                       greatest(p_attempt, 1) + 1) s;
     END LOOP;
 END
 $fn$;
