@@ -38,8 +38,14 @@ made side by side, rounds interleaved (which side goes first alternates):
    n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables, and the sweep
    statements run since the last sample with their shared buffers per call.
 6. ``--burst N [N ...]`` (on ``full``): N timers due at one instant (written as in 1), the
-   drain rate from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire
-   to the first showing all), per timer; ``--burst 100000 1000000`` compares the two.
+   drain's wall time per timer from its batches' own instants (each fired batch's frames carry
+   the instant its sweep statement appended them: first batch to last, over the timers after
+   the first batch), and from ``queen_timers_fired_total`` polled every 100 ms (first poll
+   showing a fire to the first showing all; the figure used when the burst's frames were
+   sealed before the drain ended). ``--burst 100000 1000000`` compares the two sizes;
+   repeated and interleaved (``100000 1000000 1000000 100000``), each burst is reported and
+   the sizes compared by their medians (the machine's speed drifts, and each drain leaves
+   dead rows and log frames to the next).
 
 Writes bench/results/timer_scale.{txt,json} (``--out-dir``) with the load average at every
 phase. Run from the repository root::
