@@ -757,12 +757,14 @@ def render_burst_summary(p: Callable[..., None], bursts: list[dict[str, Any]]) -
     for b in bursts:
         by_size.setdefault(b["timers"], []).append(drained_us(b))
     for size, values in sorted(by_size.items()):
-        p(f"  {size:>11,}: median {median(values):g} us/timer of "
-          + ", ".join(f"{v:g}" for v in values))
+        p(f"  {size:>11,}: median {median(values):g}, mean {sum(values) / len(values):.1f} "
+          "us/timer of " + ", ".join(f"{v:g}" for v in values))
     if len(by_size) >= 2:
         small, large = min(by_size), max(by_size)
+        means = {k: sum(v) / len(v) for k, v in by_size.items()}
         p(f"burst drain per timer, {large:,} / {small:,}: "
-          f"{ratio(median(by_size[large]), median(by_size[small]))} (medians; target <= 1)")
+          f"{ratio(median(by_size[large]), median(by_size[small]))} (medians; "
+          f"means {ratio(means[large], means[small])}; target <= 1)")
 
 
 def render(summary: dict[str, Any]) -> str:
