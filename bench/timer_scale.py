@@ -38,8 +38,14 @@ made side by side, rounds interleaved (which side goes first alternates):
    n_dead_tup and the (auto)vacuum counts from pg_stat_user_tables, and the sweep
    statements run since the last sample with their shared buffers per call.
 6. ``--burst N [N ...]`` (on ``full``): N timers due at one instant (written as in 1), the
-   drain rate from ``queen_timers_fired_total`` polled every 100 ms (first poll showing a fire
-   to the first showing all), per timer; ``--burst 100000 1000000`` compares the two.
+   drain's wall time per timer from its batches' own instants (each fired batch's frames carry
+   the instant its sweep statement appended them: first batch to last, over the timers after
+   the first batch), and from ``queen_timers_fired_total`` polled every 100 ms (first poll
+   showing a fire to the first showing all; the figure used when the burst's frames were
+   sealed before the drain ended). ``--burst 100000 1000000`` compares the two sizes;
+   repeated and interleaved (``100000 1000000 1000000 100000``), each burst is reported and
+   the sizes compared by their medians (the machine's speed drifts, and each drain leaves
+   dead rows and log frames to the next).
 
 Writes bench/results/timer_scale.{txt,json} (``--out-dir``) with the load average at every
 phase. Run from the repository root::
@@ -78,7 +84,7 @@ from bench.harness.lines import LineProcess
 from bench.harness.pg import Server
 from bench.harness.report import Failures, load, now_iso, save_json, source_revision
 from bench.harness.spacing import SpacedDelays
-from bench.harness.stats import distribution
+from bench.harness.stats import distribution, median
 from bench.harness.timers import Delivery, new_key, timer_ops
 from queen_trio.client.wire import LeanClient
 from queen_trio.timers import store
@@ -134,9 +140,14 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 # What the whole server wrote while a drain ran (PostgreSQL 17+: pg_stat_checkpointer,
 # pg_stat_io): WAL and its full-page images, checkpoints and who wrote dirty buffers out. A
 # drain whose working set outgrows shared_buffers, or whose WAL outgrows max_wal_size, pays
-# here what its buffers-touched count does not show.
+# here what its buffers-touched count does not show. WAL bytes are the insert position's advance
+# (pg_current_wal_insert_lsn, exact at any instant); the cumulative views (pg_stat_wal,
+# pg_stat_io, pg_stat_statements' WAL) count what each backend has flushed to them, which a busy
+# backend does at most once a second and an idle one up to 10 s later: over a 2-second drain
+# they can show nothing at all.
 SERVER_STATS = """
-SELECT w.wal_bytes, w.wal_fpi, w.wal_records, w.wal_buffers_full,
+SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') AS wal_lsn_bytes,
+       w.wal_bytes, w.wal_fpi, w.wal_records, w.wal_buffers_full,
        c.num_timed + c.num_requested AS checkpoints, c.num_requested AS checkpoints_req,
        c.buffers_written AS checkpoint_buffers,
        (SELECT sum(writes) FROM pg_stat_io WHERE backend_type = 'client backend')
@@ -531,11 +542,57 @@ def party_cpu(side: Side) -> dict[str, float]:
     return out
 
 
+# Each fired batch's frames carry the instant the sweep statement appended them
+# (queen.append_timer_frames: clock_timestamp(), one per statement): the burst's batches as
+# PostgreSQL ran them, read once the drain is over (frames stay in the head for
+# QUEEN_SEGMENT_MIN_AGE_MS, a minute, before they are sealed).
+BATCH_STAMPS = """
+SELECT extract(epoch FROM f.created_at)::float8 AS t, count(*)::int AS n
+FROM queen.frames f JOIN queen.partitions p USING (partition_id)
+     JOIN queen.queues q ON q.queue_id = p.queue_id
+WHERE q.name = %s AND f.created_at > to_timestamp(%s)
+GROUP BY 1 ORDER BY 1"""
+
+
+def batch_stamps(url: str, queue: str, since: float) -> list[tuple[float, int]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [(float(t), int(c)) for t, c in conn.execute(BATCH_STAMPS, (queue, since))]
+
+
+def batch_timing(stamps: list[tuple[float, int]], n: int) -> dict[str, Any]:
+    """The drain's wall µs per timer from the batches' own instants: from the first batch's
+    append to the last's, over the timers of every batch but the first (whose claim started
+    before the first instant). Exact to one statement, where polling the broker's fired count
+    (every 100 ms, which moves once per 0.2-s drain slice) misses up to a slice's timers at the
+    start: a tenth of a 10^5 burst. Also the µs per timer of each batch (the gap since the
+    previous batch's append, over its timers) and of each tenth of the drain."""
+    if len(stamps) < 3 or sum(c for _, c in stamps) != n:
+        return {}
+    (t0, c0), t1 = stamps[0], stamps[-1][0]
+    # (distribution() reports its samples × 1000: µs given in ms)
+    gaps = [(b[0] - a[0]) / b[1] * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
+    tenths: list[float] = []
+    done, t_prev, c_prev = c0, t0, c0
+    for (t, c) in stamps[1:]:
+        done += c
+        if done >= (len(tenths) + 1) * n / 10:
+            tenths.append(round((t - t_prev) / (done - c_prev) * 1e6, 1))
+            t_prev, c_prev = t, done
+    return {"us_per_timer": round((t1 - t0) / (n - c0) * 1e6, 2), "batches": len(stamps),
+            "first_batch": c0, "batch_us_per_timer": {
+                k: v for k, v in distribution(gaps).items() if k != "n"},
+            "tenths_us_per_timer": tenths}
+
+
 async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict[str, Any]:
     """N timers due at one instant (written as the fill is), drained by the broker. With the
     SQL fill, one statement writes them all, due 1 s after it starts: they appear at its
     commit, all due at once (deliver_at is that one instant, so the last lag includes the
     write)."""
+    # The fired count before the write: read after it, a drain quick enough to begin before
+    # the read (10^5 on a busy machine) left the count short of N for good ("not drained").
+    m0 = (await side.api.metrics())
+    base = m0.value("queen_timers_fired_total") if m0 else 0.0
     t_write = time.time()
     prefix = f"burst{n}"
     if fill == "sql":
@@ -551,8 +608,6 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
         if time.time() > due:
             failures.add("burst", "late write", "the burst was written after its due instant")
     stmts0 = await in_thread(lambda: burst_statements(side.db_url))
-    m0 = (await side.api.metrics())
-    base = m0.value("queen_timers_fired_total") if m0 else 0.0
     first = last = None
     limit = trio.current_time() + 60 + n / 1000
     samples: list[dict[str, Any]] = []
@@ -577,8 +632,13 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
         return {"timers": n, "write_per_s": round(rate), "left": left}
     span = max(last - first, 0.1)
     stmts1 = await in_thread(lambda: burst_statements(side.db_url))
+    stamps = await in_thread(lambda: batch_stamps(side.db_url, BURST_QUEUE, t_write))
+    polled = samples[0]["fired"] if samples else 0
     return {"timers": n, "write_per_s": round(rate), "drain_s": round(span, 2),
             "drain_per_s": round(n / span), "us_per_timer": round(span / n * 1e6, 1),
+            # the polled span over the timers fired within it (not those the first poll saw)
+            "polled_us_per_timer": round(span / max(1, n - polled) * 1e6, 1),
+            "batches": batch_timing(stamps, n),
             "last_lag_s": round(last - due, 2), "left": left,
             "cpu_us_per_timer": drain_cpu(samples),
             "profile": drain_profile(samples, n),
@@ -586,7 +646,7 @@ async def phase_burst(side: Side, n: int, fill: str, failures: Failures) -> dict
 
 
 PER_TIMER = (*CPU_PARTIES, "wal_io_us_backends", "wal_io_us_all", "wal_fsyncs",
-             "rel_io_us_backends", "wal_buffers_full", "wal_bytes", "wal_fpi",
+             "rel_io_us_backends", "wal_buffers_full", "wal_lsn_bytes", "wal_fpi",
              "sweep_wal_bytes", "sweep_wal_fpi", "sweep_blocks_read",
              "backend_writes", "backend_reads", "checkpoint_buffers", "bgwriter_writes",
              "autovacuum_writes")
@@ -669,6 +729,44 @@ def render_log_side(p: Callable[..., None], samples: list[dict[str, Any]]) -> No
         prev = r
 
 
+def drained_us(b: dict[str, Any]) -> float:
+    """A burst's drain, µs per timer: from its batches' instants where they were read, else
+    from polling the broker's fired count."""
+    return float(b.get("batches", {}).get("us_per_timer") or b["us_per_timer"])
+
+
+def render_burst_summary(p: Callable[..., None], bursts: list[dict[str, Any]]) -> None:
+    """Every burst in the order drained, then per size the median µs per timer and the ratio
+    of the largest size's to the smallest's."""
+    if not bursts:
+        return
+    p("")
+    p("bursts in the order drained, wall us per timer (batches: first batch's append to the "
+      "last's; polled: broker's fired count every 100 ms)")
+    p(f"  {'#':>2}{'timers':>11}{'batches':>9}{'polled':>8}{'polled*':>8}{'batch p50/p90/max':>20}"
+      "  by tenth")
+    for i, b in enumerate(bursts, 1):
+        bt = b.get("batches", {})
+        d = bt.get("batch_us_per_timer", {})
+        dist = f"{d['p50']:g}/{d['p90']:g}/{d['max']:g}" if d else "-"
+        p(f"  {i:>2}{b['timers']:>11,}{bt.get('us_per_timer', '-'):>9}{b['us_per_timer']:>8}"
+          f"{b.get('polled_us_per_timer', '-'):>8}{dist:>20}  "
+          + " ".join(f"{x:g}" for x in bt.get("tenths_us_per_timer", [])))
+    p("  (polled*: the polled span over the timers fired after the first poll)")
+    by_size: dict[int, list[float]] = {}
+    for b in bursts:
+        by_size.setdefault(b["timers"], []).append(drained_us(b))
+    for size, values in sorted(by_size.items()):
+        p(f"  {size:>11,}: median {median(values):g}, mean {sum(values) / len(values):.1f} "
+          "us/timer of " + ", ".join(f"{v:g}" for v in values))
+    if len(by_size) >= 2:
+        small, large = min(by_size), max(by_size)
+        means = {k: sum(v) / len(v) for k, v in by_size.items()}
+        p(f"burst drain per timer, {large:,} / {small:,}: "
+          f"{ratio(median(by_size[large]), median(by_size[small]))} (medians; "
+          f"means {ratio(means[large], means[small])}; target <= 1)")
+
+
 def render(summary: dict[str, Any]) -> str:
     out = io.StringIO()
     p = lambda *a: print(*a, file=out)  # noqa: E731
@@ -723,7 +821,7 @@ def render(summary: dict[str, Any]) -> str:
         render_log_side(p, s["table_samples"])
     for b in summary.get("bursts", []):
         shown = {k: v for k, v in b.items()
-                 if k not in ("profile", "statements", "cpu_us_per_timer")}
+                 if k not in ("profile", "statements", "cpu_us_per_timer", "batches")}
         p(f"burst: {shown}")
         if b.get("cpu_us_per_timer"):
             p(f"  CPU us per timer, whole drain: {b['cpu_us_per_timer']}")
@@ -738,9 +836,9 @@ def render(summary: dict[str, Any]) -> str:
               f"{'be wr':>7}{'ckpt wr':>8}{'bgw wr':>7}{'av wr':>7}{'ckpts':>6}"
               "  (per timer; be = client backends, the whole server)")
             for r in b["profile"]:
-                if "wal_bytes_per_timer" not in r:
+                if "wal_fpi_per_timer" not in r:
                     continue
-                p(f"  {r['fired_to']:>10,}{r['wal_bytes_per_timer']:>8.0f}"
+                p(f"  {r['fired_to']:>10,}{r.get('wal_lsn_bytes_per_timer', 0):>8.0f}"
                   f"{r['wal_fpi_per_timer']:>7.3f}{r['sweep_wal_bytes_per_timer']:>8.0f}"
                   f"{r['sweep_blocks_read_per_timer']:>7.3f}{r['backend_writes_per_timer']:>7.3f}"
                   f"{r['checkpoint_buffers_per_timer']:>8.3f}{r['bgwriter_writes_per_timer']:>7.3f}"
@@ -767,12 +865,7 @@ def render(summary: dict[str, Any]) -> str:
             for r in b["statements"]:
                 p(f"  {r['blocks_per_timer']:>8} {r['us_per_timer']:>8} {r['calls']:>7}  "
                   f"{r['query']}")
-    bursts = [b for b in summary.get("bursts", []) if "us_per_timer" in b]
-    if len(bursts) >= 2:
-        small, large = min(bursts, key=lambda b: b["timers"]), max(bursts,
-                                                                   key=lambda b: b["timers"])
-        p(f"burst drain per timer, {large['timers']:,} / {small['timers']:,}: "
-          f"{ratio(large['us_per_timer'], small['us_per_timer'])} (target <= 1)")
+    render_burst_summary(p, [b for b in summary.get("bursts", []) if "us_per_timer" in b])
     p("")
     p(f"failures: {summary['failures']['total']} {summary['failures']['counts']}")
     return out.getvalue()
@@ -841,7 +934,7 @@ async def run(args: argparse.Namespace, server: Server, urls: dict[str, str],
         for n in args.burst:
             summary.setdefault("bursts", []).append(
                 await phase_burst(sides["full"], n, args.fill, failures))
-            summary["load"][f"after_burst_{n}"] = load()
+            summary["load"][f"after_burst_{len(summary['bursts'])}_{n}"] = load()
     finally:
         for s in sides.values():
             s.sdk.close()
@@ -857,7 +950,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-minutes", type=float, default=0.0)
     parser.add_argument("--churn", type=int, default=500, help="timers/s while the snapshot")
     parser.add_argument("--burst", type=int, nargs="*", default=[],
-                        help="burst sizes, drained one after the other (e.g. 100000 1000000)")
+                        help="burst sizes, drained one after the other (e.g. 100000 1000000; "
+                             "interleave repeats to compare sizes: 100000 1000000 100000 ...)")
     parser.add_argument("--fill", choices=("broker", "sql"), default="broker",
                         help="how the pending timers and bursts are written: the broker's "
                              "schedule statement, or SQL generate_series (10^7 in minutes)")

@@ -51,6 +51,14 @@ _CANDIDATES_PER_ROUND = 200
 _SEGMENTS_PER_PARTITION_PER_ROUND = 50  # a backlog is worked off over rounds, not in one burst
 _HEAD_CUT_FRAMES = 1000  # head frames one cut looks at (one transaction)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Sealing waits while a backlog of timers drains on this broker: fires at this rate or more,
+# over at least _DRAIN_WINDOW_S (the sweeper reports a drain's fires every 0.2 s). A steady
+# flow fires far fewer; a burst drains at tens of thousands a second.
+_DRAIN_FIRES_PER_S = 5000
+_DRAIN_WINDOW_S = 0.5
+# ... for this long at most: then sealing runs as if no drain, until the drain has ended (a
+# flow that never drops below the rate must not grow the head for ever).
+_SEAL_DEFER_MAX_S = 60.0
 
 
 def policy_from_settings(settings: Settings) -> SealPolicy:
@@ -248,12 +256,16 @@ class HousekeepingStatistics:
 class Housekeeper:
     def __init__(
         self, db: Database, policy: SealPolicy, *, interval_ms: int = 1000,
-        metrics: BrokerMetrics | None = None,
+        metrics: BrokerMetrics | None = None, seal_defer_max_s: float = _SEAL_DEFER_MAX_S,
     ) -> None:
         self._db = db
         self.policy = policy
         self._interval_s = interval_ms / 1000
         self._metrics = metrics
+        self._defer_max_s = seal_defer_max_s
+        self._fires_seen, self._fires_at = 0 if metrics is None else metrics.fires, 0.0
+        self._draining = False
+        self._deferring_since: float | None = None
         self._rounds = self._sealed = self._dropped = self._failed = 0
         self._alive = False
         # Partitions whose sealing or retention failed with something not transient (a row
@@ -349,15 +361,50 @@ class Housekeeper:
                     break
         return dropped
 
+    def seal_waits(self) -> bool:
+        """Should sealing wait? Yes while a backlog of timers drains on this broker (fires
+        at _DRAIN_FIRES_PER_S or more since the last look, at least _DRAIN_WINDOW_S ago), for
+        ``seal_defer_max_s`` at most. A drain fires a batch per statement as fast as
+        PostgreSQL commits them; a seal reads, compresses, writes and deletes a segment's
+        frames: on a small machine each slows the other, and the frames being sealed are a
+        minute old already (QUEEN_SEGMENT_MIN_AGE_MS), where a drain's fires are late."""
+        if self._metrics is None:
+            return False
+        now = time.monotonic()
+        if now - self._fires_at >= _DRAIN_WINDOW_S:
+            fires = self._metrics.fires
+            rate = (fires - self._fires_seen) / (now - self._fires_at)
+            self._fires_seen, self._fires_at = fires, now
+            self._draining = rate >= _DRAIN_FIRES_PER_S
+            if not self._draining:
+                self._deferring_since = None
+        if not self._draining:
+            return False
+        if self._deferring_since is None:
+            self._deferring_since = now
+        return now - self._deferring_since < self._defer_max_s
+
     async def seal_due(self) -> list[Sealed]:
         sealed: list[Sealed] = []
+        if self.seal_waits():
+            self._deferred()
+            return sealed
         for pid in await self._db.run_transaction(seal_candidates, self.policy):
+            if self.seal_waits():  # a drain began meanwhile: the rest waits for it
+                self._deferred()
+                break
             await self._each_partition("sealing of", pid,
                                        functools.partial(self._seal, pid, sealed))
         return sealed
 
+    def _deferred(self) -> None:
+        if self._metrics is not None:
+            self._metrics.seal_deferrals.inc()
+
     async def _seal(self, pid: uuid.UUID, sealed: list[Sealed]) -> None:
         for _ in range(_SEGMENTS_PER_PARTITION_PER_ROUND):
+            if self.seal_waits():  # (counted by seal_due)
+                break
             started = time.perf_counter()
             # Compresses a whole segment: CPU work kept off the event loop.
             one = await self._db.run_transaction_in_thread(seal_partition, pid, self.policy)
