@@ -16,7 +16,9 @@ The run, against a broker subprocess (the polls' client is this process, as in p
    (``queen_longpoll_looks``) per second.
 3. ``--pushes`` single-message pushes, one at a time, to a queue nobody waits on: their round
    trip (p50/p99) while the crowd is parked; ``/health`` is asked every 0.25 s meanwhile.
-4. One push into each crowd queue: each must wake one parked poll with that message.
+4. One push into each crowd queue: each must wake one parked poll with that message. The
+   summary's ``first_deadline_left_s`` says how long before the first poll's deadline this
+   step was done (below zero: the run was too slow for its ``--timeout-ms``).
 5. Every poll is waited for: answered (200 with a message or 204) by its deadline plus
    ``--margin-s``; afterwards each crowd queue is drained, and every pushed message must have
    been received exactly once, by a poll or by the drain.
@@ -267,6 +269,11 @@ async def run(database_url: str, *, polls: int = 3000, queues: int = 30,
                         failures.append(f"crowd push answered {r.status_code}")
                     pushed[txn] = name
                 summary["push_waking_a_poll_ms"] = distribution(wake_pushes)
+                # How long before the first poll's deadline the steps above were done: below
+                # zero, some polls were answered by their timeout before the quiet spell or the
+                # pushes (the run was too slow for its --timeout-ms), and its figures mean less.
+                summary["first_deadline_left_s"] = round(
+                    min(p.deadline for p in crowd_polls) - trio.current_time(), 2)
                 note(f"pushes done: {summary['push_with_crowd_parked_ms']}; waiting for the polls")
                 # Polls still unanswered this long after the last one's deadline are given up.
                 nursery.cancel_scope.deadline = (max(p.deadline for p in crowd_polls)

@@ -62,7 +62,40 @@ def databases() -> Iterator[Databases]:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
-    terminalreporter.write_line(f"database server: {_server_description}")
+    if _worker_servers:  # pytest-xdist: each worker had its own
+        for worker, description in sorted(_worker_servers.items()):
+            terminalreporter.write_line(f"database server ({worker}): {description}")
+    else:
+        terminalreporter.write_line(f"database server: {_server_description}")
+
+
+# pytest-xdist (pyproject's addopts: -n auto). The suite's processes use about half a core
+# while it runs serially (it mostly waits: leases, timeouts, subprocesses), so two workers share
+# the 2-core box; each runs its own session, with its own PostgreSQL server (pgserver.py).
+_worker_servers: dict[str, str] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: ``QUEEN_TEST_WORKERS`` if set; else two for the whole suite, and none (one
+    process, no start-up of workers) when the command names the tests to run."""
+    import os
+
+    if os.environ.get("QUEEN_TEST_WORKERS"):
+        return int(os.environ["QUEEN_TEST_WORKERS"])
+    return 0 if config.args_source == pytest.Config.ArgsSource.ARGS else 2
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller prints it
+        workeroutput["queen_server"] = _server_description
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    worker = getattr(getattr(node, "gateway", None), "id", "worker")
+    _worker_servers[worker] = getattr(node, "workeroutput", {}).get("queen_server", "?")
 
 
 @pytest.fixture

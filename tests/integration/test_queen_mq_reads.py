@@ -214,6 +214,15 @@ async def test_safe_time_waits_for_an_open_write(
 # -- retention and eviction, as a user sees them ----------------------------------------------
 
 
+async def log_start_reaches(c: Any, q: str, offset: int, within_s: float) -> None:
+    """Wait until the Default partition's log starts at ``offset`` (housekeeping dropped what
+    was before it); fail if it has not within ``within_s``."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while (start := (await c.queue(q).fetch("Default"))["Default"]["logStartOffset"]) != offset:
+        assert asyncio.get_running_loop().time() < deadline, (q, start, offset)
+        await asyncio.sleep(0.1)
+
+
 async def test_a_pop_never_returns_a_message_older_than_retention_seconds(
     broker: BrokerHandle,
 ) -> None:
@@ -224,7 +233,9 @@ async def test_a_pop_never_returns_a_message_older_than_retention_seconds(
     async def flow(c: Any) -> None:
         await c.queue(q).config({"retentionSeconds": 2, "retentionEnabled": True}).create()
         await c.queue(q).push([{"data": {"n": i}} for i in range(20)])
-        await asyncio.sleep(8)  # retentionSeconds + housekeeping rounds, with a wide margin
+        # retentionSeconds + housekeeping rounds (1 s apart), with a wide margin: the log's
+        # start moves past the 20 within 8 s.
+        await log_start_reaches(c, q, 20, within_s=8)
         await c.queue(q).push([{"data": {"n": "fresh"}}])
         msgs = await c.queue(q).batch(100).wait(False).pop()
         assert [m["data"]["n"] for m in msgs] == ["fresh"]
@@ -249,7 +260,7 @@ async def test_max_wait_time_evicts_messages_that_waited_too_long(broker: Broker
             await c.queue(queue).push([{"data": {"n": i}} for i in range(5)])
         fast = await c.queue(q).group("fast").batch(3).wait(False).pop()
         await c.ack(fast, True, {"group": "fast"})  # fast has had 0-2; slow nothing yet
-        await asyncio.sleep(8)
+        await log_start_reaches(c, q, 5, within_s=8)  # evicted by a housekeeping round
         await c.queue(q).push([{"data": {"n": "fresh"}}])
         for group in ("fast", "slow"):
             got = await c.queue(q).group(group).batch(10).wait(False).pop()

@@ -7,23 +7,48 @@ is shared."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from bench import parked_polls
 
+from ..pgserver import Databases
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 POLLS = 3000
+# The polls' timeout, so that all of them are parked at once through the quiet spell and the
+# pushes. They are answered at their deadline, so it is most of the test's time: on a quiet
+# machine parking takes about 20 s and the steps after it (11 s for PostgreSQL's counts, 5 s
+# quiet, 300 pushes) about 20 s more, so 55 s leave a wide margin. On a loaded machine
+# (parking a minute) that is not enough: a run whose steps were not done 3 s before the first
+# poll's deadline (or that did not park every poll within PARK_WITHIN_S) is set aside, checked
+# for nothing, and the test runs again, on a fresh database, with the 90 s it always had.
+QUICK = {"timeout_ms": 55_000, "park_within_s": 30.0}
+ROOMY = {"timeout_ms": 90_000, "park_within_s": 80.0}
+SLACK_S = 3.0
 
 
-async def test_3000_parked_polls_cost_nothing_while_nothing_changes(database_url: str) -> None:
-    # Parking 3,000 takes 20 s on a quiet machine, a minute when others load it: the polls
-    # wait long enough for all of them to be parked at once.
-    result = await parked_polls.run(database_url, polls=POLLS, queues=30, timeout_ms=90_000,
-                                    quiet_s=5.0, pushes=300, margin_s=5.0,
-                                    park_within_s=80.0)
+async def run(database_url: str, timing: dict[str, Any]) -> dict[str, Any]:
+    result = await parked_polls.run(database_url, polls=POLLS, queues=30, quiet_s=5.0,
+                                    pushes=300, margin_s=5.0, **timing)
     print(f"\nparked polls: {json.dumps(result)}")
+    return result
+
+
+async def test_3000_parked_polls_cost_nothing_while_nothing_changes(
+    database_url: str, databases: Databases
+) -> None:
+    result = await run(database_url, QUICK)
+    if result["parked"] < POLLS or result["first_deadline_left_s"] < SLACK_S:
+        print(f"too slow for {QUICK}: again with {ROOMY}")
+        roomy_url = databases.create()
+        try:
+            result = await run(roomy_url, ROOMY)
+        finally:
+            databases.drop(roomy_url)
+    assert result["first_deadline_left_s"] >= 0, result  # every poll parked throughout
     assert result["parked"] == POLLS, result
     # While they wait, nothing concerns them: none looks at the database, but for the safety
     # net (each queue's lane at most once in 30 s: 30 lanes, 5 s). PostgreSQL counts only the
