@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness.brokers import free_port, serve_checkout, wait_healthy
+from bench.harness.brokers import free_port, serve_checkout, stop_process, wait_healthy
 from bench.harness.pg import shared_server
 from bench.harness.report import load, now_iso, save_json, source_revision
 from bench.harness.stats import distribution
@@ -167,12 +167,7 @@ def checkout_broker(checkout: Path, database_url: str) -> Iterator[str]:
         wait_healthy(url, proc, None)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> None:

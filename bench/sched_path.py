@@ -46,7 +46,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness.brokers import free_port, wait_healthy
+from bench.harness.brokers import free_port, stop_process, wait_healthy
 from bench.harness.cpu import PartyCpu
 from bench.harness.pg import shared_server
 from bench.harness.report import load, now_iso, save_json, source_revision
@@ -303,12 +303,7 @@ def side_consumer(checkout: Path, url: str, firing: int) -> Iterator[None]:
     try:
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @contextlib.contextmanager
@@ -329,12 +324,7 @@ def side_broker(checkout: Path, database_url: str) -> Iterator[tuple[str, int]]:
         wait_healthy(url, proc, log_path)
         yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def run_client(checkout: Path, url: str, scenario: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -29,3 +29,17 @@ async def parked(handle: BrokerHandle, n: int = 1, timeout: float = 10.0) -> Non
     with trio.fail_after(timeout):
         while handle.context.wakeups.statistics().parked < n:
             await trio.sleep(0.01)
+
+
+def explained(conn: Any, action: Callable[[], T]) -> tuple[T, list[str]]:
+    """What ``action`` answers, and the plans of every statement it runs on the psycopg
+    connection ``conn``, nested ones included (auto_explain, as notices)."""
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                        ("log_level", "notice")):
+        conn.execute(f"SET auto_explain.{name} = {value}")
+    answer = action()
+    conn.execute("RESET auto_explain.log_min_duration")
+    return answer, plans

@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -85,6 +86,16 @@ class BrokerProcess:
     pid: int | None = None
     exit_code: int | None = None
     log_errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = BROKER_STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL if ``proc`` has not exited within ``timeout_s``; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def serve_checkout(checkout: Path, database_url: str, port: int) -> subprocess.Popen[bytes]:

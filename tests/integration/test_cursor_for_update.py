@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from ..helpers import explained
 from .test_cursor_updates import pop_and_ack
 
 API = "/api/v1"
@@ -18,15 +19,7 @@ API = "/api/v1"
 def _explained(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]
                ) -> tuple[list[Any], list[str]]:
     """The rows of ``sql`` and the plans of every statement it ran, nested ones included."""
-    plans: list[str] = []
-    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                        ("log_level", "notice")):
-        conn.execute(f"SET auto_explain.{name} = {value}")
-    rows = conn.execute(sql, params).fetchall()
-    conn.execute("RESET auto_explain.log_min_duration")
-    return rows, plans
+    return explained(conn, lambda: conn.execute(sql, params).fetchall())
 
 
 def _cursor_reads(plans: list[str]) -> list[str]:

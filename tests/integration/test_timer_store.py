@@ -22,6 +22,7 @@ from queen_trio.log import store as log_store
 from queen_trio.timers import rules as timer_rules
 from queen_trio.timers import store
 
+from ..helpers import explained
 from .test_timer_races import LOCK_GUARD, claim, connect, default_tenant, sql, timer
 
 COMPRESSIBLE = {"events": [{"type": "booking.held", "bookingId": i} for i in range(20)]}
@@ -521,17 +522,8 @@ def _grow_then_explain(conn: Any, tenant: int, exercise: Any, *, analyze: bool) 
 
 
 def _explained(conn: Any, action: Any) -> list[str]:
-    """The plans of every statement ``action`` runs on ``conn``, nested ones included
-    (auto_explain, as notices)."""
-    plans: list[str] = []
-    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    for name, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                        ("log_level", "notice")):
-        conn.execute(f"SET auto_explain.{name} = {value}")
-    action()
-    conn.execute("RESET auto_explain.log_min_duration")
-    return plans
+    """The plans of every statement ``action`` runs on ``conn``, nested ones included."""
+    return explained(conn, action)[1]
 
 
 def _scans(plans: list[str]) -> list[str]:
