@@ -378,6 +378,9 @@ class _Stream:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError:
             raise ValidationError("invalid_json", "a stream message must be JSON") from None
+        except RecursionError:  # (msgspec's own limit on nesting: a client's message)
+            raise ValidationError("invalid_json", "a stream message is nested too deeply"
+                                  ) from None
         if not isinstance(body, dict):
             raise ValidationError("invalid_body", "a stream message must be an object")
         if body.get("stop") is True:

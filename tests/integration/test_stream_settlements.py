@@ -79,3 +79,36 @@ async def test_every_form_of_a_settlement_acks_and_refuses_as_before(
         await stream.aclose()
     # The one left unacked comes back once its lease ends, not before; nothing else does.
     assert len(await queen.pop("forms", batch=10)) == 0
+
+
+async def test_a_settlement_nested_too_deeply_is_refused_and_its_batch_given_back(
+    queen: Client, broker: BrokerHandle, caplog: Any
+) -> None:
+    # msgspec's decoder gives up on deep nesting with a RecursionError, not a DecodeError:
+    # it closed the stream as the broker's own failure (1011, a traceback logged).
+    await queen.push_many("deep", [1, 2])
+    stream = await PopStream.open(broker.url, "deep", None,
+                                  {"batch": 2, "inflight": 1, "timeout": 2000}, {}, 10)
+    try:
+        got = await _next(stream)
+        assert got.seq is not None and got.pop is not None
+        deep = b'{"seq": %d, "acknowledgments": %s%s}' % (got.seq, b"[" * 5000, b"]" * 5000)
+        await stream._write(BytesMessage(deep))
+        with trio.fail_after(10):
+            answer = await stream.receive()
+        assert answer is not None and answer.error == "invalid_json", answer
+        assert answer.message == "a stream message is nested too deeply"
+        with trio.fail_after(10):  # then the broker closes the stream
+            while await stream.receive() is not None:
+                pass
+    finally:
+        await stream.aclose()
+    # The batch it held goes back at once, not when its lease ends.
+    with trio.fail_after(10):
+        while True:
+            popped = await queen.pop("deep", batch=2)
+            if len(popped):
+                break
+            await trio.sleep(0.1)
+    assert [m.data for m in popped] == [1, 2]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
