@@ -373,7 +373,9 @@ class _Stream:
         if refused:
             await self._send({"seq": seq, "ackRefused": refused})
 
-    def _settlement(self, raw: str | bytes) -> tuple[int | None, list[rules.Ack]]:
+    def _settlement(self, raw: str | bytes | None) -> tuple[int | None, list[rules.Ack]]:
+        if not raw:  # (an empty binary message reaches us as None: Quart reads b"" as absent)
+            raise ValidationError("invalid_json", "a stream message must be JSON")
         try:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError:
