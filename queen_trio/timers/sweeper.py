@@ -459,7 +459,7 @@ class Sweeper:
             # runs sweeps back to back without queueing behind HTTP tasks for the event
             # loop, and each return is timed where it happens.
             return await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
-                                                True, req)
+                                                req)
 
     async def _sweep_lone(self, token: uuid.UUID, not_before: float | None,
                           announced: store.NextDue | None, pop: PopRequest | None
@@ -472,18 +472,21 @@ class Sweeper:
                                         max_payload=self._max_payload, not_before=not_before,
                                         fire_lock=announced, pop=pop)
         returned_at = time.time()
+        self._next_batch_after(batch, result)
+        return result, returned_at
+
+    def _next_batch_after(self, batch: int, result: SweepResult) -> None:
+        """The next sweep's batch, from what a sweep of ``batch`` found (a backlog: larger)."""
+        s = self._settings
         self._batch = next_batch(batch, len(result.fired) + len(result.rows), s.sweeper_batch,
                                  s.sweeper_backlog_batch)
-        return result, returned_at
 
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
-        announced: store.NextDue | None = None, drain: bool = True,
-        pop: PopRequest | None = None,
+        announced: store.NextDue | None = None, pop: PopRequest | None = None,
     ) -> list[tuple[SweepResult, float]]:
-        """Sweep (the first statement waits for ``not_before`` in the backend).
-
-        With ``drain`` (in the worker thread), a full batch fired by PostgreSQL means a backlog:
+        """Sweep in the worker thread, after a sweep came back full (the first statement waits
+        for ``not_before`` in the backend). A full batch fired by PostgreSQL means a backlog:
         sweep again at once, here, for up to _DRAIN_SLICE_S, rather than hand back to the event
         loop between batches (its HTTP work would hold every batch up). Stops at the first rows
         claimed for the broker. Answers each sweep with the local time it returned."""
@@ -496,11 +499,9 @@ class Sweeper:
                                  max_payload=self._max_payload, not_before=not_before,
                                  fire_lock=announced, pop=pop)
             swept.append((result, time.time()))
-            self._batch = next_batch(batch, len(result.fired) + len(result.rows),
-                                     s.sweeper_batch, s.sweeper_backlog_batch)
+            self._next_batch_after(batch, result)
             not_before = announced = pop = None
-            if (not drain or len(result.fired) < batch or result.rows
-                    or time.monotonic() >= slice_ends):
+            if len(result.fired) < batch or result.rows or time.monotonic() >= slice_ends:
                 return swept
 
     async def _hand_over(self, pop: ParkedPop, outcome: log_store.PopOutcome | None) -> None:
