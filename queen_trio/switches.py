@@ -23,14 +23,18 @@ What a pause does (Queen's answers):
   ``timers`` rider answers 403. Cancels and timer reads are never paused: a tenant must always
   be able to stop a message it no longer wants and to see whether it is still pending.
 - ``timers_fire_enabled`` off: the sweepers fire nothing; due timers stay pending, nothing is
-  lost, and on resume every sweeper wakes at once and fires them, each once.
+  lost, and on resume every sweeper wakes at once and fires them, each once. The broker that
+  takes the flip answers it only once its own sweeper has no cycle in flight (a cycle started
+  before the flip could otherwise still fire a timer scheduled after the answer); the other
+  brokers stop within a second, on the NOTIFY.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import trio
@@ -110,6 +114,10 @@ class RuntimeSwitches:
         self._last_refresh_at: float | None = None
         # Told (name, enabled) of every switch at start and at each flip (the metrics gauge).
         self._on_change = on_change
+        # Sweeper cycles of this broker in flight (see firing), and the event a waiter for
+        # their end holds (made only when somebody waits: nothing per cycle otherwise).
+        self._firing = 0
+        self._fire_settled: trio.Event | None = None
 
     # -- what every call reads ---------------------------------------------------------------
 
@@ -132,6 +140,27 @@ class RuntimeSwitches:
         """Return once the fire is on (at once if it is)."""
         while not self._state[TIMERS_FIRE]:
             await self._changed.wait()
+
+    @contextlib.contextmanager
+    def firing(self) -> Iterator[None]:
+        """Marks a sweeper cycle in flight: it read the fire as on, and may fire until it ends."""
+        self._firing += 1
+        try:
+            yield
+        finally:
+            self._firing -= 1
+            if not self._firing and self._fire_settled is not None:
+                self._fire_settled.set()
+                self._fire_settled = None
+
+    async def fire_settled(self) -> None:
+        """Return once no sweeper cycle of this broker is in flight (at once if none is).
+        After a pause, the cycles that start read it, so from then on this broker fires
+        nothing."""
+        while self._firing:
+            if self._fire_settled is None:
+                self._fire_settled = trio.Event()
+            await self._fire_settled.wait()
 
     def statistics(self) -> SwitchStatistics:
         return SwitchStatistics(self.state(), self._refreshes, self._last_refresh_at)

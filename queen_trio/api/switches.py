@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from quart import Blueprint, Response, request
 
 from .. import switches
@@ -22,6 +23,9 @@ from .errors import ApiError, read_json_object
 from .tenancy import require_operator
 
 switch_routes = Blueprint("switches", __name__, url_prefix="/api/v1/system")
+# The longest a pause's answer waits for this broker's sweeper cycle in flight to end (a fire
+# is bounded by its own 10 s; a cycle normally ends in milliseconds).
+FIRE_SETTLE_S = 15.0
 
 _PAUSED = {
     KV: ("kv_disabled", "the KV surface is paused by an operator (kv_enabled is off); retry "
@@ -94,6 +98,12 @@ async def flip() -> Response:
         changes[_FIELDS[field]] = value
     state = await broker.db.run_transaction(switches.set_switches, changes)
     broker.switches.adopt(state)  # this broker at once; the others on the NOTIFY
+    if not state[TIMERS_FIRE]:
+        # A cycle this broker's sweeper started before the flip may still fire; the answer
+        # waits for it, so nothing scheduled after a "paused" answer fires through this broker.
+        # (Bounded: a cycle ends within its statement and its fire's own bounds.)
+        with trio.move_on_after(FIRE_SETTLE_S):
+            await broker.switches.fire_settled()
     return json_response({**_state_wire(state), "message": (
         "runtime switches updated; every broker applies them within a second"
         if state[TIMERS_FIRE] else

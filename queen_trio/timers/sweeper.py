@@ -37,6 +37,7 @@ These functions of the schema are in schema/functions/timers.sql and schema/func
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -229,6 +230,13 @@ class Sweeper:
         # The last cycle's batch came back full: a backlog is draining (see _sweep).
         self._draining = False
 
+    def _fire_mark(self) -> contextlib.AbstractContextManager[None]:
+        """The cycle in flight, for an operator's pause to wait for (see switches.firing)."""
+        return contextlib.nullcontext() if self._switches is None else self._switches.firing()
+
+    def _fire_on(self) -> bool:
+        return self._switches is None or self._switches.timers_fire
+
     def statistics(self) -> SweeperStatistics:
         return SweeperStatistics(self._cycles, self._fired, self._last_cycle_at, self._alive)
 
@@ -276,9 +284,10 @@ class Sweeper:
                         announced, due=self._db_instant(trio.current_time()) + _FLOOR_ANNOUNCE_S)
                 handover = self._announce_fire(announced, start_at)
             try:
-                result = await self._cycle(not_before=not_before, announced=announced,
-                                           for_timer=plan.due_db is not None,
-                                           handover=handover)
+                with self._fire_mark():
+                    result = await self._cycle(not_before=not_before, announced=announced,
+                                               for_timer=plan.due_db is not None,
+                                               handover=handover)
             except Exception as exc:
                 failures += 1
                 delay = retry_delay(failures, max_sleep=self._max_sleep)
@@ -501,7 +510,10 @@ class Sweeper:
             swept.append((result, time.time()))
             self._next_batch_after(batch, result)
             not_before = announced = pop = None
-            if len(result.fired) < batch or result.rows or time.monotonic() >= slice_ends:
+            if (len(result.fired) < batch or result.rows or time.monotonic() >= slice_ends
+                    or not self._fire_on()):
+                # (An operator's pause stops a drain between two sweeps: the flip's answer
+                # waits for this cycle to end.)
                 return swept
 
     async def _hand_over(self, pop: ParkedPop, outcome: log_store.PopOutcome | None) -> None:

@@ -200,6 +200,40 @@ async def test_a_paused_fire_loses_nothing_and_fires_each_timer_once_at_the_resu
     assert sorted(m["data"]["k"] for m in r.json()["messages"]) == sorted(keys[1:])
 
 
+async def test_a_pause_answered_mid_drain_means_nothing_more_fires_until_the_resume(
+    broker: BrokerHandle, http: httpx.AsyncClient, database_url: str,
+) -> None:
+    """The pause's answer is the line: a backlog draining when the operator pauses stops, and
+    not one more frame is appended after the answer (a cycle in flight at the flip, even one
+    draining in the worker thread, ends before it), until the resume fires the rest once."""
+    q = name()
+    await flip(http, timersFire=False)
+    n, bundle = 12_000, 250
+    for at in range(0, n, bundle):
+        await schedule(http, q, [f"b{i}" for i in range(at, at + bundle)], 0)
+    await flip(http, timersFire=True)
+    with trio.fail_after(30):
+        while not frames(database_url, q):
+            await trio.sleep(0.002)
+    await flip(http, timersFire=False)
+    at_answer = frames(database_url, q)
+    await trio.sleep(1.0)
+    assert frames(database_url, q) == at_answer, "a frame was appended after the pause's answer"
+    assert pending(database_url, q) == n - at_answer > 0, "the drain was over before the pause"
+
+    await flip(http, timersFire=True)
+    with trio.fail_after(60):
+        while pending(database_url, q):
+            await trio.sleep(0.05)
+    assert fired(database_url, q) == Counter({f"b{i}": 1 for i in range(n)})
+
+
+def frames(url: str, q: str) -> int:
+    return sql(url, "SELECT count(*) AS n FROM queen.frames f JOIN queen.partitions p "
+                    "USING (partition_id) JOIN queen.queues USING (queue_id) "
+                    "WHERE queen.queues.name = %s", (q,))[0]["n"]
+
+
 def _wakeups(metrics: str) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines()
                if line.startswith("queen_sweeper_wakeups_total"))
