@@ -117,6 +117,7 @@ class RuntimeSwitches:
         # Sweeper cycles of this broker in flight (see firing), and the event a waiter for
         # their end holds (made only when somebody waits: nothing per cycle otherwise).
         self._firing = 0
+        self._adoptions = 0  # states adopted so far (see refresh)
         self._fire_settled: trio.Event | None = None
 
     # -- what every call reads ---------------------------------------------------------------
@@ -191,12 +192,20 @@ class RuntimeSwitches:
                 self._alive = False
 
     async def refresh(self) -> None:
-        self.adopt(await self._db.run_autocommit(read))
+        adopted = self._adoptions
+        state = await self._db.run_autocommit(read)
+        # A flip adopted while the read was out (this broker's own route, answered with the
+        # committed state) is newer than what the read may have seen: keep it. Adopting the
+        # read would un-pause this broker until the flip's NOTIFY is read (a sweep in that
+        # window fires while the operator was told it is paused).
+        if self._adoptions == adopted:
+            self.adopt(state)
         self._refreshes += 1
         self._last_refresh_at = trio.current_time()
 
     def adopt(self, state: dict[str, bool]) -> None:
         """Take ``state`` as the switches' values; log and announce each flip."""
+        self._adoptions += 1
         flipped = {n: v for n, v in state.items() if n in self._state and self._state[n] != v}
         if not flipped:
             return
