@@ -185,8 +185,22 @@ _ZERO_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "U
                          "Etc/GMT-0", "Etc/Greenwich", "Greenwich"})
 
 
+class AllScheduled(list[Outcome]):
+    """The outcomes of a bundle of new names (:func:`_all_scheduled`), and what they were made
+    of: the statement's ``now`` (PostgreSQL's now(), the zone as psycopg read it) and the call's
+    ``base_id`` (timer i's message id is it with i XORed into its last 64 bits, i from 1). Every
+    outcome is ``scheduled``, its due instant ``now`` plus its delay: what the compact answer
+    of ``POST /api/v1/transaction?answer=compact`` sends instead of one result per timer."""
+
+    __slots__ = ("base_id", "now")
+
+    def __init__(self, outcomes: list[Outcome], base_id: str, now: datetime) -> None:
+        super().__init__(outcomes)
+        self.base_id, self.now = base_id, now
+
+
 def _all_scheduled(schedules: list[Schedule], txns: list[str], base_id: str,
-                   now: datetime) -> list[Outcome]:
+                   now: datetime) -> AllScheduled:
     """The outcomes of a bundle of new names, from queen.schedule_timer_list's short answer
     (attempt 0): timer i's message id is the call's base id with i XORed into its last 64
     bits, as the function minted it, and its due instant PostgreSQL's now() plus its delay
@@ -205,7 +219,7 @@ def _all_scheduled(schedules: list[Schedule], txns: list[str], base_id: str,
         tail = f"{low ^ i:016x}"
         out.append(Outcome("scheduled", s.queue, s.key, txn, s.partition, due,
                            f"{head}{tail[:4]}-{tail[4:]}"))
-    return out
+    return AllScheduled(out, base_id, now)
 
 
 def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,
