@@ -184,20 +184,21 @@ async def test_a_bundle_with_stored_names_is_answered_in_full(
     the timers: each answered in full even when the flag asks, and read right by the SDK."""
     first = await queen.transaction().schedule_many("mixed", _entries("old")).commit()
     again = await queen.transaction().schedule_many(
-        "mixed", [("new-1", 1000, 1), ("old-2", 2000, 2), ("new-2", 0, None)]).commit()
+        "mixed", [("new-1", 1000, 1), ("old-4", 2000, 2), ("new-2", 0, None)]).commit()
     assert [t.status for t in again.timers] == [
         TimerStatus.SCHEDULED, TimerStatus.RESCHEDULED, TimerStatus.SCHEDULED]
     stored = await _stored(http, "mixed")
-    assert [_as_stored(t) for t in again.timers] == [
-        _row(stored[k]) for k in ("new-1", "old-2", "new-2")]
-    assert again.timers[1].message_id != first.timers[2].message_id
-    ops = [timer_op("mixed", "old-3", 5000, 3), timer_op("mixed", "old-4", 0, op="cancel")]
+    assert _as_stored(again.timers[1]) == _row(stored["old-4"])
+    assert again.timers[1].message_id != first.timers[4].message_id
+    assert first.timers[4].deliver_at != again.timers[1].deliver_at
+    ops = [timer_op("mixed", "old-5", 5000, 3), timer_op("mixed", "old-6", 0, op="cancel")]
     for body in ({"timers": ops}, {"timers": ops[:1], "operations": [
             {"type": "push", "items": [{"queue": "side", "payload": 1}]}]}):
         r = await http.post(f"{API}/transaction", params={"answer": "compact"}, json=body)
         assert r.status_code == 200, r.text
         assert "results" in r.json() and "scheduled" not in r.json()
     cancelled = await queen.transaction().timer("mixed").key("old-5").cancel().commit()
+    # (old-5 was rescheduled above, 5 s ahead: still pending)
     assert [t.status for t in cancelled.timers] == [TimerStatus.CANCELLED]
 
 

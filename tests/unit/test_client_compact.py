@@ -54,7 +54,7 @@ def _outcome(read: Any) -> Any:
 def test_a_compact_answer_read_in_c_reads_as_the_strict_path(raw: bytes) -> None:
     call = _bundle(3)
     assert call.params == {"answer": "compact"} and call.fast is not None
-    quick = _outcome(lambda: call.fast(raw))  # type: ignore[misc]
+    quick = _outcome(lambda: call.fast(raw))
     precise = _outcome(lambda: call.parse(strict_json.loads(raw)))
     assert quick is codec.FALLBACK or quick == precise
     if raw == _compact(3):
