@@ -55,6 +55,7 @@ from .errors import (
 from .origin import HostPolicy
 from .tenancy import admit_tenant, bearer_tenant
 from .timers import apply_batch, cancel_one
+from .transaction import apply_transaction
 
 #: Off: every request goes through Quart (tests compare the two paths).
 ENABLED = True
@@ -69,6 +70,9 @@ answered = 0
 inline_answered = 0
 
 _TIMERS = "/api/v1/timers"
+_TRANSACTION = "/api/v1/transaction"
+#: The one query a transaction answered here may carry: the SDK's, for a bundle of timers.
+_COMPACT_QUERY = b"answer=compact"
 _CANCEL_PREFIX = _TIMERS + "/"
 _FAMILY = "timers_bad_request"  # the timers blueprint's 400 code (install_family_errors)
 _JSON = (b"content-type", b"application/json")
@@ -89,6 +93,7 @@ class FastRoutes:
         self.budget: bodies.BodyBudget = app.extensions[bodies.BUDGET]
         rules = {rule.endpoint: rule.rule for rule in app.url_map.iter_rules()}
         self.batch_rule, self.cancel_rule = rules["timers.batch"], rules["timers.cancel"]
+        self.transaction_rule = rules["transaction.transaction"]
 
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
                        send: ASGISendCallable) -> None:
@@ -107,6 +112,12 @@ class FastRoutes:
             length = self._plain(scope, body=True)
             if length is not None:
                 return functools.partial(self._batch, scope, length=length, whole=whole)
+        elif (method == "POST" and scope["path"] == _TRANSACTION and whole is None
+              and scope["query_string"] == _COMPACT_QUERY and self._never_refused_early()):
+            length = self._plain(scope, body=True, query=_COMPACT_QUERY,
+                                 most=self.body_limit)
+            if length is not None:
+                return functools.partial(self._transaction, scope, length=length)
         elif method == "DELETE" and scope["path"].startswith(_CANCEL_PREFIX):
             queue, _, key = scope["path"][len(_CANCEL_PREFIX):].partition("/")
             if queue and key and self._plain(scope, body=False) is not None:
@@ -163,11 +174,13 @@ class FastRoutes:
         tenants = self.broker.tenants
         return tenants.plan(tenants.default_tenant_id).requests_per_second is None
 
-    def _plain(self, scope: HTTPScope, *, body: bool) -> int | None:
+    def _plain(self, scope: HTTPScope, *, body: bool, query: bytes = b"",
+               most: int | None = MAX_BODY) -> int | None:
         """The request's Content-Length (0: none) when nothing about it needs Quart, else
-        None."""
+        None. ``query``: the one query string allowed; ``most``: the largest body (None: the
+        app's limit alone)."""
         raw = scope.get("raw_path") or b""
-        if scope["query_string"] or b"%" in raw or not raw.isascii() or self.app.debug:
+        if scope["query_string"] != query or b"%" in raw or not raw.isascii() or self.app.debug:
             return None
         length, host = 0, None
         for name, value in scope["headers"]:
@@ -184,8 +197,9 @@ class FastRoutes:
         if not self.hosts.allows(host):
             return None
         if body:
-            limit = MAX_BODY if self.body_limit is None else min(MAX_BODY, self.body_limit)
-            return length if 0 < length <= limit else None
+            limit = most if self.body_limit is None else min(most or self.body_limit,
+                                                              self.body_limit)
+            return length if 0 < length and (limit is None or length <= limit) else None
         return 0 if length == 0 else None
 
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
@@ -230,6 +244,34 @@ class FastRoutes:
             answer = exception_answer(exc, "POST", _TIMERS)
         await self._answer(send, self.batch_rule, "POST", answer, started)
 
+    async def _transaction(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                           send: ASGISendCallable, *, length: int) -> None:
+        """``POST /api/v1/transaction?answer=compact`` (the SDK's bundles of timers): what
+        Quart's route does (:func:`.transaction.apply_transaction`), its body read as
+        :meth:`_batch` reads one."""
+        started = time.perf_counter()
+        status = 200
+        body = bodies.RequestBody(length, self.body_limit)
+        body.budget = self.budget
+        try:
+            try:
+                tenant_id = await self._tenant(scope)
+                admit_tenant(self.broker, tenant_id)
+                if not await self._read(receive, body):
+                    return  # the client went away: Quart answers nothing either
+                model, status = await apply_transaction(self.broker, tenant_id, body.whole(),
+                                                        compact=True)
+                answer: bytes | ErrorAnswer = codec.encode(model) + b"\n"
+            finally:
+                body.clear()
+        except RequestError as exc:
+            answer = exception_answer(exc, "POST", _TRANSACTION)
+        except RequestTimeout as exc:
+            answer = http_error_answer(exc, "POST", _TRANSACTION)
+        except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
+            answer = exception_answer(exc, "POST", _TRANSACTION)
+        await self._answer(send, self.transaction_rule, "POST", answer, started, status)
+
     async def _tenant(self, scope: HTTPScope) -> int:
         """The request's tenant, as Quart's before-request hook finds it (admit_request)."""
         if not self.broker.settings.auth:
@@ -272,7 +314,7 @@ class FastRoutes:
         await self._answer(send, self.cancel_rule, "DELETE", answer, started)
 
     async def _answer(self, send: ASGISendCallable, rule: str, method: str,
-                      answer: bytes | ErrorAnswer, started: float) -> None:
+                      answer: bytes | ErrorAnswer, started: float, ok: int = 200) -> None:
         """Send the answer as Quart's Response would (Content-Type, Content-Length, then the
         error's own headers), and count it as the app's after-request hook does."""
         global answered
@@ -283,7 +325,7 @@ class FastRoutes:
             extra = [(name.lower().encode("latin-1"), value.encode("latin-1"))
                      for name, value in error_headers(status, answer.headers).items()]
         else:
-            status, content, extra = 200, answer, []
+            status, content, extra = ok, answer, []
         headers = [_JSON, (b"content-length", str(len(content)).encode()), *extra]
         self.broker.metrics.count_http(rule, method, status, time.perf_counter() - started)
         await send({"type": "http.response.start", "status": status, "headers": headers})

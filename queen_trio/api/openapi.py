@@ -307,9 +307,15 @@ def _kv_and_transaction_paths() -> dict[str, Any]:
                            "or a required lease, is not live), unresolvable, "
                            "already_committed or not_delivered.",
             "operationId": "transaction",
+            "parameters": [_query(
+                "answer", {"type": "string", "enum": ["full", "compact"]},
+                "our extension: compact answers a bundle that only scheduled timers, all new "
+                "names, with TransactionScheduled (their results told once); any other bundle "
+                "is answered in full. Default full")],
             "requestBody": _body(schema.ref(transaction_models.Bundle)),
             "responses": {
                 "200": _json({"anyOf": [schema.ref(transaction_models.TransactionDone),
+                                        schema.ref(models.TransactionScheduled),
                                         precondition,
                                         schema.ref(transaction_models.TransactionRefused)]},
                              "Committed; or a required KV op did not apply; or refused whole "

@@ -103,6 +103,9 @@ def _isos(stamps: list[datetime | None]) -> list[str | None]:
 def count_outcomes(outcomes: list[store.Outcome], ops: Sequence[rules.Schedule | rules.Cancel],
                    metrics: BrokerMetrics | None = None) -> None:
     metrics = metrics or _broker().metrics
+    if type(outcomes) is store.AllScheduled:  # (a bundle of new names: every one scheduled)
+        metrics.timers_scheduled.labels("scheduled").inc(len(outcomes))
+        return
     counts = Counter((isinstance(op, rules.Schedule), o.status)
                      for op, o in zip(ops, outcomes, strict=True))
     for (scheduled, status), n in counts.items():

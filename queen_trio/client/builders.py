@@ -12,7 +12,7 @@ to the bundle and returns the transaction builder, so the chain goes on.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from operator import itemgetter
@@ -280,13 +280,13 @@ def _schedule_entries(queue: str, timers: Iterable[tuple[str, Duration, Any]],
     queue = calls._name(queue, "queue")
     if partition is not None:
         partition = calls._name(partition, "partition")
-    name, payload_json, b64, mint = calls._name, calls._payload_json, base64.b64encode, \
-        calls.new_txn
+    name, payload_json, b64 = calls._name, calls._payload_json, binascii.b2a_base64
+    timers = timers if isinstance(timers, list | tuple) else list(timers)
     out = []
-    for key, delay, payload in timers:
+    for (key, delay, payload), txn in zip(timers, calls.new_txns(len(timers)), strict=True):
         wire = {"op": "schedule", "queue": queue, "timerKey": name(key, "timer key"),
-                "payload": b64(payload_json(payload)).decode(),
-                "delayMs": delay if type(delay) is int else delay_ms(delay), "txn": mint()}
+                "payload": b64(payload_json(payload), newline=False).decode(),
+                "delayMs": delay if type(delay) is int else delay_ms(delay), "txn": txn}
         if partition is not None:
             wire["partition"] = partition
         out.append(wire)

@@ -17,7 +17,7 @@ MODELS: tuple[Any, ...] = (timers.TimerOp, timers.TimerBatch, timers.TimerResult
                            kv.KvResults, kv.KvPreconditionFailed,
                            locks.LockOp, locks.LockCall, locks.LockResults, transaction.Bundle,
                            transaction.TransactionDone, transaction.TransactionRefused,
-                           transaction.TransactionPaused,
+                           transaction.TransactionPaused, timers.TransactionScheduled,
                            log.ConfigureBody, log.PushBody, log.Ack, log.AckBatch, log.SettleBody,
                            log.ExtendBody, log.FetchBody, log.ChangedBody, log.Pushed,
                            log.PopResponse, log.AckResult, log.LeaseExtended, log.Configured,

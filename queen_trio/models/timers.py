@@ -58,6 +58,30 @@ class TimerResults(Struct, rename="camel", omit_defaults=True):
     results: list[TimerResult]
 
 
+class TimersScheduled(Struct, kw_only=True, rename="camel"):
+    """Our extension's compact answer to a bundle of timers that were all new names, every one
+    of them ``scheduled``: what each of its results would say, told once. Timer i of the
+    bundle (i from 1, in the order sent) has the message id ``messageIdBase`` with i XORed
+    into its last 64 bits, is due ``now`` plus its delayMs, and is in its partition, or
+    ``defaultPartition`` if it named none; its queue, timerKey and txn are those it was sent
+    with."""
+
+    count: Annotated[int, Meta(description="the timers scheduled: all of the bundle's")]
+    now: Annotated[str, Meta(description="PostgreSQL's now() of the commit's statement")]
+    message_id_base: uuid.UUID
+    default_partition: str
+
+
+class TransactionScheduled(Struct, kw_only=True, rename="camel"):
+    """``POST /api/v1/transaction?answer=compact`` when the bundle only scheduled timers, all
+    of new names (any other bundle is answered as without the flag): the results told once
+    (:class:`TimersScheduled`), a few hundred bytes for a bundle of hundreds of timers."""
+
+    success: Literal[True]
+    transaction_id: str
+    scheduled: TimersScheduled
+
+
 class TimerRow(Struct, kw_only=True, rename="camel", omit_defaults=True):
     """A pending timer (a list's row; a peek adds found, payload and data)."""
 

@@ -185,27 +185,50 @@ _ZERO_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "U
                          "Etc/GMT-0", "Etc/Greenwich", "Greenwich"})
 
 
+class AllScheduled(list[Outcome]):
+    """The outcomes of a bundle of new names (:func:`_all_scheduled`), and what they were made
+    of: the statement's ``now`` (PostgreSQL's now(), the zone as psycopg read it) and the call's
+    ``base_id`` (timer i's message id is it with i XORed into its last 64 bits, i from 1). Every
+    outcome is ``scheduled``, its due instant ``now`` plus its delay: what the compact answer
+    of ``POST /api/v1/transaction?answer=compact`` sends instead of one result per timer."""
+
+    __slots__ = ("base_id", "now")
+
+    def __init__(self, outcomes: list[Outcome], base_id: str, now: datetime) -> None:
+        super().__init__(outcomes)
+        self.base_id, self.now = base_id, now
+
+
+def xored_ids(base_id: str, n: int) -> list[str]:
+    """The message ids queen.schedule_timer_list mints for a call of ``n`` new names: its
+    ``base_id`` (a UUID's text) with 1, 2, … n XORed into its last 64 bits. Below 4,096 only
+    the last three hex digits change: one format each."""
+    head, tail = base_id[:19], base_id[19:23] + base_id[24:]
+    if n < 4096:
+        prefix, bits = f"{head}{tail[:4]}-{tail[4:13]}", int(tail[13:], 16)
+        return [f"{prefix}{bits ^ i:03x}" for i in range(1, n + 1)]
+    low = int(tail, 16)
+    return [f"{head}{t[:4]}-{t[4:]}" for t in (f"{low ^ i:016x}" for i in range(1, n + 1))]
+
+
 def _all_scheduled(schedules: list[Schedule], txns: list[str], base_id: str,
-                   now: datetime) -> list[Outcome]:
+                   now: datetime) -> AllScheduled:
     """The outcomes of a bundle of new names, from queen.schedule_timer_list's short answer
     (attempt 0): timer i's message id is the call's base id with i XORed into its last 64
     bits, as the function minted it, and its due instant PostgreSQL's now() plus its delay
     (each distinct delay computed once), in the session's zone as psycopg reads instants."""
-    head, low = base_id[:19], int(base_id[19:23] + base_id[24:], 16)
     zone = now.tzinfo
     wall = zone is UTC or str(zone) in _ZERO_ZONES
     start = now if wall else now.astimezone(UTC)
     dues: dict[int, datetime] = {}
-    out = []
-    for i, (s, txn) in enumerate(zip(schedules, txns, strict=True), 1):
-        due = dues.get(s.delay_ms)
-        if due is None:
+    for s in schedules:
+        if s.delay_ms not in dues:
             due = start + timedelta(milliseconds=s.delay_ms)
-            dues[s.delay_ms] = due = due if wall else due.astimezone(zone)
-        tail = f"{low ^ i:016x}"
-        out.append(Outcome("scheduled", s.queue, s.key, txn, s.partition, due,
-                           f"{head}{tail[:4]}-{tail[4:]}"))
-    return out
+            dues[s.delay_ms] = due if wall else due.astimezone(zone)
+    out = [Outcome("scheduled", s.queue, s.key, txn, s.partition, dues[s.delay_ms], message_id)
+           for s, txn, message_id in zip(schedules, txns, xored_ids(base_id, len(schedules)),
+                                         strict=True)]
+    return AllScheduled(out, base_id, now)
 
 
 def _schedule_one(raw: DictConnection, tenant_id: int, s: Schedule,
