@@ -14,8 +14,9 @@ less), for a 500-message batch shaped as a burst's (timer frames, one fire insta
 * ``broker stream settle``: the same settlement as a stream's message (``seq`` added) read by
   the stream (api/stream.py ``_Stream._settlement``) and found whole, twice, as the stream
   asks (when it arrives, and when it is applied);
-* ``sdk stream settle``: 500 settlements owed to the stream message's bytes, as
-  ``PopStream.settle`` writes them (client/stream.py).
+* ``sdk stream settle``: 500 messages handled and completed to the stream message's bytes:
+  what the consumer owes for them (``ack_entry`` dicts, or since the stream takes them, the
+  messages themselves) and ``PopStream.settle``'s writing of it (client/stream.py).
 
 Run it against two checkouts to compare (``PYTHONPATH=<checkout> python -m bench.drain_path``).
 
@@ -74,7 +75,16 @@ class _Captured(sdk_stream.PopStream):
         self.sent = bytes(event.data)
 
 
-def sdk_stream_settle(stream: _Captured, entries: list[dict[str, Any]]) -> bytes:
+def owed_completed(messages: Any) -> list[Any]:
+    """What the checkout's consume() owes for ``messages`` handled and completed: the messages
+    themselves where the stream settles them so (``client.stream.Owed``), else their
+    ``ack_entry`` dicts."""
+    if hasattr(sdk_stream, "Owed"):
+        return list(messages)
+    return [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in messages]
+
+
+def sdk_stream_settle(stream: _Captured, entries: list[Any]) -> bytes:
     """``PopStream.settle``'s message for ``entries`` (its coroutine never waits here)."""
     step = stream.settle(1, entries)
     try:
@@ -129,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     owed = [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]
     settle_bytes = strict_json.dumps(calls.compact_acks(owed))
     captured = _Captured()
-    stream_bytes = sdk_stream_settle(captured, owed)
+    stream_bytes = sdk_stream_settle(captured, owed_completed(got.batch))
     held = broker_stream(batch)
     assert broker_stream_settle(held, stream_bytes), "the stream did not find the batch whole"
 
@@ -140,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "sdk settle": lambda: strict_json.dumps(calls.compact_acks(
             [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch])),
         "broker stream settle": lambda: broker_stream_settle(held, stream_bytes),
-        "sdk stream settle": lambda: sdk_stream_settle(captured, [
-            calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]),
+        "sdk stream settle": lambda: sdk_stream_settle(captured, owed_completed(got.batch)),
     }
     print(f"drain_path at {source_revision()}, {n} messages, load {load()}")
     for r in range(args.rounds):
