@@ -177,6 +177,22 @@ class PushResult:
                    r.offset, r.messageId)
 
 
+def _slot_maker(cls: type[T]) -> Any:
+    """A function taking every field of the frozen, slotted dataclass ``cls`` positionally
+    (in field order) and making an instance: its slots set through their descriptors, as the
+    class's own ``__init__`` sets them but without the frozen ``object.__setattr__`` per field
+    (a 12-field Message in 0.6 µs rather than 1.2: consume() makes one per message). Made
+    from the fields, as dataclasses makes ``__init__``; for classes without ``__post_init__``."""
+    assert not hasattr(cls, "__post_init__")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    scope.update({f"_set_{n}": getattr(cls, n).__set__ for n in names})
+    lines = [f"def make({', '.join(names)}):", "    o = _new(_cls)",
+             *(f"    _set_{n}(o, {n})" for n in names), "    return o"]
+    exec("\n".join(lines), scope)  # noqa: S102 - code made from field names only
+    return scope["make"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerMark:
     """On a message made by a timer: which timer, and the instant it was due."""
@@ -211,10 +227,16 @@ class Message:
         """``times``: instants already parsed, shared by the messages of one answer."""
         times = {} if times is None else times
         t = r.timer or None
-        mark = None if t is None else TimerMark(t["key"], _time(times, t.get("deliverAt")))
-        return cls(r.transactionId, r.partitionId, r.queue, r.partition, r.offset, r.leaseId,
-                   r.consumerGroup, r.data, _time(times, r.createdAt),  # type: ignore[arg-type]
-                   r.retryCount, mark, r.id)
+        mark = None if t is None else _make_mark(t["key"], _time(times, t.get("deliverAt")))
+        make: Any = _make_message if cls is Message else cls
+        made: Message = make(r.transactionId, r.partitionId, r.queue, r.partition, r.offset,
+                             r.leaseId, r.consumerGroup, r.data, _time(times, r.createdAt),
+                             r.retryCount, mark, r.id)
+        return made
+
+
+_make_mark = _slot_maker(TimerMark)
+_make_message = _slot_maker(Message)
 
 
 def _time(times: dict[str | None, datetime | None], text: str | None) -> datetime | None:
