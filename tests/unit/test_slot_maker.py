@@ -1,18 +1,23 @@
-"""The SDK's messages as consume() makes them from a pop's answer (client/models.py
-``Message.from_model``, which sets a frozen Message's slots without its ``__init__``): the same
-message, field for field, as the class's own constructor makes, and as frozen."""
+"""Frozen dataclasses made by setting their slots (queen_trio/slots.py) rather than by their
+``__init__``: the SDK's messages as consume() makes them from a pop's answer (client/models.py
+``Message.from_model``) and the broker's frames of a one-statement pop's answer
+(log/store.py ``_head_answer``) are the same, field for field, as their class's own
+constructor makes, and as frozen."""
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import uuid
 from datetime import UTC, datetime
 
 import msgspec
 import pytest
 
 from queen_trio.client.models import Batch, Message, TimerMark
+from queen_trio.log import rules, store
 from queen_trio.models import log as wire_log
+from queen_trio.slots import slot_maker
 
 ANSWER = {
     "success": True, "queue": "q", "partition": "Default",
@@ -59,3 +64,33 @@ def test_a_popped_message_is_the_one_its_constructor_makes() -> None:
     assert got[0].timer is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         got[0].timer.key = "other"  # type: ignore[misc]
+
+
+def test_a_frame_of_a_one_statement_pop_is_the_one_its_constructor_makes() -> None:
+    created = datetime(2026, 12, 4, 15, tzinfo=UTC)
+    pid, lease = uuid.uuid4(), uuid.uuid4()
+    meta = '{"messageId": "m-1", "timer": {"key": "k", "deliverAt": "2026-12-04T15:00:00Z"}}'
+    rows = [("messages", pid, "Default", lease, created, 7, "t-1", '{"k": 1}', created, meta,
+             None),
+            ("messages", None, None, None, None, 8, "t-2", None, created, None, None)]
+    outcome = store._head_answer(rules.pop_request("q", None, {}), rows)
+    assert outcome is not None and outcome.batch is not None
+    got = outcome.batch.messages
+    assert got == [
+        store.Message(7, "t-1", msgspec.Raw(b'{"k": 1}'), created, 0,
+                      {"messageId": "m-1", "timer": {"key": "k",
+                                                     "deliverAt": "2026-12-04T15:00:00Z"}}),
+        store.Message(8, "t-2", None, created, 0, None),
+    ]
+    assert all(type(m) is store.Message for m in got)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got[0].offset = 1  # type: ignore[misc]
+
+
+def test_a_maker_takes_every_field_in_order_and_no_more() -> None:
+    make = slot_maker(TimerMark)
+    assert make("k", None) == TimerMark("k", None)
+    with pytest.raises(TypeError):
+        make("k")
+    with pytest.raises(TypeError):
+        make("k", None, "extra")
