@@ -10,12 +10,19 @@ less), for a 500-message batch shaped as a burst's (timer frames, one fire insta
   read into acknowledgements (rules.ack_batch);
 * ``sdk decode``: the answer's bytes to the SDK's SettledPop (what consume() hands out), as
   the SDK's transport reads it;
+* ``sdk stream decode``: the same answer as the stream's message (``{"seq": n, "pop": ...}``)
+  to the batch consume() hands its workers (client/stream.py ``PopStream.receive``'s decoding,
+  then ``SettledPop.from_model``);
 * ``sdk settle``: 500 settlements owed (calls.ack_entry) to the request body's bytes;
+* ``sdk handle``: consume()'s own work around a handler that does nothing, per message of the
+  batch (client/consumer.py ``handle_batch``: the handler's call, what each message is owed),
+  under asyncio;
 * ``broker stream settle``: the same settlement as a stream's message (``seq`` added) read by
   the stream (api/stream.py ``_Stream._settlement``) and found whole, twice, as the stream
   asks (when it arrives, and when it is applied);
-* ``sdk stream settle``: 500 settlements owed to the stream message's bytes, as
-  ``PopStream.settle`` writes them (client/stream.py).
+* ``sdk stream settle``: 500 messages handled and completed to the stream message's bytes:
+  what the consumer owes for them (``ack_entry`` dicts, or since the stream takes them, the
+  messages themselves) and ``PopStream.settle``'s writing of it (client/stream.py).
 
 Run it against two checkouts to compare (``PYTHONPATH=<checkout> python -m bench.drain_path``).
 
@@ -31,13 +38,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
 from bench.harness.report import load, source_revision
 from queen_trio import strict_json
 from queen_trio.api import log as api_log
 from queen_trio.api import stream as api_stream
 from queen_trio.client import calls
 from queen_trio.client import stream as sdk_stream
-from queen_trio.client.models import AckStatus
+from queen_trio.client.models import AckStatus, SettledPop
 from queen_trio.log import rules, store
 from queen_trio.models import codec
 
@@ -74,7 +83,24 @@ class _Captured(sdk_stream.PopStream):
         self.sent = bytes(event.data)
 
 
-def sdk_stream_settle(stream: _Captured, entries: list[dict[str, Any]]) -> bytes:
+def sdk_stream_decode(raw: bytes) -> Any:
+    """A stream's batch message to what consume() hands a worker (client/stream.py
+    ``PopStream.receive``, client/consumer.py ``_Streaming.take``)."""
+    got = codec.fast(raw, sdk_stream._DECODE)
+    assert got is not codec.FALLBACK and got.pop is not None
+    return SettledPop.from_model(got.pop).batch
+
+
+def owed_completed(messages: Any) -> list[Any]:
+    """What the checkout's consume() owes for ``messages`` handled and completed: the messages
+    themselves where the stream settles them so (``client.stream.Owed``), else their
+    ``ack_entry`` dicts."""
+    if hasattr(sdk_stream, "Owed"):
+        return list(messages)
+    return [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in messages]
+
+
+def sdk_stream_settle(stream: _Captured, entries: list[Any]) -> bytes:
     """``PopStream.settle``'s message for ``entries`` (its coroutine never waits here)."""
     step = stream.settle(1, entries)
     try:
@@ -95,6 +121,27 @@ def broker_stream(batch: store.PopBatch) -> Any:
 def broker_stream_settle(stream: Any, raw: bytes) -> bool:
     seq, acks = stream._settlement(raw)
     return bool(stream._whole(seq, acks) and stream._whole(seq, acks))
+
+
+def sdk_handle_us(batch: Any, number: int) -> float:
+    """Best of 5: CPU microseconds per ``handle_batch`` of ``batch`` with a no-op handler."""
+    from queen_trio.client import consumer
+
+    async def timed() -> float:
+        loop = consumer._Loop(None, "q", lambda m: None,  # type: ignore[arg-type]
+                              group=None, batch=len(batch), partition=None, max_messages=None,
+                              idle_s=None, poll_s=2.0, renew=False)
+        worker = consumer._Worker(loop)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.process_time()
+            for _ in range(number):
+                await worker.handle_batch(batch)
+                worker.owed = []
+            best = min(best, time.process_time() - t0)
+        return best * 1e6 / number
+
+    return anyio.run(timed, backend="asyncio")
 
 
 def cpu_us(fn: Callable[[], Any], number: int) -> float:
@@ -124,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         return codec.encode(answer)
 
     answer_bytes = encode()
+    stream_message = b'{"seq":1,"pop":%s}' % answer_bytes
     settled = calls.settle_and_pop("q", [], group=None, partition=None, batch=n, wait=None)
     got = settled.parse(strict_json.loads(answer_bytes))
     owed = [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]
     settle_bytes = strict_json.dumps(calls.compact_acks(owed))
     captured = _Captured()
-    stream_bytes = sdk_stream_settle(captured, owed)
+    stream_bytes = sdk_stream_settle(captured, owed_completed(got.batch))
     held = broker_stream(batch)
     assert broker_stream_settle(held, stream_bytes), "the stream did not find the batch whole"
 
@@ -137,15 +185,16 @@ def main(argv: list[str] | None = None) -> int:
         "broker encode": encode,
         "broker acks": lambda: rules.ack_batch(strict_json.loads(settle_bytes)),
         "sdk decode": lambda: sdk_decode(settled, answer_bytes),
+        "sdk stream decode": lambda: sdk_stream_decode(stream_message),
         "sdk settle": lambda: strict_json.dumps(calls.compact_acks(
             [calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch])),
         "broker stream settle": lambda: broker_stream_settle(held, stream_bytes),
-        "sdk stream settle": lambda: sdk_stream_settle(captured, [
-            calls.ack_entry(m, AckStatus.COMPLETED, None) for m in got.batch]),
+        "sdk stream settle": lambda: sdk_stream_settle(captured, owed_completed(got.batch)),
     }
     print(f"drain_path at {source_revision()}, {n} messages, load {load()}")
     for r in range(args.rounds):
         cells = {name: cpu_us(fn, 20) / n for name, fn in steps.items()}
+        cells["sdk handle"] = sdk_handle_us(got.batch, 20) / n
         total = sum(cells.values())
         print(f"round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in cells.items())
               + f"; total {total:.2f} µs per message", flush=True)

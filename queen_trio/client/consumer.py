@@ -37,7 +37,7 @@ from . import calls
 from .durations import Duration, delay_ms, span_ms
 from .errors import ApiError, BrokerUnreachable, Conflict, NotFound, RateLimited, ServerError
 from .models import AckResult, AckStatus, Batch, Message, SettledPop
-from .stream import FromBroker, PopStream, StreamUnsupported
+from .stream import FromBroker, Owed, PopStream, StreamUnsupported
 
 if TYPE_CHECKING:
     from .async_client import Client
@@ -213,7 +213,8 @@ class _Handling:
 
     def begin(self, message: Message) -> None:
         self.message = message
-        self.settled.clear()  # what the previous message's handler settled is not this one's
+        if self.settled:  # what the previous message's handler settled is not this one's
+            self.settled.clear()
         self.status, self.error = AckStatus.COMPLETED, None
 
     def fail(self, exc: Exception) -> None:
@@ -223,10 +224,23 @@ class _Handling:
                     self.message.transaction_id, self.error, exc_info=exc)
 
 
+def _entries(owed: Sequence[Owed]) -> list[dict[str, Any]]:
+    """What is owed as ``ack_entry`` dicts (a message alone stands for its completion)."""
+    return [calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Message) else o
+            for o in owed]
+
+
+def _completions(owed: Sequence[Owed]) -> int:
+    return sum(1 for o in owed if isinstance(o, Message) or o["status"] == "completed")
+
+
 class _Worker:
     def __init__(self, loop: _Loop) -> None:
         self.loop = loop
-        self.owed: list[dict[str, Any]] = []  # settlements of the last batch, not yet sent
+        # Settlements of the last batch, not yet sent: a message handled and completed is owed
+        # as itself (its ``ack_entry`` dict is built only if a request needs it: the stream
+        # settles a batch completed whole by transactionIds alone), any other as its dict.
+        self.owed: list[Owed] = []
         self.holding = False                  # this worker holds the poll slot
         # The batch being handled, for the watchdog (slot hand-over, lease renewal): a task
         # that lives as long as the worker, so that a batch costs no task of its own before
@@ -275,7 +289,7 @@ class _Worker:
                     self.holding = True
                     if loop.stopping:
                         return
-            owed = self.owed
+            owed = _entries(self.owed)
             call = calls.settle_and_pop(
                 loop.queue, owed, group=loop.group, partition=loop.partition,
                 batch=loop.batch, wait=None if wait_s is None else max(1, int(wait_s * 1000)))
@@ -325,7 +339,8 @@ class _Worker:
                         handling.begin(message)
                         try:
                             result = handler(message)
-                            if inspect.isawaitable(result):
+                            # (a plain function's None: no look at what it is)
+                            if result is not None and inspect.isawaitable(result):
                                 await result
                         except Exception as exc:  # the message's failure; cancellation is not
                             handling.fail(exc)
@@ -392,15 +407,17 @@ class _Worker:
             counts["failed"] += 1
         if handling.settled and (message.partition_id, message.transaction_id) in handling.settled:
             counts["settled_by_handler"] += 1
-        else:
+        elif failed:
             self.owed.append(calls.ack_entry(message, handling.status, handling.error))
+        else:
+            self.owed.append(message)  # completed
         if loop.max_messages is not None and counts["handled"] >= loop.max_messages:
             loop.stop()
         return failed
 
     async def settle_now(self) -> None:
         """Send what is owed on its own (the loop is ending)."""
-        owed, self.owed = self.owed, []
+        owed, self.owed = _entries(self.owed), []
         try:
             results = await self.loop.client._call(calls.ack_batch(owed))
         except (ApiError, BrokerUnreachable) as exc:
@@ -652,7 +669,7 @@ class _StreamWorker(_Worker):
                     await stream.stop()
                 await stream.settle(seq, owed)
                 # Taken unless the broker says otherwise (_Streaming.take).
-                self.loop.count(completed=sum(1 for e in owed if e["status"] == "completed"))
+                self.loop.count(completed=_completions(owed))
                 return
             except BrokerUnreachable:
                 self.owed = owed

@@ -35,6 +35,8 @@ from ..models import codec
 from ..models import log as wire_log
 from . import calls
 from .errors import BrokerUnreachable, error_from_response
+from .models import AckStatus
+from .models import Message as Handled
 from .wire import Answer, Headers
 
 _CHUNK = 65536
@@ -58,22 +60,28 @@ class FromBroker(msgspec.Struct):
 _DECODE = msgspec.json.Decoder(FromBroker)
 
 
-def _completed_body(seq: int, entries: Sequence[dict[str, Any]]) -> bytes | None:
-    """The common settlement, every message completed under one lease, as
-    :func:`calls.compact_acks` writes it (partitionId, leaseId and consumerGroup once, each
-    message by its transactionId) in one pass over the entries; None for any other."""
-    if not entries:
+# What a consumer owes for a message it handled: its ``ack_entry`` dict, or the message itself
+# for a plain completion (queen_trio/client/consumer.py builds no dict for those).
+Owed = dict[str, Any] | Handled
+
+
+def _completed_body(seq: int, owed: Sequence[Owed]) -> bytes | None:
+    """The common settlement, every message completed under one lease (each owed as the
+    message itself), as :func:`calls.compact_acks` writes it (partitionId, leaseId and
+    consumerGroup once, each message by its transactionId) in one pass; None for any
+    other."""
+    if not owed:
         return None
-    first = entries[0]
-    pid, lease, group = first["partitionId"], first.get("leaseId"), first["consumerGroup"]
-    if lease is None:
+    first = owed[0]
+    if type(first) is not Handled or first.lease_id is None:
         return None
+    pid, lease, group = first.partition_id, first.lease_id, first.consumer_group
     txns = []
-    for e in entries:
-        if (len(e) != 5 or e["status"] != "completed" or e["leaseId"] != lease
-                or e["partitionId"] != pid or e["consumerGroup"] != group):
+    for m in owed:
+        if (type(m) is not Handled or m.lease_id != lease or m.partition_id != pid
+                or m.consumer_group != group):
             return None
-        txns.append({"transactionId": e["transactionId"]})
+        txns.append({"transactionId": m.transaction_id})
     return _ENCODE.encode({"partitionId": pid, "leaseId": lease, "consumerGroup": group,
                            "acknowledgments": txns, "seq": seq})
 
@@ -189,11 +197,14 @@ class PopStream:
                 self.closed = True
                 return None
 
-    async def settle(self, seq: int, entries: Sequence[dict[str, Any]]) -> None:
-        """Batch ``seq`` is done: its settlements (``ack_entry`` dicts; may be empty)."""
-        raw = _completed_body(seq, entries)
+    async def settle(self, seq: int, owed: Sequence[Owed]) -> None:
+        """Batch ``seq`` is done: its settlements (``ack_entry`` dicts, or a message for its
+        completion; may be empty)."""
+        raw = _completed_body(seq, owed)
         if raw is None:
-            body = calls.compact_acks(entries)
+            body = calls.compact_acks([
+                calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Handled) else o
+                for o in owed])
             body["seq"] = seq
             raw = _ENCODE.encode(body)
         await self._write(BytesMessage(raw))

