@@ -1490,7 +1490,12 @@ BEGIN
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
     PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
-    PERFORM set_config('synchronous_commit', v_commit, true);
+    IF p_settle_partition IS NOT NULL AND v_settled THEN
+        -- The acknowledgement may not be forgotten: the commit waits for the disk as the
+        -- caller's was set to (queen.settle_pop_head's own restore reads the setting after
+        -- the sweep, which turns it off when it only claims).
+        PERFORM set_config('synchronous_commit', v_commit, true);
+    END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,

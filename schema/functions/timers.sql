@@ -1202,8 +1202,11 @@ $fn$;
 -- and drained: the pop took fewer than its batch and nothing else of the queue is poppable for
 -- the group (queen.next_look), so that NOTIFY is no news to this pop. The queue is NOTIFYed
 -- once whatever happened (a transaction's identical NOTIFYs are delivered once): the broker
--- then knows which NOTIFY came from this sweep. The commit waits for the disk as the server
--- is configured (the pop asks it not to; the settlement and the fire may not be forgotten).
+-- then knows which NOTIFY came from this sweep. With a settlement applied, the commit waits
+-- for the disk as the server is configured (the pop asks it not to; the acknowledgement may
+-- not be forgotten); without one it is left as queen.sweep_timers_and_pop leaves it (the
+-- pop's lease turns the wait off for the whole transaction, the fire's too: the frame
+-- reaches an idle consumer a WAL flush sooner).
 CREATE OR REPLACE FUNCTION queen.sweep_settle_and_pop(
     p_lock_tenant integer, p_lock_queue text,
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
@@ -1246,7 +1249,12 @@ BEGIN
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
     PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
-    PERFORM set_config('synchronous_commit', v_commit, true);
+    IF p_settle_partition IS NOT NULL AND v_settled THEN
+        -- The acknowledgement may not be forgotten: the commit waits for the disk as the
+        -- caller's was set to (queen.settle_pop_head's own restore reads the setting after
+        -- the sweep, which turns it off when it only claims).
+        PERFORM set_config('synchronous_commit', v_commit, true);
+    END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
