@@ -40,7 +40,6 @@ async def test_a_steady_flow_settles_each_batch_in_the_sweep_that_pops_the_next(
 
     stats = await queen.consume("steady", handler, max_messages=n)
     waits = {k: v - waits_before.get(k, 0) for k, v in _fire_waits(broker).items()}
-    print(waits)
     assert sorted(handled) == sorted(f"t{i}" for i in range(n))  # each once
     assert (stats.handled, stats.completed, stats.ack_errors) == (n, n, 0)
     assert _acks_applied(broker)["completed"] - acks_before == n
