@@ -1457,7 +1457,7 @@ CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 0.001::float8 $$;
 
-CREATE FUNCTION queen.sweep_settle_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_after text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
+CREATE FUNCTION queen.sweep_settle_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_after text, p_ack_commit text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1491,10 +1491,10 @@ BEGIN
     END IF;
     PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
     IF p_settle_partition IS NOT NULL AND v_settled THEN
-        -- The acknowledgement may not be forgotten: the commit waits for the disk as the
-        -- caller's was set to (queen.settle_pop_head's own restore reads the setting after
-        -- the sweep, which turns it off when it only claims).
-        PERFORM set_config('synchronous_commit', v_commit, true);
+        -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
+        -- as the server is configured; queen.settle_pop_head's own restore reads the
+        -- setting after the sweep, which turns it off when it only claims).
+        PERFORM set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,

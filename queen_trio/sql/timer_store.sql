@@ -95,7 +95,7 @@ SELECT * FROM queen.sweep_settle_and_pop(%(lock_tenant)s, %(lock_queue)s, %(toke
                                          %(pop_partition)s, %(pop_batch)s,
                                          %(settle_partition)s::uuid, %(settle_lease)s::uuid,
                                          %(settle_from)s::bigint, %(settle_through)s::bigint,
-                                         %(after)s)
+                                         %(after)s, %(ack_commit)s)
 
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.

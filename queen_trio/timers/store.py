@@ -427,7 +427,7 @@ def sweep(
     max_payload: int,
     fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
     pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
-    drained: bool = False,
+    drained: bool = False, ack_sync: bool = True,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
@@ -454,14 +454,10 @@ def sweep(
         params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
                       pop_auto_ack=pop.auto_ack)
     query = Q.sweep if pop is None else Q.sweep_and_pop
-    if settle is not None:
+    if settle is not None or (drained and pop is not None):
         assert pop is not None and not pop.auto_ack
         assert fire_lock is not None
-        params.update(_settle_values(fire_lock.tenant_id, pop, settle))
-        query = Q.sweep_settle_and_pop
-    elif drained and pop is not None:
-        assert fire_lock is not None
-        params.update(_settle_values(fire_lock.tenant_id, pop, None))
+        params.update(_settle_values(fire_lock.tenant_id, pop, settle, ack_sync))
         query = Q.sweep_settle_and_pop
     rows = raw.cursor(row_factory=tuple_row).execute(
         query, params,
@@ -470,19 +466,22 @@ def sweep(
     return _swept(rows, pop)
 
 
-def _settle_values(tenant_id: int, pop: log_rules.PopRequest, batch: log_store.PopBatch | None
-                   ) -> dict[str, str | None]:
+def _settle_values(tenant_id: int, pop: log_rules.PopRequest, batch: log_store.PopBatch | None,
+                   ack_sync: bool) -> dict[str, str | None]:
     """The settlement parameters of Q.sweep_settle_and_pop, as text, in its order: batch
     ``batch`` settled whole (through its last offset; None: no settlement), then the pop in
-    the group's rotation (as the settlement's own pop would be)."""
+    the group's rotation (as the settlement's own pop would be); the settlement's commit
+    waits for the disk as the server is configured with ``ack_sync`` (a stream's settlements
+    commit as its pops do: QUEEN_POP_COMMIT), else not."""
+    after = log_rotation.start_after(tenant_id, pop.queue, pop.group)
+    commit = None if ack_sync else "off"
     if batch is None:
         return {"settle_partition": None, "settle_lease": None, "settle_from": None,
-                "settle_through": None,
-                "after": log_rotation.start_after(tenant_id, pop.queue, pop.group)}
+                "settle_through": None, "after": after, "ack_commit": commit}
     return {"settle_partition": str(batch.partition_id), "settle_lease": str(batch.lease_id),
             "settle_from": str(batch.messages[0].offset),
-            "settle_through": str(batch.messages[-1].offset),
-            "after": log_rotation.start_after(tenant_id, pop.queue, pop.group)}
+            "settle_through": str(batch.messages[-1].offset), "after": after,
+            "ack_commit": commit}
 
 
 _SWEEP = LoneStatement(Q.sweep)
@@ -495,14 +494,14 @@ assert _SWEEP_AND_POP.names == _SWEEP.names + ("pop_group", "pop_partition", "po
                                                "pop_auto_ack")
 assert _SWEEP_SETTLE_AND_POP.names == _SWEEP.names + (
     "pop_group", "pop_partition", "pop_batch", "settle_partition", "settle_lease",
-    "settle_from", "settle_through", "after")
+    "settle_from", "settle_through", "after", "ack_commit")
 
 
 async def sweep_lone(
     db: Database, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
     max_payload: int, not_before: float | None = None, fire_lock: NextDue | None = None,
     pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
-    drained: bool = False,
+    drained: bool = False, ack_sync: bool = True,
 ) -> SweepResult:
     """:func:`sweep` (firing) in autocommit, sent straight through libpq
     (:meth:`Database.lone_rows`): the same statement and answer for the sweeper's cycles on
@@ -522,7 +521,7 @@ async def sweep_lone(
         else:
             assert not pop.auto_ack
             values += [pop.group, pop.partition, str(pop.batch),
-                       *_settle_values(fire_lock.tenant_id, pop, settle).values()]
+                       *_settle_values(fire_lock.tenant_id, pop, settle, ack_sync).values()]
             statement = _SWEEP_SETTLE_AND_POP
     rows = await db.lone_rows(statement, values, binary=True)
     return _swept(rows, pop)
