@@ -159,7 +159,10 @@ async def run_broker(
                               log_store.wake_key(timer.tenant_id, timer.queue),
                               timer.partition,
                               timer.due, due_local),
-                          look_up_db=db, switches=switches)
+                          look_up_db=db, switches=switches,
+                          plan_fire=lambda timer, sent_at: wakeups.plan_fire(
+                              None if timer is None
+                              else log_store.wake_key(timer.tenant_id, timer.queue), sent_at))
         # Every long-lived service, started in this order (each ready before the next starts;
         # queen_trio/services.py says what a service is).
         services: tuple[Service, ...] = (

@@ -1457,6 +1457,54 @@ CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 0.001::float8 $$;
 
+CREATE FUNCTION queen.sweep_settle_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_after text, p_ack_commit text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_commit text := current_setting('synchronous_commit');
+    v_rows jsonb;
+    v_settled boolean := true;
+    v_drained boolean := false;
+    v_look float8;
+BEGIN
+    PERFORM pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
+                                                                       p_lock_queue));
+    RETURN QUERY SELECT s.*, NULL::jsonb
+                 FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                         p_fire, p_not_before) AS s;
+    IF p_settle_partition IS NOT NULL THEN
+        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+        FROM queen.settle_pop_head(p_lock_tenant, p_lock_queue, p_pop_group,
+                                   p_settle_partition, p_settle_lease, p_settle_from,
+                                   p_settle_through, p_pop_partition, p_pop_batch,
+                                   p_after) AS p;
+    END IF;
+    IF p_settle_partition IS NULL OR v_rows->0->>'outcome' = 'unsettled' THEN
+        v_settled := p_settle_partition IS NULL;
+        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+        FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                            p_pop_batch, false, p_after) AS p;
+    END IF;
+    IF v_rows->0->>'outcome' = 'messages' AND jsonb_array_length(v_rows) < p_pop_batch THEN
+        v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
+        v_drained := v_look IS NULL OR v_look > 0;
+    END IF;
+    PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
+    IF p_settle_partition IS NOT NULL AND v_settled THEN
+        -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
+        -- as the server is configured; queen.settle_pop_head's own restore reads the
+        -- setting after the sweep, which turns it off when it only claims).
+        PERFORM set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
+    END IF;
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
+           jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
+                              'drained', v_drained);
+END
+$$;
+
 CREATE FUNCTION queen.sweep_timers(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
     AS $$

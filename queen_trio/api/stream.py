@@ -47,7 +47,7 @@ from quart import Blueprint, Response, websocket
 
 from ..errors import ApiError, DatabaseUnavailable, RequestError, ValidationError
 from ..log import longpoll, rules, store
-from ..log.wakeups import ParkLimit, QueueWakeups
+from ..log.wakeups import DeferredSettle, ParkLimit, QueueWakeups, Watch
 from ..models import codec
 from .common import broker as _broker
 from .errors import error_response
@@ -67,6 +67,12 @@ DRAIN_S = 2.0
 # After sending a batch, how long the next pop waits for its settlement (the SDK's poll slot
 # is held as long: queen_trio/client/consumer.py SLOT_HOLD_S).
 SETTLE_HOLD_S = 0.02
+# A settlement whose next pop would find nothing waits for the sweeper's next cycle into the
+# queue (it applies the settlement with its pop: queen.sweep_settle_and_pop) if that cycle is
+# sent within SETTLE_CARRY_S, and at most SETTLE_CARRY_GRACE_S past its planned send; then
+# it is applied alone (with a look), as it would have been at once.
+SETTLE_CARRY_S = 0.025
+SETTLE_CARRY_GRACE_S = 0.005
 _CLOSE_NORMAL, _CLOSE_GOING_AWAY, _CLOSE_POLICY, _CLOSE_TRY_LATER = 1000, 1001, 1008, 1013
 # The database away (a failover, say): the stream ends, the consumer comes back after a backoff.
 _DB_TROUBLE = (DatabaseUnavailable, psycopg.OperationalError)
@@ -117,15 +123,20 @@ async def _open(queue: str, partition: str | None) -> Response | None:
 
 def _settle_whole_noted(raw: Any, wakeups: QueueWakeups, tenant: int, req: rules.PopRequest,
                         batch: store.PopBatch, acks: list[rules.Ack], pop: bool,
-                        sync_commit: bool) -> store.BatchSettled | None:
+                        sync_commit: bool, watch: Watch | None = None
+                        ) -> store.BatchSettled | None:
     """:func:`store.settle_pop_head`, its NOTIFY (sent unless the pop leased the same
     partition again) noted as this broker's own, as for an ack (api/log.py
-    ``_ack_head_noted``)."""
-    mark = wakeups.expect_own_notify(raw.info.backend_pid)
+    ``_ack_head_noted``). ``watch``: the stream's, told whether the pop drained the queue
+    for the stream (:meth:`_Stream._deferral`)."""
+    pid = raw.info.backend_pid
+    mark = wakeups.expect_own_notify(pid)
     key, news = None, True
     try:
         settled = store.settle_pop_head(raw, tenant, req, batch, acks, pop=pop,
-                                        sync_commit=sync_commit)
+                                        sync_commit=sync_commit, look_after=watch is not None)
+        if watch is not None and settled is not None:
+            _note_drained(watch, pid, batch, settled.popped)
         if settled is not None:
             popped = settled.popped
             again = popped is not None and popped.batch is not None and any(
@@ -140,6 +151,20 @@ def _settle_whole_noted(raw: Any, wakeups: QueueWakeups, tenant: int, req: rules
         return settled
     finally:
         wakeups.own_notify_sent(mark, key, news=news)
+
+
+def _note_drained(watch: Watch, pid: int, settled: store.PopBatch,
+                  popped: store.PopOutcome | None) -> None:
+    """After a settlement and the pop in its statement (queen.settle_pop_head, run by backend
+    ``pid``): whether that pop, taking fewer than its batch, left nothing else poppable for
+    the stream. Its NOTIFY (sent when it freed the settled partition for good) is then no
+    news to the stream; none is expected when it leased that partition again (-1: excuses
+    none)."""
+    got = None if popped is None else popped.batch
+    if (got is None or popped is None or not popped.looked or popped.more
+            or (popped.look_in_s is not None and popped.look_in_s <= 0)):
+        return
+    watch.drained_by = -1 if got.partition_id == settled.partition_id else pid
 
 
 class _Stream:
@@ -160,12 +185,23 @@ class _Stream:
         self.pending: tuple[int, list[rules.Ack]] | None = None
         # The last settlement read as completing its batch whole (_read_whole): (seq, acks).
         self.known_whole: tuple[int, list[rules.Ack]] | None = None
+        # What the pops of this stream know of the queue between two pops, and the
+        # settlement a pop carries for the sweep (seq, acks, the carried settlement) until
+        # it is applied (_carried).
+        self.watch: Watch | None = None
+        self.carried: tuple[int, list[rules.Ack], DeferredSettle] | None = None
 
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_settlements)
-                await self._pop_loop()
+                with self.broker.wakeups.watching(store.wake_key(self.tenant,
+                                                                 self.req.queue)) as watch:
+                    self.watch = watch
+                    try:
+                        await self._pop_loop()
+                    finally:
+                        self.watch = None
                 await self._settle_pending()
                 with trio.move_on_after(DRAIN_S):
                     while self.out:
@@ -198,7 +234,8 @@ class _Stream:
                 await self._wait_changed()
                 continue
             pending, self.pending = self.pending, None
-            first_look = None if pending is None else functools.partial(
+            deferral = None if pending is None else self._deferral(*pending)
+            first_look = None if pending is None or deferral is not None else functools.partial(
                 self._settle_then_look, *pending)
             # Not cut off by the consumer leaving: a pop cancelled inside PostgreSQL may have
             # taken a lease nobody would see; it ends when abandoned (only its sleep is cut
@@ -206,7 +243,8 @@ class _Stream:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout_s + 5):
                 try:
                     batches = await longpoll.pop_batches(self.broker, self.tenant, self.req,
-                                                         self.abandon, first_look)
+                                                         self.abandon, first_look,
+                                                         watch=self.watch, deferral=deferral)
                 except ParkLimit as limit:
                     await self._fail("too_many_waiting_pops", f"{limit.limit} pops wait "
                                      f"already ({limit.scope} bound); retry later",
@@ -312,7 +350,8 @@ class _Stream:
                          or self.broker.wakeups.stopping))
 
     async def _settle_whole(self, seq: int, acks: list[rules.Ack], *,
-                            pop: bool | None = None) -> store.BatchSettled | None:
+                            pop: bool | None = None, watch: Watch | None = None
+                            ) -> store.BatchSettled | None:
         """Batch ``seq`` completed whole (the common settlement): its acknowledgement as one
         offset commit, checked against the batch this stream holds rather than looked up
         frame by frame, and with ``pop`` the next pop in the same statement
@@ -328,7 +367,7 @@ class _Stream:
         tenant = self.tenant
         settled = await broker.db.run_autocommit(
             _settle_whole_noted, broker.wakeups, tenant, req, batch, acks, pop,
-            broker.settings.pop_commit_sync)
+            broker.settings.pop_commit_sync, watch if pop else None)
         if settled is None:
             return None
         broker.metrics.count_acks(tenant, (r.status for r in settled.results))
@@ -341,7 +380,9 @@ class _Stream:
         """The pop loop's first look after the consumer settled batch ``seq`` whole: the
         settlement and the look in one statement; else the settlement as usual, then the
         look."""
-        settled = await self._settle_whole(seq, acks, pop=True)
+        # (Whether the pop drains the queue for this stream: then its next settlement may
+        # wait for the sweep that pops for it.)
+        settled = await self._settle_whole(seq, acks, pop=True, watch=self.watch)
         if settled is None:
             results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
             self.out.pop(seq, None)
@@ -352,8 +393,59 @@ class _Stream:
                 return settled.popped
         return await longpoll.look(self.broker, self.tenant, self.req)
 
+    def _deferral(self, seq: int, acks: list[rules.Ack]) -> longpoll.Deferral | None:
+        """Batch ``seq``'s settlement (completed whole), carried by the next pop for the
+        sweep that pops for it, if that pop would find nothing now (the sweep that handed
+        the batch drained the queue for this group, and no news came since: the watch is
+        quiet) and the sweeper's next cycle into the queue is sent within SETTLE_CARRY_S.
+        None: settled at once, with a look, as usual."""
+        watch, wakeups = self.watch, self.broker.wakeups
+        if watch is None or not watch.quiet() or seq not in self.out:
+            return None
+        sent_at = wakeups.fire_planned(watch.key)
+        now = trio.current_time()
+        if sent_at is None or sent_at > now + SETTLE_CARRY_S:
+            return None
+        carried = DeferredSettle(self.out[seq][0], max(sent_at, now) + SETTLE_CARRY_GRACE_S,
+                                 functools.partial(self._carried_done, seq, acks))
+        self.carried = seq, acks, carried
+        return longpoll.Deferral(carried, functools.partial(self._carried_then_look, seq, acks),
+                                 functools.partial(self._carried_alone, seq, acks))
+
+    def _carried_done(self, seq: int, acks: list[rules.Ack], applied: bool | None) -> None:
+        """What the sweep that carried batch ``seq``'s settlement did with it (as it returns):
+        applied, it is settled (its acks counted as :meth:`_settle_whole` counts them)."""
+        if applied is not True:
+            return  # (the pop settles it as usual: longpoll.Deferral)
+        broker = self.broker
+        if self.carried is not None and self.carried[0] == seq:
+            self.carried = None
+        broker.metrics.count_acks(self.tenant, (a.status for a in acks))
+        broker.metrics.pop_fire_waits.labels("settled_by_fire").inc()
+        self.out.pop(seq, None)
+        self.changed.set()
+
+    async def _carried_then_look(self, seq: int, acks: list[rules.Ack]) -> store.PopOutcome:
+        """No sweep applied batch ``seq``'s carried settlement: as at once, with a look."""
+        self.carried = None
+        self.broker.metrics.pop_fire_waits.labels("settled_alone").inc()
+        return await self._settle_then_look(seq, acks)
+
+    async def _carried_alone(self, seq: int, acks: list[rules.Ack]) -> None:
+        """A sweep handed a batch without applying batch ``seq``'s carried settlement."""
+        self.carried = None
+        self.broker.metrics.pop_fire_waits.labels("settled_alone").inc()
+        results = await settle(acks, sync_commit=self.broker.settings.pop_commit_sync)
+        self.out.pop(seq, None)
+        await self._send_refused(seq, results)
+
     async def _settle_pending(self) -> None:
-        """A settlement handed to the pop loop that it did not get to: applied as usual."""
+        """A settlement handed to the pop loop that it did not get to, or one its pop carried
+        that no sweep applied (the pop failed): applied as usual."""
+        if self.carried is not None and self.carried[2].result is not True:
+            seq, acks, _ = self.carried
+            self.pending = seq, acks
+        self.carried = None
         pending, self.pending = self.pending, None
         if pending is not None:
             seq, acks = pending

@@ -9,6 +9,7 @@ reads the request and writes the answer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -23,11 +24,13 @@ from .segments import SegmentCache
 from .wakeups import (
     BACKGROUND_REASONS,
     HANDOVER_WAIT_S,
+    DeferredSettle,
     ExpectedFire,
     ParkedPop,
     ParkLimit,
     QueueWakeups,
     Waiter,
+    Watch,
 )
 
 
@@ -73,18 +76,38 @@ class Abandon:
 FirstLook = Callable[[], Awaitable[store.PopOutcome]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deferral:
+    """A stream's settlement that its pop carries for the sweep that pops for it
+    (:class:`~.wakeups.DeferredSettle`), with what the stream does instead if no sweep
+    applies it: ``first_look`` the settlement and a look (as at once, had it not waited), or
+    ``settle_alone`` when the sweep handed a batch without applying it."""
+
+    settle: DeferredSettle
+    first_look: FirstLook
+    settle_alone: Callable[[], Awaitable[None]]
+
+
 async def pop_batches(broker: PopBroker, tenant: int, req: rules.PopRequest,
                       abandon: Abandon | None = None,
-                      first_look: FirstLook | None = None) -> list[store.PopBatch]:
+                      first_look: FirstLook | None = None, *, watch: Watch | None = None,
+                      deferral: Deferral | None = None) -> list[store.PopBatch]:
     """The pop ``req`` of ``tenant``: one look, or with ``wait`` a long-poll
     (:func:`_wait_for_messages`); :class:`~.wakeups.ParkLimit` when it may not wait.
     ``abandon``: ends the wait early when told to. ``first_look``: the pop's first look
     instead of :func:`look` (a stream's settlement and the pop after it in one statement),
-    made after the pop has joined its lane (no wake-up after it goes unseen)."""
+    made after the pop has joined its lane (no wake-up after it goes unseen). ``watch``: a
+    stream's watch of its queue (a sweep that hands it a batch says whether it drained the
+    queue for it). ``deferral``: instead of a first look, the pop parks at once carrying a
+    settlement for the sweep that pops for it (:class:`Deferral`)."""
     if req.subscribe_from == rules.SUBSCRIBE_NOW:
         # The group's subscription instant, before it looks: what is pushed from now on is
         # new to it, whichever partition it lands in (store.subscribe).
         await broker.db.run_transaction(store.subscribe, tenant, req)
+    if not req.wait or req.timeout_ms == 0 or not head_served(req):
+        if deferral is not None:
+            first_look = deferral.first_look
+            deferral = None
     if not req.wait or req.timeout_ms == 0:
         outcome = await (first_look() if first_look is not None else look(broker, tenant, req))
         return _popped(broker.metrics, tenant, outcome)
@@ -92,7 +115,7 @@ async def pop_batches(broker: PopBroker, tenant: int, req: rules.PopRequest,
     with broker.wakeups.waiting(key, tenant, req) as waiter:
         return _popped(broker.metrics, tenant,
                        await _wait_for_messages(broker, tenant, req, key, waiter, abandon,
-                                                first_look))
+                                                first_look, watch, deferral))
 
 
 async def look(broker: PopBroker, tenant: int, req: rules.PopRequest,
@@ -124,7 +147,8 @@ async def look(broker: PopBroker, tenant: int, req: rules.PopRequest,
 
 async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopRequest, key: str,
                              waiter: Waiter, abandon: Abandon | None = None,
-                             first_look: FirstLook | None = None) -> store.PopOutcome:
+                             first_look: FirstLook | None = None, watch: Watch | None = None,
+                             deferral: Deferral | None = None) -> store.PopOutcome:
     """A pop with ``wait``: look, and while nothing comes, sleep until the lane wakes this pop
     (log/wakeups.py) or its timeout ends. Past the bounds on parked pops it is refused
     instead of waiting (:class:`~.wakeups.ParkLimit`)."""
@@ -134,9 +158,20 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
     parked: ParkedPop | None = None  # offered to the sweeper, while this pop waits
     # A lane whose last look found nothing, with no news since: join it without a look (a
     # client polling again after its timeout costs no query).
-    known_empty = waiter.lane_known_empty and first_look is None
+    known_empty = waiter.lane_known_empty and first_look is None and deferral is None
     outcome = store.PopOutcome(None)
+    if watch is not None:
+        # Known again once a sweep hands this pop a batch, or its first look (a settlement
+        # and a pop) takes one, having drained the queue for it; news counts from now on.
+        watch.reset()
     try:
+        if deferral is not None:
+            parked = await _carry_settlement(broker, tenant, req, key, waiter, deadline,
+                                             abandon, watch, deferral)
+            if not parked.reserved:
+                # No sweep took it: the stream settles now, and looks in the same statement.
+                parked.settle = None
+                first_look, deferral = deferral.first_look, None
         while True:
             reason = waiter.begin_look()  # a wake from now on means: look again
             if parked is not None and parked.reserved:
@@ -144,6 +179,15 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
                 # own transaction: wait for its answer rather than look ourselves.
                 handed = await _take_handover(wakeups, parked)
                 parked = None
+                if deferral is not None:
+                    if deferral.settle.result is not True:
+                        # The sweep did not apply it (or its fate is not known: a repeated
+                        # completion is no harm): the stream settles as usual.
+                        if handed is not None and handed.batch is not None:
+                            await deferral.settle_alone()
+                        else:
+                            first_look = deferral.first_look
+                    deferral = None
                 if handed is not None and handed.batch is not None:
                     waiter.served = True
                     return handed
@@ -174,7 +218,7 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
                 _park(broker, waiter)
                 metrics.longpoll_waiters.inc()
             if parked is None and head_served(req):
-                parked = ParkedPop(tenant, req, deadline, waiter=waiter)
+                parked = ParkedPop(tenant, req, deadline, waiter=waiter, watch=watch)
                 wakeups.offer(key, parked)
             if known_empty:
                 known_empty = False  # the lane's timer is set already
@@ -204,6 +248,37 @@ async def _wait_for_messages(broker: PopBroker, tenant: int, req: rules.PopReque
             wakeups.withdraw(parked)
         if waiter.parked:
             metrics.longpoll_waiters.dec()
+
+
+async def _carry_settlement(broker: PopBroker, tenant: int, req: rules.PopRequest, key: str,
+                            waiter: Waiter, deadline: float, abandon: Abandon | None,
+                            watch: Watch | None, deferral: Deferral) -> ParkedPop:
+    """Park at once, offered to the sweeper with the stream's settlement, without a look: the
+    stream knows there is nothing for it (its watch is quiet). Answers the offer once a sweep
+    has reserved it (that sweep applies the settlement), or when the settlement's time is up,
+    or on any news for the pop (a NOTIFY, its lane's timer, a shutdown, its consumer gone)
+    but the handing sweep's own NOTIFY."""
+    wakeups = broker.wakeups
+    _park(broker, waiter)
+    broker.metrics.longpoll_waiters.inc()
+    parked = ParkedPop(tenant, req, deadline, waiter=waiter, watch=watch,
+                       settle=deferral.settle)
+    wakeups.offer(key, parked)
+    waiter.begin_look()  # (what it knows is as of now: nothing came since the sweep looked)
+    while not (wakeups.stopping or (abandon is not None and abandon.abandoned)):
+        until = min(deadline, deferral.settle.until)
+        if abandon is None:
+            with trio.move_on_at(until):
+                await waiter.woken.wait()
+        else:
+            await abandon.sleep_until(until, waiter.woken)
+        if parked.reserved or not waiter.woken.is_set():
+            break
+        if waiter.reason == "notify" and watch is not None and watch.quiet():
+            waiter.begin_look()  # the handing sweep's own NOTIFY: no news to this pop
+            continue
+        break
+    return parked
 
 
 def head_served(req: rules.PopRequest) -> bool:

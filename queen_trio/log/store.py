@@ -864,12 +864,14 @@ def completes_whole(batch: PopBatch, acks: Sequence[Ack]) -> bool:
 
 def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch: PopBatch,
                     acks: Sequence[Ack], *, pop: bool,
-                    sync_commit: bool = True) -> BatchSettled | None:
+                    sync_commit: bool = True, look_after: bool = False) -> BatchSettled | None:
     """A batch this broker handed out, completed whole by ``acks``
     (:func:`completes_whole`), as one offset commit through its last offset while the cursor
     is as its pop left it, then (``pop``) the next pop of ``req`` (as :func:`pop_head`), in
     one statement that may run in autocommit. None when the acknowledgement's case needs
-    :func:`ack` (then nothing was changed). ``sync_commit`` as for :func:`pop_head`."""
+    :func:`ack` (then nothing was changed). ``sync_commit`` as for :func:`pop_head`.
+    ``look_after``: a pop that took messages says when to look again too (``look_in_s``, as
+    an empty one does: whether anything else is poppable for the group)."""
     rows = raw.cursor(row_factory=tuple_row).execute(
         Q.settle_pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": batch.group,
@@ -877,7 +879,8 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
          "from": batch.messages[0].offset, "through": batch.messages[-1].offset,
          "partition": req.partition, "batch": req.batch if pop else 0,
          "synchronous_commit": _commit_level(sync_commit),
-         "after": rotation.start_after(tenant_id, req.queue, req.group)},
+         "after": rotation.start_after(tenant_id, req.queue, req.group),
+         "look_after": look_after and pop},
     ).fetchall()
     if rows[0][0] == "unsettled":
         return None
@@ -885,7 +888,11 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
                          batch.partition, True, False, False) for a in acks]
     if not pop:
         return BatchSettled(results, None)
-    return BatchSettled(results, _rotated(tenant_id, _head_answer(req, rows)))
+    outcome = _head_answer(req, rows)
+    if look_after and outcome is not None and outcome.batch is not None:
+        first = next(r for r in rows if r[1] is not None)
+        outcome = dataclasses.replace(outcome, looked=True, look_in_s=first[10])
+    return BatchSettled(results, _rotated(tenant_id, outcome))
 
 
 def _where(a: Ack) -> str:

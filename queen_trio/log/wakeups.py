@@ -49,14 +49,14 @@ import dataclasses
 import heapq
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import trio
 
 from ..db import MISSED, Listener
 from .rules import PopRequest
-from .store import NOTIFY_CHANNEL, PopOutcome
+from .store import NOTIFY_CHANNEL, PopBatch, PopOutcome
 
 Reason = Literal["notify", "next", "due", "missed", "safety", "fire", "handover", "stop"]
 #: Looks that come to every lane at once, not because of anything known to have happened.
@@ -164,6 +164,55 @@ class Waiter:
 
 
 @dataclasses.dataclass(eq=False, slots=True)
+class Watch:
+    """What a streaming consumer's pop knows of its queue between two pops
+    (:meth:`QueueWakeups.watching`): the NOTIFYs of the queue heard since the sweeper reserved
+    it for a fire (the backend of each), and, once that fire's pop was handed to it, the
+    backend of that sweep if the sweep found nothing else poppable for it (``drained_by``).
+    Then the sweep's own NOTIFY of the queue (one per transaction) is no news to it, and
+    :meth:`quiet` says whether a look now would find nothing."""
+
+    key: str
+    heard: list[int | None] = dataclasses.field(default_factory=list)
+    drained_by: int | None = None
+
+    def reset(self) -> None:
+        """The sweeper is about to send the sweep that pops for this stream."""
+        self.heard.clear()
+        self.drained_by = None
+
+    def quiet(self) -> bool:
+        """Nothing can have become poppable for this stream's group since the sweep that
+        handed it its batch looked: that sweep drained the queue for it, and no NOTIFY of the
+        queue came since but that sweep's own (at most one)."""
+        by = self.drained_by
+        heard = self.heard
+        return by is not None and (not heard or (len(heard) == 1 and heard[0] == by))
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class DeferredSettle:
+    """A streaming consumer's settlement of the batch it was handed last (completed whole),
+    carried by its next pop while that pop waits parked: a sweep that pops for it applies the
+    settlement first, in the same statement (queen.sweep_settle_and_pop), so a consumer's cycle
+    under a steady flow costs one statement. It waits for a sweep only until ``until`` (trio
+    clock), and not past any news for the pop: then the stream applies it itself, with a
+    look, as it would have at once."""
+
+    batch: PopBatch
+    until: float
+    # Told once, at once, what the sweep that took it did: True applied, False not (its case
+    # needs the general ack; nothing was changed), None not known (the sweep failed).
+    done: Callable[[bool | None], None]
+    taken: bool = False  # a sweep carries it: only that sweep's outcome says what became of it
+    result: bool | None = None  # with ``done`` called: what it was told
+
+    def finish(self, result: bool | None) -> None:
+        self.result = result
+        self.done(result)
+
+
+@dataclasses.dataclass(eq=False, slots=True)
 class ParkedPop:
     """A long-poll parked on a queue that one pop statement can serve (one partition): the
     sweeper may reserve it for a timer about to fire there and hand it the fire's batch
@@ -178,6 +227,10 @@ class ParkedPop:
     handed: trio.Event = dataclasses.field(default_factory=trio.Event)
     outcome: PopOutcome | None = None  # with ``handed``: the sweep's pop (None: no answer)
     waiter: Waiter | None = None  # the waiting pop it stands for
+    # A stream's pop: what it knows of its queue, and the settlement the sweep that pops for
+    # it applies first (taken when it is reserved).
+    watch: Watch | None = None
+    settle: DeferredSettle | None = None
 
     @property
     def reserved(self) -> bool:
@@ -245,6 +298,10 @@ class QueueWakeups:
         self._expected: dict[str, ExpectedFire] = {}
         self._offers: dict[str, list[ParkedPop]] = {}
         self._own: dict[int, collections.deque[OwnNotify]] = {}  # by backend pid, oldest first
+        self._watches: dict[str, list[Watch]] = {}
+        # The sweeper's next cycle: the queue of the timer it fires first, and when it is
+        # sent (trio clock).
+        self._planned_fire: tuple[str, float] | None = None
         # Set when the broker begins to shut down: parked long-polls answer "nothing" at once.
         self.stopping = False
 
@@ -356,10 +413,30 @@ class QueueWakeups:
         whose partition filter admits ``partition``, when given). ``pid``: the backend that
         sent the NOTIFY; one this broker expected (:meth:`expect_own_notify`) wakes only the
         pops that looked before its change was committed."""
+        if reason in ("notify", "missed"):  # (not this broker's own "fire": no change yet)
+            watches = self._watches.get(key)
+            if watches is not None:
+                for watch in watches:
+                    if len(watch.heard) < 2:  # (two are news, whoever sent them)
+                        watch.heard.append(pid)
         before = None if pid is None or not self._own else self._own_notify(pid, key)
         for lane in self._lanes.get(key, {}).values():
             if partition is None or lane.partition in (None, partition):
                 self._wake_one(lane, reason, before)
+
+    @contextlib.contextmanager
+    def watching(self, key: str) -> Iterator[Watch]:
+        """A streaming consumer's :class:`Watch` of queue ``key``, for the block."""
+        watch = Watch(key)
+        self._watches.setdefault(key, []).append(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches.get(key)
+            if watches is not None:
+                watches.remove(watch)
+                if not watches:
+                    del self._watches[key]
 
     # -- NOTIFYs of this broker's own statements ----------------------------------------
     #
@@ -444,6 +521,17 @@ class QueueWakeups:
 
     # -- timer fires --------------------------------------------------------------------
 
+    def plan_fire(self, key: str | None, sent_at: float) -> None:
+        """The sweeper's next cycle is sent at ``sent_at`` (trio clock) and fires a timer
+        into queue ``key`` first (None: nobody knows which)."""
+        self._planned_fire = None if key is None else (key, sent_at)
+
+    def fire_planned(self, key: str) -> float | None:
+        """When the sweeper's next cycle, firing into queue ``key``, is sent (trio clock), if
+        one is planned for it."""
+        planned = self._planned_fire
+        return planned[1] if planned is not None and planned[0] == key else None
+
     def offer(self, key: str, pop: ParkedPop) -> None:
         """Offer a parked pop to the sweeper for the fires into its queue."""
         pop.key = key
@@ -487,6 +575,10 @@ class QueueWakeups:
                     and pop.req.partition in (None, partition)
                     and pop.deadline > due_local + _HANDOVER_MARGIN_S):
                 pop.due_local = due_local
+                if pop.watch is not None:
+                    pop.watch.reset()
+                if pop.settle is not None:
+                    pop.settle.taken = True  # (the sweep applies it)
                 if pop.waiter is not None:
                     pop.waiter.wake("handover")  # it waits for the hand-over, bounded
                 return pop
@@ -528,6 +620,9 @@ class QueueWakeups:
                     async for item in notifications:
                         if item is MISSED:
                             self._own.clear()  # their NOTIFYs may be among those lost
+                            for watches in self._watches.values():
+                                for watch in watches:
+                                    watch.heard.extend((None, None))  # news, whatever it was
                             self.notify_all("missed")  # anything may have changed meanwhile
                         else:
                             self.notify(item.payload, pid=item.pid)

@@ -135,8 +135,23 @@ FROM commit_level,
 -- name: settle_pop_head
 -- A stream's batch completed whole through its last offset, then (batch above 0) the next
 -- pop, in one statement (queen.settle_pop_head, schema/functions/log.sql); the answer as for
--- pop_head.
-{{pop_answer}}
+-- pop_head, but with %(look_after)s a pop that took messages says on its first row when to
+-- look again too (as an empty one does): the stream then knows whether anything else is
+-- poppable for it (api/stream.py, its settlement carried by the next sweep).
+WITH commit_level AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
+                      true))
+SELECT p.outcome, CASE WHEN p.ordinality = 1 THEN p.partition_id END AS partition_id,
+       CASE WHEN p.ordinality = 1 THEN p.partition END AS partition,
+       CASE WHEN p.ordinality = 1 THEN p.lease_id END AS lease_id,
+       CASE WHEN p.ordinality = 1 THEN p.lease_expires_at END AS lease_expires_at, p."offset",
+       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
+       CASE WHEN (p.outcome = 'empty' AND %(batch)s > 0)
+                 OR (p.outcome = 'messages' AND p.ordinality = 1 AND %(look_after)s)
+            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+       END AS look_in_s
+FROM commit_level,
      queen.settle_pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition_id)s,
                            %(lease_id)s, %(from)s, %(through)s, %(partition)s, %(batch)s,
                            %(after)s) WITH ORDINALITY AS p

@@ -86,6 +86,17 @@ SELECT * FROM queen.sweep_timers_and_pop(%(lock_tenant)s, %(lock_queue)s, %(toke
                                          %(fire)s, %(not_before)s::float8, %(pop_group)s,
                                          %(pop_partition)s, %(pop_batch)s, %(pop_auto_ack)s)
 
+-- name: sweep_settle_and_pop
+-- sweep_and_pop, the reserved pop carrying the settlement of the batch its stream was handed
+-- last: applied in the same transaction before the pop (queen.sweep_settle_and_pop).
+SELECT * FROM queen.sweep_settle_and_pop(%(lock_tenant)s, %(lock_queue)s, %(token)s,
+                                         %(broker)s, %(batch)s, %(lease_ms)s, %(max_payload)s,
+                                         %(fire)s, %(not_before)s::float8, %(pop_group)s,
+                                         %(pop_partition)s, %(pop_batch)s,
+                                         %(settle_partition)s::uuid, %(settle_lease)s::uuid,
+                                         %(settle_from)s::bigint, %(settle_through)s::bigint,
+                                         %(after)s, %(ack_commit)s)
+
 -- name: release_claim
 -- Transient trouble during a fire: hand the rows back at once instead of at lease expiry.
 UPDATE queen.timers SET visible_at = now(), claim_token = NULL, claimed_by = NULL

@@ -26,6 +26,7 @@ from ..db.bridge import LoneStatement
 from ..db.pool import Database
 from ..db.rows import DictConnection, one
 from ..db.transient import TRANSIENT_ERRORS, describe
+from ..log import rotation as log_rotation
 from ..log import rules as log_rules
 from ..log import store as log_store
 from ..sealing import PayloadCipher
@@ -435,13 +436,21 @@ class SweepResult:
     popped: log_store.PopOutcome | None = None
     # The timer due at next_due, and where it will land.
     upcoming: NextDue | None = None
+    # With a settlement carried by the pop (``sweep(settle=...)``): whether it was applied
+    # (False: its case needs the general ack; nothing of it was), the backend that ran the
+    # sweep (its NOTIFY of the pop's queue is the sweep's own), and whether the pop left
+    # nothing else poppable for its group (queen.sweep_settle_and_pop).
+    settled: bool | None = None
+    backend_pid: int | None = None
+    drained: bool = False
 
 
 def sweep(
     raw: DictConnection, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
     max_payload: int,
     fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
-    pop: log_rules.PopRequest | None = None,
+    pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
+    drained: bool = False, ack_sync: bool = True,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
@@ -453,7 +462,11 @@ def sweep(
     timer announced to its queue's parked pops) it holds that queue's fire lock until it
     commits (queen.sweep_timers_for, schema/functions/timers.sql). With ``pop`` as well (a
     pop parked on that queue, reserved for this fire), the same transaction then pops for it
-    (queen.sweep_timers_and_pop): the outcome comes back as ``popped``.
+    (queen.sweep_timers_and_pop): the outcome comes back as ``popped``. With ``settle`` too
+    (the batch that pop's stream was handed last, completed whole), that batch is settled
+    before the pop, in the same transaction (queen.sweep_settle_and_pop); that statement,
+    without a settlement, with ``drained`` (a stream's pop: the answer says whether the pop
+    left anything poppable for it).
     """
     params = {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
               "max_payload": max_payload, "fire": fire, "not_before": not_before,
@@ -463,26 +476,55 @@ def sweep(
         assert fire_lock is not None and fire_lock.queue == pop.queue
         params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
                       pop_auto_ack=pop.auto_ack)
+    query = Q.sweep if pop is None else Q.sweep_and_pop
+    if settle is not None or (drained and pop is not None):
+        assert pop is not None and not pop.auto_ack
+        assert fire_lock is not None
+        params.update(_settle_values(fire_lock.tenant_id, pop, settle, ack_sync))
+        query = Q.sweep_settle_and_pop
     rows = raw.cursor(row_factory=tuple_row).execute(
-        Q.sweep if pop is None else Q.sweep_and_pop, params,
+        query, params,
         binary=True,  # payloads come back as raw bytes, not hex text
     ).fetchall()
     return _swept(rows, pop)
 
 
+def _settle_values(tenant_id: int, pop: log_rules.PopRequest, batch: log_store.PopBatch | None,
+                   ack_sync: bool) -> dict[str, str | None]:
+    """The settlement parameters of Q.sweep_settle_and_pop, as text, in its order: batch
+    ``batch`` settled whole (through its last offset; None: no settlement), then the pop in
+    the group's rotation (as the settlement's own pop would be); the settlement's commit
+    waits for the disk as the server is configured with ``ack_sync`` (a stream's settlements
+    commit as its pops do: QUEEN_POP_COMMIT), else not."""
+    after = log_rotation.start_after(tenant_id, pop.queue, pop.group)
+    commit = None if ack_sync else "off"
+    if batch is None:
+        return {"settle_partition": None, "settle_lease": None, "settle_from": None,
+                "settle_through": None, "after": after, "ack_commit": commit}
+    return {"settle_partition": str(batch.partition_id), "settle_lease": str(batch.lease_id),
+            "settle_from": str(batch.messages[0].offset),
+            "settle_through": str(batch.messages[-1].offset), "after": after,
+            "ack_commit": commit}
+
+
 _SWEEP = LoneStatement(Q.sweep)
 _SWEEP_AND_POP = LoneStatement(Q.sweep_and_pop)
+_SWEEP_SETTLE_AND_POP = LoneStatement(Q.sweep_settle_and_pop)
 # The order sweep_lone sends its values in.
 assert _SWEEP.names == ("lock_tenant", "lock_queue", "token", "broker", "batch", "lease_ms",
                         "max_payload", "fire", "not_before")
 assert _SWEEP_AND_POP.names == _SWEEP.names + ("pop_group", "pop_partition", "pop_batch",
                                                "pop_auto_ack")
+assert _SWEEP_SETTLE_AND_POP.names == _SWEEP.names + (
+    "pop_group", "pop_partition", "pop_batch", "settle_partition", "settle_lease",
+    "settle_from", "settle_through", "after", "ack_commit")
 
 
 async def sweep_lone(
     db: Database, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
     max_payload: int, not_before: float | None = None, fire_lock: NextDue | None = None,
-    pop: log_rules.PopRequest | None = None,
+    pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
+    drained: bool = False, ack_sync: bool = True,
 ) -> SweepResult:
     """:func:`sweep` (firing) in autocommit, sent straight through libpq
     (:meth:`Database.lone_rows`): the same statement and answer for the sweeper's cycles on
@@ -493,10 +535,18 @@ async def sweep_lone(
         None if fire_lock is None else fire_lock.queue,
         str(token), broker, str(batch), str(lease_ms), str(max_payload), "t",
         None if not_before is None else repr(not_before)]
+    statement = _SWEEP
     if pop is not None:
         assert fire_lock is not None and fire_lock.queue == pop.queue
-        values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f"]
-    rows = await db.lone_rows(_SWEEP if pop is None else _SWEEP_AND_POP, values, binary=True)
+        if settle is None and not drained:
+            values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f"]
+            statement = _SWEEP_AND_POP
+        else:
+            assert not pop.auto_ack
+            values += [pop.group, pop.partition, str(pop.batch),
+                       *_settle_values(fire_lock.tenant_id, pop, settle, ack_sync).values()]
+            statement = _SWEEP_SETTLE_AND_POP
+    rows = await db.lone_rows(statement, values, binary=True)
     return _swept(rows, pop)
 
 
@@ -507,9 +557,15 @@ def _swept(rows: Sequence[Sequence[Any]], pop: log_rules.PopRequest | None) -> S
     claimed: list[Claimed] = []
     next_due = db_now = None
     popped = upcoming = None
+    settled = pid = None
+    drained = False
     for r in rows:
         if pop is not None and r[14] is not None:
-            popped = log_store.head_outcome_from_json(pop, r[14]) if r[14] else None
+            answer = r[14]
+            if isinstance(answer, dict):  # (queen.sweep_settle_and_pop)
+                settled, pid, drained = answer["settled"], answer["pid"], answer["drained"]
+                answer = answer["rows"]
+            popped = log_store.head_outcome_from_json(pop, answer) if answer else None
             db_now = r[13]  # read after the pop: the statement's true end
         elif r[0]:
             fired.append((r[1], r[9]))
@@ -521,7 +577,7 @@ def _swept(rows: Sequence[Sequence[Any]], pop: log_rules.PopRequest | None) -> S
             claimed.append(Claimed(*r[1:12]))
     claimed.sort(key=lambda c: c.due_at)
     assert db_now is not None, "sweep_timers always answers its clock row"
-    return SweepResult(fired, claimed, next_due, db_now, popped, upcoming)
+    return SweepResult(fired, claimed, next_due, db_now, popped, upcoming, settled, pid, drained)
 
 
 def claim(raw: DictConnection, token: uuid.UUID, broker: str, batch: int,

@@ -189,6 +189,7 @@ class Sweeper:
         announce_fire: Callable[[store.NextDue, float], ParkedPop | None] | None = None,
         look_up_db: Database | None = None,
         switches: RuntimeSwitches | None = None,
+        plan_fire: Callable[[store.NextDue | None, float], None] | None = None,
     ) -> None:
         self._db = db
         # timers_fire_enabled: while an operator has it off, this sweeper fires nothing.
@@ -202,6 +203,11 @@ class Sweeper:
         # it), or None, and then the pops parked there wait for the frame in PostgreSQL
         # (queen.pop_head_after).
         self._announce_fire = announce_fire if settings.pop_fire_wait_ms > 0 else None
+        # Told, as each cycle is planned, the timer it will fire first (as the last sweep saw
+        # it, None if not known) and when its statement will be sent (trio clock): a streaming
+        # consumer's settlement waits that long for the sweep that pops for it
+        # (queen_trio/api/stream.py).
+        self._plan_fire = plan_fire if self._announce_fire is not None else None
         # Where the look-up for an announcement runs: not on the sweeper's own connections,
         # so a look-up that is cut short never costs the sweep its connection.
         self._look_up_db = look_up_db or db
@@ -283,6 +289,8 @@ class Sweeper:
                     announced = dataclasses.replace(
                         announced, due=self._db_instant(trio.current_time()) + _FLOOR_ANNOUNCE_S)
                 handover = self._announce_fire(announced, start_at)
+            if self._plan_fire is not None:
+                self._plan_fire(None, start_at)  # (sent: the next is planned when it returns)
             try:
                 with self._fire_mark():
                     result = await self._cycle(not_before=not_before, announced=announced,
@@ -317,6 +325,10 @@ class Sweeper:
             )
             if full:
                 continue
+            if self._plan_fire is not None:
+                floor = floored(plan, last_start, self._min_sleep)
+                self._plan_fire(floor.upcoming, floor.start_at - (
+                    _EARLY_SEND_S if floor.due_db is None else 0.0))
             if plan.look_ahead:
                 plan = await self._sleep_and_look_up(notifications, plan)
             elif plan.start_at <= last_start + self._min_sleep:
@@ -418,21 +430,33 @@ class Sweeper:
             await self._db.run_transaction(store.release, self._unreleased[0])
             self._unreleased.pop(0)
         token = uuid.uuid4()
+        # A settlement the reserved pop carries (a stream's last batch, completed whole): the
+        # sweep applies it before its pop.
+        settle = None if handover is None else handover.settle
         try:
-            swept = await self._sweep(token, not_before, announced, for_timer, handover)
+            swept = await self._sweep(token, not_before, announced, for_timer, handover,
+                                      None if settle is None else settle.batch,
+                                      drained=handover is not None and handover.watch is not None)
         except BaseException as exc:
             if isinstance(exc, TRANSIENT):
                 # The sweep may have committed a claim whose answer never came back (the
                 # server died after the commit, or a failover): hand the rows back at the next
                 # cycle rather than leave them to wait out the lease.
                 self._unreleased.append(token)
+            if settle is not None:
+                settle.finish(None)  # not known: the stream settles as usual (a repeat is no harm)
             if handover is not None:
                 # No answer: the pop pops for itself. (A pop the fire's commit leased to it
                 # before the answer was lost gets its batch again when the lease expires.)
                 handover.hand(None)
             raise
         if handover is not None:
-            await self._hand_over(handover, swept[0][0].popped)
+            first = swept[0][0]
+            if settle is not None:
+                settle.finish(first.settled)
+            if handover.watch is not None and first.drained:
+                handover.watch.drained_by = first.backend_pid
+            await self._hand_over(handover, first.popped)
         self._cycles += len(swept) - 1
         for result, returned_at in swept:
             self._offset_bounds.append(result.db_now - returned_at)
@@ -449,6 +473,7 @@ class Sweeper:
     async def _sweep(self, token: uuid.UUID, not_before: float | None,
                      announced: store.NextDue | None, for_timer: bool,
                      handover: ParkedPop | None = None,
+                     settle: log_store.PopBatch | None = None, *, drained: bool = False,
                      ) -> list[tuple[SweepResult, float]]:
         # The sweep is a single statement: it runs in autocommit (its own transaction; a fire
         # inside it is committed or rolled back as a whole, even if we are cancelled).
@@ -462,16 +487,17 @@ class Sweeper:
             # through libpq (store.sweep_lone): psycopg's cursor path cost the broker twice the
             # CPU of the statement's whole trip (issue 32). A backlog found here is drained by
             # the next cycles, in a worker thread.
-            return [await self._sweep_lone(token, not_before, announced, req)]
+            return [await self._sweep_lone(token, not_before, announced, req, settle, drained)]
         async with self._db.connection() as conn:
             # The last sweep came back full (a backlog): in a worker thread, where a drain
             # runs sweeps back to back without queueing behind HTTP tasks for the event
             # loop, and each return is timed where it happens.
             return await conn.run_raw_in_thread(self._sweep_at, not_before, token, announced,
-                                                req)
+                                                req, settle, drained)
 
     async def _sweep_lone(self, token: uuid.UUID, not_before: float | None,
-                          announced: store.NextDue | None, pop: PopRequest | None
+                          announced: store.NextDue | None, pop: PopRequest | None,
+                          settle: log_store.PopBatch | None = None, drained: bool = False,
                           ) -> tuple[SweepResult, float]:
         """One sweep, from this task (see :meth:`_sweep_at`), answered with the local time it
         returned."""
@@ -479,7 +505,8 @@ class Sweeper:
         batch = self._batch
         result = await store.sweep_lone(self._db, token, self.owner, batch, s.sweeper_lease_ms,
                                         max_payload=self._max_payload, not_before=not_before,
-                                        fire_lock=announced, pop=pop)
+                                        fire_lock=announced, pop=pop, settle=settle,
+                                        drained=drained, ack_sync=s.pop_commit_sync)
         returned_at = time.time()
         self._next_batch_after(batch, result)
         return result, returned_at
@@ -493,6 +520,7 @@ class Sweeper:
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
         announced: store.NextDue | None = None, pop: PopRequest | None = None,
+        settle: log_store.PopBatch | None = None, drained: bool = False,
     ) -> list[tuple[SweepResult, float]]:
         """Sweep in the worker thread, after a sweep came back full (the first statement waits
         for ``not_before`` in the backend). A full batch fired by PostgreSQL means a backlog:
@@ -506,10 +534,12 @@ class Sweeper:
             batch = self._batch
             result = store.sweep(raw, token, self.owner, batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
-                                 fire_lock=announced, pop=pop)
+                                 fire_lock=announced, pop=pop, settle=settle,
+                                 drained=drained, ack_sync=s.pop_commit_sync)
             swept.append((result, time.time()))
             self._next_batch_after(batch, result)
-            not_before = announced = pop = None
+            not_before = announced = pop = settle = None
+            drained = False
             if (len(result.fired) < batch or result.rows or time.monotonic() >= slice_ends
                     or not self._fire_on()):
                 # (An operator's pause stops a drain between two sweeps: the flip's answer

@@ -1184,6 +1184,86 @@ BEGIN
 END
 $fn$;
 
+-- queen.sweep_timers_and_pop for a streaming consumer's pop that also carries the settlement of
+-- the batch it was handed last (queen_trio/api/stream.py): that batch completed whole, applied
+-- as queen.settle_pop_head applies it (the offset commit through p_settle_through while the
+-- cursor is as the batch's pop left it), then the pop, all in the fire's transaction. Under a
+-- steady flow a consumer's cycle is then one statement (the fire, the last batch's settlement
+-- and the next batch), not two (the fire and pop, then the settlement and a pop that finds
+-- nothing and parks). The settlement waits for this sweep only briefly: the broker applies it
+-- alone if no sweep takes it within milliseconds.
+--
+-- Without a settlement (p_settle_partition NULL) it is the pop alone, for a stream's pop
+-- whose settlement went its own way: the answer below says whether it drained the queue.
+--
+-- The last row's popped is an object: rows (queen.pop_head's rows, or queen.settle_pop_head's),
+-- settled (false: the settlement's case needs the broker's general ack, nothing of it was
+-- applied and the pop ran alone), pid (this backend: the queue's NOTIFY below comes from it),
+-- and drained: the pop took fewer than its batch and nothing else of the queue is poppable for
+-- the group (queen.next_look), so that NOTIFY is no news to this pop. The queue is NOTIFYed
+-- once whatever happened (a transaction's identical NOTIFYs are delivered once): the broker
+-- then knows which NOTIFY came from this sweep. With a settlement applied, the commit waits
+-- for the disk as the broker's settlements of a stream do (p_ack_commit: 'off' under
+-- QUEEN_POP_COMMIT=async, NULL as the server is configured); without one it is left as
+-- queen.sweep_timers_and_pop leaves it (the pop's lease turns the wait off for the whole
+-- transaction, the fire's too: the frame reaches an idle consumer a WAL flush sooner).
+CREATE OR REPLACE FUNCTION queen.sweep_settle_and_pop(
+    p_lock_tenant integer, p_lock_queue text,
+    p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
+    p_fire boolean, p_not_before float8,
+    p_pop_group text, p_pop_partition text, p_pop_batch integer,
+    p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint,
+    p_settle_through bigint, p_after text, p_ack_commit text)
+RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
+               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
+               deliver_at timestamptz, attempts integer, due_at timestamptz,
+               next_due float8, db_now float8, popped jsonb)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_commit text := current_setting('synchronous_commit');
+    v_rows jsonb;
+    v_settled boolean := true;
+    v_drained boolean := false;
+    v_look float8;
+BEGIN
+    PERFORM pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
+                                                                       p_lock_queue));
+    RETURN QUERY SELECT s.*, NULL::jsonb
+                 FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                         p_fire, p_not_before) AS s;
+    IF p_settle_partition IS NOT NULL THEN
+        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+        FROM queen.settle_pop_head(p_lock_tenant, p_lock_queue, p_pop_group,
+                                   p_settle_partition, p_settle_lease, p_settle_from,
+                                   p_settle_through, p_pop_partition, p_pop_batch,
+                                   p_after) AS p;
+    END IF;
+    IF p_settle_partition IS NULL OR v_rows->0->>'outcome' = 'unsettled' THEN
+        v_settled := p_settle_partition IS NULL;
+        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+        FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                            p_pop_batch, false, p_after) AS p;
+    END IF;
+    IF v_rows->0->>'outcome' = 'messages' AND jsonb_array_length(v_rows) < p_pop_batch THEN
+        v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
+        v_drained := v_look IS NULL OR v_look > 0;
+    END IF;
+    PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
+    IF p_settle_partition IS NOT NULL AND v_settled THEN
+        -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
+        -- as the server is configured; queen.settle_pop_head's own restore reads the
+        -- setting after the sweep, which turns it off when it only claims).
+        PERFORM set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
+    END IF;
+    RETURN QUERY
+    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
+           NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
+           jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
+                              'drained', v_drained);
+END
+$fn$;
+
 -- The broker's half of a fire, for rows it claimed: deletes those still carrying its claim
 -- token and appends their frames (payload texts decompressed by the broker), in one
 -- statement. Answers the keys it fired; the others were taken over after the lease expired.

@@ -1,0 +1,62 @@
+"""What a streaming consumer's pop knows of its queue between two pops
+(queen_trio/log/wakeups.py ``Watch``), which decides whether its settlement may wait for the
+sweep that pops for it: only the handing sweep's own NOTIFY is no news."""
+
+from __future__ import annotations
+
+import uuid
+
+from queen_trio.log.rules import PopRequest
+from queen_trio.log.store import PopBatch
+from queen_trio.log.wakeups import DeferredSettle, ParkedPop, QueueWakeups
+
+
+def _req() -> PopRequest:
+    return PopRequest(queue="q", partition=None, group="g", batch=10, wait=True,
+                      timeout_ms=5000, auto_ack=False)
+
+
+async def test_only_the_handing_sweeps_own_notify_keeps_a_watch_quiet() -> None:
+    wakeups = QueueWakeups()
+    with wakeups.watching("1:q") as watch, wakeups.watching("1:other") as other:
+        assert not watch.quiet()  # nothing known yet
+        watch.drained_by = 42  # a sweep on backend 42 handed a batch, draining the queue
+        assert watch.quiet()
+        wakeups.notify("1:q", pid=42)  # that sweep's own NOTIFY
+        assert watch.quiet() and other.heard == []
+        wakeups.notify("1:q", pid=42)  # a second one from that backend: a later statement
+        assert not watch.quiet()
+        watch.reset()
+        assert not watch.quiet() and watch.heard == []
+        watch.drained_by = 42
+        wakeups.notify("1:q", pid=7)  # anyone else's
+        assert not watch.quiet()
+        watch.reset()
+        watch.drained_by = -1  # drained, and no NOTIFY of its own expected
+        wakeups.notify("1:q", pid=42)
+        assert not watch.quiet()
+        # The broker's own announcement of a fire is no NOTIFY: no news yet.
+        watch.reset()
+        watch.drained_by = 42
+        wakeups.expect_fire("1:q", "p", 0.0, 0.0)
+        assert watch.quiet()
+    assert wakeups._watches == {}
+
+
+async def test_the_sweep_reserving_a_pop_takes_its_settlement_and_resets_its_watch() -> None:
+    wakeups = QueueWakeups()
+    batch = PopBatch("q", "p", uuid.uuid4(), "g", uuid.uuid4(), None, [])
+    told: list[bool | None] = []
+    settle = DeferredSettle(batch, 1.0, told.append)
+    with wakeups.watching("1:q") as watch, wakeups.waiting("1:q", 1, _req()):
+        watch.heard.append(5)
+        pop = ParkedPop(1, _req(), deadline=100.0, watch=watch, settle=settle)
+        wakeups.offer("1:q", pop)
+        wakeups.plan_fire("1:q", 3.0)
+        assert wakeups.fire_planned("1:q") == 3.0 and wakeups.fire_planned("1:x") is None
+        assert wakeups.announce_fire("1:q", "p", 10.0, 10.0) is pop
+        assert settle.taken and watch.heard == []
+        settle.finish(True)
+        assert told == [True] and settle.result is True
+        wakeups.plan_fire(None, 0.0)
+        assert wakeups.fire_planned("1:q") is None
