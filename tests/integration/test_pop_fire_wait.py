@@ -170,6 +170,37 @@ async def _metric(http: httpx.AsyncClient, result: str) -> float:
     return 0.0
 
 
+async def _gauge(http: httpx.AsyncClient, name: str) -> float:
+    """A metric without labels (or the sum of its samples), from /metrics."""
+    return sum(float(line.split()[-1]) for line in (await http.get("/metrics")).text.splitlines()
+               if line.startswith((f"{name} ", f"{name}{{")))
+
+
+async def _gauge_is(http: httpx.AsyncClient, name: str, value: float, *,
+                    at_least: bool = False) -> bool:
+    got = await _gauge(http, name)
+    return got >= value if at_least else got == value
+
+
+async def _until(what: str, holds: Any, limit_s: float = 15.0) -> None:
+    """Wait for a state the broker shows (a pop parked, a sweep held up), however loaded the
+    machine: up to ``limit_s``."""
+    with trio.move_on_after(limit_s):
+        while not await holds():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"not seen within {limit_s} s: {what}")
+
+
+def _sweep_popping_held_up(conn: DictConnection) -> bool:
+    """The sweep that pops for a reserved pop (queen.sweep_timers_and_pop) waits for a lock:
+    the sweeper reserved the parked pop for the fire, and the fire is held up."""
+    return conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE '%%sweep%%_and_pop(%%'"
+    ).fetchone()["n"] > 0
+
+
 async def _ack(http: httpx.AsyncClient, message: dict[str, Any]) -> httpx.Response:
     return await http.post("/api/v1/ack", json={
         "transactionId": message["transactionId"], "partitionId": message["partitionId"],
@@ -270,16 +301,27 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
                 answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "15000"})
 
             assert settings.database_url is not None
-            with connect(settings.database_url) as holder:
+            with connect(settings.database_url) as holder, \
+                    connect(settings.database_url) as watcher:
                 nursery.start_soon(parked_pop)
-                await trio.sleep(0.1)
+                await _until("the pop parked",
+                             lambda: _gauge_is(http, "queen_longpoll_waiters", 1))
+                looks = await _gauge(http, "queen_longpoll_looks_total")
                 put = await http.put("/api/v1/timers/q/late", json={"delayMs": 300,
                                                                     "payload": "late"})
                 assert put.status_code == 200
                 with holder.transaction():
                     # The fire's append waits for the partition: the sweep is held up.
                     holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
-                    await trio.sleep(0.3 + HANDOVER_WAIT_S + 0.5)
+                    await _until("the sweep popping for the reserved pop, held up",
+                                 lambda: trio.to_thread.run_sync(_sweep_popping_held_up,
+                                                                 watcher))
+                    # HANDOVER_WAIT_S after the due instant the pop stops waiting for the
+                    # sweep and looks itself (counted as a parked pop's look).
+                    await trio.sleep(HANDOVER_WAIT_S)
+                    await _until("the reserved pop gave up on the hand-over", lambda: _gauge_is(
+                        http, "queen_longpoll_looks_total", looks + 1, at_least=True))
+                    await trio.sleep(0.2)
                     assert "pop" not in answer
                     held_until = time.monotonic()
             with trio.fail_after(10):
@@ -360,7 +402,8 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
             await _give_the_group_a_cursor(http, q)
             leaving = trio.CancelScope()
             assert settings.database_url is not None
-            with connect(settings.database_url) as holder:
+            with connect(settings.database_url) as holder, \
+                    connect(settings.database_url) as watcher:
 
                 async def parked_pop() -> None:
                     async with httpx.AsyncClient(base_url=handle.url, timeout=20) as own:
@@ -368,21 +411,26 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
                             await own.get(q, params={"wait": "true", "timeout": "15000"})
 
                 nursery.start_soon(parked_pop)
-                await trio.sleep(0.1)
+                await _until("the pop parked",
+                             lambda: _gauge_is(http, "queen_longpoll_waiters", 1))
                 put = await http.put("/api/v1/timers/q/orphan", json={"delayMs": 300,
                                                                       "payload": "orphan"})
                 assert put.status_code == 200
                 with holder.transaction():
                     holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
-                    await trio.sleep(0.5)  # reserved, and the fire is held up
+                    await _until("the sweep popping for the reserved pop, held up",
+                                 lambda: trio.to_thread.run_sync(_sweep_popping_held_up,
+                                                                 watcher))
                     leaving.cancel()  # the consumer hangs up (its connection closes)
-                    await trio.sleep(0.2)
-            with trio.fail_after(5):
+                    await _until("the broker saw the consumer leave",
+                                 lambda: _gauge_is(http, "queen_longpoll_waiters", 0))
+            with trio.fail_after(10):
                 while await _metric(http, "handed_back") < 1:
                     await trio.sleep(0.02)
             took = time.monotonic()
             again = await http.get(q, params={"wait": "true", "timeout": "5000"})
-            assert time.monotonic() - took < 1.0
+            # At once (without the hand-back: nothing, at the end of the 5 s wait).
+            assert time.monotonic() - took < 3.0
             (message,) = again.json()["messages"]
             assert message["data"] == "orphan" and message["retryCount"] == 0
             assert await _metric(http, "handed_over") == 1
