@@ -467,7 +467,9 @@ def impatient_broker(databases: Databases) -> Iterator[BrokerProcess]:
 def _trickle_until_closed(port: int, first: bytes, rest: bytes, limit_s: float
                           ) -> tuple[float, bytes]:
     """Send ``first``, then ``rest`` one byte every 100 ms; (seconds until the broker ended the
-    connection, what it answered)."""
+    connection, what it answered). A reset is an end too: a connection cut off while bytes
+    the broker never read were in its buffer is reset by the kernel, and whether one arrives
+    before the cut-off is timing."""
     started = time.monotonic()
     got = b""
     with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as s:
@@ -483,6 +485,8 @@ def _trickle_until_closed(port: int, first: bytes, rest: bytes, limit_s: float
                     break  # answered
             except TimeoutError:
                 pass
+            except ConnectionResetError:
+                break  # closed by the broker
             try:
                 s.send(bytes([b]))
             except OSError:
