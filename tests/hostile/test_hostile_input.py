@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import statistics
 import string
 import threading
 import time
@@ -72,6 +73,11 @@ timer_bodies = st.fixed_dictionaries({}, optional={
 }) | json_values
 
 
+# Keys a generated schedule was accepted for: hypothesis replays examples, and a timer of an
+# earlier run of one (a negative delay: due at once) may be firing at that moment.
+_SCHEDULED_KEYS: set[str] = set()
+
+
 @FUZZ
 @given(key=names, body=timer_bodies)
 def test_generated_timer_schedules_answer_json_and_round_trip(
@@ -86,6 +92,11 @@ def test_generated_timer_schedules_answer_json_and_round_trip(
         assert_error(r, 400, 403, 404, 413)
         return
     answer = r.json()
+    if answer["status"] == "too_late":
+        # Replacing a timer while it fires: only one this test scheduled before can be.
+        assert key in _SCHEDULED_KEYS and answer["timerKey"] == key, answer
+        return
+    _SCHEDULED_KEYS.add(key)
     assert answer["status"] in ("scheduled", "rescheduled") and answer["timerKey"] == key
     peek = http.get(path)
     if peek.json()["found"]:  # (a short delay may have fired it already)
@@ -287,13 +298,25 @@ def test_control_characters_in_keys_are_a_400(http: httpx.Client, raw: str) -> N
 
 
 def raw_request(port: int, data: bytes, *, then: bytes | None = None, pause: float = 0.0,
-                timeout: float = 3.0, answers: int = 1) -> list[bytes]:
-    """Send raw bytes (optionally in two parts); return what came back before EOF, the end of
-    the ``answers``-th JSON answer, or the timeout."""
-    out = []
+                timeout: float = 3.0, answers: int = 1, then_after_answer: bool = False,
+                ) -> list[bytes]:
+    """Send raw bytes (optionally in two parts: the second ``pause`` later, or once the head
+    of an answer has come with ``then_after_answer``); return what came back before EOF, the
+    end of the ``answers``-th JSON answer, or the timeout."""
+    out: list[bytes] = []
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
         if then is not None:
+            if then_after_answer:
+                try:
+                    while b"\r\n\r\n" not in b"".join(out):
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        out.append(chunk)
+                except TimeoutError:
+                    out.append(b"<timeout>")
+                    return out
             time.sleep(pause)
             s.sendall(then)
         try:
@@ -355,11 +378,13 @@ def test_a_raw_non_ascii_byte_in_the_query_string_gets_a_json_error(
 def test_an_early_answer_closes_the_connection_and_never_hangs(
     live_broker: BrokerProcess, method: str, path: str
 ) -> None:
-    """Headers first, body 20 ms later (as many clients write them), then a second request on
-    the same connection. The answer is decided from the headers alone, before the body arrived:
-    it says ``Connection: close`` and the connection ends, so the client sends its next request
-    on a new one, which is answered. Nothing hangs, and the late body is never taken for a
-    request.
+    """Headers first, the body later (as many clients write them: here once the answer's head
+    has come, so that it surely is decided before the body arrived, however loaded the
+    machine), then a second request on the same connection. The answer is decided from the
+    headers alone: it says ``Connection: close`` and the connection ends, so the client sends
+    its next request on a new one, which is answered. Nothing hangs, and the late body is never
+    taken for a request. (With the body 20 ms after the head, under load the broker sometimes
+    had it before answering, and rightly kept the connection.)
 
     Regressions: before 0b05bb2 hypercorn never answered the next request (found by
     schemathesis); then, to avoid that, the broker read every body before admission, until
@@ -368,7 +393,8 @@ def test_an_early_answer_closes_the_connection_and_never_hangs(
     head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     got = b"".join(raw_request(live_broker.port, head, then=body + b"GET /health HTTP/1.1\r\n"
-                               b"Host: localhost\r\n\r\n", pause=0.02, answers=2))
+                               b"Host: localhost\r\n\r\n", then_after_answer=True,
+                               answers=2))
     assert b"<timeout>" not in got, got[-300:]
     answer_head = got.split(b"\r\n\r\n", 1)[0].lower()
     assert got.startswith(b"HTTP/1.1 4") and b"connection: close" in answer_head, got[:600]
@@ -416,7 +442,10 @@ def test_slow_loris_clients_do_not_starve_others(live_broker: BrokerProcess,
             latencies.append(time.perf_counter() - started)
             assert r.status_code == 200, r.text
             time.sleep(0.05)
-        assert max(latencies) < 1.0, sorted(latencies)[-5:]
+        # Starved, a request would wait for the trickles (tens of seconds) or time out; a
+        # loaded machine (two test workers at load ~10) puts single requests at up to ~1 s.
+        assert statistics.median(latencies) < 0.5, sorted(latencies)
+        assert max(latencies) < 3.0, sorted(latencies)[-5:]
         print(f"\n150 slow-loris connections open: 40 requests, max {max(latencies) * 1000:.0f} ms")
     finally:
         stop.set()
@@ -438,7 +467,9 @@ def impatient_broker(databases: Databases) -> Iterator[BrokerProcess]:
 def _trickle_until_closed(port: int, first: bytes, rest: bytes, limit_s: float
                           ) -> tuple[float, bytes]:
     """Send ``first``, then ``rest`` one byte every 100 ms; (seconds until the broker ended the
-    connection, what it answered)."""
+    connection, what it answered). A reset is an end too: a connection cut off while bytes
+    the broker never read were in its buffer is reset by the kernel, and whether one arrives
+    before the cut-off is timing."""
     started = time.monotonic()
     got = b""
     with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as s:
@@ -454,6 +485,8 @@ def _trickle_until_closed(port: int, first: bytes, rest: bytes, limit_s: float
                     break  # answered
             except TimeoutError:
                 pass
+            except ConnectionResetError:
+                break  # closed by the broker
             try:
                 s.send(bytes([b]))
             except OSError:

@@ -170,6 +170,45 @@ async def _metric(http: httpx.AsyncClient, result: str) -> float:
     return 0.0
 
 
+async def _gauge(http: httpx.AsyncClient, name: str) -> float:
+    """A metric without labels (or the sum of its samples), from /metrics."""
+    return sum(float(line.split()[-1]) for line in (await http.get("/metrics")).text.splitlines()
+               if line.startswith((f"{name} ", f"{name}{{")))
+
+
+async def _gauge_is(http: httpx.AsyncClient, name: str, value: float, *,
+                    at_least: bool = False) -> bool:
+    got = await _gauge(http, name)
+    return got >= value if at_least else got == value
+
+
+async def _until(what: str, holds: Any, limit_s: float = 15.0) -> None:
+    """Wait for a state the broker shows (a pop parked, a sweep held up), however loaded the
+    machine: up to ``limit_s``."""
+    with trio.move_on_after(limit_s):
+        while not await holds():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"not seen within {limit_s} s: {what}")
+
+
+def _sweep_held_up(conn: DictConnection) -> bool:
+    """The sweeper's fire waits for a lock (the partition the test holds)."""
+    return conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'queen-trio-sweeper' AND wait_event_type = 'Lock'"
+    ).fetchone()["n"] > 0
+
+
+def _sweep_popping_held_up(conn: DictConnection) -> bool:
+    """The sweep that pops for a reserved pop (queen.sweep_timers_and_pop) waits for a lock:
+    the sweeper reserved the parked pop for the fire, and the fire is held up."""
+    return conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE '%%sweep%%_and_pop(%%'"
+    ).fetchone()["n"] > 0
+
+
 async def _ack(http: httpx.AsyncClient, message: dict[str, Any]) -> httpx.Response:
     return await http.post("/api/v1/ack", json={
         "transactionId": message["transactionId"], "partitionId": message["partitionId"],
@@ -270,16 +309,27 @@ async def test_a_reserved_pop_that_gave_up_has_the_fires_batch_handed_back(
                 answer["pop"] = await http.get(q, params={"wait": "true", "timeout": "15000"})
 
             assert settings.database_url is not None
-            with connect(settings.database_url) as holder:
+            with connect(settings.database_url) as holder, \
+                    connect(settings.database_url) as watcher:
                 nursery.start_soon(parked_pop)
-                await trio.sleep(0.1)
+                await _until("the pop parked",
+                             lambda: _gauge_is(http, "queen_longpoll_waiters", 1))
+                looks = await _gauge(http, "queen_longpoll_looks_total")
                 put = await http.put("/api/v1/timers/q/late", json={"delayMs": 300,
                                                                     "payload": "late"})
                 assert put.status_code == 200
                 with holder.transaction():
                     # The fire's append waits for the partition: the sweep is held up.
                     holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
-                    await trio.sleep(0.3 + HANDOVER_WAIT_S + 0.5)
+                    await _until("the sweep popping for the reserved pop, held up",
+                                 lambda: trio.to_thread.run_sync(_sweep_popping_held_up,
+                                                                 watcher))
+                    # HANDOVER_WAIT_S after the due instant the pop stops waiting for the
+                    # sweep and looks itself (counted as a parked pop's look).
+                    await trio.sleep(HANDOVER_WAIT_S)
+                    await _until("the reserved pop gave up on the hand-over", lambda: _gauge_is(
+                        http, "queen_longpoll_looks_total", looks + 1, at_least=True))
+                    await trio.sleep(0.2)
                     assert "pop" not in answer
                     held_until = time.monotonic()
             with trio.fail_after(10):
@@ -358,33 +408,57 @@ async def test_a_reserved_pop_whose_client_left_has_the_fires_batch_handed_back(
         async with httpx.AsyncClient(base_url=handle.url, timeout=20) as http:
             q = "/api/v1/pop/queue/q"
             await _give_the_group_a_cursor(http, q)
-            leaving = trio.CancelScope()
             assert settings.database_url is not None
-            with connect(settings.database_url) as holder:
+            with connect(settings.database_url) as holder, \
+                    connect(settings.database_url) as watcher:
+                # Timing decides each one (a sweeper that wakes too late to look ahead, on a
+                # loaded machine, reserves nobody and the NOTIFY serves the pop): up to five.
+                for attempt in range(5):
+                    key = f"orphan{attempt}"
+                    leaving = trio.CancelScope()
+                    answer: dict[str, httpx.Response] = {}
 
-                async def parked_pop() -> None:
-                    async with httpx.AsyncClient(base_url=handle.url, timeout=20) as own:
-                        with leaving:
-                            await own.get(q, params={"wait": "true", "timeout": "15000"})
+                    async def parked_pop(leaving: trio.CancelScope = leaving,
+                                         answer: dict[str, httpx.Response] = answer) -> None:
+                        async with httpx.AsyncClient(base_url=handle.url, timeout=20) as own:
+                            with leaving:
+                                answer["pop"] = await own.get(
+                                    q, params={"wait": "true", "timeout": "15000"})
 
-                nursery.start_soon(parked_pop)
-                await trio.sleep(0.1)
-                put = await http.put("/api/v1/timers/q/orphan", json={"delayMs": 300,
-                                                                      "payload": "orphan"})
-                assert put.status_code == 200
-                with holder.transaction():
-                    holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
-                    await trio.sleep(0.5)  # reserved, and the fire is held up
-                    leaving.cancel()  # the consumer hangs up (its connection closes)
-                    await trio.sleep(0.2)
-            with trio.fail_after(5):
+                    nursery.start_soon(parked_pop)
+                    await _until("the pop parked",
+                                 lambda: _gauge_is(http, "queen_longpoll_waiters", 1))
+                    put = await http.put(f"/api/v1/timers/q/{key}",
+                                         json={"delayMs": 300, "payload": key})
+                    assert put.status_code == 200
+                    with holder.transaction():
+                        holder.execute("SELECT 1 FROM queen.partitions FOR UPDATE")
+                        await _until("the fire's sweep held up", lambda: trio.to_thread.run_sync(
+                            _sweep_held_up, watcher))
+                        reserved = await trio.to_thread.run_sync(_sweep_popping_held_up,
+                                                                 watcher)
+                        if reserved:
+                            leaving.cancel()  # the consumer hangs up (its connection closes)
+                            await _until("the broker saw the consumer leave",
+                                         lambda: _gauge_is(http, "queen_longpoll_waiters", 0))
+                    if reserved:
+                        break
+                    with trio.fail_after(10):
+                        while "pop" not in answer:
+                            await trio.sleep(0.01)
+                    (message,) = answer["pop"].json()["messages"]
+                    assert (await _ack(http, message)).status_code == 200
+                else:
+                    raise AssertionError("the sweeper reserved the parked pop in no attempt")
+            with trio.fail_after(10):
                 while await _metric(http, "handed_back") < 1:
                     await trio.sleep(0.02)
             took = time.monotonic()
             again = await http.get(q, params={"wait": "true", "timeout": "5000"})
-            assert time.monotonic() - took < 1.0
+            # At once (without the hand-back: nothing, at the end of the 5 s wait).
+            assert time.monotonic() - took < 3.0
             (message,) = again.json()["messages"]
-            assert message["data"] == "orphan" and message["retryCount"] == 0
+            assert message["data"] == key and message["retryCount"] == 0
             assert await _metric(http, "handed_over") == 1
         handle.shutdown()
 

@@ -44,11 +44,15 @@ async def test_a_handler_that_always_fails_ends_in_the_dead_letters(queen: Clien
     def handler(message: Message) -> None:  # plain functions are handlers too
         raise ValueError("cannot parse")
 
-    stats = await queen.consume("doomed", handler, idle_timeout="300ms", poll="100ms")
+    # Two deliveries (retry_limit=1), then the dead letters. (An idle timeout to end the loop
+    # was a race: a retry that took longer than it to come back ended the loop after one.)
+    stats = await queen.consume("doomed", handler, max_messages=2, idle_timeout="20s",
+                                poll="100ms")
     assert (stats.handled, stats.failed, stats.completed) == (2, 2, 0)
     [letter] = [d async for d in queen.dlq.list("doomed")]
     assert letter.data == {"poison": True}
     assert letter.error == "ValueError: cannot parse"
+    assert len(await queen.pop("doomed")) == 0  # not delivered a third time
 
 
 async def test_the_lease_is_renewed_while_a_slow_handler_runs(queen: Client) -> None:
@@ -294,9 +298,17 @@ async def test_two_consumers_of_one_group_never_handle_a_message_twice(queen: Cl
         await queen.push_many("shared", [f"{p}:{n}" for n in range(200)], partition=f"p{p}")
     handled: list[tuple[int, str]] = []
 
+    started = {1: trio.Event(), 2: trio.Event()}
+
     def recorder(who: int) -> Any:
         async def handler(message: Message) -> None:
             handled.append((who, message.data))
+            started[who].set()
+            # Both take part, however slowly the other one starts on a loaded machine: the
+            # first handler waits for the other's first message (each holds at most
+            # DEFAULT_CONCURRENCY = 4 of the 6 partitions, so the other finds one free).
+            with trio.fail_after(30):
+                await started[3 - who].wait()
             await trio.lowlevel.checkpoint()  # let the other consumer in
         return handler
 

@@ -14,6 +14,7 @@ second group runs real ``python -m queen_trio serve`` processes (marked ``slow``
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 import random
@@ -557,9 +558,11 @@ def _burst_payload(key: str, path: str) -> Any:
     return key if path == "postgres" else {"key": key, "padding": "abcdefgh" * 16}
 
 
-def _schedule_burst(database_url: str, queue: str, keys: list[str], path: str) -> None:
+def _schedule_burst(database_url: str, queue: str, keys: list[str], path: str,
+                    already: int = 0) -> None:
     """Every timer due at the same instant, 300 ms from now, scheduled as one bundle would be
-    (one store.schedule_many call: one statement, one transaction, one NOTIFY)."""
+    (one store.schedule_many call: one statement, one transaction, one NOTIFY); ``already``:
+    timers scheduled into the queue before."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
         timers = [timer(queue, key, 300, _burst_payload(key, path)) for key in keys]
@@ -575,7 +578,7 @@ def _schedule_burst(database_url: str, queue: str, keys: list[str], path: str) -
                      "(SELECT count(*) FROM queen.frames f JOIN queen.partitions p "
                      "USING (partition_id) JOIN queen.queues q USING (queue_id) "
                      "WHERE q.name = %(q)s) AS n", {"q": queue})
-        assert row["n"] == len(keys)
+        assert row["n"] == len(keys) + already
 
 
 async def _wait_mid_burst(database_url: str, path: str) -> None:
@@ -622,15 +625,20 @@ SWEEPER_WAITING_ON_A_LOCK = (
 )
 
 
-async def _freeze_mid_fire(database_url: str, broker: BrokerProcess) -> None:
+async def _freeze_mid_fire(database_url: str, broker: BrokerProcess,
+                           schedule: Callable[[], None]) -> None:
     """SIGSTOP the broker in the middle of a fire transaction, deterministically.
 
     The test holds the log partition's row lock; the broker's next fire deletes its claimed
     rows and then blocks on that lock while appending. Once its sweeper connection is seen
     waiting, the broker is frozen and the lock released: the server finishes the statement,
     and the broker's fire transaction now sits open (rows deleted, frames not yet appended),
-    its client frozen — until the server ends the session."""
-    # The partition exists once the first frames are in.
+    its client frozen — until the server ends the session.
+
+    The partition exists once the first frames are in (the caller's first timer); ``schedule``
+    (the burst) runs once it is locked, so that the burst's first fire blocks on it, however
+    fast the broker (or slow this test) is: a burst fired whole before the lock was taken
+    could not be frozen."""
     await poll_until(lambda: count(database_url, ANY_FRAME), within=15, every=0.005)
 
     def lock_partitions() -> DictConnection:
@@ -641,6 +649,7 @@ async def _freeze_mid_fire(database_url: str, broker: BrokerProcess) -> None:
 
     holder = await trio.to_thread.run_sync(lock_partitions)
     try:
+        await trio.to_thread.run_sync(schedule)
         await poll_until(lambda: count(database_url, SWEEPER_WAITING_ON_A_LOCK), within=10,
                          every=0.005)
         os.kill(broker.pid, signal.SIGSTOP)
@@ -661,12 +670,13 @@ async def test_a_broker_frozen_mid_fire_is_taken_over_and_appends_nothing_on_wak
     test_a_broker_frozen_between_statements_of_a_fire_survives_waking.)"""
     total = 3_000
     keys = [f"f{i}" for i in range(total)]
-    expected = set(keys)
+    expected = {*keys, "first"}
     lease_s = int(BURST_ENV["QUEEN_SWEEPER_LEASE_MS"]) / 1000
     async with running_brokers(database_url, 1, env=BURST_ENV, names=["A"]) as (a,):
-        await trio.to_thread.run_sync(_schedule_burst, database_url, "frozen", keys, path)
+        await trio.to_thread.run_sync(_schedule_burst, database_url, "frozen", ["first"], path)
         try:
-            await _freeze_mid_fire(database_url, a)
+            await _freeze_mid_fire(database_url, a, functools.partial(
+                _schedule_burst, database_url, "frozen", keys, path, already=1))
             frozen_at = trio.current_time()
             at_stop = (await asql(database_url, AT_STOP))[0]
             assert at_stop["pending"] > 0, "A drained the whole burst before it could be frozen"

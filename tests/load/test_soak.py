@@ -18,7 +18,12 @@ def test_a_40_second_soak_loses_nothing_and_holds_memory_and_lag(
     database_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "soak.json"
-    code = soak.main(["--seconds", "40", "--database-url", database_url, "--json", str(out)])
+    # Fire lag p99 at most 750 ms here, not the soak's 300 ms: in CI the soak shares two cores
+    # with the other test worker (at load ~10 one broker's p99 reached the 500 ms bucket, p50
+    # 75-100 ms). What the bound is for still fails it: a wake-up bug waits up to MAX_SLEEP
+    # (1 s), a p99 in the 1 s bucket. RELIABILITY.md's 300 ms is the quiet 10-minute run's.
+    code = soak.main(["--seconds", "40", "--database-url", database_url, "--json", str(out),
+                      "--lag-p99-ms", "750"])
     result = json.loads(out.read_text())
     print(f"\nsoak: {result['requests']} requests, {result['timers_scheduled']} timers "
           f"({result['timers_cancelled']} cancelled), {result['messages_pushed']} messages; "
