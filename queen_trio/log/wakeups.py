@@ -259,6 +259,9 @@ class OwnNotify:
     # The statement that sent it also looked, after its change, and found nothing for this
     # broker's pops of the queue: it is news to none of them.
     no_news: bool = False
+    # NOTIFYs of its backend that arrived before the statement had returned (the listener's
+    # socket was read first): judged when it returns (key, reason, partition).
+    heard: list[tuple[str, Reason, str | None]] = dataclasses.field(default_factory=list)
 
 
 # Marks kept per pool connection at most (each is taken by the next NOTIFY of its backend).
@@ -419,7 +422,19 @@ class QueueWakeups:
                 for watch in watches:
                     if len(watch.heard) < 2:  # (two are news, whoever sent them)
                         watch.heard.append(pid)
-        before = None if pid is None or not self._own else self._own_notify(pid, key)
+        before = None
+        if pid is not None and self._own:
+            marks = self._own.get(pid)
+            if marks and marks[0].key is None:
+                # Its statement has not returned yet (the NOTIFY was read first): the change
+                # was committed, and is judged as soon as the statement returns.
+                marks[0].heard.append((key, reason, partition))
+                return
+            before = self._own_notify(pid, key)
+        self._wake_lanes(key, reason, partition, before)
+
+    def _wake_lanes(self, key: str, reason: Reason, partition: str | None,
+                    before: float | None) -> None:
         for lane in self._lanes.get(key, {}).values():
             if partition is None or lane.partition in (None, partition):
                 self._wake_one(lane, reason, before)
@@ -451,7 +466,9 @@ class QueueWakeups:
         """Before a statement that may NOTIFY runs on the connection of backend ``pid``."""
         marks = self._own.setdefault(pid, collections.deque())
         if len(marks) >= _OWN_NOTIFY_KEPT:
-            marks.popleft()  # (never seen: its NOTIFY is then news, which is safe)
+            old = marks.popleft()  # (never seen: its NOTIFY is then news, which is safe)
+            for key, reason, partition in old.heard:
+                self._wake_lanes(key, reason, partition, None)
         mark = OwnNotify(pid)
         marks.append(mark)
         return mark
@@ -464,12 +481,21 @@ class QueueWakeups:
         followed by a pop in one statement, queen.settle_pop_head) and found nothing."""
         if key is not None:
             mark.key, mark.committed_by, mark.no_news = key, trio.current_time(), not news
-            return
+            if not mark.heard:
+                return
         marks = self._own.get(mark.pid)
         if marks is not None and mark in marks:
             marks.remove(mark)
             if not marks:
                 del self._own[mark.pid]
+        # NOTIFYs that came while it ran: the first is its own (those of one backend arrive in
+        # the order of its commits) unless it names another queue; any more are news to all.
+        heard, mark.heard = mark.heard, []
+        for i, (heard_key, reason, partition) in enumerate(heard):
+            before = None
+            if i == 0 and heard_key == key:
+                before = -math.inf if mark.no_news else mark.committed_by
+            self._wake_lanes(heard_key, reason, partition, before)
 
     def _own_notify(self, pid: int, key: str) -> float | None:
         """The NOTIFY of ``key`` by backend ``pid`` has arrived: the instant its change had

@@ -259,10 +259,23 @@ async def test_the_notify_of_this_brokers_own_ack_is_news_only_to_pops_that_look
         with w.waiting("1:q", 1, req()) as joiner:
             assert joiner.lane_known_empty  # its empty look saw the ack: still known empty
 
-    # Arrived while the ack had not returned yet (it could be an older NOTIFY of that
-    # backend's previous transaction), or naming another queue, or after an ack that
-    # notified nothing, or long after its ack: news to every pop.
-    for sent in ("pending", "1:other", None, "overdue"):
+    # Arrived while the ack had not returned yet (the listener's socket was read first): judged
+    # once it returns, as if it had come then; a pop that looked while it ran is woken.
+    w = QueueWakeups()
+    with w.waiting("1:q", 1, req()) as pop:
+        mark = w.expect_own_notify(77)
+        await trio.sleep(0.01)
+        pop.begin_look()
+        w.look_again_in(pop, None)
+        w.notify("1:q", pid=77)
+        assert woken(pop) == [False]  # not yet
+        await trio.sleep(0.01)
+        w.own_notify_sent(mark, "1:q")
+        assert woken(pop) == [True]
+
+    # Naming another queue, or after an ack that notified nothing, or long after its ack:
+    # news to every pop.
+    for sent in ("1:other", None, "overdue"):
         w = QueueWakeups()
         with w.waiting("1:q", 1, req()) as pop:
             mark = w.expect_own_notify(77)
@@ -295,6 +308,24 @@ async def test_the_notify_of_a_settlement_whose_own_look_found_nothing_is_news_t
             w.look_again_in(stream, None)
             await trio.sleep(0.01)
             w.notify("1:q", pid=77)
+            assert woken(other, stream) == expected, news
+            with w.waiting("1:q", 1, req()) as joiner:
+                assert joiner.lane_known_empty is (not news)
+
+    # The same, its NOTIFY read before the statement's answer (a loaded machine: a third of
+    # a trickle's settlements): held until the answer, then judged the same way.
+    for news, expected in ((False, [False, False]), (True, [True, False])):
+        w = QueueWakeups()
+        with w.waiting("1:q", 1, req()) as other, w.waiting("1:q", 1, req()) as stream:
+            other.begin_look()
+            w.look_again_in(other, None)
+            stream.begin_look()
+            mark = w.expect_own_notify(77)
+            await trio.sleep(0.01)
+            w.notify("1:q", pid=77)
+            assert woken(other, stream) == [False, False]
+            w.own_notify_sent(mark, "1:q", news=news)
+            w.look_again_in(stream, None)
             assert woken(other, stream) == expected, news
             with w.waiting("1:q", 1, req()) as joiner:
                 assert joiner.lane_known_empty is (not news)
