@@ -284,12 +284,22 @@ async def test_zero_and_negative_delays_fire_on_the_next_cycle(http: httpx.Async
 
 
 async def test_one_batch_enters_the_log_in_visible_at_order(http: httpx.AsyncClient) -> None:
-    # One bundle (one now()), all already due: the sweeper claims them in one batch.
-    r = await http.post(f"{API}/transaction", json={"operations": [], "timers": [
-        timer_op("ordered", key, delay, key)
-        for key, delay in [("second", -200), ("fourth", -50), ("first", -300), ("third", -100)]
-    ]})
-    assert r.status_code == 200, r.text
+    # One bundle, all already due, and the fire paused until the bundle is in: the sweeper
+    # claims them in one batch. (Without the pause a sweep that read its clock while the
+    # bundle was being written takes only the rows written before that instant, each row's
+    # visible_at being raised to the clock of its write: two batches, each in order, which is
+    # all the order promised. It happened under load: second, first, third, fourth.)
+    switches = "/api/v1/system/kv-timers"
+    assert (await http.post(switches, json={"timersFire": False})).status_code == 200
+    try:
+        r = await http.post(f"{API}/transaction", json={"operations": [], "timers": [
+            timer_op("ordered", key, delay, key)
+            for key, delay in [("second", -200), ("fourth", -50), ("first", -300),
+                               ("third", -100)]
+        ]})
+        assert r.status_code == 200, r.text
+    finally:
+        assert (await http.post(switches, json={"timersFire": True})).status_code == 200
     messages = await wait_for_messages(http, "ordered", 4)
     assert [m["data"] for m in sorted(messages, key=lambda m: m["offset"])] == [
         "first", "second", "third", "fourth"]
