@@ -426,19 +426,25 @@ class Sweeper:
         :meth:`_sweep_at`); the last one is returned. ``handover``: the parked pop reserved for
         the announced timer; the sweep pops for it, and it is handed the outcome (None if the
         sweep failed) before anything else."""
-        while self._unreleased:
-            await self._db.run_transaction(store.release, self._unreleased[0])
-            self._unreleased.pop(0)
         token = uuid.uuid4()
         # A settlement the reserved pop carries (a stream's last batch, completed whole): the
         # sweep applies it before its pop.
         settle = None if handover is None else handover.settle
+        sent = False
         try:
+            # First the claims an earlier cycle could not hand back (the database was away).
+            # Inside the try: the pop reserved for this cycle waits for its hand-over from
+            # the announcement on, and a release that fails too (the database still away)
+            # must free it at once, not leave it waiting out HANDOVER_WAIT_S.
+            while self._unreleased:
+                await self._db.run_transaction(store.release, self._unreleased[0])
+                self._unreleased.pop(0)
+            sent = True
             swept = await self._sweep(token, not_before, announced, for_timer, handover,
                                       None if settle is None else settle.batch,
                                       drained=handover is not None and handover.watch is not None)
         except BaseException as exc:
-            if isinstance(exc, TRANSIENT):
+            if sent and isinstance(exc, TRANSIENT):
                 # The sweep may have committed a claim whose answer never came back (the
                 # server died after the commit, or a failover): hand the rows back at the next
                 # cycle rather than leave them to wait out the lease.
