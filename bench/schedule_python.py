@@ -63,19 +63,6 @@ def sdk_many_once(answer: bytes) -> None:
     _ = [(t.key, t.deliver_at.timestamp()) for t in result.timers if t.ok]
 
 
-def sdk_compact_once(answer: bytes) -> None:
-    """:func:`sdk_many_once` reading the compact answer (``?answer=compact``, which the SDK
-    asks for when a bundle only schedules), where the checkout has it; else the full one."""
-    tx: Any = TransactionBuilder(lambda call: call)
-    call = tx.schedule_many("q", [(f"k-{i}", HOUR_MS, {"k": f"k-{i}"}) for i in range(N)]
-                            ).commit()
-    _ = getattr(call, "content", None) or strict_json.dumps(call.body)
-    result = call.fast(answer)
-    if result is codec.FALLBACK:
-        result = call.parse(strict_json.loads(answer))
-    _ = [(t.key, t.deliver_at.timestamp()) for t in result.timers if t.ok]
-
-
 def best(run: Callable[[], Any], runs: int) -> float:
     out = float("inf")
     for _ in range(runs):
@@ -134,7 +121,7 @@ def main() -> None:
     sdk, rules, answers = best(lambda: sdk_once(answer), runs), best(parse, runs), \
         best(answer_of, runs)
     many = best(lambda: sdk_many_once(answer), runs)
-    compact = best(lambda: sdk_compact_once(compact_answer), runs)
+    compact = best(lambda: sdk_many_once(compact_answer), runs)  # the SDK reads either
     arrays = best(lambda: store.timer_arrays(schedules), runs)
     made = best(outcomes_of, runs)
     print(f"µs per timer of a {N}-timer bundle (min of {runs}): SDK {sdk:.1f} (schedule_many "

@@ -364,7 +364,7 @@ def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
         Q.pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
-         "synchronous_commit": _commit_level(sync_commit),
+         "synchronous_commit": _commit_level(sync_commit), "look_after": False,
          "after": rotation.start_after(tenant_id, req.queue, req.group)},
     ).fetchall()
     return _rotated(tenant_id, _head_answer(req, rows))
@@ -390,7 +390,7 @@ def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_bef
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": _commit_level(sync_commit), "not_before": not_before,
-         "give_up": give_up},
+         "give_up": give_up, "look_after": False},
     ).fetchall()
     return _head_answer(req, rows)
 

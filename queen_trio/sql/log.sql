@@ -110,7 +110,9 @@ SELECT pg_notify('queen_log', %(payload)s)
 -- row only, the others NULL: a 500-message batch's 499 copies of two uuids, a name and an
 -- instant were a third of what reading the rows cost the broker. An 'empty' answer from a pop
 -- (batch above 0) says when to look again (look_in_s, as next_look below): a pop that then
--- parks needs no statement of its own for it.
+-- parks needs no statement of its own for it. With look_after a pop that took messages
+-- says it on its first row too (settle_pop_head's, for a stream: whether anything else is
+-- poppable for it); the other pops pass false.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
@@ -120,7 +122,8 @@ SELECT p.outcome, CASE WHEN p.ordinality = 1 THEN p.partition_id END AS partitio
        CASE WHEN p.ordinality = 1 THEN p.lease_id END AS lease_id,
        CASE WHEN p.ordinality = 1 THEN p.lease_expires_at END AS lease_expires_at, p."offset",
        p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
-       CASE WHEN p.outcome = 'empty' AND %(batch)s > 0
+       CASE WHEN (p.outcome = 'empty' AND %(batch)s > 0)
+                 OR (p.outcome = 'messages' AND p.ordinality = 1 AND %(look_after)s)
             THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
        END AS look_in_s
 FROM commit_level,
@@ -138,20 +141,7 @@ FROM commit_level,
 -- pop_head, but with %(look_after)s a pop that took messages says on its first row when to
 -- look again too (as an empty one does): the stream then knows whether anything else is
 -- poppable for it (api/stream.py, its settlement carried by the next sweep).
-WITH commit_level AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
-                      true))
-SELECT p.outcome, CASE WHEN p.ordinality = 1 THEN p.partition_id END AS partition_id,
-       CASE WHEN p.ordinality = 1 THEN p.partition END AS partition,
-       CASE WHEN p.ordinality = 1 THEN p.lease_id END AS lease_id,
-       CASE WHEN p.ordinality = 1 THEN p.lease_expires_at END AS lease_expires_at, p."offset",
-       p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
-       CASE WHEN (p.outcome = 'empty' AND %(batch)s > 0)
-                 OR (p.outcome = 'messages' AND p.ordinality = 1 AND %(look_after)s)
-            THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
-       END AS look_in_s
-FROM commit_level,
+{{pop_answer}}
      queen.settle_pop_head(%(tenant_id)s, %(name)s, %(group)s, %(partition_id)s,
                            %(lease_id)s, %(from)s, %(through)s, %(partition)s, %(batch)s,
                            %(after)s) WITH ORDINALITY AS p
