@@ -949,16 +949,26 @@ DECLARE
     v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
     v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
+    -- Each taken row's destination, in the order of expiry (the one-partition fire below).
+    v_tenants integer[];
+    v_queues text[];
+    v_partitions text[];
+    v_partition uuid;
+    v_next bigint;
+    v_stamp timestamptz;
+    v_delta bigint;
 BEGIN
     -- In the order of expiry: deliver_at, the instant asked for. (A timer scheduled with a
     -- delay in the past has its visible_at raised to the clock of its write, not its due
     -- instant: queen.timers_visible_above_floor.)
-    SELECT coalesce(array_agg(d.deliver_at ORDER BY d.ord), '{}'),
-           coalesce(array_agg(d.ctid ORDER BY d.ord), '{}'),
-           coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*))
-    INTO v_due, v_ctids, v_direct
+    -- (The arrays are aggregated from rows already in that order, not each sorted by its own
+    -- ORDER BY: one sort, the window's.)
+    SELECT coalesce(array_agg(d.deliver_at), '{}'), coalesce(array_agg(d.ctid), '{}'),
+           coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*)),
+           array_agg(d.tenant_id), array_agg(d.queue), array_agg(d.partition)
+    INTO v_due, v_ctids, v_direct, v_tenants, v_queues, v_partitions
     FROM (
-        SELECT t.tenant_id, t.queue, t.timer_key, t.deliver_at, t.ctid,
+        SELECT t.tenant_id, t.queue, t.partition, t.deliver_at, t.ctid,
                row_number() OVER (ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key)
                    AS ord,
                p_fire AND NOT t.payload_zstd
@@ -966,8 +976,8 @@ BEGIN
         FROM (
             -- (ctid: the locked rows are then deleted or claimed by a TID scan, which no
             -- planner estimate can turn into a scan of the whole table.)
-            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.deliver_at,
-                   due.payload_zstd, due.payload_bytes
+            SELECT due.ctid, due.tenant_id, due.queue, due.timer_key, due.partition,
+                   due.deliver_at, due.payload_zstd, due.payload_bytes
             FROM queen.timers due
             WHERE due.visible_at >= (SELECT v_floor) AND due.visible_at <= (SELECT p_now)
             ORDER BY due.visible_at
@@ -975,9 +985,66 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ) t
         JOIN queen.tenants tn ON tn.tenant_id = t.tenant_id
+        ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key
     ) d;
 
-    IF v_direct > 0 THEN
+    -- The usual fire under a steady flow: a few timers, all bound for one partition that
+    -- exists. What queen.append_timer_frames does for any batch, done here in three plain
+    -- statements: that partition's row locked (and its next_offset read) once, the rows
+    -- deleted and their frames inserted in one statement, the partition's next_offset moved.
+    -- The set-based append (destinations found, counted, locked and read again, offsets by a
+    -- window, a CTE of five steps) cost PostgreSQL most of a small sweep's time in executor
+    -- start-up alone (bench/results/pgcycle32.md). Its rules hold here as they are: one lock,
+    -- so no order to keep; dense offsets from next_offset in the order of expiry (a row's
+    -- place in v_ctids, which is that order); one createdAt read under the lock, never before
+    -- a timer's deliverAt; the bytes' move recorded; the queue's long polls woken. A partition
+    -- not there yet (its first frames) or a batch bound for several goes through
+    -- queen.append_timer_frames, as does a large batch (array_position below is quadratic).
+    IF v_direct BETWEEN 1 AND 64
+       AND v_tenants[1] = ALL (v_tenants[1:v_direct]) AND v_queues[1] = ALL (v_queues[1:v_direct])
+       AND v_partitions[1] = ALL (v_partitions[1:v_direct]) THEN
+        SELECT p.partition_id, p.next_offset INTO v_partition, v_next
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.queue_id
+        WHERE q.tenant_id = v_tenants[1] AND q.name = v_queues[1] AND p.name = v_partitions[1]
+        FOR NO KEY UPDATE OF p;
+    END IF;
+    IF v_partition IS NOT NULL THEN
+        v_stamp := clock_timestamp();
+        WITH gone AS (
+            DELETE FROM queen.timers t
+            WHERE t.ctid = ANY (v_ctids[1:v_direct])
+            RETURNING t.ctid AS row_id, t.tenant_id, t.timer_key, t.txn, t.message_id,
+                      convert_from(t.payload, 'UTF8') AS text, t.payload_bytes, t.deliver_at
+        ), appended AS (
+            INSERT INTO queen.frames (partition_id, "offset", tenant_id, transaction_id, payload,
+                                      size_bytes, created_at, meta)
+            SELECT v_partition, v_next - 1 + array_position(v_ctids, g.row_id), g.tenant_id,
+                   g.txn, g.text::jsonb, octet_length(g.text), greatest(v_stamp, g.deliver_at),
+                   jsonb_build_object('messageId', g.message_id, 'timer', jsonb_build_object(
+                       'key', g.timer_key,
+                       'deliverAt', to_char(g.deliver_at AT TIME ZONE 'UTC',
+                                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+            FROM gone g
+        )
+        SELECT count(*), sum(octet_length(g.text) - g.payload_bytes)
+        INTO v_appended, v_delta
+        FROM gone g;
+        IF v_appended <> v_direct THEN  -- (the rows are ours, locked: never)
+            RAISE EXCEPTION 'a fire deleted % of its % locked timers', v_appended, v_direct
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+        UPDATE queen.partitions p SET next_offset = p.next_offset + v_appended
+        WHERE p.partition_id = v_partition;
+        IF v_delta <> 0 THEN
+            -- The bytes move from the timer rows to the log: usually a change of zero.
+            INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (v_tenants[1], v_delta);
+        END IF;
+        -- Long-polling pops of the queue, on every broker; delivered only on commit.
+        PERFORM pg_notify('queen_log', v_tenants[1] || ':' || v_queues[1]);
+        v_fired := v_due[1:v_direct];
+        v_fired_tenants := v_tenants[1:v_direct];
+    ELSIF v_direct > 0 THEN
         -- ctid = ANY: a TID scan of just these rows whatever the planner estimates (joined
         -- to an unnest of the ctids, PostgreSQL 18 hashed the whole table every sweep).
         -- The arrays are built from one sorted input, in the order of expiry (the order
