@@ -820,11 +820,17 @@ LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 -- STABLE so a scan can start at it (its value may move within a statement: any value is safe).
 -- PL/pgSQL: an SQL body is checked against the tables when it is created, and the migrator
 -- applies this file after an older subset of migrations too (before 010 made the sequence).
+-- pg_sequence_last_value (NULL until the first setval: then the sequence's START, 0), not a
+-- SELECT from the sequence: an expression PL/pgSQL evaluates without the executor, where the
+-- query was a plan of its own, started at every call (three a sweep). That plan also took
+-- the settings of the session's first caller: made inside queen.sweep_due (sequential scans
+-- off, and a sequence can only be scanned so) it would cost 10^10, and PostgreSQL would
+-- compile it with JIT at every call after (some 20 ms each: seen while reordering the calls).
 CREATE OR REPLACE FUNCTION queen.sweep_floor() RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $fn$
 BEGIN
-    RETURN (SELECT to_timestamp(last_value / 1000000.0) - interval '1 millisecond'
-            FROM queen.timer_sweep_floor);
+    RETURN to_timestamp(coalesce(pg_sequence_last_value('queen.timer_sweep_floor'::regclass), 0)
+                        / 1000000.0) - interval '1 millisecond';
 END
 $fn$;
 
@@ -949,6 +955,8 @@ DECLARE
     v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
     v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
+    v_told boolean;
+    v_directs boolean[];  -- whether each taken row can be fired here, in the order of expiry
     -- Each taken row's destination, in the order of expiry (the one-partition fire below).
     v_tenants integer[];
     v_queues text[];
@@ -962,15 +970,14 @@ BEGIN
     -- delay in the past has its visible_at raised to the clock of its write, not its due
     -- instant: queen.timers_visible_above_floor.)
     -- (The arrays are aggregated from rows already in that order, not each sorted by its own
-    -- ORDER BY: one sort, the window's.)
+    -- ORDER BY: one sort. The leading run PostgreSQL fires itself ends before the first row
+    -- it cannot, found in the array of those flags.)
     SELECT coalesce(array_agg(d.deliver_at), '{}'), coalesce(array_agg(d.ctid), '{}'),
-           coalesce(min(d.ord) FILTER (WHERE NOT d.direct) - 1, count(*)),
-           array_agg(d.tenant_id), array_agg(d.queue), array_agg(d.partition)
-    INTO v_due, v_ctids, v_direct, v_tenants, v_queues, v_partitions
+           array_agg(d.direct), array_agg(d.tenant_id), array_agg(d.queue),
+           array_agg(d.partition)
+    INTO v_due, v_ctids, v_directs, v_tenants, v_queues, v_partitions
     FROM (
         SELECT t.tenant_id, t.queue, t.partition, t.deliver_at, t.ctid,
-               row_number() OVER (ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key)
-                   AS ord,
                p_fire AND NOT t.payload_zstd
                    AND t.payload_bytes <= least(p_max_payload, tn.max_message_bytes) AS direct
         FROM (
@@ -987,6 +994,7 @@ BEGIN
         JOIN queen.tenants tn ON tn.tenant_id = t.tenant_id
         ORDER BY t.deliver_at, t.tenant_id, t.queue, t.timer_key
     ) d;
+    v_direct := coalesce(array_position(v_directs, false) - 1, cardinality(v_ctids));
 
     -- The usual fire under a steady flow: a few timers, all bound for one partition that
     -- exists. What queen.append_timer_frames does for any batch, done here in three plain
@@ -1040,8 +1048,10 @@ BEGIN
             -- The bytes move from the timer rows to the log: usually a change of zero.
             INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (v_tenants[1], v_delta);
         END IF;
-        -- Long-polling pops of the queue, on every broker; delivered only on commit.
-        PERFORM pg_notify('queen_log', v_tenants[1] || ':' || v_queues[1]);
+        -- Long-polling pops of the queue, on every broker; delivered only on commit. (An
+        -- assignment, not PERFORM: a PERFORM is a query the executor starts and ends; an
+        -- assignment's expression is evaluated without one.)
+        v_told := pg_notify('queen_log', v_tenants[1] || ':' || v_queues[1]) IS NULL;
         v_fired := v_due[1:v_direct];
         v_fired_tenants := v_tenants[1:v_direct];
     ELSIF v_direct > 0 THEN
@@ -1131,6 +1141,7 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz;
+    v_floor timestamptz;
 BEGIN
     v_now := clock_timestamp();
     IF p_not_before IS NOT NULL THEN
@@ -1140,7 +1151,9 @@ BEGIN
         v_now := greatest(v_now, least(to_timestamp(p_not_before),
                                        v_now + make_interval(secs => queen.sweep_lead_s())));
     END IF;
-    PERFORM queen.advance_sweep_floor();
+    -- (An assignment, not PERFORM: a PERFORM is a query the executor starts and ends, an
+    -- assignment's expression is evaluated without one.)
+    v_floor := queen.advance_sweep_floor();
     BEGIN
         -- (A set-returning plpgsql function hands back its rows only once it has finished:
         -- if it raises, nothing of it has been returned.)
@@ -1292,21 +1305,42 @@ DECLARE
     v_settled boolean := true;
     v_drained boolean := false;
     v_look float8;
+    v_done boolean;
+    v_set text;
 BEGIN
-    PERFORM pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
-                                                                       p_lock_queue));
+    -- (Assignments, not PERFORM: evaluated without starting the executor, as a PERFORM's
+    -- query is.)
+    v_done := pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
+                                                                         p_lock_queue));
     RETURN QUERY SELECT s.*, NULL::jsonb
                  FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
                                          p_fire, p_not_before) AS s;
-    IF p_settle_partition IS NOT NULL THEN
+    IF p_settle_partition IS NOT NULL AND p_pop_batch <= 0 THEN
+        -- (No pop asked for: queen.settle_pop_head's own answer, then the pop alone if the
+        -- settlement was not applied.)
         SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
         FROM queen.settle_pop_head(p_lock_tenant, p_lock_queue, p_pop_group,
                                    p_settle_partition, p_settle_lease, p_settle_from,
                                    p_settle_through, p_pop_partition, p_pop_batch,
                                    p_after) AS p;
-    END IF;
-    IF p_settle_partition IS NULL OR v_rows->0->>'outcome' = 'unsettled' THEN
-        v_settled := p_settle_partition IS NULL;
+        IF v_rows->0->>'outcome' = 'unsettled' THEN
+            v_settled := false;
+            SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                                p_pop_batch, false, p_after) AS p;
+        END IF;
+    ELSE
+        -- queen.settle_pop_head's two steps, not through it: the settlement (queen.settle_head),
+        -- then queen.pop_head, whose rows are what settle_pop_head answers after a settlement
+        -- (its NOTIFY of the queue is sent below whatever happens). One set-returning layer
+        -- and one statement less (the rows copied once, not twice, and no CTE to tell the
+        -- queue's long polls).
+        IF p_settle_partition IS NOT NULL THEN
+            v_settled := queen.settle_head(p_lock_tenant, p_pop_group, p_settle_partition,
+                                           p_settle_lease, p_settle_from, p_settle_through);
+        ELSE
+            v_settled := true;  -- (nothing to settle: the pop alone, as asked)
+        END IF;
         SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
         FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
                             p_pop_batch, false, p_after) AS p;
@@ -1315,12 +1349,12 @@ BEGIN
         v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
-    PERFORM pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue);
+    v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
     IF p_settle_partition IS NOT NULL AND v_settled THEN
         -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
         -- as the server is configured; queen.settle_pop_head's own restore reads the
         -- setting after the sweep, which turns it off when it only claims).
-        PERFORM set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
+        v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
