@@ -1181,18 +1181,17 @@ BEGIN
 
     -- The clock row: the earliest timer left (when, and where it will land: the sweeper tells
     -- that queue's parked pops before the cycle that fires it, with no look-up of its own).
-    RETURN QUERY
-    SELECT NULL::boolean, n.tenant_id, n.queue, NULL::text, n.partition, NULL::text,
-           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
-           NULL::timestamptz, extract(epoch FROM n.visible_at)::float8,
-           extract(epoch FROM clock_timestamp())::float8
-    FROM (SELECT) AS one
-    LEFT JOIN LATERAL (
-        SELECT t.tenant_id, t.queue, t.partition, t.visible_at
-        FROM queen.timers t
-        WHERE t.visible_at >= (SELECT queen.sweep_floor())
-        ORDER BY t.visible_at
-        LIMIT 1) AS n ON true;
+    -- Its columns are this function's output variables, untouched until here (NULL), and
+    -- RETURN NEXT hands them back: no query of its own to start for the row, as RETURN QUERY
+    -- took. (No timer left: the SELECT sets them to NULL.)
+    SELECT t.tenant_id, t.queue, t.partition, extract(epoch FROM t.visible_at)::float8
+    INTO tenant_id, queue, partition, next_due
+    FROM queen.timers t
+    WHERE t.visible_at >= (SELECT queen.sweep_floor())
+    ORDER BY t.visible_at
+    LIMIT 1;
+    db_now := extract(epoch FROM clock_timestamp())::float8;
+    RETURN NEXT;
 END
 $fn$;
 
@@ -1356,12 +1355,12 @@ BEGIN
         -- setting after the sweep, which turns it off when it only claims).
         v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
-    RETURN QUERY
-    SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
-           NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
-           NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
-           jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
-                              'drained', v_drained);
+    -- The last row: this function's output variables, untouched until here (NULL) but these
+    -- two, handed back by RETURN NEXT (no query to start for it, as RETURN QUERY took).
+    db_now := extract(epoch FROM clock_timestamp())::float8;
+    popped := jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
+                                 'drained', v_drained);
+    RETURN NEXT;
 END
 $fn$;
 
