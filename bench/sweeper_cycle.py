@@ -16,6 +16,8 @@ Run from the repository root::
 
     python -m bench.sweeper_cycle | tee bench/results/sweeper_cycle.txt
 
+``--steady RATE`` and ``--carry RATE``: a steady flow's cycles, see their sections below.
+
 Uses $QUEEN_DATABASE_URL if set (the database must be migrated and disposable: it schedules and
 fires timers on queue ``bench.cycle``), else a temporary embedded PostgreSQL.
 """
@@ -235,10 +237,124 @@ def steady_main() -> None:
     print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
+# -- the statement of a steady cycle with a stream's settlement carried (``--carry``) -----------
+#
+# Under a steady flow with a streaming consumer every sweeper cycle is one statement,
+# queen.sweep_settle_and_pop: the due timers fired, the stream's last batch settled, its next
+# batch popped (issue 32). This sends that statement as the sweeper would, without the broker:
+# RATE timers/s due one after the other, a cycle every 10 ms (MIN_SLEEP) on one connection,
+# each carrying the settlement of the batch the previous one popped, and reports the backend's
+# CPU per cycle (/proc schedstat: the statement, its commit and the protocol around it). With
+# ``--baseline DIR`` the same runs on a second database of the same temporary server migrated
+# by that checkout's schema, rounds interleaved (the statement sent is this checkout's; its
+# signature is the same)::
+#
+#     python -m bench.sweeper_cycle --carry 500 --pg-bin /usr/lib/postgresql/15/bin \
+#         --baseline /work/wt/base --rounds 6
+
+
+def carry_round(url: str, rate: int, seconds: float) -> tuple[int, int, float]:
+    """One round: (cycles, timers fired, backend CPU us per cycle)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from queen_trio.log import store as log_store
+    from queen_trio.log.rules import QUEUE_MODE_GROUP, PopRequest
+
+    queue = "bench.carry"
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        tenant = conn.execute(
+            "SELECT tenant_id FROM queen.tenants WHERE name = 'default'").fetchone()["tenant_id"]
+        pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        n = int(rate * seconds)
+        first = time.time() + 1.0 + n / 10_000
+        tag = uuid.uuid4().hex[:6]
+        for b in range(0, n, 500):
+            d0 = first - time.time()
+            store.schedule_many(conn, tenant, [
+                rules.schedule({"delayMs": int((d0 + i / rate) * 1000), "payload": {"i": i}},
+                               queue, f"{tag}{i}", horizon_s=3600, ceiling=1 << 20)
+                for i in range(b, min(n, b + 500))], notify_within_ms=0)
+        req = PopRequest(queue=queue, partition=None, group=QUEUE_MODE_GROUP, batch=100,
+                         wait=False, timeout_ms=0, auto_ack=False)
+        lock = store.NextDue(tenant, queue, "Default", 0.0)
+        time.sleep(max(0.0, first - time.time()) + 0.05)
+        # The first fire and the stream's first (general) pop: its lease and cursor.
+        fired = len(store.sweep(conn, uuid.uuid4(), "bench", 500, 30_000,
+                                max_payload=1 << 20).fired)
+        with conn.transaction():
+            batch = log_store.pop(conn, tenant, req).batch
+        cpu0, cycles, next_at = _schedstat_s(pid), 0, time.monotonic()
+        while fired < n:
+            swept = store.sweep(conn, uuid.uuid4(), "bench", 500, 30_000, max_payload=1 << 20,
+                                fire_lock=lock, pop=req, settle=batch, drained=True)
+            assert swept.settled in (True, None), swept
+            fired += len(swept.fired)
+            cycles += 1
+            batch = swept.popped.batch if swept.popped is not None else None
+            next_at += 0.010
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        cpu = _schedstat_s(pid) - cpu0
+        assert conn.execute("SELECT count(*) AS n FROM queen.timers").fetchone()["n"] == 0
+        # The next round starts from an empty log and no dead rows.
+        conn.execute("TRUNCATE queen.frames")
+        conn.execute("UPDATE queen.partitions SET next_offset = 0, log_start = 0")
+        conn.execute("DELETE FROM queen.cursors")
+        conn.execute("VACUUM")
+    return cycles, fired, cpu / cycles * 1e6
+
+
+def carry_main() -> None:
+    import argparse
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.harness.pg import installed_server
+    from queen_trio.db.migrations import apply_migrations
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--carry", type=int, required=True, metavar="RATE")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pg-bin", type=Path, required=True)
+    parser.add_argument("--baseline", type=Path, default=None)
+    args = parser.parse_args()
+    print(f"platform {platform.platform()}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"steady {args.carry} timers/s for {args.seconds} s, queen.sweep_settle_and_pop every "
+          "10 ms carrying the last batch's settlement; the backend's CPU per cycle")
+    with installed_server(args.pg_bin) as server:
+        sides = [("this checkout", server.create_database("carry"))]
+        apply_migrations(sides[0][1])
+        if args.baseline is not None:
+            sides.append(("baseline", server.create_database("carrybase")))
+            subprocess.run([sys.executable, "-c", "import sys; from queen_trio.db.migrations "
+                            "import apply_migrations; apply_migrations(sys.argv[1])",
+                            sides[1][1]], cwd=args.baseline,
+                           env={**os.environ, "PYTHONPATH": str(args.baseline)}, check=True)
+        for _, url in sides:
+            carry_round(url, args.carry, 2.0)  # (warm-up)
+        per_cycle: dict[str, list[float]] = {name: [] for name, _ in sides}
+        for r in range(args.rounds):
+            for name, url in (sides if r % 2 == 0 else sides[::-1]):
+                cycles, fired, us = carry_round(url, args.carry, args.seconds)
+                per_cycle[name].append(us)
+                print(f"round {r + 1} {name:<14} {cycles:5d} cycles {fired / cycles:5.2f} "
+                      f"timers/cycle {us:7.1f} us/cycle", flush=True)
+    for name, values in per_cycle.items():
+        print(f"all rounds {name:<14} median {statistics.median(values):7.1f} us/cycle, range "
+              f"{min(values):.1f}-{max(values):.1f}")
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 if __name__ == "__main__":
     import sys as _sys
 
     if "--steady" in _sys.argv:
         steady_main()
+    elif "--carry" in _sys.argv:
+        carry_main()
     else:
         measure_on_scratch(measure, "queen-bench-cycle-")

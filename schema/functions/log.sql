@@ -179,6 +179,8 @@ DECLARE
     v_lease uuid;
     v_expires timestamptz;
     v_fallback boolean := false;
+    v_retried boolean;
+    v_set text;
 BEGIN
     -- The same candidates, in the same order, as the general pop (pop_candidates): the
     -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
@@ -196,7 +198,8 @@ BEGIN
         END IF;
         -- The cursor's newest version first (see queen.ack_head), and by its ctid after;
         -- sorts off for this statement alone, as there.
-        PERFORM set_config('enable_sort', 'off', true);
+        -- (An assignment: no executor started for it, as a PERFORM's query would be.)
+        v_set := set_config('enable_sort', 'off', true);
         SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
                c.attempt_offset
         INTO cur
@@ -232,17 +235,18 @@ BEGIN
             -- lock: nothing left here.
             CONTINUE;
         END IF;
-        SELECT array_agg(f."offset" ORDER BY f."offset"),
-               array_agg(f.transaction_id ORDER BY f."offset"),
-               array_agg(f.payload ORDER BY f."offset"),
-               array_agg(f.created_at ORDER BY f."offset"),
-               array_agg(f.meta ORDER BY f."offset")
-        INTO v_offsets, v_txns, v_payloads, v_created, v_metas
+        -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
+        -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
+        -- any of them has a retry history, in the same statement: one query less to start.)
+        SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
+               array_agg(f.created_at), array_agg(f.meta),
+               EXISTS (SELECT 1 FROM queen.retries r
+                       WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                         AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
+        INTO v_offsets, v_txns, v_payloads, v_created, v_metas, v_retried
         FROM queen.read_frames(cand.pid, cur.committed + 1, v_wanted::integer) f;
         IF coalesce(cardinality(v_offsets), 0) < v_wanted  -- some are sealed
-           OR EXISTS (SELECT 1 FROM queen.retries r
-                      WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                        AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
+           OR v_retried
         THEN
             v_fallback := true;
             EXIT;
@@ -259,7 +263,7 @@ BEGIN
         ELSE
             -- Losing a lease in a crash is what its expiry does anyway: the frames are handed
             -- out again. So this commit need not wait for the disk.
-            PERFORM set_config('synchronous_commit', 'off', true);
+            v_set := set_config('synchronous_commit', 'off', true);
             UPDATE queen.cursors c
             SET lease_id = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
@@ -449,6 +453,38 @@ $fn$;
 -- or when the pop finds nothing, one 'empty' row ('fallback': the pop's case needs the general
 -- pop, and the acknowledgement has committed all the same). The queue's long polls are told
 -- (NOTIFY) when the partition is left free.
+-- The settlement itself, for queen.settle_pop_head and queen.sweep_settle_and_pop (timers.sql):
+-- true when it was applied (the cursor committed through p_through, its lease released, the
+-- retries it passed dropped), false when the cursor is not as the batch's pop left it and
+-- nothing was changed (the cursor stays locked until the transaction ends, as it did).
+CREATE OR REPLACE FUNCTION queen.settle_head(
+    p_tenant integer, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint,
+    p_through bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- (as queen.ack_head and queen.pop_head)
+SET enable_seqscan = off
+AS $fn$
+DECLARE
+    cur record;
+BEGIN
+    -- The cursor, newest version first, locked (queen.cursor_for_update).
+    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
+    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
+       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+        RETURN false;
+    END IF;
+    UPDATE queen.cursors c
+    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
+    WHERE c.ctid = cur.tid;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
+      AND r."offset" <= p_through;
+    RETURN true;
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION queen.settle_pop_head(
     p_tenant integer, p_queue text, p_group text, p_partition_id uuid, p_lease uuid,
     p_from bigint, p_through bigint, p_pop_partition text, p_batch integer, p_after text)
@@ -462,24 +498,13 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     v_commit text := current_setting('synchronous_commit');
-    cur record;
 BEGIN
-    -- The cursor, newest version first, locked (queen.cursor_for_update).
-    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
-    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
-       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
-       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+    IF NOT queen.settle_head(p_tenant, p_group, p_partition_id, p_lease, p_from, p_through) THEN
         RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,
                             NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
                             NULL::timestamptz, NULL::jsonb;
         RETURN;
     END IF;
-    UPDATE queen.cursors c
-    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
-    WHERE c.ctid = cur.tid;
-    DELETE FROM queen.retries r
-    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
-      AND r."offset" <= p_through;
 
     IF p_batch > 0 THEN
         -- (A new statement: it sees the cursor committed through above.) The queue's long
@@ -495,7 +520,7 @@ BEGIN
         SELECT x.* FROM popped x, (SELECT count(*) FROM told) AS forced;
         -- The pop's lease may be forgotten in a crash (it does not wait for the disk), the
         -- acknowledgement may not: the commit waits as the caller asked.
-        PERFORM set_config('synchronous_commit', v_commit, true);
+        v_commit := set_config('synchronous_commit', v_commit, true);  -- (not PERFORM: cheaper)
         RETURN;
     END IF;
     PERFORM pg_notify('queen_log', p_tenant::text || ':' || p_queue);
