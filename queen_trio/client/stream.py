@@ -302,7 +302,8 @@ class NativePopStream(PopStream, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.upgraded = self.refused = False
         self.head = b""  # the upgrade's answer until it is whole
-        self.rest = b""  # a frame not yet whole
+        self.rest = bytearray()  # a frame not yet whole
+        self.needed = 0  # how long it must be before it is looked at again
         self.fragments: list[bytes] = []  # a message's frames before its last
         self.received: collections.deque[FromBroker] = collections.deque()
         self.on_message: Callable[[NativePopStream, FromBroker], None] | None = None
@@ -342,8 +343,12 @@ class NativePopStream(PopStream, asyncio.Protocol):
             data = self._upgrade(data)
             if not data:
                 return
-        if self.rest:
-            data, self.rest = self.rest + data, b""
+        rest = self.rest
+        if rest:
+            rest += data
+            if len(rest) < self.needed:  # (a large frame: not looked at again per read)
+                return
+            data, self.rest = bytes(rest), bytearray()
         try:
             self._frames(data)
         except BaseException as exc:  # a bug of ours or a message not read: end, then raise
@@ -396,6 +401,7 @@ class NativePopStream(PopStream, asyncio.Protocol):
         """Each whole frame of ``data`` (RFC 6455 5.2; a server's frames are not masked);
         what is left of it waits for the next bytes."""
         at, size = 0, len(data)
+        needed = 0
         while size - at >= 2 and not self.ended:
             b0, b1 = data[at], data[at + 1]
             length, start = b1 & 0x7F, at + 2
@@ -408,6 +414,7 @@ class NativePopStream(PopStream, asyncio.Protocol):
                     break
                 length, start = int.from_bytes(data[start:start + 8], "big"), start + 8
             if size - start < length:
+                needed = start + length - at
                 break
             at = start + length
             if b1 & 0x80 or b0 & 0x70:  # masked by the server, or an extension's bits
@@ -415,7 +422,7 @@ class NativePopStream(PopStream, asyncio.Protocol):
                 return
             self._frame(b0, data[start:at])
         if at < size and not self.ended:
-            self.rest = data[at:]
+            self.rest, self.needed = bytearray(data[at:]), needed
 
     def _frame(self, b0: int, payload: bytes) -> None:
         opcode, fin = b0 & 0x0F, b0 & 0x80
