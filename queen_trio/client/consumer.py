@@ -675,9 +675,9 @@ class _StreamWorker(_Worker):
         loop = self.loop
         if not loop.renew:
             return
-        while (got := self.current) is None or got.lease_id is None:
-            await self.armed.wait()
-            self.armed = anyio.Event()
+        # (Often over by the time this looks: a plain function's batch is handled before
+        # this task runs again. Renewals are timed from the batches' own instants.)
+        await self.armed.wait()
         self.dozing = False
         every = max(await self.lease_seconds() / 3, 0.05)
         while True:

@@ -29,7 +29,18 @@ FAST_RETRY = test_sdk.FAST_RETRY
 T = TypeVar("T")
 
 
-async def under_asyncio(url: str, main: Callable[[Client], Awaitable[T]]) -> T:
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """Counts its turns (each runs what became ready, after a look at the sockets)."""
+
+    turns = 0
+
+    def _run_once(self) -> None:
+        self.turns += 1
+        super()._run_once()  # type: ignore[misc]
+
+
+async def under_asyncio(url: str, main: Callable[[Client], Awaitable[T]],
+                        loop: Callable[[], asyncio.AbstractEventLoop] | None = None) -> T:
     """``main(client)`` in a thread of its own under asyncio, with a Client of ``url``; the
     streams it opened are checked to be the asyncio protocol's."""
     opened: list[type] = []
@@ -49,7 +60,11 @@ async def under_asyncio(url: str, main: Callable[[Client], Awaitable[T]]) -> T:
         finally:
             sdk_stream.PopStream.open = real_open  # type: ignore[method-assign]
 
-    result = await trio.to_thread.run_sync(asyncio.run, run())
+    def in_thread() -> T:
+        with asyncio.Runner(loop_factory=loop) as runner:
+            return runner.run(run())
+
+    result = await trio.to_thread.run_sync(in_thread)
     assert set(opened) <= {sdk_stream.NativePopStream}, opened
     return result
 
@@ -80,6 +95,37 @@ async def test_timers_are_handled_once_each_over_one_native_stream(
     assert _pops_and_acks(broker) == requests_before  # the stream carried it all
     assert stats.requests == 1
     assert len(await queen.pop("aio-fired")) == 0
+
+
+async def test_a_batch_costs_the_event_loop_two_turns(queen: Client, broker: BrokerHandle) -> None:
+    """A batch of a steady trickle wakes the consumer once (its socket) and its worker once:
+    no reader task, no watchdog, no anyio checkpoint in between (there were 5)."""
+    await queen.configure("aio-turns")
+    loop = _CountingLoop()
+    leases: set[str | None] = set()
+    n = 150
+
+    async def trickle() -> None:
+        await trio.sleep(0.3)  # (the stream is open)
+        for i in range(n):
+            await queen.push("aio-turns", i)
+            await trio.sleep(0.004)
+
+    async def main(client: Client) -> tuple[Any, int]:
+        # The first batch arms the worker's watchdog (a lease renewal's one look-up).
+        await client.push("aio-turns", "first")
+        await client.consume("aio-turns", lambda m: None, max_messages=1)
+        loop.turns = 0
+        stats = await client.consume("aio-turns", lambda m: leases.add(m.lease_id),
+                                     max_messages=n, concurrency=1)
+        return stats, loop.turns
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trickle)
+        stats, turns = await under_asyncio(broker.url, main, lambda: loop)
+    assert stats.completed == n and len(leases) > n / 10  # (mostly one message a batch)
+    # The stream's opening and ending take a few turns of their own.
+    assert turns / len(leases) < 3, (turns, len(leases))
 
 
 async def test_failures_are_retried_in_order_and_a_handler_may_settle_itself(
