@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -320,10 +321,11 @@ class NativePopStream(PopStream, asyncio.Protocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.upgraded:
-            self.ws.receive_data(None)
-            self.events.extend(self.ws.events())
         self.ended = self.closed = True
+        if not self.upgraded:  # the upgrade's answer ends with the connection
+            with contextlib.suppress(wsproto.utilities.ProtocolError):  # cut short
+                self.ws.receive_data(None)
+                self.events.extend(self.ws.events())
         drained, self.drained = self.drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)

@@ -193,3 +193,47 @@ def test_a_message_that_is_not_a_brokers_is_raised() -> None:
 
     got, _ = _run(script, client)
     assert got == "ValidationError"
+
+
+def test_frames_in_the_upgrades_own_packet_are_read() -> None:
+    async def main() -> Any:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+            ws.receive_data(await reader.readuntil(b"\r\n\r\n"))
+            list(ws.events())
+            writer.write(ws.send(AcceptConnection()) + _frame(0x2, _batch(7)))
+            await reader.read()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            stream = await PopStream.open(f"http://127.0.0.1:{port}", "q", None, {}, {}, 5)
+            try:
+                return await asyncio.wait_for(stream.receive(), 5)
+            finally:
+                await stream.aclose()
+        finally:
+            server.close()
+
+    assert asyncio.run(main()).seq == 7
+
+
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 101 Switching Protocols\r\n"])
+def test_an_upgrade_left_unanswered_is_an_unreachable_broker(answer: bytes) -> None:
+    from queen_trio.client.errors import BrokerUnreachable
+
+    async def main() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)  # then the connection ends, the answer cut short
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(BrokerUnreachable):
+                await PopStream.open(f"http://127.0.0.1:{port}", "q", None, {}, {}, 5)
+        finally:
+            server.close()
+
+    asyncio.run(main())
