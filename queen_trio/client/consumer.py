@@ -20,6 +20,7 @@ How it spends requests, since that is what a consumer's latency and the broker's
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -37,7 +38,7 @@ from . import calls
 from .durations import Duration, delay_ms, span_ms
 from .errors import ApiError, BrokerUnreachable, Conflict, NotFound, RateLimited, ServerError
 from .models import AckResult, AckStatus, Batch, Message, SettledPop
-from .stream import FromBroker, Owed, PopStream, StreamUnsupported
+from .stream import FromBroker, NativePopStream, Owed, PopStream, StreamUnsupported
 
 if TYPE_CHECKING:
     from .async_client import Client
@@ -469,8 +470,8 @@ class _Streaming:
 
     def __init__(self, loop: _Loop, concurrency: int) -> None:
         self.loop, self.concurrency = loop, concurrency
-        self.to_workers, self.batches = anyio.create_memory_object_stream[
-            tuple[PopStream, int, Batch]](concurrency)
+        self.batches: _Batches = (_FutureBatches() if sniffio.current_async_library() == "asyncio"
+                                  else _MemoryBatches(concurrency))
         self.busy = 0  # workers handling a batch
         self.troubles = 0  # streams ended since one last brought anything
         self.ended: BaseException | None = None
@@ -481,8 +482,7 @@ class _Streaming:
         try:
             async with anyio.create_task_group() as workers:
                 for _ in range(self.concurrency):
-                    workers.start_soon(_StreamWorker(self, self.batches.clone()).run)
-                self.batches.close()
+                    workers.start_soon(_StreamWorker(self, self.batches).run)
                 try:
                     while stream is not None:
                         await self.read(stream)
@@ -497,7 +497,7 @@ class _Streaming:
                 except (StreamUnsupported, ApiError) as exc:  # raised below, not in a group
                     self.ended = exc
                 finally:
-                    self.to_workers.close()
+                    self.batches.close()
         finally:
             if stream is not None and not stream.closed:  # cancelled: end it in order
                 loop.stop()
@@ -545,6 +545,9 @@ class _Streaming:
     async def read(self, stream: PopStream) -> None:
         """Hand the stream's batches to the workers and its verdicts to the loop, until the
         broker closes it (or it falls silent)."""
+        if isinstance(stream, NativePopStream):
+            await self.watch(stream)
+            return
         loop = self.loop
         silent_s = loop.poll_s * STREAM_SILENT_POLLS + STREAM_SILENT_MARGIN_S
         heard = loop.now()
@@ -575,21 +578,70 @@ class _Streaming:
         except BrokerUnreachable as exc:
             log.warning("consume %s: the stream broke (%s)", loop.queue, exc)
 
+    async def watch(self, stream: NativePopStream) -> None:
+        """:meth:`read` under asyncio: the stream hands each message to :meth:`take_now` as
+        it arrives (no reader task woken per batch, no timeout set per message); this only
+        wakes when the stream ends, falls silent, idles out, or every ``silent_s`` to look."""
+        loop = self.loop
+        silent_s = loop.poll_s * STREAM_SILENT_POLLS + STREAM_SILENT_MARGIN_S
+        try:
+            while stream.received:  # came with the upgrade's answer
+                self.take_now(stream, stream.received.popleft())
+            stream.on_message = self.take_now
+            while True:
+                now = loop.now()
+                wait_s = stream.heard + silent_s - now
+                if loop.idle_s is not None and not loop.stopping:
+                    idle_left = loop.last_activity + loop.idle_s - now
+                    if idle_left <= 0 and self.busy == 0:
+                        loop.stop()
+                    wait_s = min(wait_s, max(idle_left, 0.01))
+                if loop.stopping:
+                    await stream.stop()  # the broker closes once its pop has answered
+                if wait_s <= 0:
+                    log.warning("consume %s: the stream fell silent; reconnecting", loop.queue)
+                    return
+                if await stream.wait_ended(wait_s):
+                    break
+            if stream.error is not None:  # a message it could not read
+                error, stream.error = stream.error, None
+                raise error
+        except BrokerUnreachable as exc:
+            log.warning("consume %s: the stream broke (%s)", loop.queue, exc)
+
+    def take_now(self, stream: NativePopStream, got: FromBroker) -> None:
+        """:meth:`take`, called by the stream with each message as it arrives."""
+        self.troubles = 0
+        if got.pop is not None and got.seq is not None:
+            loop = self.loop
+            batch = Batch.from_model(got.pop)
+            if loop.stopping:  # arrived after the stop: straight back, no retry spent
+                stream.settle_nowait(got.seq, [calls.ack_entry(m, AckStatus.RETRY, None)
+                                               for m in batch])
+                return
+            loop.last_activity = loop.now()
+            self.busy += 1
+            self.batches.put_nowait((stream, got.seq, batch))
+        else:
+            self.verdict(got)
+
     async def take(self, stream: PopStream, got: FromBroker) -> None:
         loop = self.loop
         if got.pop is not None and got.seq is not None:
-            batch = SettledPop.from_model(got.pop).batch
+            batch = Batch.from_model(got.pop)
             if loop.stopping:  # arrived after the stop: straight back, no retry spent
                 await stream.settle(got.seq, [calls.ack_entry(m, AckStatus.RETRY, None)
                                               for m in batch])
                 return
             loop.last_activity = loop.now()
             self.busy += 1  # a worker is free: at most `concurrency` batches are out
-            try:  # (without a trip through the event loop: a worker is waiting for it)
-                self.to_workers.send_nowait((stream, got.seq, batch))
-            except anyio.WouldBlock:
-                await self.to_workers.send((stream, got.seq, batch))
-        elif got.ackRefused:  # counted as taken when sent: not those
+            await self.batches.put((stream, got.seq, batch))
+        else:
+            self.verdict(got)
+
+    def verdict(self, got: FromBroker) -> None:
+        loop = self.loop
+        if got.ackRefused:  # counted as taken when sent: not those
             refused = [AckResult.from_model(a) for a in got.ackRefused]
             log.warning("consume %s: the broker refused %d settlements: %s (%s)", loop.queue,
                         len(refused), refused[0].refused, refused[0].detail)
@@ -604,8 +656,7 @@ class _StreamWorker(_Worker):
     """A worker whose batches come from the stream and whose settlements go back on it (or,
     the stream being gone, in an ack request)."""
 
-    def __init__(self, streaming: _Streaming,
-                 batches: anyio.abc.ObjectReceiveStream[tuple[PopStream, int, Batch]]) -> None:
+    def __init__(self, streaming: _Streaming, batches: _Batches) -> None:
         super().__init__(streaming.loop)
         self.streaming, self.batches = streaming, batches
         self.source: tuple[PopStream, int] | None = None  # the batch in hand: its stream, seq
@@ -617,22 +668,25 @@ class _StreamWorker(_Worker):
 
     async def watchdog(self) -> None:
         """Renews the lease of a batch still in hand a third of the queue's leaseTime after it
-        came (no poll slot to give up here). Not woken for every batch: it sleeps from one
-        batch's renewal instant to the next batch's, and waits to be armed only when no batch
-        is in hand; at a steady trickle, a batch is settled long before."""
+        came (no poll slot to give up here). Not woken for every batch: armed by the first
+        batch (the leaseTime is learnt then, cached by the client), it then wakes once per
+        third of the leaseTime, or at the renewal instant of the batch in hand; at a steady
+        trickle, a batch is settled long before."""
         loop = self.loop
-        every: float | None = None
+        if not loop.renew:
+            return
+        # (Often over by the time this looks: a plain function's batch is handled before
+        # this task runs again. Renewals are timed from the batches' own instants.)
+        await self.armed.wait()
+        self.dozing = False
+        every = max(await self.lease_seconds() / 3, 0.05)
         while True:
             got, began = self.current, self.began
-            if got is None or not loop.renew or got.lease_id is None:
-                self.dozing = True
-                await self.armed.wait()
-                self.armed = anyio.Event()
-                self.dozing = False
+            if got is None or got.lease_id is None:
+                # A batch that comes meanwhile is looked at no later than `every` after it
+                # came, which is when its renewal is due.
+                await anyio.sleep(every)
                 continue
-            if every is None:
-                every = max(await self.lease_seconds() / 3, 0.05)  # then cached
-                continue  # (that batch may be over by now)
             if loop.now() < began + every:
                 await anyio.sleep_until(began + every)
                 continue  # the same batch, or a later one that is not due yet, or none
@@ -643,14 +697,15 @@ class _StreamWorker(_Worker):
 
     async def _pop_and_handle(self) -> None:
         loop = self.loop
-        async with self.batches:
-            async for stream, seq, got in self.batches:
-                self.source = stream, seq
-                try:
-                    await self.handle_batch(got)
-                finally:
-                    self.streaming.busy -= 1
-                await self.settle_batch(ending=loop.stopping)
+        get = self.batches.get
+        while (item := await get()) is not None:
+            stream, seq, got = item
+            self.source = stream, seq
+            try:
+                await self.handle_batch(got)
+            finally:
+                self.streaming.busy -= 1
+            await self.settle_batch(ending=loop.stopping)
 
     async def settle_now(self) -> None:
         """The loop is ending (cancelled, say): settle on the stream after a stop."""
@@ -675,3 +730,89 @@ class _StreamWorker(_Worker):
                 self.owed = owed
         if self.owed:
             await super().settle_now()
+
+
+_Handed = tuple[PopStream, int, Batch]  # a batch for a worker: its stream, seq, messages
+
+
+class _Batches:
+    """The stream's batches, on their way to idle workers: each goes to one worker; once
+    closed, ``get`` answers None when nothing is left."""
+
+    def put_nowait(self, item: _Handed) -> None:
+        raise NotImplementedError
+
+    async def put(self, item: _Handed) -> None:
+        raise NotImplementedError
+
+    async def get(self) -> _Handed | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _MemoryBatches(_Batches):
+    """Through an anyio memory object stream of ``concurrency`` places (under trio)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.sending, self.receiving = anyio.create_memory_object_stream[_Handed](concurrency)
+
+    async def put(self, item: _Handed) -> None:
+        try:  # (without a trip through the event loop: a worker is waiting for it)
+            self.sending.send_nowait(item)
+        except anyio.WouldBlock:
+            await self.sending.send(item)
+
+    async def get(self) -> _Handed | None:
+        try:
+            return await self.receiving.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+
+    def close(self) -> None:
+        self.sending.close()
+
+
+class _FutureBatches(_Batches):
+    """Under asyncio: a batch goes straight into the future an idle worker awaits (one wake-up
+    of that worker, nothing else); one that finds no worker idle waits in order. At most
+    ``inflight`` are out, which the broker keeps to."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque[_Handed] = collections.deque()
+        self.idle: collections.deque[asyncio.Future[_Handed | None]] = collections.deque()
+        self.closed = False
+
+    def put_nowait(self, item: _Handed) -> None:
+        idle = self.idle
+        while idle:
+            waiter = idle.popleft()
+            if not waiter.done():  # (a worker cancelled meanwhile is skipped)
+                waiter.set_result(item)
+                return
+        self.items.append(item)
+
+    async def put(self, item: _Handed) -> None:
+        self.put_nowait(item)
+
+    async def get(self) -> _Handed | None:
+        if self.items:
+            return self.items.popleft()
+        if self.closed:
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        self.idle.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                self.items.appendleft(waiter.result())  # handed as it was cancelled
+            raise
+
+    def close(self) -> None:
+        self.closed = True
+        for waiter in self.idle:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.idle.clear()

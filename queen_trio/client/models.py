@@ -228,11 +228,10 @@ _make_message = slot_maker(Message)
 def _time(times: dict[str | None, datetime | None], text: str | None) -> datetime | None:
     """:func:`parse_time`, once per distinct text: the frames of one fire or one push share
     their instants, and a 500-message answer parsed each of them anew."""
-    try:
-        return times[text]
-    except KeyError:
+    parsed = times.get(text)
+    if parsed is None:
         parsed = times[text] = parse_time(text)
-        return parsed
+    return parsed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,9 +256,27 @@ class Batch:
 
     @classmethod
     def from_model(cls, r: wire_log.PopResponse) -> Batch:
+        # Message.from_model's work, in one loop (a consumer builds every message it gets).
         times: dict[str | None, datetime | None] = {}
-        return cls(tuple(Message.from_model(m, times) for m in r.messages), r.queue,
-                   r.partition, r.leaseId, parse_time(r.leaseExpiresAt))
+        made = []
+        make, mark = _make_message, _make_mark
+        for m in r.messages:
+            t = m.timer or None
+            if t is None:
+                timer = None
+            else:
+                due = t.get("deliverAt")
+                at = times.get(due)
+                if at is None:
+                    at = times[due] = parse_time(due)
+                timer = mark(t["key"], at)
+            created = times.get(m.createdAt)
+            if created is None:
+                created = times[m.createdAt] = parse_time(m.createdAt)
+            made.append(make(m.transactionId, m.partitionId, m.queue, m.partition, m.offset,
+                             m.leaseId, m.consumerGroup, m.data, created, m.retryCount, timer,
+                             m.id))
+        return cls(tuple(made), r.queue, r.partition, r.leaseId, parse_time(r.leaseExpiresAt))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,14 +9,18 @@ HTTP. Plain ``http://`` only; an ``https://`` broker is popped over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import anyio
 import anyio.abc
 import msgspec
+import sniffio
 import wsproto
 from wsproto.events import (
     AcceptConnection,
@@ -93,7 +97,7 @@ class StreamUnsupported(Exception):
 class PopStream:
     """One open stream. ``receive`` from one task; ``send`` from any."""
 
-    def __init__(self, sock: anyio.abc.SocketStream, ws: wsproto.WSConnection) -> None:
+    def __init__(self, sock: anyio.abc.SocketStream | None, ws: wsproto.WSConnection) -> None:
         self.sock, self.ws = sock, ws
         self.lock = anyio.Lock()
         self.parts: list[bytes | str] = []
@@ -110,13 +114,19 @@ class PopStream:
             raise StreamUnsupported(f"{base_url}: streams are plain http:// only")
         path = calls._pop_path(queue, partition).replace("/pop/", "/stream/", 1)
         target = f"{url.path.rstrip('/')}{path}?{urlencode(params)}"
+        ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        stream: PopStream
         try:
             with anyio.fail_after(connect_timeout):
-                sock = await anyio.connect_tcp(url.hostname, url.port or 80)
+                if cls is PopStream and sniffio.current_async_library() == "asyncio":
+                    native = stream = NativePopStream(ws)
+                    await asyncio.get_running_loop().create_connection(
+                        lambda: native, url.hostname, url.port or 80)
+                else:
+                    sock = await anyio.connect_tcp(url.hostname, url.port or 80)
+                    stream = cls(sock, ws)
         except (OSError, TimeoutError) as exc:
             raise BrokerUnreachable(f"{base_url}: {exc}", [exc]) from exc
-        ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-        stream = cls(sock, ws)
         try:
             # A broker that takes the connection but never answers the upgrade is a dead one.
             with anyio.fail_after(max(connect_timeout or 0, HANDSHAKE_S)):
@@ -132,7 +142,7 @@ class PopStream:
 
     async def _handshake(self, host: str, target: str, headers: dict[str, str]) -> None:
         extra = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        await self.sock.send(self.ws.send(Request(host=host, target=target,
+        await self._send_raw(self.ws.send(Request(host=host, target=target,
                                                   extra_headers=extra)))
         reject: RejectConnection | None = None
         body = bytearray()
@@ -156,11 +166,16 @@ class PopStream:
         raise error_from_response(Answer(reject.status_code, Headers(list(reject.headers)),
                                          bytes(body)))
 
+    async def _send_raw(self, data: bytes) -> None:
+        assert self.sock is not None
+        await self.sock.send(data)
+
     async def _next_event(self) -> Any:
         """The next wsproto event, or None once the connection has ended."""
         while not self.events:
             if self.closed:
                 return None
+            assert self.sock is not None
             try:
                 data = await self.sock.receive(_CHUNK)
             except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
@@ -232,6 +247,7 @@ class PopStream:
     async def _write_locked(self, event: Any) -> None:
         if self.closed:
             raise BrokerUnreachable("the stream has ended", [])
+        assert self.sock is not None
         try:
             await self.sock.send(self.ws.send(event))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -240,8 +256,317 @@ class PopStream:
 
     async def aclose(self) -> None:
         self.closed = True
+        assert self.sock is not None
         with anyio.CancelScope(shield=True):
             try:
                 await self.sock.aclose()
             except (OSError, anyio.BrokenResourceError):
                 pass
+
+
+# -- under asyncio: the socket's own protocol, no reader task ---------------------------------
+
+_OP_CONTINUATION, _OP_TEXT, _OP_BINARY = 0x0, 0x1, 0x2
+_OP_CLOSE, _OP_PING, _OP_PONG = 0x8, 0x9, 0xA
+_PROTOCOL_ERROR = 1002
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One whole client frame (RFC 6455 5.2): FIN, ``opcode``, masked ``payload``."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 65536:
+        head = bytes((0x80 | opcode, 0xFE)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 | opcode, 0xFF)) + n.to_bytes(8, "big")
+    mask = os.urandom(4)  # a fresh key per frame, as the RFC asks of a client
+    masked = (int.from_bytes(payload, "little")
+              ^ int.from_bytes((mask * ((n >> 2) + 1))[:n], "little")).to_bytes(n, "little")
+    return head + mask + masked
+
+
+class NativePopStream(PopStream, asyncio.Protocol):
+    """A :class:`PopStream` under asyncio: the connection's own :class:`asyncio.Protocol`.
+
+    The upgrade goes through wsproto as :class:`PopStream`'s does; after it, the broker's
+    frames are parsed as they arrive (``data_received``, called by the event loop itself:
+    no reader task, no anyio socket, no wsproto per frame) and each message is decoded there.
+    A consumer may take them there too (``on_message``, called in order with each message),
+    else they wait for :meth:`receive`. Writes are whole frames given to the transport, so a
+    settlement does not suspend (unless the transport asks to wait for its buffer to drain).
+    """
+
+    def __init__(self, ws: wsproto.WSConnection) -> None:
+        super().__init__(None, ws)
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.upgraded = self.refused = False
+        self.head = b""  # the upgrade's answer until it is whole
+        self.rest = bytearray()  # a frame not yet whole
+        self.needed = 0  # how long it must be before it is looked at again
+        self.fragments: list[bytes] = []  # a message's frames before its last
+        self.received: collections.deque[FromBroker] = collections.deque()
+        self.on_message: Callable[[NativePopStream, FromBroker], None] | None = None
+        self.heard = self.loop.time()  # the last message's instant
+        self.ended = False  # the connection is gone (or ended by a close or an error)
+        self.error: BaseException | None = None  # a message that could not be read
+        self.waiter: asyncio.Future[None] | None = None
+        self.drained: asyncio.Future[None] | None = None  # set while writing is paused
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = self.closed = True
+        if not self.upgraded:  # the upgrade's answer ends with the connection
+            with contextlib.suppress(wsproto.utilities.ProtocolError):  # cut short
+                self.ws.receive_data(None)
+                self.events.extend(self.ws.events())
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        if self.drained is None:
+            self.drained = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.upgraded:
+            data = self._upgrade(data)
+            if not data:
+                return
+        rest = self.rest
+        if rest:
+            rest += data
+            if len(rest) < self.needed:  # (a large frame: not looked at again per read)
+                return
+            data, self.rest = bytes(rest), bytearray()
+        try:
+            self._frames(data)
+        except BaseException as exc:  # a bug of ours or a message not read: end, then raise
+            self.error = exc
+            self._end()
+
+    # -- the upgrade (wsproto) ----------------------------------------------------------
+
+    def _upgrade(self, data: bytes) -> bytes:
+        """The upgrade's answer to wsproto, as :meth:`PopStream._next_event` reads it; what
+        follows an accepted upgrade (frames already) is answered, for the frame parser."""
+        if self.refused:  # a refusal's body: wsproto reads it
+            self._to_wsproto(data)
+            return b""
+        head = self.head + data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            self.head = head
+            return b""
+        self.head, rest = b"", head[end + 4:]
+        self._to_wsproto(head[:end + 4])
+        if any(isinstance(e, AcceptConnection) for e in self.events):
+            self.upgraded = True
+            return rest
+        self.refused = True
+        if rest:
+            self._to_wsproto(rest)
+        return b""
+
+    def _to_wsproto(self, data: bytes) -> None:
+        self.ws.receive_data(data)
+        self.events.extend(self.ws.events())
+        self._wake()
+
+    async def _send_raw(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def _next_event(self) -> Any:
+        """The upgrade's next wsproto event, or None once the connection has ended."""
+        while not self.events:
+            if self.ended:
+                return None
+            await self._wait()
+        return self.events.popleft()
+
+    # -- frames -------------------------------------------------------------------------
+
+    def _frames(self, data: bytes) -> None:
+        """Each whole frame of ``data`` (RFC 6455 5.2; a server's frames are not masked);
+        what is left of it waits for the next bytes."""
+        at, size = 0, len(data)
+        needed = 0
+        while size - at >= 2 and not self.ended:
+            b0, b1 = data[at], data[at + 1]
+            length, start = b1 & 0x7F, at + 2
+            if length == 126:
+                if size - start < 2:
+                    break
+                length, start = int.from_bytes(data[start:start + 2], "big"), start + 2
+            elif length == 127:
+                if size - start < 8:
+                    break
+                length, start = int.from_bytes(data[start:start + 8], "big"), start + 8
+            if size - start < length:
+                needed = start + length - at
+                break
+            at = start + length
+            if b1 & 0x80 or b0 & 0x70:  # masked by the server, or an extension's bits
+                self._fail()
+                return
+            self._frame(b0, data[start:at])
+        if at < size and not self.ended:
+            self.rest, self.needed = bytearray(data[at:]), needed
+
+    def _frame(self, b0: int, payload: bytes) -> None:
+        opcode, fin = b0 & 0x0F, b0 & 0x80
+        if opcode in (_OP_TEXT, _OP_BINARY):
+            if self.fragments:  # a new message inside another
+                self._fail()
+            elif fin:
+                self._message(payload)
+            else:
+                self.fragments.append(payload)
+        elif opcode == _OP_CONTINUATION:
+            if not self.fragments:
+                self._fail()
+                return
+            self.fragments.append(payload)
+            if fin:
+                parts, self.fragments = self.fragments, []
+                self._message(b"".join(parts))
+        elif not fin or len(payload) > 125:  # control frames are whole and short
+            self._fail()
+        elif opcode == _OP_PING:
+            self._reply(_OP_PONG, payload)
+        elif opcode == _OP_CLOSE:
+            # Answered as wsproto answers it (its code echoed), then the connection ends.
+            self._reply(_OP_CLOSE, payload[:2] if len(payload) >= 2 else b"")
+            self._end()
+        elif opcode != _OP_PONG:
+            self._fail()
+
+    def _message(self, raw: bytes) -> None:
+        decoded = codec.fast(raw, _DECODE)
+        if decoded is codec.FALLBACK:  # refused, naming why, or taken precisely
+            decoded = msgspec.convert(strict_json.loads(raw), FromBroker)
+        self.heard = self.loop.time()
+        take = self.on_message
+        if take is not None:
+            take(self, decoded)
+        else:
+            self.received.append(decoded)
+            self._wake()
+
+    def _fail(self) -> None:
+        """A frame no broker sends: closed as wsproto closes it (1002), then ended."""
+        self._reply(_OP_CLOSE, _PROTOCOL_ERROR.to_bytes(2, "big"))
+        self._end()
+
+    def _end(self) -> None:
+        self.ended = self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, within: float | None = None) -> None:
+        """Until something happens (a message, the end), or ``within`` seconds."""
+        waiter = self.waiter = self.loop.create_future()
+        timer = None if within is None else self.loop.call_later(within, self._wake)
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    async def wait_ended(self, within: float) -> bool:
+        """Whether the stream ends within ``within`` seconds (a message also wakes it: the
+        caller looks again)."""
+        if not self.ended:
+            await self._wait(within)
+        return self.ended
+
+    async def receive(self) -> FromBroker | None:
+        while True:
+            if self.received:
+                return self.received.popleft()
+            if self.error is not None:
+                error, self.error = self.error, None
+                raise error
+            if self.ended:
+                return None
+            await self._wait()
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise BrokerUnreachable("the stream has ended", [])
+        transport.write(_frame(opcode, payload))
+
+    def _reply(self, opcode: int, payload: bytes) -> None:
+        """A control frame's answer, unless the connection is going already."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(_frame(opcode, payload))
+
+    def settle_nowait(self, seq: int, owed: Sequence[Owed]) -> None:
+        """:meth:`settle`, written at once (the transport buffers it)."""
+        raw = _completed_body(seq, owed)
+        if raw is None:
+            body = calls.compact_acks([
+                calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Handled) else o
+                for o in owed])
+            body["seq"] = seq
+            raw = _ENCODE.encode(body)
+        self._send(_OP_BINARY, raw)
+
+    async def settle(self, seq: int, owed: Sequence[Owed]) -> None:
+        if self.ended:
+            raise BrokerUnreachable("the stream has ended", [])
+        self.settle_nowait(seq, owed)
+        await self._drained()
+
+    async def stop(self) -> None:
+        if not self.stop_sent and not self.closed:
+            self.stop_sent = True
+            self._send(_OP_BINARY, b'{"stop":true}')
+            await self._drained()
+
+    async def _write(self, event: Any) -> None:
+        if self.ended:
+            raise BrokerUnreachable("the stream has ended", [])
+        assert isinstance(event, BytesMessage | TextMessage)
+        if isinstance(event, TextMessage):
+            self._send(_OP_TEXT, event.data.encode())
+        else:
+            self._send(_OP_BINARY, bytes(event.data))
+        await self._drained()
+
+    async def _drained(self) -> None:
+        """Whatever was written is on its way: wait only while the transport asks to."""
+        drained = self.drained
+        if drained is not None:
+            await asyncio.shield(drained)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
