@@ -55,6 +55,7 @@ from typing import Literal
 import trio
 
 from ..db import MISSED, Listener
+from ..db.listener import Heard
 from .rules import PopRequest
 from .store import NOTIFY_CHANNEL, PopBatch, PopOutcome
 
@@ -620,6 +621,17 @@ class QueueWakeups:
 
     # -- the service --------------------------------------------------------------------
 
+    def _heard(self, item: Heard) -> None:
+        """A notification of ``queen_log`` (or MISSED), from the listener."""
+        if item is MISSED:
+            self._own.clear()  # their NOTIFYs may be among those lost
+            for watches in self._watches.values():
+                for watch in watches:
+                    watch.heard.extend((None, None))  # news, whatever it was
+            self.notify_all("missed")  # anything may have changed meanwhile
+        else:
+            self.notify(item.payload, pid=item.pid)
+
     def stop(self) -> None:
         """Shutdown begins: wake every waiter, and let none park again."""
         self.stopping = True
@@ -641,16 +653,11 @@ class QueueWakeups:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_timers)
-                with listener.subscribe(NOTIFY_CHANNEL) as notifications:
+                # Each NOTIFY is handed to the lanes on the listener's task as it is read (a
+                # lane's wake-up never waits): under a steady flow every sweeper cycle's own
+                # NOTIFY comes back, and a task of our own cost a hop per cycle.
+                with listener.calling(NOTIFY_CHANNEL, self._heard):
                     task_status.started()
-                    async for item in notifications:
-                        if item is MISSED:
-                            self._own.clear()  # their NOTIFYs may be among those lost
-                            for watches in self._watches.values():
-                                for watch in watches:
-                                    watch.heard.extend((None, None))  # news, whatever it was
-                            self.notify_all("missed")  # anything may have changed meanwhile
-                        else:
-                            self.notify(item.payload, pid=item.pid)
+                    await trio.sleep_forever()
         finally:
             self._alive = False
