@@ -308,7 +308,7 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
     timeout, is not waited for (the sweeper then gives the batch back), nor is one during a
     shutdown."""
     assert parked.due_local is not None
-    if not wakeups.stopping:
+    if not (wakeups.stopping or parked.handed.is_set()):
         with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
             await parked.handed.wait()
     wakeups.withdraw(parked)

@@ -232,6 +232,9 @@ class ParkedPop:
     # it applies first (taken when it is reserved).
     watch: Watch | None = None
     settle: DeferredSettle | None = None
+    # Reserved without waking its waiter (one carrying a settlement waits for the hand-over
+    # where it is): the hand-over wakes it.
+    wake_on_hand: bool = False
 
     @property
     def reserved(self) -> bool:
@@ -244,6 +247,8 @@ class ParkedPop:
             return outcome
         self.outcome = outcome
         self.handed.set()  # it waits for this since it was reserved (announce_fire woke it)
+        if self.wake_on_hand and self.waiter is not None:
+            self.waiter.wake("handover")
         return None
 
 
@@ -606,7 +611,11 @@ class QueueWakeups:
                     pop.watch.reset()
                 if pop.settle is not None:
                     pop.settle.taken = True  # (the sweep applies it)
-                if pop.waiter is not None:
+                    # A stream's pop carrying its settlement waits parked until the sweep's
+                    # hand-over wakes it (or its settlement's time is up: then it waits for
+                    # the hand-over, bounded): one wake-up per cycle, not two.
+                    pop.wake_on_hand = True
+                elif pop.waiter is not None:
                     pop.waiter.wake("handover")  # it waits for the hand-over, bounded
                 return pop
         self.expect_fire(key, partition, due_db, due_local)
