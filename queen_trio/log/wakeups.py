@@ -233,8 +233,9 @@ class ParkedPop:
     watch: Watch | None = None
     settle: DeferredSettle | None = None
     # Reserved without waking its waiter (one carrying a settlement waits for the hand-over
-    # where it is): the hand-over wakes it.
+    # where it is parked, in ``sleep``): the hand-over wakes it.
     wake_on_hand: bool = False
+    sleep: trio.CancelScope | None = None
 
     @property
     def reserved(self) -> bool:
@@ -615,6 +616,8 @@ class QueueWakeups:
                     # hand-over wakes it (or its settlement's time is up: then it waits for
                     # the hand-over, bounded): one wake-up per cycle, not two.
                     pop.wake_on_hand = True
+                    if pop.sleep is not None:  # now bounded as a reserved pop's wait is
+                        pop.sleep.deadline = min(pop.deadline, due_local + HANDOVER_WAIT_S)
                 elif pop.waiter is not None:
                     pop.waiter.wake("handover")  # it waits for the hand-over, bounded
                 return pop
