@@ -139,3 +139,30 @@ async def test_a_malformed_message_ends_the_stream_the_same_way(
             await trio.sleep(0.1)
     assert [m.data for m in popped] == [1, 2]
     assert (through_quart["received"] == 0) is direct
+
+
+async def test_a_batch_larger_than_the_socket_takes_at_once_arrives_whole(
+    direct: bool, queen: Client, broker: BrokerHandle
+) -> None:
+    """A WebSocket message the connection's socket cannot take at once (a consumer that reads
+    it later): what the socket took is followed by the rest, written as room comes."""
+    queue = f"direct-big-{direct}"
+    payloads = [f"{i}:" + "x" * 400_000 for i in range(12)]  # one batch of ~4.8 MB
+    for payload in payloads:
+        await queen.push(queue, payload)
+    stream = await PopStream.open(broker.url, queue, None,
+                                  {"batch": 12, "inflight": 1, "timeout": 2000}, {}, 10)
+    try:
+        await trio.sleep(0.5)  # (the broker writes meanwhile, until the socket is full)
+        got = await _next(stream)
+        assert got.seq is not None and got.pop is not None
+        assert [m.data for m in got.pop.messages] == payloads
+        await stream._write(BytesMessage(_compact(
+            got.seq, got.pop, [m.transactionId for m in got.pop.messages])))
+        await stream.stop()
+        with trio.fail_after(10):
+            while await stream.receive() is not None:
+                pass
+    finally:
+        await stream.aclose()
+    assert len(await queen.pop(queue, batch=12)) == 0
