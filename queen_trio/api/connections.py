@@ -36,6 +36,10 @@ Two changes make each keep-alive request cheaper (issue 32: the broker's CPU per
   hypercorn stopped the timer task at every request (a cancellation unwound through it) and
   started a new one after every answer, each behind a lock and, for the start, a round trip
   through the scheduler (``nursery.start``).
+
+:class:`DirectWebSocket` is hypercorn's side of one WebSocket over HTTP/1.1, for the streaming
+pop (api/stream.py), which sends and receives a message per batch each way: its messages are
+sent and received there without Quart's wrappers and tasks in between (issue 32).
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -53,8 +59,11 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import TrioSingleTask
+from wsproto.events import BytesMessage
+from wsproto.utilities import LocalProtocolError
 
 # Long enough for a refused client to finish writing what it has in flight and read the answer;
 # short enough that a client who never stops sending holds its descriptor only briefly.
@@ -177,6 +186,36 @@ async def _write(self: Any, data: bytes) -> None:
         lock.release()
 
 
+async def _write_now(self: Any, data: bytes) -> None:
+    """:func:`_write` of a plain socket's connection whose send lock is free: written at once,
+    without the trip through the scheduler trio's ``send_all`` makes after a write that did
+    not have to wait (a WebSocket message per batch under a steady flow); what the socket does
+    not take at once is written by ``send_all``, waiting for room."""
+    lock, stream = self.send_lock, self.stream
+    if type(stream) is not trio.SocketStream:
+        await _write(self, data)
+        return
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await _write(self, data)
+        return
+    try:
+        try:
+            written = os.write(stream.socket.fileno(), data)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:  # (what trio's send_all raises then)
+            raise trio.BrokenResourceError from exc
+        if written < len(data):
+            with trio.CancelScope(shield=True):
+                await stream.send_all(memoryview(data)[written:])
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        await self.protocol.handle(Closed())
+    finally:
+        lock.release()
+
+
 async def _read_data(self: Any) -> None:
     try:
         await _ORIGINAL_READ(self)
@@ -202,6 +241,71 @@ async def _close_after_linger(self: Any) -> None:
     # A read loop that h11 paused (the client sent another request after its last answer)
     # would never notice the socket closing: end the connection's tasks too.
     self._task_group._nursery.cancel_scope.cancel()
+
+
+#: The ASGI scope's key under which api/fast.py leaves a WebSocket's ASGI ``send`` (hypercorn's
+#: ``WSStream.app_send``) for :meth:`DirectWebSocket.of`.
+ASGI_SEND = "queen.asgi_send"
+
+
+class DirectWebSocket:
+    """hypercorn's side of one WebSocket over HTTP/1.1 (its ``WSStream``), used without Quart's
+    wrappers: a message sent is wsproto's frame written on the connection (:func:`_write`, as
+    hypercorn writes it) rather than a trip through quart-trio's ``send_data``, its
+    ``websocket_sent`` signal, hypercorn's ``app_send``, ``H11Protocol.stream_send`` and
+    ``protocol_send``; a message received is handed to ``on_message`` on the connection's own
+    task (:meth:`divert`) rather than through two memory channels and quart-trio's
+    ``handle_messages`` task (with its ``websocket_received`` signal). Only a binary message
+    is sent here, as Quart sends bytes. Anything else (the accept, the close, a disconnect)
+    still goes through Quart and hypercorn as usual."""
+
+    def __init__(self, ws_stream: WSStream, server: TCPServer) -> None:
+        self._ws = ws_stream
+        self._server = server
+
+    @classmethod
+    def of(cls, scope: Any) -> DirectWebSocket | None:
+        """The WebSocket of this ASGI ``scope`` (api/fast.py leaves its ``send`` there), if
+        hypercorn serves it over HTTP/1.1 as this module knows it; else None."""
+        send = scope.get(ASGI_SEND)
+        ws_stream = getattr(send, "__self__", None)
+        if type(ws_stream) is not WSStream:
+            return None
+        protocol = getattr(ws_stream.send, "__self__", None)
+        server = getattr(getattr(protocol, "send", None), "__self__", None)
+        if type(protocol) is not H11Protocol or type(server) is not TCPServer:
+            return None
+        return cls(ws_stream, server)
+
+    def divert(self, on_message: Callable[[bytes | str | None], Awaitable[None]]) -> None:
+        """From now on, each message received is given to ``on_message`` (awaited on the
+        connection's task: a slow one holds the connection's reads, which is the
+        backpressure Quart's bounded queues gave); the disconnect still reaches Quart, which
+        ends the handler. Call before accepting: no message can have been queued for Quart
+        yet."""
+        app_put = self._ws.app_put
+        assert app_put is not None  # (set as the app was started, before the handler ran)
+
+        async def put(message: Any) -> None:
+            if message["type"] == "websocket.receive":
+                await on_message(message.get("bytes") or message["text"])  # (as Quart reads it)
+            else:
+                await app_put(message)
+
+        self._ws.app_put = put
+
+    async def send(self, data: bytes) -> bool:
+        """Send ``data`` as one binary message; False: not sent here (not connected, or closed
+        already): the caller sends it through Quart, which does what it does then."""
+        ws = self._ws
+        if ws.closed or ws.state is not ASGIWebsocketState.CONNECTED:
+            return False
+        try:
+            frame = ws.connection.send(BytesMessage(data=data))
+        except LocalProtocolError:  # (closing: hypercorn drops it likewise)
+            return True
+        await _write_now(self._server, frame)
+        return True
 
 
 class _AtMostEvery(logging.Filter):

@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import h11
 import trio
@@ -44,6 +44,7 @@ from ..context import BrokerContext
 from ..errors import RequestError
 from ..models import codec
 from . import bodies
+from .connections import ASGI_SEND
 from .errors import (
     ErrorAnswer,
     error_headers,
@@ -102,6 +103,10 @@ class FastRoutes:
             if handler is not None:
                 await handler(receive, send)
                 return
+        elif scope["type"] == "websocket":
+            # A streaming pop's WebSocket is then sent and received on hypercorn's side
+            # without Quart's wrappers (api/connections.py DirectWebSocket).
+            cast(dict[str, Any], scope)[ASGI_SEND] = send
         await self.app(scope, receive, send)
 
     def _handler(self, scope: HTTPScope, whole: bytes | None = None) -> _Handler | None:

@@ -50,6 +50,7 @@ from ..log import longpoll, rules, store
 from ..log.wakeups import DeferredSettle, ParkLimit, QueueWakeups, Watch
 from ..models import codec
 from .common import broker as _broker
+from .connections import DirectWebSocket
 from .errors import error_response
 from .log import _resolved, ack_result, batches_to_wire, settle
 from .origin import HostPolicy, check_request
@@ -79,6 +80,17 @@ _DB_TROUBLE = (DatabaseUnavailable, psycopg.OperationalError)
 _DB_AWAY = ("database_unavailable", "the database is unreachable; reconnect later")
 # A settlement of a batch whole in the SDK's compact form says no more than these.
 _WHOLE_KEYS = frozenset(("seq", "partitionId", "leaseId", "consumerGroup", "acknowledgments"))
+#: Off: the stream's messages go through Quart's websocket (tests compare). On, a stream served
+#: by hypercorn (api/fast.py) sends and reads its messages on hypercorn's side
+#: (:class:`~.connections.DirectWebSocket`): a settlement that only hands the pop loop its
+#: next pop is taken on the connection's own task, as it is read (a cycle under a steady
+#: flow then wakes no reader task, nor Quart's).
+DIRECT = True
+# Settlements read on the connection's task and waiting for the reader task (which settles
+# them in order): past this, the connection's reads wait, as Quart's queue made them.
+_INBOX = 8
+# A received message not read yet (_Stream._taken).
+_UNREAD: Any = object()
 
 
 @stream_routes.websocket("/stream/queue/<queue>")
@@ -116,8 +128,10 @@ async def _open(queue: str, partition: str | None) -> Response | None:
                               **exc.extra)
     except psycopg.OperationalError:
         return error_response(503, *_DB_AWAY)
+    stream = _Stream(ws, current_tenant_id(), req, inflight,
+                     DirectWebSocket.of(ws.scope) if DIRECT else None)
     await ws.accept()
-    await _Stream(ws, current_tenant_id(), req, inflight).run()
+    await stream.run()
     return None
 
 
@@ -170,8 +184,17 @@ def _note_drained(watch: Watch, pid: int, settled: store.PopBatch,
 class _Stream:
     """One consumer's stream: a pop loop and the reading of its settlements."""
 
-    def __init__(self, ws: Any, tenant: int, req: rules.PopRequest, inflight: int) -> None:
+    def __init__(self, ws: Any, tenant: int, req: rules.PopRequest, inflight: int,
+                 direct: DirectWebSocket | None = None) -> None:
         self.ws, self.tenant, self.req, self.inflight = ws, tenant, req, inflight
+        # Messages go through hypercorn's side (DirectWebSocket): those received are taken
+        # as they are read (_received); what the reader task must settle waits in its inbox.
+        self.direct = direct
+        self.inbox, self.inbox_out = trio.open_memory_channel[tuple[Any, Any]](_INBOX)
+        self.inbox_pending = 0  # in the inbox, or being settled by the reader task
+        self.reading = True  # the reader task goes on (not failed)
+        if direct is not None:
+            direct.divert(self._received)
         self.broker = _broker()
         self.out: dict[int, list[store.PopBatch]] = {}  # batches sent, not yet settled
         self.seq = 0
@@ -279,58 +302,108 @@ class _Stream:
         finally:  # the consumer left (the handler is cancelled then), or misbehaved
             self.abandon.now()
 
-    async def _settle_each(self) -> None:
-        while True:
-            raw = await self.ws.receive()
-            try:
-                seq, acks = self._settlement(raw)
-            except RequestError as exc:
-                await self._fail(exc.code, exc.message, _CLOSE_POLICY)
+    async def _received(self, raw: bytes | str | None) -> None:
+        """A message the consumer sent, on the connection's own task (DirectWebSocket): a
+        settlement that only hands the pop loop its next pop, or a stop, is taken here; the
+        rest is settled by the reader task, in order (nothing is taken here while it has any
+        to settle)."""
+        if not self.reading:
+            return  # the stream has failed (it closes): as Quart's queue nobody read
+        taken = _UNREAD
+        if not self.inbox_pending:
+            taken = self._taken(raw)
+            if taken is None:
                 return
-            if seq is None:  # stop
-                self.stopping = True
-                self.abandon.now()
-                self.changed.set()
-                continue
-            if (seq == self.holding and self.pending is None and self._whole(seq, acks)
-                    and self._may_pop()):
-                # The pop loop waits for this one: its next pop settles it first, in one
-                # statement, and parks on what that look found.
-                self.holding = None
-                self.pending = seq, acks
-                self.changed.set()
-                continue
-            results: list[store.AckResult] = []
-            popped: list[store.PopBatch] = []
-            with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
+        self.inbox_pending += 1
+        try:
+            self.inbox.send_nowait((raw, taken))
+        except trio.WouldBlock:
+            await self.inbox.send((raw, taken))
+
+    async def _settle_each(self) -> None:
+        try:
+            while True:
+                if self.direct is None:
+                    taken = self._taken(await self.ws.receive())
+                    if taken is not None and not await self._settle_taken(taken):
+                        return
+                    continue
+                raw, taken = await self.inbox_out.receive()
                 try:
-                    if acks:
-                        settled = await self._settle_whole(seq, acks)
-                        if settled is None:
-                            results = await settle(
-                                acks, sync_commit=self.broker.settings.pop_commit_sync)
-                        else:
-                            results = settled.results
-                            if settled.popped is not None:
-                                popped = settled.popped.batches
-                except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
-                    log.warning("stream %s: settling failed: %s", self.req.queue, exc)
-                    await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
-                    return
-                self.out.pop(seq, None)
-                if popped:  # the next batch, in the settled one's place
-                    self.seq += 1
-                    self.out[self.seq] = popped
-                    next_seq = self.seq
-            if popped:
-                await self._send_batch(next_seq, popped)
-            else:
-                self.changed.set()
-            await self._send_refused(seq, results)
+                    if taken is _UNREAD:
+                        taken = self._taken(raw)
+                    if taken is not None and not await self._settle_taken(taken):
+                        return
+                finally:
+                    self.inbox_pending -= 1
+        finally:
+            self.reading = False
+
+    def _taken(self, raw: bytes | str | None
+               ) -> tuple[int, list[rules.Ack]] | RequestError | None:
+        """A message read: None if it is taken care of here (a stop, or the settlement the
+        pop loop waits for, handed to it), else what the reader task settles."""
+        try:
+            seq, acks = self._settlement(raw)
+        except RequestError as exc:
+            return exc
+        if seq is None:  # stop
+            self.stopping = True
+            self.abandon.now()
+            self.changed.set()
+            return None
+        if (seq == self.holding and self.pending is None and self._whole(seq, acks)
+                and self._may_pop()):
+            # The pop loop waits for this one: its next pop settles it first, in one
+            # statement, and parks on what that look found.
+            self.holding = None
+            self.pending = seq, acks
+            self.changed.set()
+            return None
+        return seq, acks
+
+    async def _settle_taken(self, taken: tuple[int, list[rules.Ack]] | RequestError) -> bool:
+        """Settle what :meth:`_taken` left to the reader task; False: the stream fails."""
+        if isinstance(taken, RequestError):
+            await self._fail(taken.code, taken.message, _CLOSE_POLICY)
+            return False
+        seq, acks = taken
+        results: list[store.AckResult] = []
+        popped: list[store.PopBatch] = []
+        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_S):
+            try:
+                if acks:
+                    settled = await self._settle_whole(seq, acks)
+                    if settled is None:
+                        results = await settle(
+                            acks, sync_commit=self.broker.settings.pop_commit_sync)
+                    else:
+                        results = settled.results
+                        if settled.popped is not None:
+                            popped = settled.popped.batches
+            except _DB_TROUBLE as exc:  # not applied: its leases end by themselves
+                log.warning("stream %s: settling failed: %s", self.req.queue, exc)
+                await self._fail(*_DB_AWAY, _CLOSE_TRY_LATER)
+                return False
+            self.out.pop(seq, None)
+            if popped:  # the next batch, in the settled one's place
+                self.seq += 1
+                self.out[self.seq] = popped
+                next_seq = self.seq
+        if popped:
+            await self._send_batch(next_seq, popped)
+        else:
+            self.changed.set()
+        await self._send_refused(seq, results)
+        return True
 
     async def _send_batch(self, seq: int, batches: list[store.PopBatch]) -> None:
         answer = batches_to_wire(self.req, batches, self.broker.cipher)
-        await self.ws.send(b'{"seq":%d,"pop":%s}' % (seq, codec.encode(answer)))
+        await self._send_bytes(b'{"seq":%d,"pop":%s}' % (seq, codec.encode(answer)))
+
+    async def _send_bytes(self, data: bytes) -> None:
+        if self.direct is None or not await self.direct.send(data):
+            await self.ws.send(data)
 
     def _whole(self, seq: int, acks: list[rules.Ack]) -> bool:
         """Whether ``acks`` complete batch ``seq`` whole (:func:`store.completes_whole`)."""
@@ -534,4 +607,4 @@ class _Stream:
         self.changed.set()
 
     async def _send(self, body: dict[str, Any]) -> None:
-        await self.ws.send(codec.encode(body))
+        await self._send_bytes(codec.encode(body))

@@ -57,6 +57,8 @@ class _Missed(enum.Enum):
 
 
 MISSED: Final = _Missed.MISSED
+#: What a subscriber is given: a notification, or MISSED.
+Heard = Notification | _Missed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,8 +75,9 @@ class ListenerStatistics:
 @dataclasses.dataclass(eq=False)
 class _Subscription:
     channel: str
-    send: trio.MemorySendChannel[Notification | _Missed]
+    send: trio.MemorySendChannel[Notification | _Missed] | None
     missed: bool = False
+    call: Callable[[Heard], None] | None = None
 
 
 class _ReadOnlyServer(psycopg.OperationalError):
@@ -133,6 +136,23 @@ class Listener:
         finally:
             self._subscriptions[channel].discard(sub)
             send.close()
+
+    @contextmanager
+    def calling(self, channel: str, call: Callable[[Heard], None]
+                ) -> Iterator[None]:
+        """For the block, ``call`` each notification of ``channel`` (and :data:`MISSED`) as
+        it is read, on the listener's task, in order: for a subscriber whose handling is
+        quick and never waits (the long-poll lanes' wake-ups), without the hop to a task of
+        its own that :meth:`subscribe` costs per notification. A ``call`` that raises is
+        logged and counted; the next notification is delivered as usual."""
+        if channel not in self._subscriptions:
+            raise ValueError(f"channel {channel!r} is not one this listener listens to")
+        sub = _Subscription(channel, None, call=call)
+        self._subscriptions[channel].add(sub)
+        try:
+            yield
+        finally:
+            self._subscriptions[channel].discard(sub)
 
     def deliver_here(self, channel: str, payload: str) -> None:
         """Hand this process's subscribers of ``channel`` a notification of ``payload``, as if
@@ -270,6 +290,10 @@ class Listener:
                 self._offer(sub, None)
 
     def _offer(self, sub: _Subscription, item: Notification | None) -> None:
+        if sub.call is not None:
+            self._call(sub.call, item)
+            return
+        assert sub.send is not None
         try:
             if sub.missed:
                 sub.send.send_nowait(MISSED)
@@ -281,3 +305,10 @@ class Listener:
             self._dropped += item is not None
         except trio.BrokenResourceError:
             pass  # the subscriber left; its context manager removes it
+
+    def _call(self, call: Callable[[Heard], None],
+              item: Notification | None) -> None:
+        try:
+            call(MISSED if item is None else item)
+        except Exception as exc:
+            survived(log, "listener", "a notification's subscriber", exc, self._count_error)

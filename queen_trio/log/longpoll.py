@@ -63,8 +63,14 @@ class Abandon:
         if self._sleeping is not None:
             self._sleeping.cancel()
 
-    async def sleep_until(self, deadline: float, woken: trio.Event) -> None:
-        with trio.move_on_at(deadline) as scope:
+    async def sleep_until(self, deadline: float, woken: trio.Event,
+                          scope: trio.CancelScope | None = None) -> None:
+        """Until ``deadline``, ``woken`` or :meth:`now`; ``scope``: the one to sleep in (its
+        deadline, which its owner may move, is set to ``deadline``)."""
+        if scope is None:
+            scope = trio.CancelScope()
+        scope.deadline = deadline
+        with scope:
             self._sleeping = scope
             try:
                 if not self.abandoned:
@@ -267,11 +273,18 @@ async def _carry_settlement(broker: PopBroker, tenant: int, req: rules.PopReques
     waiter.begin_look()  # (what it knows is as of now: nothing came since the sweep looked)
     while not (wakeups.stopping or (abandon is not None and abandon.abandoned)):
         until = min(deadline, deferral.settle.until)
-        if abandon is None:
-            with trio.move_on_at(until):
-                await waiter.woken.wait()
-        else:
-            await abandon.sleep_until(until, waiter.woken)
+        # (Once a sweep reserves it, the sleep lasts until the hand-over, bounded as
+        # _take_handover bounds it: QueueWakeups.announce_fire moves the scope's deadline.)
+        parked.sleep = trio.CancelScope()
+        try:
+            if abandon is None:
+                with parked.sleep:
+                    parked.sleep.deadline = until
+                    await waiter.woken.wait()
+            else:
+                await abandon.sleep_until(until, waiter.woken, parked.sleep)
+        finally:
+            parked.sleep = None
         if parked.reserved or not waiter.woken.is_set():
             break
         if waiter.reason == "notify" and watch is not None and watch.quiet():
@@ -308,7 +321,7 @@ async def _take_handover(wakeups: QueueWakeups, parked: ParkedPop) -> store.PopO
     timeout, is not waited for (the sweeper then gives the batch back), nor is one during a
     shutdown."""
     assert parked.due_local is not None
-    if not wakeups.stopping:
+    if not (wakeups.stopping or parked.handed.is_set()):
         with trio.move_on_at(min(parked.deadline, parked.due_local + HANDOVER_WAIT_S)):
             await parked.handed.wait()
     wakeups.withdraw(parked)

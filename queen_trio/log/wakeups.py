@@ -55,6 +55,7 @@ from typing import Literal
 import trio
 
 from ..db import MISSED, Listener
+from ..db.listener import Heard
 from .rules import PopRequest
 from .store import NOTIFY_CHANNEL, PopBatch, PopOutcome
 
@@ -231,6 +232,10 @@ class ParkedPop:
     # it applies first (taken when it is reserved).
     watch: Watch | None = None
     settle: DeferredSettle | None = None
+    # Reserved without waking its waiter (one carrying a settlement waits for the hand-over
+    # where it is parked, in ``sleep``): the hand-over wakes it.
+    wake_on_hand: bool = False
+    sleep: trio.CancelScope | None = None
 
     @property
     def reserved(self) -> bool:
@@ -243,6 +248,8 @@ class ParkedPop:
             return outcome
         self.outcome = outcome
         self.handed.set()  # it waits for this since it was reserved (announce_fire woke it)
+        if self.wake_on_hand and self.waiter is not None:
+            self.waiter.wake("handover")
         return None
 
 
@@ -605,7 +612,13 @@ class QueueWakeups:
                     pop.watch.reset()
                 if pop.settle is not None:
                     pop.settle.taken = True  # (the sweep applies it)
-                if pop.waiter is not None:
+                    # A stream's pop carrying its settlement waits parked until the sweep's
+                    # hand-over wakes it (or its settlement's time is up: then it waits for
+                    # the hand-over, bounded): one wake-up per cycle, not two.
+                    pop.wake_on_hand = True
+                    if pop.sleep is not None:  # now bounded as a reserved pop's wait is
+                        pop.sleep.deadline = min(pop.deadline, due_local + HANDOVER_WAIT_S)
+                elif pop.waiter is not None:
                     pop.waiter.wake("handover")  # it waits for the hand-over, bounded
                 return pop
         self.expect_fire(key, partition, due_db, due_local)
@@ -619,6 +632,17 @@ class QueueWakeups:
         return expected
 
     # -- the service --------------------------------------------------------------------
+
+    def _heard(self, item: Heard) -> None:
+        """A notification of ``queen_log`` (or MISSED), from the listener."""
+        if item is MISSED:
+            self._own.clear()  # their NOTIFYs may be among those lost
+            for watches in self._watches.values():
+                for watch in watches:
+                    watch.heard.extend((None, None))  # news, whatever it was
+            self.notify_all("missed")  # anything may have changed meanwhile
+        else:
+            self.notify(item.payload, pid=item.pid)
 
     def stop(self) -> None:
         """Shutdown begins: wake every waiter, and let none park again."""
@@ -641,16 +665,11 @@ class QueueWakeups:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_timers)
-                with listener.subscribe(NOTIFY_CHANNEL) as notifications:
+                # Each NOTIFY is handed to the lanes on the listener's task as it is read (a
+                # lane's wake-up never waits): under a steady flow every sweeper cycle's own
+                # NOTIFY comes back, and a task of our own cost a hop per cycle.
+                with listener.calling(NOTIFY_CHANNEL, self._heard):
                     task_status.started()
-                    async for item in notifications:
-                        if item is MISSED:
-                            self._own.clear()  # their NOTIFYs may be among those lost
-                            for watches in self._watches.values():
-                                for watch in watches:
-                                    watch.heard.extend((None, None))  # news, whatever it was
-                            self.notify_all("missed")  # anything may have changed meanwhile
-                        else:
-                            self.notify(item.payload, pid=item.pid)
+                    await trio.sleep_forever()
         finally:
             self._alive = False

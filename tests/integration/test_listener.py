@@ -104,3 +104,47 @@ async def test_first_connection_failure_is_raised() -> None:
     listener = Listener("postgresql://postgres@127.0.0.1:1/none", ["alpha"])
     with pytest.raises(psycopg.OperationalError):
         await listener.run()
+
+
+async def test_a_calling_subscriber_hears_each_notification_in_order_and_missed(
+    listener: Listener, database_url: str
+) -> None:
+    """Listener.calling: each notification of its channel (never another's) is handed to the
+    call on the listener's task, in order and without a buffer to overflow; a call that raises
+    is counted and the next notification is delivered as usual; after the connection is lost
+    the call hears MISSED, then what comes next."""
+    heard: list[object] = []
+
+    def call(item: object) -> None:
+        heard.append(item)
+        if getattr(item, "payload", None) == "boom":
+            raise RuntimeError("a subscriber's bug")
+
+    with listener.calling("alpha", call):
+        for payload in ("0", "1", "boom", "2", "3", "4", "5"):  # more than buffer_size
+            await trio.to_thread.run_sync(_notify, database_url, "alpha", payload)
+        await trio.to_thread.run_sync(_notify, database_url, "beta", "other")
+        with trio.fail_after(5):
+            while len(heard) < 7:
+                await trio.sleep(0.01)
+        assert [getattr(n, "payload", n) for n in heard] == ["0", "1", "boom", "2", "3", "4",
+                                                             "5"]
+        assert listener.statistics().dropped_total == 0
+        old_pid = listener.backend_pid
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+        with trio.fail_after(5):
+            while len(heard) < 8:
+                await trio.sleep(0.01)
+        assert heard[7] is MISSED
+        await trio.to_thread.run_sync(_notify, database_url, "alpha", "still here")
+        with trio.fail_after(5):
+            while len(heard) < 9:
+                await trio.sleep(0.01)
+        assert getattr(heard[8], "payload", None) == "still here"
+    await trio.to_thread.run_sync(_notify, database_url, "alpha", "gone")
+    await trio.sleep(0.2)
+    assert len(heard) == 9  # (the block has ended: no more calls)
+    with pytest.raises(ValueError, match="gamma"):
+        with listener.calling("gamma", call):
+            pass

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import uuid
 
+import trio
+
 from queen_trio.log.rules import PopRequest
 from queen_trio.log.store import PopBatch
-from queen_trio.log.wakeups import DeferredSettle, ParkedPop, QueueWakeups
+from queen_trio.log.wakeups import HANDOVER_WAIT_S, DeferredSettle, ParkedPop, QueueWakeups
 
 
 def _req() -> PopRequest:
@@ -60,3 +62,29 @@ async def test_the_sweep_reserving_a_pop_takes_its_settlement_and_resets_its_wat
         assert told == [True] and settle.result is True
         wakeups.plan_fire(None, 0.0)
         assert wakeups.fire_planned("1:q") is None
+
+
+async def test_a_pop_carrying_its_settlement_is_woken_by_the_hand_over_alone() -> None:
+    """Reserved for a fire, a plain parked pop is woken at once (it goes to wait for the
+    hand-over); one carrying its stream's settlement waits for the hand-over where it is
+    parked, and the hand-over wakes it: one wake-up of its task per sweeper cycle."""
+    wakeups = QueueWakeups()
+    batch = PopBatch("q", "p", uuid.uuid4(), "g", uuid.uuid4(), None, [])
+    with wakeups.waiting("1:q", 1, _req()) as carrying, wakeups.waiting("1:x", 1, _req()) as plain:
+        carrying.begin_look()
+        plain.begin_look()
+        pop = ParkedPop(1, _req(), deadline=100.0, waiter=carrying,
+                        settle=DeferredSettle(batch, 1.0, lambda result: None))
+        other = ParkedPop(1, _req(), deadline=100.0, waiter=plain)
+        wakeups.offer("1:q", pop)
+        wakeups.offer("1:x", other)
+        pop.sleep = trio.CancelScope(deadline=10.5)  # parked until its settlement's time
+        assert wakeups.announce_fire("1:q", "p", 10.0, 10.0) is pop
+        assert wakeups.announce_fire("1:x", "p", 10.0, 10.0) is other
+        assert not carrying.woken.is_set()
+        # Now it sleeps until the hand-over, bounded as a reserved pop's wait for it is.
+        assert pop.sleep.deadline == 10.0 + HANDOVER_WAIT_S
+        assert plain.woken.is_set() and plain.reason == "handover"
+        assert pop.hand(None) is None and other.hand(None) is None
+        assert carrying.woken.is_set() and carrying.reason == "handover"
+        assert pop.handed.is_set()
