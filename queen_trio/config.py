@@ -290,13 +290,17 @@ class Settings:
         5_000, lo=0, hi=1_000_000,
         help="the same for one tenant: 429 `too_many_waiting_pops`. With `QUEEN_AUTH=off` "
         "every pop is the default tenant's, so this bound comes first")
+    # Each cycle costs about the same whatever it fires (2.5-3 ms of CPU in all: PostgreSQL,
+    # broker, consumer), so under a steady flow the floor sets the CPU per timer; 12 ms keeps
+    # the lag's p99 below graphile-worker tuned's at less CPU (docs/performance.md).
     sweeper_min_sleep_ms: int = integer(
-        10, lo=0, hi=60_000,
+        12, lo=0, hi=60_000,
         help="floor between two timer claim cycles (at most `QUEEN_SWEEPER_MAX_SLEEP_MS`); "
-        "under steady load a timer waits half of it on average. `5` started handlers at 500 "
-        "timers/s 4.8 ms (p50) after their due instant instead of 7.1–7.7, for about twice the "
-        "CPU (broker 0.63 core instead of 0.33, PostgreSQL 0.57 instead of 0.33; "
-        "`bench.fire_lag --scenario steady`)")
+        "under steady load a timer waits half of it on average, and each cycle costs about the "
+        "same CPU whatever it fires. At 500 timers/s, `12` started handlers 8.1–8.4 / "
+        "14.3–14.7 ms (p50 / p99) after their due instant for 0.47–0.57 ms of CPU per timer "
+        "(PostgreSQL, broker and consumer); `10` 6.8–7.3 / 12.2–12.6 ms for 0.50–0.59 ms "
+        "(`bench.peer_graphile --scenario steady`, [performance.md](performance.md))")
     sweeper_max_sleep_ms: int = integer(
         1000, lo=1, hi=3_600_000, help="longest the sweeper sleeps without claiming")
     sweeper_lease_ms: int = integer(30000, lo=100, hi=3_600_000,

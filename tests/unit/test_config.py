@@ -21,7 +21,7 @@ def test_defaults_follow_the_spec() -> None:
     assert s == Settings()
     assert (s.host, s.port, s.auth, s.database_url) == ("127.0.0.1", 6632, False, None)
     assert s.data_dir == Path(".queen")
-    assert (s.sweeper_min_sleep_ms, s.sweeper_max_sleep_ms) == (10, 1000)
+    assert (s.sweeper_min_sleep_ms, s.sweeper_max_sleep_ms) == (12, 1000)
     assert (s.sweeper_lease_ms, s.sweeper_max_attempts, s.sweeper_batch) == (30000, 5, 500)
     assert s.sweeper_backoff_ms == 1000
     assert s.timers_max_horizon_s == 7_776_000
