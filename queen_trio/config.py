@@ -260,8 +260,8 @@ class Settings:
         lo=0, hi=1_000_000, default_text="unset",
         help="the listening socket a worker inherits from `queen-trio serve` (or from a "
         "supervisor of your own: systemd socket activation)")
-    # Frames, acks and timer fires wait for the WAL flush; a fire that also leases its frame
-    # to a parked pop does not (operations.md, what a commit waits for).
+    # Frames, acks and timer fires wait for the WAL flush; under async a fire that also leases
+    # its frame to a parked pop does not (operations.md, what a commit waits for).
     pop_commit_sync: bool = choice(
         "async", {"async": False, "sync": True}, env="QUEEN_POP_COMMIT",
         help="`async`: a pop's commit (its lease or its cursor move) does not wait for the WAL "

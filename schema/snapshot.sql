@@ -680,9 +680,9 @@ BEGIN
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
         ELSE
-            -- Losing a lease in a crash is what its expiry does anyway: the frames are handed
-            -- out again. So this commit need not wait for the disk.
-            v_set := set_config('synchronous_commit', 'off', true);
+            -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
+            -- default it does not wait for the disk, as losing it in a crash only does what
+            -- its expiry would; under sync it waits as the server is configured.)
             UPDATE queen.cursors c
             SET lease_id = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
@@ -1336,8 +1336,6 @@ CREATE FUNCTION queen.settle_pop_head(p_tenant integer, p_queue text, p_group te
     SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
-DECLARE
-    v_commit text := current_setting('synchronous_commit');
 BEGIN
     IF NOT queen.settle_head(p_tenant, p_group, p_partition_id, p_lease, p_from, p_through) THEN
         RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,
@@ -1358,9 +1356,6 @@ BEGIN
             WHERE NOT EXISTS (SELECT 1 FROM popped x
                               WHERE x.outcome = 'messages' AND x.partition_id = p_partition_id))
         SELECT x.* FROM popped x, (SELECT count(*) FROM told) AS forced;
-        -- The pop's lease may be forgotten in a crash (it does not wait for the disk), the
-        -- acknowledgement may not: the commit waits as the caller asked.
-        v_commit := set_config('synchronous_commit', v_commit, true);  -- (not PERFORM: cheaper)
         RETURN;
     END IF;
     PERFORM pg_notify('queen_log', p_tenant::text || ':' || p_queue);
@@ -1600,10 +1595,10 @@ BEGIN
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
     v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
-    IF p_settle_partition IS NOT NULL AND v_settled THEN
-        -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
-        -- as the server is configured; queen.settle_pop_head's own restore reads the
-        -- setting after the sweep, which turns it off when it only claims).
+    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_rows->0->>'outcome' = 'messages' THEN
+        -- The acknowledgement and the pop's lease commit as the broker's settlements and pops
+        -- do (p_ack_commit, the level of both under QUEEN_POP_COMMIT: 'off' for async, NULL
+        -- as the server is configured), and so does the fire they share the transaction with.
         v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
     -- The last row: this function's output variables, untouched until here (NULL) but these
@@ -1675,9 +1670,12 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.sweep_timers_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
+CREATE FUNCTION queen.sweep_timers_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean, p_pop_commit text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_commit text := current_setting('synchronous_commit');
+    v_rows jsonb;
 BEGIN
     -- queen.sweep_timers_for's lock, taken here rather than through it: one set-returning
     -- layer less (each copies the sweep's rows once more), on most cycles under a steady flow.
@@ -1688,13 +1686,20 @@ BEGIN
     RETURN QUERY SELECT s.*, NULL::jsonb
                  FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
                                          p_fire, p_not_before) AS s;
+    SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+    FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                        p_pop_batch, p_pop_auto_ack, NULL::text) AS p;
+    IF v_rows->0->>'outcome' = 'messages' THEN
+        -- The pop's lease (or its autoAck cursor move) commits as the broker's pops do
+        -- (p_pop_commit: 'off' under QUEEN_POP_COMMIT=async, NULL as the server is
+        -- configured), and so does the fire it shares the transaction with.
+        v_commit := set_config('synchronous_commit', coalesce(p_pop_commit, v_commit), true);
+    END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
            NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
-           (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
-            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                                p_pop_batch, p_pop_auto_ack, NULL::text) AS p);
+           v_rows;
 END
 $$;
 

@@ -347,7 +347,7 @@ class PopOutcome:
         return [] if self.batch is None else [self.batch, *self.more]
 
 
-def _commit_level(sync_commit: bool) -> str | None:
+def pop_commit_level(sync_commit: bool) -> str | None:
     return None if sync_commit else "off"  # None: as the server is configured
 
 
@@ -364,7 +364,7 @@ def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
         Q.pop_head,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
-         "synchronous_commit": _commit_level(sync_commit), "look_after": False,
+         "synchronous_commit": pop_commit_level(sync_commit), "look_after": False,
          "after": rotation.start_after(tenant_id, req.queue, req.group)},
     ).fetchall()
     return _rotated(tenant_id, _head_answer(req, rows))
@@ -389,7 +389,7 @@ def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_bef
         Q.pop_head_after,
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
-         "synchronous_commit": _commit_level(sync_commit), "not_before": not_before,
+         "synchronous_commit": pop_commit_level(sync_commit), "not_before": not_before,
          "give_up": give_up, "look_after": False},
     ).fetchall()
     return _head_answer(req, rows)
@@ -520,7 +520,7 @@ def pop(raw: DictConnection, tenant_id: int, req: PopRequest,
     partitions or ``req.batch`` messages in all, every partition under the one lease of this
     pop (as Queen leases a pop: acks, extensions and expiry act on all of them)."""
     if not sync_commit:
-        raw.execute(Q.pop_commit_level, {"synchronous_commit": _commit_level(sync_commit)})
+        raw.execute(Q.pop_commit_level, {"synchronous_commit": pop_commit_level(sync_commit)})
     limit = max(8, 2 * req.partitions)
     lease_id = uuid.uuid4() if req.partitions > 1 and not req.auto_ack else None
     batches: list[PopBatch] = []
@@ -693,7 +693,6 @@ def _pop_cursor(
     committed, ahead_left = advance(committed, ahead)
     cursor_key = {**key, "committed": committed, "acked_ahead": ahead_left}
     if picked and not req.auto_ack:
-        # (take_lease also turns off the synchronous commit of this transaction.)
         lease = one(raw.execute(
             Q.take_lease,
             {**cursor_key, "lease_s": req.lease_s or queue["lease_time_s"],
@@ -821,7 +820,7 @@ def ack_head(raw: DictConnection, tenant_id: int, acks: Sequence[Ack], *,
         Q.ack_head,
         {"tenant_id": tenant_id, "partition_id": first.partition_id, "group": first.group,
          "lease_id": first.lease_id, "txns": [a.transaction_id for a in acks],
-         "synchronous_commit": _commit_level(sync_commit)},
+         "synchronous_commit": pop_commit_level(sync_commit)},
     ).fetchall()
     head = rows[0]
     if head["outcome"] == "fallback":
@@ -878,7 +877,7 @@ def settle_pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, batch:
          "partition_id": batch.partition_id, "lease_id": batch.lease_id,
          "from": batch.messages[0].offset, "through": batch.messages[-1].offset,
          "partition": req.partition, "batch": req.batch if pop else 0,
-         "synchronous_commit": _commit_level(sync_commit),
+         "synchronous_commit": pop_commit_level(sync_commit),
          "after": rotation.start_after(tenant_id, req.queue, req.group),
          "look_after": look_after and pop},
     ).fetchall()

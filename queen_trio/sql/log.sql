@@ -343,10 +343,8 @@ SET committed = %(committed)s, acked_ahead = %(acked_ahead)s::bigint[],
     attempt_offset = %(committed)s + 1,
     updated_at = now()
 WHERE partition_id = %(partition_id)s AND consumer_group = %(group)s
--- Losing this commit in a crash only loses a lease, which is what expiry does anyway: the
--- frames are handed out again. So the transaction need not wait for the disk.
-RETURNING lease_id, lease_expires_at, attempt_count,
-          set_config('synchronous_commit', 'off', true)
+-- (Its commit waits as the general pop set it, pop_commit_level: QUEEN_POP_COMMIT.)
+RETURNING lease_id, lease_expires_at, attempt_count
 
 -- name: undo_attempt
 -- A batch handed back before its consumer got it was no delivery: its attempt is not counted

@@ -80,11 +80,13 @@ SELECT * FROM queen.sweep_timers_for(%(lock_tenant)s, %(lock_queue)s, %(token)s,
 
 -- name: sweep_and_pop
 -- The sweep above, holding the announced queue's fire lock, then a pop for the pop parked in
--- this broker that the sweeper reserved, in the same transaction (queen.sweep_timers_and_pop).
+-- this broker that the sweeper reserved, in the same transaction (queen.sweep_timers_and_pop),
+-- committed as pops are when it leases (pop_commit: 'off', or NULL for the server's level).
 SELECT * FROM queen.sweep_timers_and_pop(%(lock_tenant)s, %(lock_queue)s, %(token)s,
                                          %(broker)s, %(batch)s, %(lease_ms)s, %(max_payload)s,
                                          %(fire)s, %(not_before)s::float8, %(pop_group)s,
-                                         %(pop_partition)s, %(pop_batch)s, %(pop_auto_ack)s)
+                                         %(pop_partition)s, %(pop_batch)s, %(pop_auto_ack)s,
+                                         %(pop_commit)s)
 
 -- name: sweep_settle_and_pop
 -- sweep_and_pop, the reserved pop carrying the settlement of the batch its stream was handed

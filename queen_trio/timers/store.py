@@ -475,7 +475,8 @@ def sweep(
     if pop is not None:
         assert fire_lock is not None and fire_lock.queue == pop.queue
         params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
-                      pop_auto_ack=pop.auto_ack)
+                      pop_auto_ack=pop.auto_ack,
+                      pop_commit=log_store.pop_commit_level(ack_sync))
     query = Q.sweep if pop is None else Q.sweep_and_pop
     if settle is not None or (drained and pop is not None):
         assert pop is not None and not pop.auto_ack
@@ -497,7 +498,7 @@ def _settle_values(tenant_id: int, pop: log_rules.PopRequest, batch: log_store.P
     waits for the disk as the server is configured with ``ack_sync`` (a stream's settlements
     commit as its pops do: QUEEN_POP_COMMIT), else not."""
     after = log_rotation.start_after(tenant_id, pop.queue, pop.group)
-    commit = None if ack_sync else "off"
+    commit = log_store.pop_commit_level(ack_sync)
     if batch is None:
         return {"settle_partition": None, "settle_lease": None, "settle_from": None,
                 "settle_through": None, "after": after, "ack_commit": commit}
@@ -514,7 +515,7 @@ _SWEEP_SETTLE_AND_POP = LoneStatement(Q.sweep_settle_and_pop)
 assert _SWEEP.names == ("lock_tenant", "lock_queue", "token", "broker", "batch", "lease_ms",
                         "max_payload", "fire", "not_before")
 assert _SWEEP_AND_POP.names == _SWEEP.names + ("pop_group", "pop_partition", "pop_batch",
-                                               "pop_auto_ack")
+                                               "pop_auto_ack", "pop_commit")
 assert _SWEEP_SETTLE_AND_POP.names == _SWEEP.names + (
     "pop_group", "pop_partition", "pop_batch", "settle_partition", "settle_lease",
     "settle_from", "settle_through", "after", "ack_commit")
@@ -539,7 +540,8 @@ async def sweep_lone(
     if pop is not None:
         assert fire_lock is not None and fire_lock.queue == pop.queue
         if settle is None and not drained:
-            values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f"]
+            values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f",
+                       log_store.pop_commit_level(ack_sync)]
             statement = _SWEEP_AND_POP
         else:
             assert not pop.auto_ack

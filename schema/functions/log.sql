@@ -261,9 +261,9 @@ BEGIN
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
         ELSE
-            -- Losing a lease in a crash is what its expiry does anyway: the frames are handed
-            -- out again. So this commit need not wait for the disk.
-            v_set := set_config('synchronous_commit', 'off', true);
+            -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
+            -- default it does not wait for the disk, as losing it in a crash only does what
+            -- its expiry would; under sync it waits as the server is configured.)
             UPDATE queen.cursors c
             SET lease_id = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
@@ -496,8 +496,6 @@ SET plan_cache_mode = force_generic_plan  -- (as queen.ack_head and queen.pop_he
 SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
-DECLARE
-    v_commit text := current_setting('synchronous_commit');
 BEGIN
     IF NOT queen.settle_head(p_tenant, p_group, p_partition_id, p_lease, p_from, p_through) THEN
         RETURN QUERY SELECT 'unsettled', NULL::uuid, NULL::text, NULL::uuid,
@@ -518,9 +516,6 @@ BEGIN
             WHERE NOT EXISTS (SELECT 1 FROM popped x
                               WHERE x.outcome = 'messages' AND x.partition_id = p_partition_id))
         SELECT x.* FROM popped x, (SELECT count(*) FROM told) AS forced;
-        -- The pop's lease may be forgotten in a crash (it does not wait for the disk), the
-        -- acknowledgement may not: the commit waits as the caller asked.
-        v_commit := set_config('synchronous_commit', v_commit, true);  -- (not PERFORM: cheaper)
         RETURN;
     END IF;
     PERFORM pg_notify('queen_log', p_tenant::text || ':' || p_queue);

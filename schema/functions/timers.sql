@@ -1237,12 +1237,16 @@ CREATE OR REPLACE FUNCTION queen.sweep_timers_and_pop(
     p_lock_tenant integer, p_lock_queue text,
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
     p_fire boolean, p_not_before float8,
-    p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean)
+    p_pop_group text, p_pop_partition text, p_pop_batch integer, p_pop_auto_ack boolean,
+    p_pop_commit text)
 RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
                txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
                deliver_at timestamptz, attempts integer, due_at timestamptz,
                next_due float8, db_now float8, popped jsonb)
 LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_commit text := current_setting('synchronous_commit');
+    v_rows jsonb;
 BEGIN
     -- queen.sweep_timers_for's lock, taken here rather than through it: one set-returning
     -- layer less (each copies the sweep's rows once more), on most cycles under a steady flow.
@@ -1253,13 +1257,20 @@ BEGIN
     RETURN QUERY SELECT s.*, NULL::jsonb
                  FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
                                          p_fire, p_not_before) AS s;
+    SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+    FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                        p_pop_batch, p_pop_auto_ack, NULL::text) AS p;
+    IF v_rows->0->>'outcome' = 'messages' THEN
+        -- The pop's lease (or its autoAck cursor move) commits as the broker's pops do
+        -- (p_pop_commit: 'off' under QUEEN_POP_COMMIT=async, NULL as the server is
+        -- configured), and so does the fire it shares the transaction with.
+        v_commit := set_config('synchronous_commit', coalesce(p_pop_commit, v_commit), true);
+    END IF;
     RETURN QUERY
     SELECT NULL::boolean, NULL::integer, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::bytea, NULL::boolean, NULL::integer, NULL::timestamptz, NULL::integer,
            NULL::timestamptz, NULL::float8, extract(epoch FROM clock_timestamp())::float8,
-           (SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]')
-            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                                p_pop_batch, p_pop_auto_ack, NULL::text) AS p);
+           v_rows;
 END
 $fn$;
 
@@ -1281,11 +1292,11 @@ $fn$;
 -- and drained: the pop took fewer than its batch and nothing else of the queue is poppable for
 -- the group (queen.next_look), so that NOTIFY is no news to this pop. The queue is NOTIFYed
 -- once whatever happened (a transaction's identical NOTIFYs are delivered once): the broker
--- then knows which NOTIFY came from this sweep. With a settlement applied, the commit waits
--- for the disk as the broker's settlements of a stream do (p_ack_commit: 'off' under
--- QUEEN_POP_COMMIT=async, NULL as the server is configured); without one it is left as
--- queen.sweep_timers_and_pop leaves it (the pop's lease turns the wait off for the whole
--- transaction, the fire's too: the frame reaches an idle consumer a WAL flush sooner).
+-- then knows which NOTIFY came from this sweep. With a settlement applied or a lease taken, the
+-- commit waits for the disk as the broker's settlements and pops of a stream do (p_ack_commit:
+-- 'off' under QUEEN_POP_COMMIT=async, NULL as the server is configured), the fire's with them:
+-- by default the frame reaches an idle consumer a WAL flush sooner; otherwise it is left as the
+-- sweep leaves it.
 CREATE OR REPLACE FUNCTION queen.sweep_settle_and_pop(
     p_lock_tenant integer, p_lock_queue text,
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
@@ -1349,10 +1360,10 @@ BEGIN
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
     v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
-    IF p_settle_partition IS NOT NULL AND v_settled THEN
-        -- The acknowledgement commits as the broker's settlements do (p_ack_commit, NULL:
-        -- as the server is configured; queen.settle_pop_head's own restore reads the
-        -- setting after the sweep, which turns it off when it only claims).
+    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_rows->0->>'outcome' = 'messages' THEN
+        -- The acknowledgement and the pop's lease commit as the broker's settlements and pops
+        -- do (p_ack_commit, the level of both under QUEEN_POP_COMMIT: 'off' for async, NULL
+        -- as the server is configured), and so does the fire they share the transaction with.
         v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
     -- The last row: this function's output variables, untouched until here (NULL) but these

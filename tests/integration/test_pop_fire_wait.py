@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 import trio
 from psycopg.rows import dict_row
 
@@ -518,3 +519,32 @@ class _AnyText:
 
 
 ANY_TEXT = _AnyText()
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["sweep_and_pop", "stream_pop"])
+def test_a_fire_leased_to_a_reserved_pop_commits_as_pops_do(database_url: str,
+                                                            drained: bool) -> None:
+    """QUEEN_POP_COMMIT reaches the sweeper's hand-over (queen.sweep_timers_and_pop, and
+    queen.sweep_settle_and_pop for a stream's pop): under async the fire and its lease commit
+    without waiting for the WAL flush, under sync at the server's level (here the operator's
+    remote_apply), as every other pop's lease (seen from inside the transaction)."""
+    with connect(database_url) as conn, connect(database_url) as sweeping:
+        tenant = primed(conn, "q")
+        sweeping.execute("SET synchronous_commit = remote_apply")
+        leased = PopRequest(queue="q", partition=None, group=GROUP, batch=10, wait=True,
+                            timeout_ms=5000, auto_ack=False)
+        with conn.transaction():
+            timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, 1)],
+                                      notify_within_ms=0)
+        for ack_sync, level in ((False, "off"), (True, "remote_apply")):
+            # (Rolled back: the same timer fires in both.)
+            with sweeping.transaction(force_rollback=True):
+                swept = timer_store.sweep(
+                    sweeping, uuid.uuid4(), "test", 10, 60_000, max_payload=1 << 20,
+                    fire_lock=NextDue(tenant, "q", "Default", 0.0), pop=leased,
+                    drained=drained, ack_sync=ack_sync)
+                assert len(swept.fired) == 1
+                assert swept.popped is not None and swept.popped.batch is not None
+                assert swept.popped.batch.lease_id is not None
+                assert sweeping.execute("SHOW synchronous_commit").fetchone()[
+                    "synchronous_commit"] == level

@@ -210,12 +210,12 @@ def test_consumers_racing_for_one_partition_get_every_message_once(database_url:
 def test_a_pop_commits_without_waiting_for_the_wal_flush_unless_asked_to(
     database_url: str,
 ) -> None:
-    """QUEEN_POP_COMMIT: both pops set their own transaction's commit level (seen here from
-    inside an open transaction); "sync" keeps the server's setting; neither changes the
-    session's."""
+    """QUEEN_POP_COMMIT: both pops set their own transaction's commit level, autoAck or
+    leasing (seen here from inside an open transaction); "sync" keeps the server's setting;
+    neither changes the session's."""
     with connect(database_url) as conn:
         tenant = tenant_of(conn)
-        push(conn, tenant, "q", ["a", "b", "c", "d"])
+        push(conn, tenant, "q", ["a", "b", "c", "d", "e", "f"])
         conn.execute("SET synchronous_commit = remote_apply")  # the operator's choice
         for sync_commit, level in ((False, "off"), (True, "remote_apply")):
             with conn.transaction():
@@ -231,3 +231,18 @@ def test_a_pop_commits_without_waiting_for_the_wal_flush_unless_asked_to(
                     "synchronous_commit"] == level
             assert conn.execute("SHOW synchronous_commit").fetchone()[
                 "synchronous_commit"] == "remote_apply"
+            # A lease commits at the same level (under sync it waits as the server does; rolled
+            # back, so that the next pop finds the partition free).
+            with conn.transaction(force_rollback=True):
+                got = log_store.pop_head(conn, tenant, request("q", batch=1),
+                                         sync_commit=sync_commit)
+                assert got is not None and got.batch is not None
+                assert got.batch.lease_id is not None
+                assert conn.execute("SHOW synchronous_commit").fetchone()[
+                    "synchronous_commit"] == level
+            with conn.transaction(force_rollback=True):
+                leased = log_store.pop(conn, tenant, request("q", batch=1),
+                                       sync_commit=sync_commit)
+                assert leased.batch is not None and leased.batch.lease_id is not None
+                assert conn.execute("SHOW synchronous_commit").fetchone()[
+                    "synchronous_commit"] == level
