@@ -553,15 +553,7 @@ class _Streaming:
         heard = loop.now()
         try:
             while True:
-                now = loop.now()
-                wait_s = heard + silent_s - now
-                if loop.idle_s is not None and not loop.stopping:
-                    idle_left = loop.last_activity + loop.idle_s - now
-                    if idle_left <= 0 and self.busy == 0:
-                        loop.stop()
-                    wait_s = min(wait_s, max(idle_left, 0.01))
-                if loop.stopping:
-                    await stream.stop()  # the broker closes once its pop has answered
+                wait_s = await self._wait_s(stream, heard, silent_s)
                 if wait_s <= 0:
                     log.warning("consume %s: the stream fell silent; reconnecting", loop.queue)
                     return
@@ -578,6 +570,23 @@ class _Streaming:
         except BrokerUnreachable as exc:
             log.warning("consume %s: the stream broke (%s)", loop.queue, exc)
 
+    async def _wait_s(self, stream: PopStream | NativePopStream, heard: float,
+                      silent_s: float) -> float:
+        """How long a read may wait for the broker now (0 or less: the stream fell silent,
+        ``silent_s`` after it was last ``heard``). An idle timeout that has passed stops the
+        loop; a stopping loop asks the stream for no more batches."""
+        loop = self.loop
+        now = loop.now()
+        wait_s = heard + silent_s - now
+        if loop.idle_s is not None and not loop.stopping:
+            idle_left = loop.last_activity + loop.idle_s - now
+            if idle_left <= 0 and self.busy == 0:
+                loop.stop()
+            wait_s = min(wait_s, max(idle_left, 0.01))
+        if loop.stopping:
+            await stream.stop()  # the broker closes once its pop has answered
+        return wait_s
+
     async def watch(self, stream: NativePopStream) -> None:
         """:meth:`read` under asyncio: the stream hands each message to :meth:`take_now` as
         it arrives (no reader task woken per batch, no timeout set per message); this only
@@ -589,15 +598,7 @@ class _Streaming:
                 self.take_now(stream, stream.received.popleft())
             stream.on_message = self.take_now
             while True:
-                now = loop.now()
-                wait_s = stream.heard + silent_s - now
-                if loop.idle_s is not None and not loop.stopping:
-                    idle_left = loop.last_activity + loop.idle_s - now
-                    if idle_left <= 0 and self.busy == 0:
-                        loop.stop()
-                    wait_s = min(wait_s, max(idle_left, 0.01))
-                if loop.stopping:
-                    await stream.stop()  # the broker closes once its pop has answered
+                wait_s = await self._wait_s(stream, stream.heard, silent_s)
                 if wait_s <= 0:
                     log.warning("consume %s: the stream fell silent; reconnecting", loop.queue)
                     return

@@ -69,6 +69,19 @@ _DECODE = msgspec.json.Decoder(FromBroker)
 Owed = dict[str, Any] | Handled
 
 
+def _settle_body(seq: int, owed: Sequence[Owed]) -> bytes:
+    """Batch ``seq``'s settlement message: the common completion in one pass, else each
+    owed acknowledgement as :func:`calls.compact_acks` writes them."""
+    raw = _completed_body(seq, owed)
+    if raw is None:
+        body = calls.compact_acks([
+            calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Handled) else o
+            for o in owed])
+        body["seq"] = seq
+        raw = _ENCODE.encode(body)
+    return raw
+
+
 def _completed_body(seq: int, owed: Sequence[Owed]) -> bytes | None:
     """The common settlement, every message completed under one lease (each owed as the
     message itself), as :func:`calls.compact_acks` writes it (partitionId, leaseId and
@@ -215,14 +228,7 @@ class PopStream:
     async def settle(self, seq: int, owed: Sequence[Owed]) -> None:
         """Batch ``seq`` is done: its settlements (``ack_entry`` dicts, or a message for its
         completion; may be empty)."""
-        raw = _completed_body(seq, owed)
-        if raw is None:
-            body = calls.compact_acks([
-                calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Handled) else o
-                for o in owed])
-            body["seq"] = seq
-            raw = _ENCODE.encode(body)
-        await self._write(BytesMessage(raw))
+        await self._write(BytesMessage(_settle_body(seq, owed)))
 
     async def stop(self) -> None:
         """Ask for no more batches (once); the broker closes when its pop has answered."""
@@ -529,14 +535,7 @@ class NativePopStream(PopStream, asyncio.Protocol):
 
     def settle_nowait(self, seq: int, owed: Sequence[Owed]) -> None:
         """:meth:`settle`, written at once (the transport buffers it)."""
-        raw = _completed_body(seq, owed)
-        if raw is None:
-            body = calls.compact_acks([
-                calls.ack_entry(o, AckStatus.COMPLETED, None) if isinstance(o, Handled) else o
-                for o in owed])
-            body["seq"] = seq
-            raw = _ENCODE.encode(body)
-        self._send(_OP_BINARY, raw)
+        self._send(_OP_BINARY, _settle_body(seq, owed))
 
     async def settle(self, seq: int, owed: Sequence[Owed]) -> None:
         if self.ended:
