@@ -250,10 +250,7 @@ BEGIN
                                   size_bytes, created_at, meta)
         SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
                greatest(v_stamp, deliver_at),
-               jsonb_build_object('messageId', message_id, 'timer', jsonb_build_object(
-                   'key', timer_key,
-                   'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
-                                        'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+               queen.timer_frame_meta(message_id, timer_key, deliver_at)
         FROM fired
         RETURNING 1
     ), bumped AS (
@@ -1453,10 +1450,7 @@ BEGIN
                                       size_bytes, created_at, meta)
             SELECT v_partition, v_next - 1 + array_position(v_ctids, g.row_id), g.tenant_id,
                    g.txn, g.text::jsonb, octet_length(g.text), greatest(v_stamp, g.deliver_at),
-                   jsonb_build_object('messageId', g.message_id, 'timer', jsonb_build_object(
-                       'key', g.timer_key,
-                       'deliverAt', to_char(g.deliver_at AT TIME ZONE 'UTC',
-                                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+                   queen.timer_frame_meta(g.message_id, g.timer_key, g.deliver_at)
             FROM gone g
         )
         SELECT count(*), sum(octet_length(g.text) - g.payload_bytes)
@@ -1738,6 +1732,14 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM queen.lock_partitions(p_tenant, p_queues, p_names);
 END
+$$;
+
+CREATE FUNCTION queen.timer_frame_meta(p_message_id uuid, p_key text, p_deliver_at timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_build_object('messageId', p_message_id, 'timer', jsonb_build_object(
+        'key', p_key,
+        'deliverAt', to_char(p_deliver_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
 $$;
 
 CREATE FUNCTION queen.timer_name_hash(p_tenant integer, p_queue text, p_key text) RETURNS integer

@@ -450,7 +450,7 @@ def sweep(
     max_payload: int,
     fire: bool = True, not_before: float | None = None, fire_lock: NextDue | None = None,
     pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
-    drained: bool = False, ack_sync: bool = True,
+    drained: bool = False, pop_sync: bool = True,
 ) -> SweepResult:
     """One sweeper cycle in one statement (so it may run in autocommit as its own transaction).
 
@@ -466,7 +466,9 @@ def sweep(
     (the batch that pop's stream was handed last, completed whole), that batch is settled
     before the pop, in the same transaction (queen.sweep_settle_and_pop); that statement,
     without a settlement, with ``drained`` (a stream's pop: the answer says whether the pop
-    left anything poppable for it).
+    left anything poppable for it). A lease the pop takes, a settlement, and the fire they share
+    the transaction with commit as the server is configured with ``pop_sync``
+    (QUEEN_POP_COMMIT=sync), else without waiting for the disk.
     """
     params = {"token": token, "broker": broker, "batch": batch, "lease_ms": lease_ms,
               "max_payload": max_payload, "fire": fire, "not_before": not_before,
@@ -476,12 +478,12 @@ def sweep(
         assert fire_lock is not None and fire_lock.queue == pop.queue
         params.update(pop_group=pop.group, pop_partition=pop.partition, pop_batch=pop.batch,
                       pop_auto_ack=pop.auto_ack,
-                      pop_commit=log_store.pop_commit_level(ack_sync))
+                      pop_commit=log_store.pop_commit_level(pop_sync))
     query = Q.sweep if pop is None else Q.sweep_and_pop
     if settle is not None or (drained and pop is not None):
         assert pop is not None and not pop.auto_ack
         assert fire_lock is not None
-        params.update(_settle_values(fire_lock.tenant_id, pop, settle, ack_sync))
+        params.update(_settle_values(fire_lock.tenant_id, pop, settle, pop_sync))
         query = Q.sweep_settle_and_pop
     rows = raw.cursor(row_factory=tuple_row).execute(
         query, params,
@@ -491,14 +493,14 @@ def sweep(
 
 
 def _settle_values(tenant_id: int, pop: log_rules.PopRequest, batch: log_store.PopBatch | None,
-                   ack_sync: bool) -> dict[str, str | None]:
+                   pop_sync: bool) -> dict[str, str | None]:
     """The settlement parameters of Q.sweep_settle_and_pop, as text, in its order: batch
     ``batch`` settled whole (through its last offset; None: no settlement), then the pop in
     the group's rotation (as the settlement's own pop would be); the settlement's commit
-    waits for the disk as the server is configured with ``ack_sync`` (a stream's settlements
+    waits for the disk as the server is configured with ``pop_sync`` (a stream's settlements
     commit as its pops do: QUEEN_POP_COMMIT), else not."""
     after = log_rotation.start_after(tenant_id, pop.queue, pop.group)
-    commit = log_store.pop_commit_level(ack_sync)
+    commit = log_store.pop_commit_level(pop_sync)
     if batch is None:
         return {"settle_partition": None, "settle_lease": None, "settle_from": None,
                 "settle_through": None, "after": after, "ack_commit": commit}
@@ -525,7 +527,7 @@ async def sweep_lone(
     db: Database, token: uuid.UUID, broker: str, batch: int, lease_ms: int, *,
     max_payload: int, not_before: float | None = None, fire_lock: NextDue | None = None,
     pop: log_rules.PopRequest | None = None, settle: log_store.PopBatch | None = None,
-    drained: bool = False, ack_sync: bool = True,
+    drained: bool = False, pop_sync: bool = True,
 ) -> SweepResult:
     """:func:`sweep` (firing) in autocommit, sent straight through libpq
     (:meth:`Database.lone_rows`): the same statement and answer for the sweeper's cycles on
@@ -541,12 +543,12 @@ async def sweep_lone(
         assert fire_lock is not None and fire_lock.queue == pop.queue
         if settle is None and not drained:
             values += [pop.group, pop.partition, str(pop.batch), "t" if pop.auto_ack else "f",
-                       log_store.pop_commit_level(ack_sync)]
+                       log_store.pop_commit_level(pop_sync)]
             statement = _SWEEP_AND_POP
         else:
             assert not pop.auto_ack
             values += [pop.group, pop.partition, str(pop.batch),
-                       *_settle_values(fire_lock.tenant_id, pop, settle, ack_sync).values()]
+                       *_settle_values(fire_lock.tenant_id, pop, settle, pop_sync).values()]
             statement = _SWEEP_SETTLE_AND_POP
     rows = await db.lone_rows(statement, values, binary=True)
     return _swept(rows, pop)

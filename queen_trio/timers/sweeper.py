@@ -512,7 +512,7 @@ class Sweeper:
         result = await store.sweep_lone(self._db, token, self.owner, batch, s.sweeper_lease_ms,
                                         max_payload=self._max_payload, not_before=not_before,
                                         fire_lock=announced, pop=pop, settle=settle,
-                                        drained=drained, ack_sync=s.pop_commit_sync)
+                                        drained=drained, pop_sync=s.pop_commit_sync)
         returned_at = time.time()
         self._next_batch_after(batch, result)
         return result, returned_at
@@ -541,7 +541,7 @@ class Sweeper:
             result = store.sweep(raw, token, self.owner, batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
                                  fire_lock=announced, pop=pop, settle=settle,
-                                 drained=drained, ack_sync=s.pop_commit_sync)
+                                 drained=drained, pop_sync=s.pop_commit_sync)
             swept.append((result, time.time()))
             self._next_batch_after(batch, result)
             not_before = announced = pop = settle = None

@@ -619,6 +619,18 @@ $fn$;
 -- While the sweep statement runs, its row locks stand in for the claim: a cancel or a
 -- reschedule skips a locked row and answers too_late, exactly as for a leased claim.
 
+-- A fired timer's frame meta: its message id (the id its pops hand out) and the timer's key
+-- and deliverAt (UTC, microseconds), as pops answer them. The one place of that shape for both
+-- appends (queen.append_timer_frames, queen.sweep_due's one-partition fire); an SQL function
+-- whose body is one expression, so the planner inlines it into the INSERT (STABLE, as to_char).
+CREATE OR REPLACE FUNCTION queen.timer_frame_meta(p_message_id uuid, p_key text,
+                                                  p_deliver_at timestamptz) RETURNS jsonb
+LANGUAGE sql STABLE AS $fn$
+    SELECT jsonb_build_object('messageId', p_message_id, 'timer', jsonb_build_object(
+        'key', p_key,
+        'deliverAt', to_char(p_deliver_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+$fn$;
+
 -- Appends timer frames to their partitions (creating queues and partitions as needed), in the
 -- order of the arrays, which is the order of expiry. The caller has already deleted the rows.
 -- Each frame carries its timer's message id (meta.messageId, the id its pops hand out).
@@ -721,10 +733,7 @@ BEGIN
                                   size_bytes, created_at, meta)
         SELECT partition_id, "offset", tenant_id, txn, payload::jsonb, octet_length(payload),
                greatest(v_stamp, deliver_at),
-               jsonb_build_object('messageId', message_id, 'timer', jsonb_build_object(
-                   'key', timer_key,
-                   'deliverAt', to_char(deliver_at AT TIME ZONE 'UTC',
-                                        'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+               queen.timer_frame_meta(message_id, timer_key, deliver_at)
         FROM fired
         RETURNING 1
     ), bumped AS (
@@ -1029,10 +1038,7 @@ BEGIN
                                       size_bytes, created_at, meta)
             SELECT v_partition, v_next - 1 + array_position(v_ctids, g.row_id), g.tenant_id,
                    g.txn, g.text::jsonb, octet_length(g.text), greatest(v_stamp, g.deliver_at),
-                   jsonb_build_object('messageId', g.message_id, 'timer', jsonb_build_object(
-                       'key', g.timer_key,
-                       'deliverAt', to_char(g.deliver_at AT TIME ZONE 'UTC',
-                                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+                   queen.timer_frame_meta(g.message_id, g.timer_key, g.deliver_at)
             FROM gone g
         )
         SELECT count(*), sum(octet_length(g.text) - g.payload_bytes)

@@ -536,13 +536,13 @@ def test_a_fire_leased_to_a_reserved_pop_commits_as_pops_do(database_url: str,
         with conn.transaction():
             timer_store.schedule_many(conn, tenant, [timer("q", "due", -10, 1)],
                                       notify_within_ms=0)
-        for ack_sync, level in ((False, "off"), (True, "remote_apply")):
+        for pop_sync, level in ((False, "off"), (True, "remote_apply")):
             # (Rolled back: the same timer fires in both.)
             with sweeping.transaction(force_rollback=True):
                 swept = timer_store.sweep(
                     sweeping, uuid.uuid4(), "test", 10, 60_000, max_payload=1 << 20,
                     fire_lock=NextDue(tenant, "q", "Default", 0.0), pop=leased,
-                    drained=drained, ack_sync=ack_sync)
+                    drained=drained, pop_sync=pop_sync)
                 assert len(swept.fired) == 1
                 assert swept.popped is not None and swept.popped.batch is not None
                 assert swept.popped.batch.lease_id is not None
