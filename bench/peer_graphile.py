@@ -11,6 +11,11 @@ Parties (each unit on a fresh database of the same server, its processes started
   pollInterval 10 ms, pool 18, localQueue 500, completeJobBatchDelay 0), jobs added with
   ``addJobs`` in bundles of 500 by another Node process (``peer.mjs add``).
 
+Before every unit the server is settled (:meth:`bench.harness.pg.Server.settle`: a
+CHECKPOINT, then a wait for its processes to go quiet), so that no party pays in its window for
+what the unit before it left (a burst's dirty pages, autovacuum): the unit's ``settle_s`` and
+``server_cores_before`` are in the JSON.
+
 Scenarios (``--scenario``), rounds A/B interleaved (the party order reverses every round):
 
 * ``schedule``: N far-future timers/jobs in bundles of 500, one caller, after 2 untimed
@@ -655,6 +660,7 @@ def run_unit(server: Server, scenario: str, party: str, sizes: Sizes,
     started = time.monotonic()
     result: dict[str, Any]
     with server.database("peers32") as db, collector_paused():
+        settled = server.settle()
         try:
             if party == "ours":
                 with brokers(db, 1) as handles:
@@ -677,7 +683,7 @@ def run_unit(server: Server, scenario: str, party: str, sizes: Sizes,
     if d.get("lost") or d.get("duplicates"):
         failures.add(scenario, f"{party} exactly-once",
                      f"lost {d.get('lost')} duplicated {d.get('duplicates')}")
-    result.update(elapsed_s=round(time.monotonic() - started, 1), ran_at=now_iso())
+    result.update(settled, elapsed_s=round(time.monotonic() - started, 1), ran_at=now_iso())
     return result
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +22,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bench.harness.cpu import TreeCpu
 
 
 def with_dbname(url: str, dbname: str) -> str:
@@ -56,6 +60,30 @@ class Server:
         finally:
             with contextlib.suppress(psycopg.Error):
                 self.drop_database(url)
+
+    def settle(self, quiet_cores: float = 0.02, longest_s: float = 15.0) -> dict[str, float]:
+        """Leave the server as quiet as a fresh one before a measured unit: a CHECKPOINT
+        (the previous unit's dirty pages and WAL are written now, not by a checkpointer waking
+        inside the next unit's window), then wait until the server's processes together use
+        under ``quiet_cores`` over half a second (autovacuum of what the previous unit left,
+        a dropped database's files), at most ``longest_s``. Every party gets the same start,
+        whichever ran before it. Answers the wait and the server's busy cores at its end
+        (None for a server not on this machine: nothing to watch)."""
+        started = time.monotonic()
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        cores = math.nan
+        if self.postmaster_pid is not None and Path("/proc").is_dir():
+            server = TreeCpu({"postgres": [self.postmaster_pid]})
+            while time.monotonic() - started < longest_s:
+                before, t0 = server.snapshot(), time.monotonic()
+                time.sleep(0.5)
+                cores = TreeCpu.seconds(before, server.snapshot())["postgres"] / (
+                    time.monotonic() - t0)
+                if cores < quiet_cores:
+                    break
+        return {"settle_s": round(time.monotonic() - started, 2),
+                "server_cores_before": round(cores, 3)}
 
     def settings(self) -> str:
         try:

@@ -47,6 +47,7 @@ def test_smoke_schedule_and_steady_beside_graphile_tuned(databases: Databases,
     n = sizes.steady_rate * sizes.steady_seconds
     for party, (result,) in steady.items():
         assert result["delivery"]["handled"] == result["delivery"]["scheduled"] == n, party
+        assert result["settle_s"] >= 0, party  # the server was settled before the unit
         assert result["delivery"]["lost"] == result["delivery"]["duplicates"] == 0, party
         assert result["lag"]["n"] == n and result["lag"]["missing"] == 0, party
         assert 0 <= result["lag"]["p50"] <= result["lag"]["p99"] <= result["lag"]["max"], party
