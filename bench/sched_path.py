@@ -11,7 +11,8 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
   a ``PUT``, a pop with nothing ready (``wait=false``), a lone ack.
 - ``single``: one schedule an hour ahead, one cancel of it, one schedule due within the
   sweeper's sleep (``--soon-ms``: the sweeper is woken for it), its cancel, one push, 10 ms
-  apart, sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
+  apart (``--gap-ms``: 250 leaves every process's caches as cold as a broker called now and
+  then finds them), sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
   CPU per call of the client, the broker and PostgreSQL. ``--firing R``: the same while the
   broker fires R timers a second, scheduled ahead in bundles onto another queue and consumed
   by an SDK consumer process at its defaults (``bench.harness.sdk_consumer``), as in
@@ -122,7 +123,7 @@ SINGLE = ("schedule", "cancel", "schedule soon", "cancel soon", "push")
 
 
 async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
-    """The ``single`` scenario: each call alone, 10 ms after the last (an idle broker): a
+    """The ``single`` scenario: each call alone, ``gap_ms`` (10) after the last (an idle broker): a
     schedule an hour ahead and its cancel, a schedule due within the sweeper's sleep ("soon":
     the sweeper must be woken for it) and its cancel, a push. Per call: the round trip, the
     client's CPU, and the broker's and PostgreSQL's CPU (schedstat, read outside the timing)."""
@@ -133,6 +134,7 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
     cpu: dict[str, dict[str, float]] = {what: {"client": 0.0, "broker": 0.0, "postgres": 0.0}
                                         for what in SINGLE}
     soon_ms = args.get("soon_ms", 500)
+    gap_s = args.get("gap_ms", 10) / 1000
 
     def parties() -> tuple[float, float]:
         return _cpu_s(pid), (_tree_cpu_s(postmaster) if postmaster else 0.0)
@@ -142,7 +144,7 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
     for i in range(args["calls"]):
         key = f"single-{args['tag']}-{i}"
         for what in SINGLE:
-            await trio.sleep(0.01)
+            await trio.sleep(gap_s)
             c, t = time.process_time(), time.perf_counter()
             if what == "schedule":
                 await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
@@ -185,7 +187,8 @@ async def _firing_ahead(q: Any, args: dict[str, Any]) -> tuple[int, Any] | None:
     if rate <= 0:
         return None
     lead_s = 0.5
-    n = int(rate * (lead_s + args["calls"] * _SINGLE_ROUND_S + 1))
+    round_s = _SINGLE_ROUND_S + len(SINGLE) * (args.get("gap_ms", 10) - 10) / 1000
+    n = int(rate * (lead_s + args["calls"] * round_s + 1))
     start = time.time()
     entries = [(f"fire-{args['tag']}-{i}", int((lead_s + i / rate) * 1000), {"i": i})
                for i in range(n)]
@@ -372,6 +375,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--soon-ms", type=int, default=500,
                         help="single: the delay of a schedule due within the sweeper's sleep")
+    parser.add_argument("--gap-ms", type=int, default=10,
+                        help="single: the pause before each call (250: caches gone cold)")
     parser.add_argument("--firing", type=int, default=0,
                         help="single: timers/s the broker fires meanwhile (0: none)")
     parser.add_argument("--partitions", type=int, default=1000)
@@ -412,7 +417,8 @@ def main() -> None:
                         for clients in ((1, 4) if scenario == "bundle" else (0,)):
                             args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
                                     "pid": pid, "postmaster": server.postmaster_pid,
-                                    "soon_ms": opts.soon_ms, "firing": opts.firing,
+                                    "soon_ms": opts.soon_ms, "gap_ms": opts.gap_ms,
+                                    "firing": opts.firing,
                                     "partitions": opts.partitions,
                                     "concurrency": opts.concurrency, "clients": clients,
                                     "seconds": opts.seconds}
