@@ -582,7 +582,7 @@ DECLARE
     r record;
 BEGIN
     r := queen.pop_head_take(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
-                             p_after, NULL, NULL, NULL, NULL);
+                             p_after, NULL, NULL, NULL, NULL, false);
     IF r.outcome = 'messages' THEN
         RETURN QUERY
         SELECT 'messages'::text, r.partition_id, r.partition, r.lease_id, r.lease_expires_at,
@@ -628,7 +628,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.pop_head_take(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, OUT outcome text, OUT partition_id uuid, OUT partition text, OUT lease_id uuid, OUT lease_expires_at timestamp with time zone, OUT offsets bigint[], OUT txns text[], OUT payloads jsonb[], OUT created timestamp with time zone[], OUT metas jsonb[], OUT settled boolean) RETURNS record
+CREATE FUNCTION queen.pop_head_take(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_rows boolean, OUT outcome text, OUT partition_id uuid, OUT partition text, OUT lease_id uuid, OUT lease_expires_at timestamp with time zone, OUT offsets bigint[], OUT txns text[], OUT payloads jsonb[], OUT created timestamp with time zone[], OUT metas jsonb[], OUT settled boolean, OUT json_rows jsonb, OUT taken integer) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -648,7 +648,9 @@ DECLARE
     v_wanted bigint;
     v_last bigint;
     v_fallback boolean := false;
-    v_retried boolean;
+    v_retried bigint;  -- the highest offset up to the batch's last with a retry history
+    v_lease uuid;
+    v_expires timestamptz;
     v_set text;
 BEGIN
     IF p_settle_partition IS NOT NULL THEN
@@ -726,28 +728,53 @@ BEGIN
             -- lock: nothing left here.
             CONTINUE;
         END IF;
+        -- The lease, chosen before the frames are read: the JSON rows (p_rows) carry it.
+        IF NOT p_auto_ack THEN
+            v_lease := gen_random_uuid();
+            v_expires := now() + make_interval(secs => cand.lease_time_s);
+        END IF;
         -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
         -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
-        -- any of them has a retry history, in the same statement: one query less to start.)
-        SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
-               array_agg(f.created_at), array_agg(f.meta),
-               EXISTS (SELECT 1 FROM queen.retries r
-                       WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                         AND r."offset" BETWEEN v_committed + 1 AND v_committed + v_wanted)
-        INTO offsets, txns, payloads, created, metas, v_retried
-        FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
-        IF coalesce(cardinality(offsets), 0) < v_wanted  -- some are sealed
-           OR v_retried
+        -- any of them has a retry history, in the same statement: one query less to start;
+        -- and whether the settled batch's frames have one, to drop below.)
+        IF p_rows THEN
+            -- The batch as queen.pop_head's rows read by to_jsonb (the sweep's answer,
+            -- queen.sweep_settle_and_pop), made here rather than by a statement of the
+            -- caller's from the arrays: the same keys and values.
+            SELECT count(*), max(x."offset"), jsonb_agg(to_jsonb(x)),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO taken, v_last, json_rows, v_retried
+            FROM (SELECT 'messages'::text AS outcome, cand.pid AS partition_id,
+                         cand.pname AS partition, v_lease AS lease_id,
+                         v_expires AS lease_expires_at, f."offset", f.transaction_id,
+                         f.payload, f.created_at, f.meta
+                  FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f) x;
+        ELSE
+            SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
+                   array_agg(f.created_at), array_agg(f.meta),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO offsets, txns, payloads, created, metas, v_retried
+            FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
+            taken := coalesce(cardinality(offsets), 0);
+            v_last := offsets[taken];
+        END IF;
+        IF taken < v_wanted  -- some are sealed
+           OR v_retried > v_committed
         THEN
             offsets := NULL;
             txns := NULL;
             payloads := NULL;
             created := NULL;
             metas := NULL;
+            json_rows := NULL;
+            taken := NULL;
             v_fallback := true;
             EXIT;
         END IF;
-        v_last := offsets[cardinality(offsets)];
 
         IF p_auto_ack THEN
             -- (Through v_last: past a settlement of this partition too.)
@@ -757,33 +784,27 @@ BEGIN
             DELETE FROM queen.retries r
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
-        ELSIF cand.pid = v_settle THEN
-            -- The settlement and the lease in one UPDATE (the settlement's retries dropped
-            -- in the same statement); the lease as below.
-            WITH dropped AS (
-                DELETE FROM queen.retries r
-                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                  AND r."offset" <= p_settle_through)
-            UPDATE queen.cursors c
-            SET committed = p_settle_through,
-                lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
-                leased_to = v_last, updated_at = now(),
-                attempt_offset = p_settle_through + 1, attempt_count = 1
-            WHERE c.ctid = v_tid
-            RETURNING c.lease_id, c.lease_expires_at INTO lease_id, lease_expires_at;
         ELSE
             -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
             -- default it does not wait for the disk, as losing it in a crash only does what
-            -- its expiry would; under sync it waits as the server is configured.)
+            -- its expiry would; under sync it waits as the server is configured.) The cursor
+            -- settled above gets its settlement in the same UPDATE (committed: unchanged for
+            -- any other cursor, locked since it was read).
             UPDATE queen.cursors c
-            SET lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
+            SET committed = v_committed, lease_id = v_lease, lease_expires_at = v_expires,
                 leased_to = v_last, updated_at = now(),
                 -- Fresh work (redeliveries fell back above): delivery attempt 1.
                 attempt_offset = v_committed + 1, attempt_count = 1
-            WHERE c.ctid = v_tid
-            RETURNING c.lease_id, c.lease_expires_at INTO lease_id, lease_expires_at;
+            WHERE c.ctid = v_tid;
+            IF cand.pid = v_settle AND v_retried IS NOT NULL THEN
+                -- The settled frames' retry history (the read above saw it), as
+                -- queen.settle_head drops it.
+                DELETE FROM queen.retries r
+                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                  AND r."offset" <= p_settle_through;
+            END IF;
+            lease_id := v_lease;
+            lease_expires_at := v_expires;
         END IF;
         IF cand.pid = v_settle THEN
             v_settle := NULL;  -- (written)
@@ -1547,6 +1568,7 @@ DECLARE
     v_commit text := current_setting('synchronous_commit');
     v_rows jsonb;
     v_sw record;  -- queen.sweep_run's answer
+    v_i integer;
     v_pop record;  -- queen.pop_head_take's answer
     v_outcome text;  -- the pop's outcome, and how many rows it answered
     v_count integer;
@@ -1564,13 +1586,16 @@ BEGIN
     -- (not through sweep_timers: one set-returning layer less).
     v_sw := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
                             p_not_before);
-    IF cardinality(v_sw.fired_at) > 0 THEN
-        RETURN QUERY
-        SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
-               NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
-               NULL::float8, NULL::float8, NULL::jsonb
-        FROM unnest(v_sw.fired_at, v_sw.fired_tenants) AS f(at, tenant);
-    END IF;
+    -- (A row per fire by RETURN NEXT of this function's output variables: a handful of
+    -- expressions, no query to start.)
+    FOR v_i IN 1..coalesce(cardinality(v_sw.fired_at), 0) LOOP
+        fired := true;
+        tenant_id := v_sw.fired_tenants[v_i];
+        deliver_at := v_sw.fired_at[v_i];
+        RETURN NEXT;
+    END LOOP;
+    fired := NULL;
+    deliver_at := NULL;
     IF v_sw.claimed_due_at IS NOT NULL THEN
         RETURN QUERY
         SELECT false, c.*, NULL::float8, NULL::float8, NULL::jsonb
@@ -1610,27 +1635,19 @@ BEGIN
         -- queen.settle_pop_head's two steps, not through it: the settlement, then the pop,
         -- whose rows are what settle_pop_head answers after a settlement (its NOTIFY of the
         -- queue is sent below whatever happens); both by queen.pop_head_take, which writes
-        -- the settlement in the pop's lease UPDATE when the pop takes that partition again.
-        -- Its arrays become the rows' JSON here, in one statement: as queen.pop_head's rows
-        -- read by to_jsonb, the same keys and values (not read through pop_head: a layer of
-        -- set-returning function, its rows materialised, and a query of its own).
+        -- the settlement in the pop's lease UPDATE when the pop takes that partition again,
+        -- and answers the rows' JSON (p_rows) as queen.pop_head's rows read by to_jsonb, the
+        -- same keys and values, made by its read of the frames (not read through pop_head: a
+        -- layer of set-returning function, its rows materialised, and a query of its own).
         v_pop := queen.pop_head_take(p_lock_tenant, p_lock_queue, p_pop_group,
                                      p_pop_partition, p_pop_batch, false, p_after,
                                      p_settle_partition, p_settle_lease, p_settle_from,
-                                     p_settle_through);
+                                     p_settle_through, true);
         v_settled := coalesce(v_pop.settled, true);  -- (nothing to settle: the pop alone)
         v_outcome := v_pop.outcome;
         IF v_outcome = 'messages' THEN
-            v_count := cardinality(v_pop.offsets);
-            v_rows := (
-                SELECT jsonb_agg(to_jsonb(p))
-                FROM (SELECT 'messages'::text AS outcome, v_pop.partition_id AS partition_id,
-                             v_pop.partition AS partition, v_pop.lease_id AS lease_id,
-                             v_pop.lease_expires_at AS lease_expires_at, u.o AS "offset",
-                             u.t AS transaction_id, u.p AS payload, u.c AS created_at,
-                             u.m AS meta
-                      FROM unnest(v_pop.offsets, v_pop.txns, v_pop.payloads, v_pop.created,
-                                  v_pop.metas) AS u(o, t, p, c, m)) AS p);
+            v_count := v_pop.taken;
+            v_rows := v_pop.json_rows;
         ELSE
             v_rows := jsonb_build_array(jsonb_build_object(
                 'outcome', v_outcome, 'partition_id', NULL, 'partition', NULL,

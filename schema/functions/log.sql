@@ -162,9 +162,10 @@ $fn$;
 -- The work is queen.pop_head_take's, which answers the batch as arrays in one composite value
 -- (called as an expression, it needs no executor of its own); queen.pop_head hands them out as
 -- rows. The sweep's statement (queen.sweep_settle_and_pop, timers.sql) calls pop_head_take
--- itself and turns the arrays into its JSON answer at once: reading the rows of a set-returning
--- function through a SELECT materialised them and started an executor for that layer, per
--- sweeper cycle.
+-- itself with p_rows, which answers the batch as its JSON rows instead (json_rows, taken),
+-- made by the read of the frames: reading the rows of a set-returning function through a
+-- SELECT materialised them and started an executor for that layer, per sweeper cycle, and
+-- turning arrays into JSON took a statement of its own.
 --
 -- With p_settle_partition, a stream's batch settled whole first (queen.settle_cursor: the
 -- cursor locked, and applied only while it is exactly as that batch's pop left it; settled
@@ -176,10 +177,11 @@ $fn$;
 CREATE OR REPLACE FUNCTION queen.pop_head_take(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
     p_auto_ack boolean, p_after text, p_settle_partition uuid, p_settle_lease uuid,
-    p_settle_from bigint, p_settle_through bigint,
+    p_settle_from bigint, p_settle_through bigint, p_rows boolean,
     OUT outcome text, OUT partition_id uuid, OUT partition text, OUT lease_id uuid,
     OUT lease_expires_at timestamptz, OUT offsets bigint[], OUT txns text[],
-    OUT payloads jsonb[], OUT created timestamptz[], OUT metas jsonb[], OUT settled boolean)
+    OUT payloads jsonb[], OUT created timestamptz[], OUT metas jsonb[], OUT settled boolean,
+    OUT json_rows jsonb, OUT taken integer)
 LANGUAGE plpgsql
 -- Planned once per connection: the frames' read was planned afresh at most pops, a custom
 -- plan each time (180 µs of a one-message pop at a steady 500/s, bench.pg_path). Unlike sorts
@@ -204,7 +206,9 @@ DECLARE
     v_wanted bigint;
     v_last bigint;
     v_fallback boolean := false;
-    v_retried boolean;
+    v_retried bigint;  -- the highest offset up to the batch's last with a retry history
+    v_lease uuid;
+    v_expires timestamptz;
     v_set text;
 BEGIN
     IF p_settle_partition IS NOT NULL THEN
@@ -282,28 +286,53 @@ BEGIN
             -- lock: nothing left here.
             CONTINUE;
         END IF;
+        -- The lease, chosen before the frames are read: the JSON rows (p_rows) carry it.
+        IF NOT p_auto_ack THEN
+            v_lease := gen_random_uuid();
+            v_expires := now() + make_interval(secs => cand.lease_time_s);
+        END IF;
         -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
         -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
-        -- any of them has a retry history, in the same statement: one query less to start.)
-        SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
-               array_agg(f.created_at), array_agg(f.meta),
-               EXISTS (SELECT 1 FROM queen.retries r
-                       WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                         AND r."offset" BETWEEN v_committed + 1 AND v_committed + v_wanted)
-        INTO offsets, txns, payloads, created, metas, v_retried
-        FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
-        IF coalesce(cardinality(offsets), 0) < v_wanted  -- some are sealed
-           OR v_retried
+        -- any of them has a retry history, in the same statement: one query less to start;
+        -- and whether the settled batch's frames have one, to drop below.)
+        IF p_rows THEN
+            -- The batch as queen.pop_head's rows read by to_jsonb (the sweep's answer,
+            -- queen.sweep_settle_and_pop), made here rather than by a statement of the
+            -- caller's from the arrays: the same keys and values.
+            SELECT count(*), max(x."offset"), jsonb_agg(to_jsonb(x)),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO taken, v_last, json_rows, v_retried
+            FROM (SELECT 'messages'::text AS outcome, cand.pid AS partition_id,
+                         cand.pname AS partition, v_lease AS lease_id,
+                         v_expires AS lease_expires_at, f."offset", f.transaction_id,
+                         f.payload, f.created_at, f.meta
+                  FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f) x;
+        ELSE
+            SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
+                   array_agg(f.created_at), array_agg(f.meta),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO offsets, txns, payloads, created, metas, v_retried
+            FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
+            taken := coalesce(cardinality(offsets), 0);
+            v_last := offsets[taken];
+        END IF;
+        IF taken < v_wanted  -- some are sealed
+           OR v_retried > v_committed
         THEN
             offsets := NULL;
             txns := NULL;
             payloads := NULL;
             created := NULL;
             metas := NULL;
+            json_rows := NULL;
+            taken := NULL;
             v_fallback := true;
             EXIT;
         END IF;
-        v_last := offsets[cardinality(offsets)];
 
         IF p_auto_ack THEN
             -- (Through v_last: past a settlement of this partition too.)
@@ -313,33 +342,27 @@ BEGIN
             DELETE FROM queen.retries r
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
-        ELSIF cand.pid = v_settle THEN
-            -- The settlement and the lease in one UPDATE (the settlement's retries dropped
-            -- in the same statement); the lease as below.
-            WITH dropped AS (
-                DELETE FROM queen.retries r
-                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                  AND r."offset" <= p_settle_through)
-            UPDATE queen.cursors c
-            SET committed = p_settle_through,
-                lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
-                leased_to = v_last, updated_at = now(),
-                attempt_offset = p_settle_through + 1, attempt_count = 1
-            WHERE c.ctid = v_tid
-            RETURNING c.lease_id, c.lease_expires_at INTO lease_id, lease_expires_at;
         ELSE
             -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
             -- default it does not wait for the disk, as losing it in a crash only does what
-            -- its expiry would; under sync it waits as the server is configured.)
+            -- its expiry would; under sync it waits as the server is configured.) The cursor
+            -- settled above gets its settlement in the same UPDATE (committed: unchanged for
+            -- any other cursor, locked since it was read).
             UPDATE queen.cursors c
-            SET lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
+            SET committed = v_committed, lease_id = v_lease, lease_expires_at = v_expires,
                 leased_to = v_last, updated_at = now(),
                 -- Fresh work (redeliveries fell back above): delivery attempt 1.
                 attempt_offset = v_committed + 1, attempt_count = 1
-            WHERE c.ctid = v_tid
-            RETURNING c.lease_id, c.lease_expires_at INTO lease_id, lease_expires_at;
+            WHERE c.ctid = v_tid;
+            IF cand.pid = v_settle AND v_retried IS NOT NULL THEN
+                -- The settled frames' retry history (the read above saw it), as
+                -- queen.settle_head drops it.
+                DELETE FROM queen.retries r
+                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                  AND r."offset" <= p_settle_through;
+            END IF;
+            lease_id := v_lease;
+            lease_expires_at := v_expires;
         END IF;
         IF cand.pid = v_settle THEN
             v_settle := NULL;  -- (written)
@@ -379,7 +402,7 @@ DECLARE
     r record;
 BEGIN
     r := queen.pop_head_take(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
-                             p_after, NULL, NULL, NULL, NULL);
+                             p_after, NULL, NULL, NULL, NULL, false);
     IF r.outcome = 'messages' THEN
         RETURN QUERY
         SELECT 'messages'::text, r.partition_id, r.partition, r.lease_id, r.lease_expires_at,

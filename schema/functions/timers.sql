@@ -1384,6 +1384,7 @@ DECLARE
     v_commit text := current_setting('synchronous_commit');
     v_rows jsonb;
     v_sw record;  -- queen.sweep_run's answer
+    v_i integer;
     v_pop record;  -- queen.pop_head_take's answer
     v_outcome text;  -- the pop's outcome, and how many rows it answered
     v_count integer;
@@ -1401,13 +1402,16 @@ BEGIN
     -- (not through sweep_timers: one set-returning layer less).
     v_sw := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
                             p_not_before);
-    IF cardinality(v_sw.fired_at) > 0 THEN
-        RETURN QUERY
-        SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
-               NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
-               NULL::float8, NULL::float8, NULL::jsonb
-        FROM unnest(v_sw.fired_at, v_sw.fired_tenants) AS f(at, tenant);
-    END IF;
+    -- (A row per fire by RETURN NEXT of this function's output variables: a handful of
+    -- expressions, no query to start.)
+    FOR v_i IN 1..coalesce(cardinality(v_sw.fired_at), 0) LOOP
+        fired := true;
+        tenant_id := v_sw.fired_tenants[v_i];
+        deliver_at := v_sw.fired_at[v_i];
+        RETURN NEXT;
+    END LOOP;
+    fired := NULL;
+    deliver_at := NULL;
     IF v_sw.claimed_due_at IS NOT NULL THEN
         RETURN QUERY
         SELECT false, c.*, NULL::float8, NULL::float8, NULL::jsonb
@@ -1447,27 +1451,19 @@ BEGIN
         -- queen.settle_pop_head's two steps, not through it: the settlement, then the pop,
         -- whose rows are what settle_pop_head answers after a settlement (its NOTIFY of the
         -- queue is sent below whatever happens); both by queen.pop_head_take, which writes
-        -- the settlement in the pop's lease UPDATE when the pop takes that partition again.
-        -- Its arrays become the rows' JSON here, in one statement: as queen.pop_head's rows
-        -- read by to_jsonb, the same keys and values (not read through pop_head: a layer of
-        -- set-returning function, its rows materialised, and a query of its own).
+        -- the settlement in the pop's lease UPDATE when the pop takes that partition again,
+        -- and answers the rows' JSON (p_rows) as queen.pop_head's rows read by to_jsonb, the
+        -- same keys and values, made by its read of the frames (not read through pop_head: a
+        -- layer of set-returning function, its rows materialised, and a query of its own).
         v_pop := queen.pop_head_take(p_lock_tenant, p_lock_queue, p_pop_group,
                                      p_pop_partition, p_pop_batch, false, p_after,
                                      p_settle_partition, p_settle_lease, p_settle_from,
-                                     p_settle_through);
+                                     p_settle_through, true);
         v_settled := coalesce(v_pop.settled, true);  -- (nothing to settle: the pop alone)
         v_outcome := v_pop.outcome;
         IF v_outcome = 'messages' THEN
-            v_count := cardinality(v_pop.offsets);
-            v_rows := (
-                SELECT jsonb_agg(to_jsonb(p))
-                FROM (SELECT 'messages'::text AS outcome, v_pop.partition_id AS partition_id,
-                             v_pop.partition AS partition, v_pop.lease_id AS lease_id,
-                             v_pop.lease_expires_at AS lease_expires_at, u.o AS "offset",
-                             u.t AS transaction_id, u.p AS payload, u.c AS created_at,
-                             u.m AS meta
-                      FROM unnest(v_pop.offsets, v_pop.txns, v_pop.payloads, v_pop.created,
-                                  v_pop.metas) AS u(o, t, p, c, m)) AS p);
+            v_count := v_pop.taken;
+            v_rows := v_pop.json_rows;
         ELSE
             v_rows := jsonb_build_array(jsonb_build_object(
                 'outcome', v_outcome, 'partition_id', NULL, 'partition', NULL,
