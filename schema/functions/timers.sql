@@ -944,7 +944,7 @@ CREATE OR REPLACE TRIGGER timers_visible_above_floor
 -- all claimed for the broker.
 CREATE OR REPLACE FUNCTION queen.sweep_take(
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
-    p_fire boolean, p_now timestamptz,
+    p_fire boolean, p_now timestamptz, p_floor timestamptz,
     OUT fired_at timestamptz[], OUT fired_tenants integer[],
     OUT claimed_tenants integer[], OUT claimed_queues text[], OUT claimed_keys text[],
     OUT claimed_partitions text[], OUT claimed_txns text[], OUT claimed_payloads bytea[],
@@ -966,7 +966,7 @@ DECLARE
     v_ctids tid[];
     v_direct integer;
     v_appended integer;
-    v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
+    v_floor timestamptz := p_floor;  -- nothing is pending below it (queen.sweep_run)
     v_told boolean;
     v_directs boolean[];  -- whether each taken row can be fired here, in the order of expiry
     -- Each taken row's destination, in the order of expiry (the one-partition fire below).
@@ -1175,12 +1175,14 @@ BEGIN
                                        v_now + make_interval(secs => queen.sweep_lead_s())));
     END IF;
     -- (An assignment, not PERFORM: a PERFORM is a query the executor starts and ends, an
-    -- assignment's expression is evaluated without one.)
+    -- assignment's expression is evaluated without one.) The floor it answers is where the
+    -- fire's scan and the clock row's start (nothing is pending below it, and it is read
+    -- once, not again by each).
     v_floor := queen.advance_sweep_floor();
     BEGIN
         -- (Assigned only once the function has returned: if it raises, v_took is untouched.)
         v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
-                                   p_fire, v_now);
+                                   p_fire, v_now, v_floor);
     EXCEPTION WHEN OTHERS THEN
         -- Trouble of the database itself (connection, serialization failure or deadlock,
         -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
@@ -1194,7 +1196,7 @@ BEGIN
         -- deletes and frames are gone; claim every due row for the broker, which fires them
         -- one by one if the batch fails again, and only the rows at fault spend an attempt.
         v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
-                                   false, v_now);
+                                   false, v_now, v_floor);
     END;
     fired_at := v_took.fired_at;
     fired_tenants := v_took.fired_tenants;
@@ -1222,7 +1224,7 @@ BEGIN
     SELECT t.tenant_id, t.queue, t.partition, extract(epoch FROM t.visible_at)::float8
     INTO next_tenant, next_queue, next_partition, next_due
     FROM queen.timers t
-    WHERE t.visible_at >= (SELECT queen.sweep_floor())
+    WHERE t.visible_at >= (SELECT v_floor)
     ORDER BY t.visible_at
     LIMIT 1;
     db_now := extract(epoch FROM clock_timestamp())::float8;
