@@ -621,7 +621,7 @@ $fn$;
 
 -- A fired timer's frame meta: its message id (the id its pops hand out) and the timer's key
 -- and deliverAt (UTC, microseconds), as pops answer them. The one place of that shape for both
--- appends (queen.append_timer_frames, queen.sweep_due's one-partition fire); an SQL function
+-- appends (queen.append_timer_frames, queen.sweep_take's one-partition fire); an SQL function
 -- whose body is one expression, so the planner inlines it into the INSERT (STABLE, as to_char).
 CREATE OR REPLACE FUNCTION queen.timer_frame_meta(p_message_id uuid, p_key text,
                                                   p_deliver_at timestamptz) RETURNS jsonb
@@ -832,7 +832,7 @@ LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 -- pg_sequence_last_value (NULL until the first setval: then the sequence's START, 0), not a
 -- SELECT from the sequence: an expression PL/pgSQL evaluates without the executor, where the
 -- query was a plan of its own, started at every call (three a sweep). That plan also took
--- the settings of the session's first caller: made inside queen.sweep_due (sequential scans
+-- the settings of the session's first caller: made inside queen.sweep_take (sequential scans
 -- off, and a sequence can only be scanned so) it would cost 10^10, and PostgreSQL would
 -- compile it with JIT at every call after (some 20 ms each: seen while reordering the calls).
 CREATE OR REPLACE FUNCTION queen.sweep_floor() RETURNS timestamptz
@@ -1129,7 +1129,7 @@ $fn$;
 -- tenant_id, queue and partition) and the database's clock. A row that cannot become a frame
 -- (a malformed stored payload, or any error but the database's own trouble) undoes the direct
 -- fire and falls back to claiming every row, so the broker spends that timer's attempt and
--- fires the others. The work itself is queen.sweep_due's.
+-- fires the others. The work itself is queen.sweep_take's (through queen.sweep_run).
 --
 -- p_not_before (epoch seconds, the database's clock; NULL: at once) is the instant the sweep
 -- was planned for, and the fire is staged just ahead of it and committed at it. An idle sweep

@@ -1,5 +1,5 @@
 """A sweeper cycle's statement under a steady flow (issue 32): a few timers bound for one
-partition that exists are fired by queen.sweep_due itself, not through the set-based
+partition that exists are fired by queen.sweep_take itself, not through the set-based
 queen.append_timer_frames, and a stream's settlement carried by the sweep is applied by
 queen.pop_head_take (written in the next lease's UPDATE), not through queen.settle_pop_head
 (schema/functions/timers.sql, log.sql). Both must write and answer exactly what the general
