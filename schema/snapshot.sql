@@ -378,14 +378,14 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.cursor_for_update(p_tenant integer, p_partition uuid, p_group text, OUT tid tid, OUT committed bigint, OUT acked_ahead bigint[], OUT lease_id uuid, OUT leased_to bigint, OUT lease_live boolean) RETURNS record
+CREATE FUNCTION queen.cursor_for_update(p_tenant integer, p_partition uuid, p_group text, OUT tid tid, OUT committed bigint, OUT acked_ahead bigint[], OUT lease_id uuid, OUT leased_to bigint, OUT lease_live boolean, OUT attempt_offset bigint) RETURNS record
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     AS $$
 BEGIN
     SELECT c.ctid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
-           c.lease_expires_at > now()
-    INTO tid, committed, acked_ahead, lease_id, leased_to, lease_live
+           c.lease_expires_at > now(), c.attempt_offset
+    INTO tid, committed, acked_ahead, lease_id, leased_to, lease_live, attempt_offset
     FROM queen.cursors c
     WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
       AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
@@ -577,129 +577,22 @@ $$;
 
 CREATE FUNCTION queen.pop_head(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text) RETURNS TABLE(outcome text, partition_id uuid, partition text, lease_id uuid, lease_expires_at timestamp with time zone, "offset" bigint, transaction_id text, payload jsonb, created_at timestamp with time zone, meta jsonb)
     LANGUAGE plpgsql
-    SET plan_cache_mode TO 'force_generic_plan'
-    SET enable_seqscan TO 'off'
     AS $$
-#variable_conflict use_column
 DECLARE
-    v_sort text := current_setting('enable_sort');
-    cand record;
-    cur record;
-    v_wanted bigint;
-    v_offsets bigint[];
-    v_txns text[];
-    v_payloads jsonb[];
-    v_created timestamptz[];
-    v_metas jsonb[];
-    v_last bigint;
-    v_lease uuid;
-    v_expires timestamptz;
-    v_fallback boolean := false;
-    v_retried boolean;
-    v_set text;
+    r record;
 BEGIN
-    -- The same candidates, in the same order, as the general pop (pop_candidates): the
-    -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
-    -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
-    -- so that ten of them at once still find one each (an empty answer sends Queen's client
-    -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
-    FOR cand IN
-        SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
-               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
-        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32) w
-    LOOP
-        IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
-            v_fallback := true;
-            EXIT;
-        END IF;
-        -- The cursor's newest version first (see queen.ack_head), and by its ctid after;
-        -- sorts off for this statement alone, as there.
-        -- (An assignment: no executor started for it, as a PERFORM's query would be.)
-        v_set := set_config('enable_sort', 'off', true);
-        SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
-               c.attempt_offset
-        INTO cur
-        FROM queen.cursors c
-        WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
-          AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
-          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-        ORDER BY c.partition_id DESC, c.consumer_group DESC
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        PERFORM set_config('enable_sort', v_sort, true);
-        IF NOT FOUND THEN
-            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
-                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
-                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
-                EXIT;
-            END IF;
-            CONTINUE;  -- another consumer of the group holds (or is taking) it
-        END IF;
-        -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
-        -- the general pop counts.)
-        IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
-           OR (cur.lease_expires_at IS NOT NULL
-               AND coalesce(cur.leased_to, -1) > cur.committed)
-           OR (NOT p_auto_ack AND cur.attempt_offset = cur.committed + 1) THEN
-            v_fallback := true;
-            EXIT;
-        END IF;
-
-        v_wanted := least(p_batch, cand.next_offset - cur.committed - 1);
-        IF v_wanted <= 0 THEN
-            -- Another consumer of the group took these frames between the candidates and the
-            -- lock: nothing left here.
-            CONTINUE;
-        END IF;
-        -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
-        -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
-        -- any of them has a retry history, in the same statement: one query less to start.)
-        SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
-               array_agg(f.created_at), array_agg(f.meta),
-               EXISTS (SELECT 1 FROM queen.retries r
-                       WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                         AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
-        INTO v_offsets, v_txns, v_payloads, v_created, v_metas, v_retried
-        FROM queen.read_frames(cand.pid, cur.committed + 1, v_wanted::integer) f;
-        IF coalesce(cardinality(v_offsets), 0) < v_wanted  -- some are sealed
-           OR v_retried
-        THEN
-            v_fallback := true;
-            EXIT;
-        END IF;
-        v_last := v_offsets[cardinality(v_offsets)];
-
-        IF p_auto_ack THEN
-            UPDATE queen.cursors c
-            SET committed = v_last, lease_expires_at = NULL, updated_at = now()
-            WHERE c.ctid = cur.tid;
-            DELETE FROM queen.retries r
-            WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-              AND r."offset" <= v_last;
-        ELSE
-            -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
-            -- default it does not wait for the disk, as losing it in a crash only does what
-            -- its expiry would; under sync it waits as the server is configured.)
-            UPDATE queen.cursors c
-            SET lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
-                leased_to = v_last, updated_at = now(),
-                -- Fresh work (redeliveries fell back above): delivery attempt 1.
-                attempt_offset = cur.committed + 1, attempt_count = 1
-            WHERE c.ctid = cur.tid
-            RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
-        END IF;
+    r := queen.pop_head_take(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
+                             p_after, NULL, NULL, NULL, NULL, false);
+    IF r.outcome = 'messages' THEN
         RETURN QUERY
-        SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
-        FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
+        SELECT 'messages'::text, r.partition_id, r.partition, r.lease_id, r.lease_expires_at,
+               u.o, u.t, u.p, u.c, u.m
+        FROM unnest(r.offsets, r.txns, r.payloads, r.created, r.metas) AS u(o, t, p, c, m);
         RETURN;
-    END LOOP;
-
-    -- Nothing to pop (no candidate, or every candidate held by another consumer of the
-    -- group), or a case for the general pop.
-    RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
-                        NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz, NULL::bigint,
-                        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+    END IF;
+    -- (No message: one row, the outcome alone; RETURN NEXT starts no query for it.)
+    outcome := r.outcome;
+    RETURN NEXT;
 END
 $$;
 
@@ -735,7 +628,211 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.pop_walk(p_tenant integer, p_queue text, p_group text, p_partition text, p_after text, p_limit integer) RETURNS TABLE(partition_id uuid, name text, log_start bigint, next_offset bigint, queue_id bigint, lease_time_s integer, retry_limit integer, delayed_processing_s integer, window_buffer_s integer, dead_letter_queue boolean)
+CREATE FUNCTION queen.pop_head_take(p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer, p_auto_ack boolean, p_after text, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_rows boolean, OUT outcome text, OUT partition_id uuid, OUT partition text, OUT lease_id uuid, OUT lease_expires_at timestamp with time zone, OUT offsets bigint[], OUT txns text[], OUT payloads jsonb[], OUT created timestamp with time zone[], OUT metas jsonb[], OUT settled boolean, OUT json_rows jsonb, OUT taken integer) RETURNS record
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_sort text := current_setting('enable_sort');
+    cand record;
+    stl record;  -- the settled cursor (queen.settle_cursor)
+    v_settle uuid;  -- its partition while its settlement is still to be written
+    v_tid tid;  -- the candidate's cursor: its newest version, and what it holds
+    v_committed bigint;
+    v_ahead bigint[];
+    v_held_until timestamptz;
+    v_leased_to bigint;
+    v_attempt bigint;
+    v_wanted bigint;
+    v_last bigint;
+    v_fallback boolean := false;
+    v_retried bigint;  -- the highest offset up to the batch's last with a retry history
+    v_lease uuid;
+    v_expires timestamptz;
+    v_set text;
+BEGIN
+    IF p_settle_partition IS NOT NULL THEN
+        stl := queen.settle_cursor(p_tenant, p_group, p_settle_partition, p_settle_lease,
+                                   p_settle_from, p_settle_through);
+        settled := stl.tid IS NOT NULL;
+        IF settled THEN
+            v_settle := p_settle_partition;
+        END IF;
+    END IF;
+    -- The same candidates, in the same order, as the general pop (pop_candidates): the
+    -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
+    -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
+    -- so that ten of them at once still find one each (an empty answer sends Queen's client
+    -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
+    FOR cand IN
+        SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
+               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
+        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32, v_settle,
+                            p_settle_through) w
+    LOOP
+        IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+        IF cand.pid = v_settle THEN
+            -- The cursor settled above, locked since: as its settlement leaves it.
+            v_tid := stl.tid;
+            v_committed := p_settle_through;
+            v_ahead := '{}';
+            v_held_until := NULL;
+            v_leased_to := p_settle_through;
+            v_attempt := stl.attempt_offset;
+        ELSE
+            -- The cursor's newest version first (see queen.ack_head), and by its ctid after;
+            -- sorts off for this statement alone, as there.
+            -- (Assignments: no executor started for them, as a PERFORM's query would be; and
+            -- they leave FOUND as the SELECT set it: after a PERFORM, FOUND was always true,
+            -- so a cursor another consumer held sent the pop to the general pop rather than
+            -- on to the next candidate.)
+            v_set := set_config('enable_sort', 'off', true);
+            SELECT c.ctid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
+                   c.attempt_offset
+            INTO v_tid, v_committed, v_ahead, v_held_until, v_leased_to, v_attempt
+            FROM queen.cursors c
+            WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
+              AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
+              AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+            ORDER BY c.partition_id DESC, c.consumer_group DESC
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            v_set := set_config('enable_sort', v_sort, true);
+            IF NOT FOUND THEN
+                IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                               WHERE c.partition_id = cand.pid
+                                 AND c.consumer_group = p_group) THEN
+                    v_fallback := true;  -- the group's first pop here: the broker creates it
+                    EXIT;
+                END IF;
+                CONTINUE;  -- another consumer of the group holds (or is taking) it
+            END IF;
+        END IF;
+        -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
+        -- the general pop counts.)
+        IF cardinality(v_ahead) > 0 OR v_committed < cand.log_start - 1
+           OR (v_held_until IS NOT NULL AND coalesce(v_leased_to, -1) > v_committed)
+           OR (NOT p_auto_ack AND v_attempt = v_committed + 1) THEN
+            v_fallback := true;
+            EXIT;
+        END IF;
+
+        v_wanted := least(p_batch, cand.next_offset - v_committed - 1);
+        IF v_wanted <= 0 THEN
+            -- Another consumer of the group took these frames between the candidates and the
+            -- lock: nothing left here.
+            CONTINUE;
+        END IF;
+        -- The lease, chosen before the frames are read: the JSON rows (p_rows) carry it.
+        IF NOT p_auto_ack THEN
+            v_lease := gen_random_uuid();
+            v_expires := now() + make_interval(secs => cand.lease_time_s);
+        END IF;
+        -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
+        -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
+        -- any of them has a retry history, in the same statement: one query less to start;
+        -- and whether the settled batch's frames have one, to drop below.)
+        IF p_rows THEN
+            -- The batch as queen.pop_head's rows read by to_jsonb (the sweep's answer,
+            -- queen.sweep_settle_and_pop), made here rather than by a statement of the
+            -- caller's from the arrays: the same keys and values.
+            SELECT count(*), max(x."offset"), jsonb_agg(to_jsonb(x)),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO taken, v_last, json_rows, v_retried
+            FROM (SELECT 'messages'::text AS outcome, cand.pid AS partition_id,
+                         cand.pname AS partition, v_lease AS lease_id,
+                         v_expires AS lease_expires_at, f."offset", f.transaction_id,
+                         f.payload, f.created_at, f.meta
+                  FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f) x;
+        ELSE
+            SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
+                   array_agg(f.created_at), array_agg(f.meta),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO offsets, txns, payloads, created, metas, v_retried
+            FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
+            taken := coalesce(cardinality(offsets), 0);
+            v_last := offsets[taken];
+        END IF;
+        IF taken < v_wanted  -- some are sealed
+           OR v_retried > v_committed
+        THEN
+            offsets := NULL;
+            txns := NULL;
+            payloads := NULL;
+            created := NULL;
+            metas := NULL;
+            json_rows := NULL;
+            taken := NULL;
+            v_fallback := true;
+            EXIT;
+        END IF;
+
+        IF p_auto_ack THEN
+            -- (Through v_last: past a settlement of this partition too.)
+            UPDATE queen.cursors c
+            SET committed = v_last, lease_expires_at = NULL, updated_at = now()
+            WHERE c.ctid = v_tid;
+            DELETE FROM queen.retries r
+            WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+              AND r."offset" <= v_last;
+        ELSE
+            -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
+            -- default it does not wait for the disk, as losing it in a crash only does what
+            -- its expiry would; under sync it waits as the server is configured.) The cursor
+            -- settled above gets its settlement in the same UPDATE (committed: unchanged for
+            -- any other cursor, locked since it was read).
+            UPDATE queen.cursors c
+            SET committed = v_committed, lease_id = v_lease, lease_expires_at = v_expires,
+                leased_to = v_last, updated_at = now(),
+                -- Fresh work (redeliveries fell back above): delivery attempt 1.
+                attempt_offset = v_committed + 1, attempt_count = 1
+            WHERE c.ctid = v_tid;
+            IF cand.pid = v_settle AND v_retried IS NOT NULL THEN
+                -- The settled frames' retry history (the read above saw it), as
+                -- queen.settle_head drops it.
+                DELETE FROM queen.retries r
+                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                  AND r."offset" <= p_settle_through;
+            END IF;
+            lease_id := v_lease;
+            lease_expires_at := v_expires;
+        END IF;
+        IF cand.pid = v_settle THEN
+            v_settle := NULL;  -- (written)
+        END IF;
+        outcome := 'messages';
+        partition_id := cand.pid;
+        partition := cand.pname;
+        EXIT;
+    END LOOP;
+
+    IF v_settle IS NOT NULL THEN
+        -- The settlement alone: the pop took another partition, or nothing.
+        UPDATE queen.cursors c
+        SET committed = p_settle_through, lease_expires_at = NULL, updated_at = now()
+        WHERE c.ctid = stl.tid;
+        DELETE FROM queen.retries r
+        WHERE r.partition_id = v_settle AND r.consumer_group = p_group
+          AND r."offset" <= p_settle_through;
+    END IF;
+    IF outcome IS NULL THEN
+        -- Nothing to pop (no candidate, or every candidate held by another consumer of the
+        -- group), or a case for the general pop.
+        outcome := CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queen.pop_walk(p_tenant integer, p_queue text, p_group text, p_partition text, p_after text, p_limit integer, p_settled uuid DEFAULT NULL::uuid, p_settled_through bigint DEFAULT NULL::bigint) RETURNS TABLE(partition_id uuid, name text, log_start bigint, next_offset bigint, queue_id bigint, lease_time_s integer, retry_limit integer, delayed_processing_s integer, window_buffer_s integer, dead_letter_queue boolean)
     LANGUAGE sql STABLE
     AS $$
     SELECT p.partition_id, p.name, p.log_start, p.next_offset, q.queue_id, q.lease_time_s,
@@ -759,8 +856,12 @@ CREATE FUNCTION queen.pop_walk(p_tenant integer, p_queue text, p_group text, p_p
     LEFT JOIN queen.cursors c
            ON c.partition_id = p.partition_id AND c.consumer_group = p_group
     WHERE q.tenant_id = p_tenant AND q.name = p_queue
-      AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+      AND p.next_offset > greatest(coalesce(CASE WHEN p.partition_id = p_settled
+                                                 THEN p_settled_through
+                                                 ELSE c.committed END + 1, 0),
+                                   p.log_start)
+      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now()
+           OR p.partition_id = p_settled)
       AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
       AND (q.window_buffer_s = 0
            OR queen.newest_frame_at(p.partition_id, p.next_offset)
@@ -1302,6 +1403,23 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queen.settle_cursor(p_tenant integer, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint, p_through bigint, OUT tid tid, OUT attempt_offset bigint) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cur record;
+BEGIN
+    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
+    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
+       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+        RETURN;
+    END IF;
+    tid := cur.tid;
+    attempt_offset := cur.attempt_offset;
+END
+$$;
+
 CREATE FUNCTION queen.settle_head(p_tenant integer, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint, p_through bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1310,11 +1428,8 @@ CREATE FUNCTION queen.settle_head(p_tenant integer, p_group text, p_partition_id
 DECLARE
     cur record;
 BEGIN
-    -- The cursor, newest version first, locked (queen.cursor_for_update).
-    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
-    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
-       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
-       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+    cur := queen.settle_cursor(p_tenant, p_group, p_partition_id, p_lease, p_from, p_through);
+    IF cur.tid IS NULL THEN
         RETURN false;
     END IF;
     UPDATE queen.cursors c
@@ -1362,7 +1477,207 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.sweep_due(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
+CREATE FUNCTION queen.sweep_floor() RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN to_timestamp(coalesce(pg_sequence_last_value('queen.timer_sweep_floor'::regclass), 0)
+                        / 1000000.0) - interval '1 millisecond';
+END
+$$;
+
+CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 0.001::float8 $$;
+
+CREATE FUNCTION queen.sweep_run(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, OUT fired_at timestamp with time zone[], OUT fired_tenants integer[], OUT claimed_tenants integer[], OUT claimed_queues text[], OUT claimed_keys text[], OUT claimed_partitions text[], OUT claimed_txns text[], OUT claimed_payloads bytea[], OUT claimed_zstd boolean[], OUT claimed_bytes integer[], OUT claimed_deliver_at timestamp with time zone[], OUT claimed_attempts integer[], OUT claimed_due_at timestamp with time zone[], OUT next_tenant integer, OUT next_queue text, OUT next_partition text, OUT next_due double precision, OUT db_now double precision) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now timestamptz;
+    v_floor timestamptz;
+    v_took record;  -- queen.sweep_take's answer
+BEGIN
+    v_now := clock_timestamp();
+    IF p_not_before IS NOT NULL THEN
+        v_now := queen.wait_until(p_not_before - queen.sweep_lead_s());
+        -- The instant itself, unless it is past (then now) or the wait was cut short (a far
+        -- not_before: then only a lead's worth ahead of the clock).
+        v_now := greatest(v_now, least(to_timestamp(p_not_before),
+                                       v_now + make_interval(secs => queen.sweep_lead_s())));
+    END IF;
+    -- (An assignment, not PERFORM: a PERFORM is a query the executor starts and ends, an
+    -- assignment's expression is evaluated without one.) The floor it answers is where the
+    -- fire's scan and the clock row's start (nothing is pending below it, and it is read
+    -- once, not again by each).
+    v_floor := queen.advance_sweep_floor();
+    BEGIN
+        -- (Assigned only once the function has returned: if it raises, v_took is untouched.)
+        v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                   p_fire, v_now, v_floor);
+    EXCEPTION WHEN OTHERS THEN
+        -- Trouble of the database itself (connection, serialization failure or deadlock,
+        -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
+        -- tried again, spending no attempt (queen_trio/db/transient.py).
+        IF left(SQLSTATE, 2) IN ('08', '40', '53', '57', '58')
+           OR SQLSTATE IN ('25006', '55P03') THEN
+            RAISE;
+        END IF;
+        -- Anything else is a row that cannot become a frame: a payload jsonb refuses (NaN,
+        -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
+        -- deletes and frames are gone; claim every due row for the broker, which fires them
+        -- one by one if the batch fails again, and only the rows at fault spend an attempt.
+        v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                   false, v_now, v_floor);
+    END;
+    fired_at := v_took.fired_at;
+    fired_tenants := v_took.fired_tenants;
+    IF v_took.claimed_due_at IS NOT NULL THEN
+        claimed_tenants := v_took.claimed_tenants;
+        claimed_queues := v_took.claimed_queues;
+        claimed_keys := v_took.claimed_keys;
+        claimed_partitions := v_took.claimed_partitions;
+        claimed_txns := v_took.claimed_txns;
+        claimed_payloads := v_took.claimed_payloads;
+        claimed_zstd := v_took.claimed_zstd;
+        claimed_bytes := v_took.claimed_bytes;
+        claimed_deliver_at := v_took.claimed_deliver_at;
+        claimed_attempts := v_took.claimed_attempts;
+        claimed_due_at := v_took.claimed_due_at;
+    END IF;
+    -- Nothing it took was due later than v_now: return (then commit) no earlier than that.
+    IF p_not_before IS NOT NULL THEN  -- (else v_now is the clock read at the start)
+        v_now := queen.wait_until(extract(epoch FROM v_now)::float8);
+    END IF;
+
+    -- The clock row: the earliest timer left (when, and where it will land: the sweeper tells
+    -- that queue's parked pops before the cycle that fires it, with no look-up of its own).
+    -- (No timer left: the SELECT sets them to NULL.)
+    SELECT t.tenant_id, t.queue, t.partition, extract(epoch FROM t.visible_at)::float8
+    INTO next_tenant, next_queue, next_partition, next_due
+    FROM queen.timers t
+    WHERE t.visible_at >= (SELECT v_floor)
+    ORDER BY t.visible_at
+    LIMIT 1;
+    db_now := extract(epoch FROM clock_timestamp())::float8;
+END
+$$;
+
+CREATE FUNCTION queen.sweep_settle_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_after text, p_ack_commit text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_commit text := current_setting('synchronous_commit');
+    v_rows jsonb;
+    v_sw record;  -- queen.sweep_run's answer
+    v_i integer;
+    v_pop record;  -- queen.pop_head_take's answer
+    v_outcome text;  -- the pop's outcome, and how many rows it answered
+    v_count integer;
+    v_settled boolean := true;
+    v_drained boolean := false;
+    v_look float8;
+    v_done boolean;
+    v_set text;
+BEGIN
+    -- (Assignments, not PERFORM: evaluated without starting the executor, as a PERFORM's
+    -- query is.)
+    v_done := pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
+                                                                         p_lock_queue));
+    -- The sweep's rows, as queen.sweep_timers answers them, from queen.sweep_run's answer
+    -- (not through sweep_timers: one set-returning layer less).
+    v_sw := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
+                            p_not_before);
+    -- (A row per fire by RETURN NEXT of this function's output variables: a handful of
+    -- expressions, no query to start.)
+    FOR v_i IN 1..coalesce(cardinality(v_sw.fired_at), 0) LOOP
+        fired := true;
+        tenant_id := v_sw.fired_tenants[v_i];
+        deliver_at := v_sw.fired_at[v_i];
+        RETURN NEXT;
+    END LOOP;
+    fired := NULL;
+    deliver_at := NULL;
+    IF v_sw.claimed_due_at IS NOT NULL THEN
+        RETURN QUERY
+        SELECT false, c.*, NULL::float8, NULL::float8, NULL::jsonb
+        FROM unnest(v_sw.claimed_tenants, v_sw.claimed_queues, v_sw.claimed_keys,
+                    v_sw.claimed_partitions, v_sw.claimed_txns, v_sw.claimed_payloads,
+                    v_sw.claimed_zstd, v_sw.claimed_bytes, v_sw.claimed_deliver_at,
+                    v_sw.claimed_attempts, v_sw.claimed_due_at) AS c;
+    END IF;
+    -- The clock row (this function's output variables, NULL until here; RETURN NEXT).
+    tenant_id := v_sw.next_tenant;
+    queue := v_sw.next_queue;
+    partition := v_sw.next_partition;
+    next_due := v_sw.next_due;
+    db_now := v_sw.db_now;
+    RETURN NEXT;
+    tenant_id := NULL;
+    queue := NULL;
+    partition := NULL;
+    next_due := NULL;
+    IF p_settle_partition IS NOT NULL AND p_pop_batch <= 0 THEN
+        -- (No pop asked for: queen.settle_pop_head's own answer, then the pop alone if the
+        -- settlement was not applied.)
+        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+        FROM queen.settle_pop_head(p_lock_tenant, p_lock_queue, p_pop_group,
+                                   p_settle_partition, p_settle_lease, p_settle_from,
+                                   p_settle_through, p_pop_partition, p_pop_batch,
+                                   p_after) AS p;
+        IF v_rows->0->>'outcome' = 'unsettled' THEN
+            v_settled := false;
+            SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
+            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
+                                p_pop_batch, false, p_after) AS p;
+        END IF;
+        v_outcome := v_rows->0->>'outcome';
+        v_count := jsonb_array_length(v_rows);
+    ELSE
+        -- queen.settle_pop_head's two steps, not through it: the settlement, then the pop,
+        -- whose rows are what settle_pop_head answers after a settlement (its NOTIFY of the
+        -- queue is sent below whatever happens); both by queen.pop_head_take, which writes
+        -- the settlement in the pop's lease UPDATE when the pop takes that partition again,
+        -- and answers the rows' JSON (p_rows) as queen.pop_head's rows read by to_jsonb, the
+        -- same keys and values, made by its read of the frames (not read through pop_head: a
+        -- layer of set-returning function, its rows materialised, and a query of its own).
+        v_pop := queen.pop_head_take(p_lock_tenant, p_lock_queue, p_pop_group,
+                                     p_pop_partition, p_pop_batch, false, p_after,
+                                     p_settle_partition, p_settle_lease, p_settle_from,
+                                     p_settle_through, true);
+        v_settled := coalesce(v_pop.settled, true);  -- (nothing to settle: the pop alone)
+        v_outcome := v_pop.outcome;
+        IF v_outcome = 'messages' THEN
+            v_count := v_pop.taken;
+            v_rows := v_pop.json_rows;
+        ELSE
+            v_rows := jsonb_build_array(jsonb_build_object(
+                'outcome', v_outcome, 'partition_id', NULL, 'partition', NULL,
+                'lease_id', NULL, 'lease_expires_at', NULL, 'offset', NULL,
+                'transaction_id', NULL, 'payload', NULL, 'created_at', NULL, 'meta', NULL));
+        END IF;
+    END IF;
+    IF v_outcome = 'messages' AND v_count < p_pop_batch THEN
+        v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
+        v_drained := v_look IS NULL OR v_look > 0;
+    END IF;
+    v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
+    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_outcome = 'messages' THEN
+        -- The acknowledgement and the pop's lease commit as the broker's settlements and pops
+        -- do (p_ack_commit, the level of both under QUEEN_POP_COMMIT: 'off' for async, NULL
+        -- as the server is configured), and so does the fire they share the transaction with.
+        v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
+    END IF;
+    -- The last row: this function's output variables, NULL again but these two, handed back
+    -- by RETURN NEXT (no query to start for it, as RETURN QUERY took).
+    db_now := extract(epoch FROM clock_timestamp())::float8;
+    popped := jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
+                                 'drained', v_drained);
+    RETURN NEXT;
+END
+$$;
+
+CREATE FUNCTION queen.sweep_take(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_now timestamp with time zone, p_floor timestamp with time zone, OUT fired_at timestamp with time zone[], OUT fired_tenants integer[], OUT claimed_tenants integer[], OUT claimed_queues text[], OUT claimed_keys text[], OUT claimed_partitions text[], OUT claimed_txns text[], OUT claimed_payloads bytea[], OUT claimed_zstd boolean[], OUT claimed_bytes integer[], OUT claimed_deliver_at timestamp with time zone[], OUT claimed_attempts integer[], OUT claimed_due_at timestamp with time zone[]) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -1372,10 +1687,8 @@ DECLARE
     v_due timestamptz[];
     v_ctids tid[];
     v_direct integer;
-    v_fired timestamptz[] := '{}';
-    v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
-    v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
+    v_floor timestamptz := p_floor;  -- nothing is pending below it (queen.sweep_run)
     v_told boolean;
     v_directs boolean[];  -- whether each taken row can be fired here, in the order of expiry
     -- Each taken row's destination, in the order of expiry (the one-partition fire below).
@@ -1387,6 +1700,8 @@ DECLARE
     v_stamp timestamptz;
     v_delta bigint;
 BEGIN
+    fired_at := '{}';
+    fired_tenants := '{}';  -- whose timer each fire was (a tenant's own figures)
     -- In the order of expiry: deliver_at, the instant asked for. (A timer scheduled with a
     -- delay in the past has its visible_at raised to the clock of its write, not its due
     -- instant: queen.timers_visible_above_floor.)
@@ -1429,6 +1744,8 @@ BEGIN
     -- a timer's deliverAt; the bytes' move recorded; the queue's long polls woken. A partition
     -- not there yet (its first frames) or a batch bound for several goes through
     -- queen.append_timer_frames, as does a large batch (array_position below is quadratic).
+    -- (The partition's next_offset is moved in the statement that appends: one statement
+    -- less to start per cycle.)
     IF v_direct BETWEEN 1 AND 64
        AND v_tenants[1] = ALL (v_tenants[1:v_direct]) AND v_queues[1] = ALL (v_queues[1:v_direct])
        AND v_partitions[1] = ALL (v_partitions[1:v_direct]) THEN
@@ -1452,6 +1769,9 @@ BEGIN
                    g.txn, g.text::jsonb, octet_length(g.text), greatest(v_stamp, g.deliver_at),
                    queen.timer_frame_meta(g.message_id, g.timer_key, g.deliver_at)
             FROM gone g
+        ), bumped AS (
+            UPDATE queen.partitions p SET next_offset = p.next_offset + (SELECT count(*) FROM gone)
+            WHERE p.partition_id = v_partition
         )
         SELECT count(*), sum(octet_length(g.text) - g.payload_bytes)
         INTO v_appended, v_delta
@@ -1460,8 +1780,6 @@ BEGIN
             RAISE EXCEPTION 'a fire deleted % of its % locked timers', v_appended, v_direct
                 USING ERRCODE = 'serialization_failure';
         END IF;
-        UPDATE queen.partitions p SET next_offset = p.next_offset + v_appended
-        WHERE p.partition_id = v_partition;
         IF v_delta <> 0 THEN
             -- The bytes move from the timer rows to the log: usually a change of zero.
             INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (v_tenants[1], v_delta);
@@ -1470,8 +1788,8 @@ BEGIN
         -- assignment, not PERFORM: a PERFORM is a query the executor starts and ends; an
         -- assignment's expression is evaluated without one.)
         v_told := pg_notify('queen_log', v_tenants[1] || ':' || v_queues[1]) IS NULL;
-        v_fired := v_due[1:v_direct];
-        v_fired_tenants := v_tenants[1:v_direct];
+        fired_at := v_due[1:v_direct];
+        fired_tenants := v_tenants[1:v_direct];
     ELSIF v_direct > 0 THEN
         -- ctid = ANY: a TID scan of just these rows whatever the planner estimates (joined
         -- to an unnest of the ctids, PostgreSQL 18 hashed the whole table every sweep).
@@ -1490,176 +1808,65 @@ BEGIN
                    array_agg(g.tenant_id), array_agg(g.queue), array_agg(g.timer_key),
                    array_agg(g.partition), array_agg(g.txn), array_agg(g.message_id),
                    array_agg(g.text), array_agg(g.payload_bytes), array_agg(g.deliver_at))
-        INTO v_fired, v_fired_tenants, v_appended
+        INTO fired_at, fired_tenants, v_appended
         FROM (SELECT * FROM gone
               ORDER BY gone.deliver_at, gone.tenant_id, gone.queue, gone.timer_key) g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
-        -- the disk. A fire keeps the synchronous commit.
-        PERFORM set_config('synchronous_commit', 'off', true);
+        -- the disk. A fire keeps the synchronous commit. (An assignment, as above.)
+        v_told := set_config('synchronous_commit', 'off', true) IS NULL;
     END IF;
 
-    RETURN QUERY
-    SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
-           NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
-           NULL::float8, NULL::float8
-    FROM unnest(v_fired, v_fired_tenants) AS f(at, tenant);
-
     IF v_direct < cardinality(v_ctids) THEN
-        RETURN QUERY
         WITH claimed AS (
             UPDATE queen.timers t
             SET visible_at = p_now + make_interval(secs => p_lease_ms / 1000.0),
                 claim_token = p_token, claimed_by = p_broker
             FROM unnest(v_ctids[v_direct + 1:], v_due[v_direct + 1:]) AS k(row_id, due_at)
             WHERE t.ctid = k.row_id
-            RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
-                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
-                      NULL::float8, NULL::float8
+            RETURNING t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
+                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at
         )
-        SELECT * FROM claimed;
+        SELECT array_agg(c.tenant_id), array_agg(c.queue), array_agg(c.timer_key),
+               array_agg(c.partition), array_agg(c.txn), array_agg(c.payload),
+               array_agg(c.payload_zstd), array_agg(c.payload_bytes), array_agg(c.deliver_at),
+               array_agg(c.attempts), array_agg(c.due_at)
+        INTO claimed_tenants, claimed_queues, claimed_keys, claimed_partitions, claimed_txns,
+             claimed_payloads, claimed_zstd, claimed_bytes, claimed_deliver_at,
+             claimed_attempts, claimed_due_at
+        FROM claimed c;
     END IF;
-END
-$$;
-
-CREATE FUNCTION queen.sweep_floor() RETURNS timestamp with time zone
-    LANGUAGE plpgsql STABLE
-    AS $$
-BEGIN
-    RETURN to_timestamp(coalesce(pg_sequence_last_value('queen.timer_sweep_floor'::regclass), 0)
-                        / 1000000.0) - interval '1 millisecond';
-END
-$$;
-
-CREATE FUNCTION queen.sweep_lead_s() RETURNS double precision
-    LANGUAGE sql IMMUTABLE
-    AS $$ SELECT 0.001::float8 $$;
-
-CREATE FUNCTION queen.sweep_settle_and_pop(p_lock_tenant integer, p_lock_queue text, p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision, p_pop_group text, p_pop_partition text, p_pop_batch integer, p_settle_partition uuid, p_settle_lease uuid, p_settle_from bigint, p_settle_through bigint, p_after text, p_ack_commit text) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision, popped jsonb)
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    v_commit text := current_setting('synchronous_commit');
-    v_rows jsonb;
-    v_settled boolean := true;
-    v_drained boolean := false;
-    v_look float8;
-    v_done boolean;
-    v_set text;
-BEGIN
-    -- (Assignments, not PERFORM: evaluated without starting the executor, as a PERFORM's
-    -- query is.)
-    v_done := pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
-                                                                         p_lock_queue));
-    RETURN QUERY SELECT s.*, NULL::jsonb
-                 FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
-                                         p_fire, p_not_before) AS s;
-    IF p_settle_partition IS NOT NULL AND p_pop_batch <= 0 THEN
-        -- (No pop asked for: queen.settle_pop_head's own answer, then the pop alone if the
-        -- settlement was not applied.)
-        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
-        FROM queen.settle_pop_head(p_lock_tenant, p_lock_queue, p_pop_group,
-                                   p_settle_partition, p_settle_lease, p_settle_from,
-                                   p_settle_through, p_pop_partition, p_pop_batch,
-                                   p_after) AS p;
-        IF v_rows->0->>'outcome' = 'unsettled' THEN
-            v_settled := false;
-            SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
-            FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                                p_pop_batch, false, p_after) AS p;
-        END IF;
-    ELSE
-        -- queen.settle_pop_head's two steps, not through it: the settlement (queen.settle_head),
-        -- then queen.pop_head, whose rows are what settle_pop_head answers after a settlement
-        -- (its NOTIFY of the queue is sent below whatever happens). One set-returning layer
-        -- and one statement less (the rows copied once, not twice, and no CTE to tell the
-        -- queue's long polls).
-        IF p_settle_partition IS NOT NULL THEN
-            v_settled := queen.settle_head(p_lock_tenant, p_pop_group, p_settle_partition,
-                                           p_settle_lease, p_settle_from, p_settle_through);
-        ELSE
-            v_settled := true;  -- (nothing to settle: the pop alone, as asked)
-        END IF;
-        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
-        FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                            p_pop_batch, false, p_after) AS p;
-    END IF;
-    IF v_rows->0->>'outcome' = 'messages' AND jsonb_array_length(v_rows) < p_pop_batch THEN
-        v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
-        v_drained := v_look IS NULL OR v_look > 0;
-    END IF;
-    v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
-    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_rows->0->>'outcome' = 'messages' THEN
-        -- The acknowledgement and the pop's lease commit as the broker's settlements and pops
-        -- do (p_ack_commit, the level of both under QUEEN_POP_COMMIT: 'off' for async, NULL
-        -- as the server is configured), and so does the fire they share the transaction with.
-        v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
-    END IF;
-    -- The last row: this function's output variables, untouched until here (NULL) but these
-    -- two, handed back by RETURN NEXT (no query to start for it, as RETURN QUERY took).
-    db_now := extract(epoch FROM clock_timestamp())::float8;
-    popped := jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
-                                 'drained', v_drained);
-    RETURN NEXT;
 END
 $$;
 
 CREATE FUNCTION queen.sweep_timers(p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer, p_fire boolean, p_not_before double precision) RETURNS TABLE(fired boolean, tenant_id integer, queue text, timer_key text, partition text, txn text, payload bytea, payload_zstd boolean, payload_bytes integer, deliver_at timestamp with time zone, attempts integer, due_at timestamp with time zone, next_due double precision, db_now double precision)
     LANGUAGE plpgsql
     AS $$
-#variable_conflict use_column
 DECLARE
-    v_now timestamptz;
-    v_floor timestamptz;
+    r record;
 BEGIN
-    v_now := clock_timestamp();
-    IF p_not_before IS NOT NULL THEN
-        v_now := queen.wait_until(p_not_before - queen.sweep_lead_s());
-        -- The instant itself, unless it is past (then now) or the wait was cut short (a far
-        -- not_before: then only a lead's worth ahead of the clock).
-        v_now := greatest(v_now, least(to_timestamp(p_not_before),
-                                       v_now + make_interval(secs => queen.sweep_lead_s())));
+    r := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
+                         p_not_before);
+    -- One row per fire, one per claim, then the clock row (RETURN NEXT: no query for it).
+    IF cardinality(r.fired_at) > 0 THEN
+        RETURN QUERY
+        SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+               NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
+               NULL::float8, NULL::float8
+        FROM unnest(r.fired_at, r.fired_tenants) AS f(at, tenant);
     END IF;
-    -- (An assignment, not PERFORM: a PERFORM is a query the executor starts and ends, an
-    -- assignment's expression is evaluated without one.)
-    v_floor := queen.advance_sweep_floor();
-    BEGIN
-        -- (A set-returning plpgsql function hands back its rows only once it has finished:
-        -- if it raises, nothing of it has been returned.)
-        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
-                                                   p_max_payload, p_fire, v_now);
-    EXCEPTION WHEN OTHERS THEN
-        -- Trouble of the database itself (connection, serialization failure or deadlock,
-        -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
-        -- tried again, spending no attempt (queen_trio/db/transient.py).
-        IF left(SQLSTATE, 2) IN ('08', '40', '53', '57', '58')
-           OR SQLSTATE IN ('25006', '55P03') THEN
-            RAISE;
-        END IF;
-        -- Anything else is a row that cannot become a frame: a payload jsonb refuses (NaN,
-        -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
-        -- deletes and frames are gone; claim every due row for the broker, which fires them
-        -- one by one if the batch fails again, and only the rows at fault spend an attempt.
-        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
-                                                   p_max_payload, false, v_now);
-    END;
-    -- Nothing it took was due later than v_now: return (then commit) no earlier than that.
-    IF p_not_before IS NOT NULL THEN  -- (else v_now is the clock read at the start)
-        PERFORM queen.wait_until(extract(epoch FROM v_now)::float8);
+    IF r.claimed_due_at IS NOT NULL THEN
+        RETURN QUERY
+        SELECT false, c.*, NULL::float8, NULL::float8
+        FROM unnest(r.claimed_tenants, r.claimed_queues, r.claimed_keys, r.claimed_partitions,
+                    r.claimed_txns, r.claimed_payloads, r.claimed_zstd, r.claimed_bytes,
+                    r.claimed_deliver_at, r.claimed_attempts, r.claimed_due_at) AS c;
     END IF;
-
-    -- The clock row: the earliest timer left (when, and where it will land: the sweeper tells
-    -- that queue's parked pops before the cycle that fires it, with no look-up of its own).
-    -- Its columns are this function's output variables, untouched until here (NULL), and
-    -- RETURN NEXT hands them back: no query of its own to start for the row, as RETURN QUERY
-    -- took. (No timer left: the SELECT sets them to NULL.)
-    SELECT t.tenant_id, t.queue, t.partition, extract(epoch FROM t.visible_at)::float8
-    INTO tenant_id, queue, partition, next_due
-    FROM queen.timers t
-    WHERE t.visible_at >= (SELECT queen.sweep_floor())
-    ORDER BY t.visible_at
-    LIMIT 1;
-    db_now := extract(epoch FROM clock_timestamp())::float8;
+    tenant_id := r.next_tenant;
+    queue := r.next_queue;
+    partition := r.next_partition;
+    next_due := r.next_due;
+    db_now := r.db_now;
     RETURN NEXT;
 END
 $$;

@@ -65,9 +65,14 @@ CREATE OR REPLACE TRIGGER partitions_delete_frames AFTER DELETE ON queen.partiti
 -- reached within one lap of the pointer, so every partition is served in turn.
 -- (The laps are the branches of one UNION ALL, each walked in index order; the executor reads
 -- them one after the other, and LIMIT stops it as soon as it has enough.)
+--
+-- p_settled, p_settled_through: a cursor of the group the caller has locked and is settling
+-- (its lease's batch completed through p_settled_through: queen.pop_head_take), taken as that
+-- settlement leaves it, committed through p_settled_through with no lease, though the row
+-- still shows the lease: the caller writes the settlement and the next lease in one UPDATE.
 CREATE OR REPLACE FUNCTION queen.pop_walk(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_after text,
-    p_limit integer)
+    p_limit integer, p_settled uuid DEFAULT NULL, p_settled_through bigint DEFAULT NULL)
 RETURNS TABLE (partition_id uuid, name text, log_start bigint, next_offset bigint,
                queue_id bigint, lease_time_s integer, retry_limit integer,
                delayed_processing_s integer, window_buffer_s integer, dead_letter_queue boolean)
@@ -93,8 +98,12 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN queen.cursors c
            ON c.partition_id = p.partition_id AND c.consumer_group = p_group
     WHERE q.tenant_id = p_tenant AND q.name = p_queue
-      AND p.next_offset > greatest(coalesce(c.committed + 1, 0), p.log_start)
-      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+      AND p.next_offset > greatest(coalesce(CASE WHEN p.partition_id = p_settled
+                                                 THEN p_settled_through
+                                                 ELSE c.committed END + 1, 0),
+                                   p.log_start)
+      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now()
+           OR p.partition_id = p_settled)
       AND (c.retry_at IS NULL OR c.retry_at <= now())  -- retryDelay: held after a failed ack
       AND (q.window_buffer_s = 0
            OR queen.newest_frame_at(p.partition_id, p.next_offset)
@@ -149,12 +158,30 @@ $fn$;
 -- delayedProcessing or windowBuffer, a cursor behind log_start, a batch handed out again after
 -- a nack) answers 'fallback' having changed nothing, and the broker runs its general pop
 -- (queen_trio/log/store.py) instead.
-CREATE OR REPLACE FUNCTION queen.pop_head(
+--
+-- The work is queen.pop_head_take's, which answers the batch as arrays in one composite value
+-- (called as an expression, it needs no executor of its own); queen.pop_head hands them out as
+-- rows. The sweep's statement (queen.sweep_settle_and_pop, timers.sql) calls pop_head_take
+-- itself with p_rows, which answers the batch as its JSON rows instead (json_rows, taken),
+-- made by the read of the frames: reading the rows of a set-returning function through a
+-- SELECT materialised them and started an executor for that layer, per sweeper cycle, and
+-- turning arrays into JSON took a statement of its own.
+--
+-- With p_settle_partition, a stream's batch settled whole first (queen.settle_cursor: the
+-- cursor locked, and applied only while it is exactly as that batch's pop left it; settled
+-- says whether it was). The settlement is written in the pop's lease UPDATE when the pop takes
+-- that same partition again (the usual case under a steady flow: one new version of the row,
+-- not two, and no foreign-key check of a row this transaction wrote), else alone after the
+-- pop, as queen.settle_head writes it. Either way the pop sees the partition as the settlement
+-- leaves it (queen.pop_walk's p_settled).
+CREATE OR REPLACE FUNCTION queen.pop_head_take(
     p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
-    p_auto_ack boolean, p_after text)
-RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
-               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
-               payload jsonb, created_at timestamptz, meta jsonb)
+    p_auto_ack boolean, p_after text, p_settle_partition uuid, p_settle_lease uuid,
+    p_settle_from bigint, p_settle_through bigint, p_rows boolean,
+    OUT outcome text, OUT partition_id uuid, OUT partition text, OUT lease_id uuid,
+    OUT lease_expires_at timestamptz, OUT offsets bigint[], OUT txns text[],
+    OUT payloads jsonb[], OUT created timestamptz[], OUT metas jsonb[], OUT settled boolean,
+    OUT json_rows jsonb, OUT taken integer)
 LANGUAGE plpgsql
 -- Planned once per connection: the frames' read was planned afresh at most pops, a custom
 -- plan each time (180 µs of a one-message pop at a steady 500/s, bench.pg_path). Unlike sorts
@@ -168,20 +195,30 @@ AS $fn$
 DECLARE
     v_sort text := current_setting('enable_sort');
     cand record;
-    cur record;
+    stl record;  -- the settled cursor (queen.settle_cursor)
+    v_settle uuid;  -- its partition while its settlement is still to be written
+    v_tid tid;  -- the candidate's cursor: its newest version, and what it holds
+    v_committed bigint;
+    v_ahead bigint[];
+    v_held_until timestamptz;
+    v_leased_to bigint;
+    v_attempt bigint;
     v_wanted bigint;
-    v_offsets bigint[];
-    v_txns text[];
-    v_payloads jsonb[];
-    v_created timestamptz[];
-    v_metas jsonb[];
     v_last bigint;
+    v_fallback boolean := false;
+    v_retried bigint;  -- the highest offset up to the batch's last with a retry history
     v_lease uuid;
     v_expires timestamptz;
-    v_fallback boolean := false;
-    v_retried boolean;
     v_set text;
 BEGIN
+    IF p_settle_partition IS NOT NULL THEN
+        stl := queen.settle_cursor(p_tenant, p_group, p_settle_partition, p_settle_lease,
+                                   p_settle_from, p_settle_through);
+        settled := stl.tid IS NOT NULL;
+        IF settled THEN
+            v_settle := p_settle_partition;
+        END IF;
+    END IF;
     -- The same candidates, in the same order, as the general pop (pop_candidates): the
     -- rotation after p_after (queen.pop_walk). Consumers of the group popping at once start
     -- from the same pointer and each skips the partitions the others are taking: 32, not 8,
@@ -190,106 +227,199 @@ BEGIN
     FOR cand IN
         SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
                w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
-        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32) w
+        FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32, v_settle,
+                            p_settle_through) w
     LOOP
         IF cand.delayed_processing_s > 0 OR cand.window_buffer_s > 0 THEN
             v_fallback := true;
             EXIT;
         END IF;
-        -- The cursor's newest version first (see queen.ack_head), and by its ctid after;
-        -- sorts off for this statement alone, as there.
-        -- (An assignment: no executor started for it, as a PERFORM's query would be.)
-        v_set := set_config('enable_sort', 'off', true);
-        SELECT c.ctid AS tid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
-               c.attempt_offset
-        INTO cur
-        FROM queen.cursors c
-        WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
-          AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
-          AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-        ORDER BY c.partition_id DESC, c.consumer_group DESC
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        PERFORM set_config('enable_sort', v_sort, true);
-        IF NOT FOUND THEN
-            IF NOT EXISTS (SELECT 1 FROM queen.cursors c
-                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
-                v_fallback := true;  -- the group's first pop here: the broker creates the cursor
-                EXIT;
+        IF cand.pid = v_settle THEN
+            -- The cursor settled above, locked since: as its settlement leaves it.
+            v_tid := stl.tid;
+            v_committed := p_settle_through;
+            v_ahead := '{}';
+            v_held_until := NULL;
+            v_leased_to := p_settle_through;
+            v_attempt := stl.attempt_offset;
+        ELSE
+            -- The cursor's newest version first (see queen.ack_head), and by its ctid after;
+            -- sorts off for this statement alone, as there.
+            -- (Assignments: no executor started for them, as a PERFORM's query would be; and
+            -- they leave FOUND as the SELECT set it: after a PERFORM, FOUND was always true,
+            -- so a cursor another consumer held sent the pop to the general pop rather than
+            -- on to the next candidate.)
+            v_set := set_config('enable_sort', 'off', true);
+            SELECT c.ctid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
+                   c.attempt_offset
+            INTO v_tid, v_committed, v_ahead, v_held_until, v_leased_to, v_attempt
+            FROM queen.cursors c
+            WHERE (c.partition_id, c.consumer_group) >= (cand.pid, p_group)
+              AND (c.partition_id, c.consumer_group) <= (cand.pid, p_group)
+              AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+            ORDER BY c.partition_id DESC, c.consumer_group DESC
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            v_set := set_config('enable_sort', v_sort, true);
+            IF NOT FOUND THEN
+                IF NOT EXISTS (SELECT 1 FROM queen.cursors c
+                               WHERE c.partition_id = cand.pid
+                                 AND c.consumer_group = p_group) THEN
+                    v_fallback := true;  -- the group's first pop here: the broker creates it
+                    EXIT;
+                END IF;
+                CONTINUE;  -- another consumer of the group holds (or is taking) it
             END IF;
-            CONTINUE;  -- another consumer of the group holds (or is taking) it
         END IF;
         -- (A lease last started where this one would: a redelivery, whose deliveryAttempt
         -- the general pop counts.)
-        IF cardinality(cur.acked_ahead) > 0 OR cur.committed < cand.log_start - 1
-           OR (cur.lease_expires_at IS NOT NULL
-               AND coalesce(cur.leased_to, -1) > cur.committed)
-           OR (NOT p_auto_ack AND cur.attempt_offset = cur.committed + 1) THEN
+        IF cardinality(v_ahead) > 0 OR v_committed < cand.log_start - 1
+           OR (v_held_until IS NOT NULL AND coalesce(v_leased_to, -1) > v_committed)
+           OR (NOT p_auto_ack AND v_attempt = v_committed + 1) THEN
             v_fallback := true;
             EXIT;
         END IF;
 
-        v_wanted := least(p_batch, cand.next_offset - cur.committed - 1);
+        v_wanted := least(p_batch, cand.next_offset - v_committed - 1);
         IF v_wanted <= 0 THEN
             -- Another consumer of the group took these frames between the candidates and the
             -- lock: nothing left here.
             CONTINUE;
         END IF;
+        -- The lease, chosen before the frames are read: the JSON rows (p_rows) carry it.
+        IF NOT p_auto_ack THEN
+            v_lease := gen_random_uuid();
+            v_expires := now() + make_interval(secs => cand.lease_time_s);
+        END IF;
         -- (Aggregated in the order read_frames answers them, by offset: one ordered read,
         -- not a sort of the batch for each array_agg, as an ORDER BY in each made. Whether
-        -- any of them has a retry history, in the same statement: one query less to start.)
-        SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
-               array_agg(f.created_at), array_agg(f.meta),
-               EXISTS (SELECT 1 FROM queen.retries r
-                       WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
-                         AND r."offset" BETWEEN cur.committed + 1 AND cur.committed + v_wanted)
-        INTO v_offsets, v_txns, v_payloads, v_created, v_metas, v_retried
-        FROM queen.read_frames(cand.pid, cur.committed + 1, v_wanted::integer) f;
-        IF coalesce(cardinality(v_offsets), 0) < v_wanted  -- some are sealed
-           OR v_retried
+        -- any of them has a retry history, in the same statement: one query less to start;
+        -- and whether the settled batch's frames have one, to drop below.)
+        IF p_rows THEN
+            -- The batch as queen.pop_head's rows read by to_jsonb (the sweep's answer,
+            -- queen.sweep_settle_and_pop), made here rather than by a statement of the
+            -- caller's from the arrays: the same keys and values.
+            SELECT count(*), max(x."offset"), jsonb_agg(to_jsonb(x)),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO taken, v_last, json_rows, v_retried
+            FROM (SELECT 'messages'::text AS outcome, cand.pid AS partition_id,
+                         cand.pname AS partition, v_lease AS lease_id,
+                         v_expires AS lease_expires_at, f."offset", f.transaction_id,
+                         f.payload, f.created_at, f.meta
+                  FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f) x;
+        ELSE
+            SELECT array_agg(f."offset"), array_agg(f.transaction_id), array_agg(f.payload),
+                   array_agg(f.created_at), array_agg(f.meta),
+                   (SELECT max(r."offset") FROM queen.retries r
+                    WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                      AND r."offset" <= v_committed + v_wanted)
+            INTO offsets, txns, payloads, created, metas, v_retried
+            FROM queen.read_frames(cand.pid, v_committed + 1, v_wanted::integer) f;
+            taken := coalesce(cardinality(offsets), 0);
+            v_last := offsets[taken];
+        END IF;
+        IF taken < v_wanted  -- some are sealed
+           OR v_retried > v_committed
         THEN
+            offsets := NULL;
+            txns := NULL;
+            payloads := NULL;
+            created := NULL;
+            metas := NULL;
+            json_rows := NULL;
+            taken := NULL;
             v_fallback := true;
             EXIT;
         END IF;
-        v_last := v_offsets[cardinality(v_offsets)];
 
         IF p_auto_ack THEN
+            -- (Through v_last: past a settlement of this partition too.)
             UPDATE queen.cursors c
             SET committed = v_last, lease_expires_at = NULL, updated_at = now()
-            WHERE c.ctid = cur.tid;
+            WHERE c.ctid = v_tid;
             DELETE FROM queen.retries r
             WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
               AND r."offset" <= v_last;
         ELSE
             -- (The lease commits at the level its caller set for pops, QUEEN_POP_COMMIT: by
             -- default it does not wait for the disk, as losing it in a crash only does what
-            -- its expiry would; under sync it waits as the server is configured.)
+            -- its expiry would; under sync it waits as the server is configured.) The cursor
+            -- settled above gets its settlement in the same UPDATE (committed: unchanged for
+            -- any other cursor, locked since it was read).
             UPDATE queen.cursors c
-            SET lease_id = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => cand.lease_time_s),
+            SET committed = v_committed, lease_id = v_lease, lease_expires_at = v_expires,
                 leased_to = v_last, updated_at = now(),
                 -- Fresh work (redeliveries fell back above): delivery attempt 1.
-                attempt_offset = cur.committed + 1, attempt_count = 1
-            WHERE c.ctid = cur.tid
-            RETURNING c.lease_id, c.lease_expires_at INTO v_lease, v_expires;
+                attempt_offset = v_committed + 1, attempt_count = 1
+            WHERE c.ctid = v_tid;
+            IF cand.pid = v_settle AND v_retried IS NOT NULL THEN
+                -- The settled frames' retry history (the read above saw it), as
+                -- queen.settle_head drops it.
+                DELETE FROM queen.retries r
+                WHERE r.partition_id = cand.pid AND r.consumer_group = p_group
+                  AND r."offset" <= p_settle_through;
+            END IF;
+            lease_id := v_lease;
+            lease_expires_at := v_expires;
         END IF;
-        RETURN QUERY
-        SELECT 'messages', cand.pid, cand.pname, v_lease, v_expires, u.o, u.t, u.p, u.c, u.m
-        FROM unnest(v_offsets, v_txns, v_payloads, v_created, v_metas) AS u(o, t, p, c, m);
-        RETURN;
+        IF cand.pid = v_settle THEN
+            v_settle := NULL;  -- (written)
+        END IF;
+        outcome := 'messages';
+        partition_id := cand.pid;
+        partition := cand.pname;
+        EXIT;
     END LOOP;
 
-    -- Nothing to pop (no candidate, or every candidate held by another consumer of the
-    -- group), or a case for the general pop.
-    RETURN QUERY SELECT CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END,
-                        NULL::uuid, NULL::text, NULL::uuid, NULL::timestamptz, NULL::bigint,
-                        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+    IF v_settle IS NOT NULL THEN
+        -- The settlement alone: the pop took another partition, or nothing.
+        UPDATE queen.cursors c
+        SET committed = p_settle_through, lease_expires_at = NULL, updated_at = now()
+        WHERE c.ctid = stl.tid;
+        DELETE FROM queen.retries r
+        WHERE r.partition_id = v_settle AND r.consumer_group = p_group
+          AND r."offset" <= p_settle_through;
+    END IF;
+    IF outcome IS NULL THEN
+        -- Nothing to pop (no candidate, or every candidate held by another consumer of the
+        -- group), or a case for the general pop.
+        outcome := CASE WHEN v_fallback THEN 'fallback' ELSE 'empty' END;
+    END IF;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION queen.pop_head(
+    p_tenant integer, p_queue text, p_group text, p_partition text, p_batch integer,
+    p_auto_ack boolean, p_after text)
+RETURNS TABLE (outcome text, partition_id uuid, partition text, lease_id uuid,
+               lease_expires_at timestamptz, "offset" bigint, transaction_id text,
+               payload jsonb, created_at timestamptz, meta jsonb)
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    r := queen.pop_head_take(p_tenant, p_queue, p_group, p_partition, p_batch, p_auto_ack,
+                             p_after, NULL, NULL, NULL, NULL, false);
+    IF r.outcome = 'messages' THEN
+        RETURN QUERY
+        SELECT 'messages'::text, r.partition_id, r.partition, r.lease_id, r.lease_expires_at,
+               u.o, u.t, u.p, u.c, u.m
+        FROM unnest(r.offsets, r.txns, r.payloads, r.created, r.metas) AS u(o, t, p, c, m);
+        RETURN;
+    END IF;
+    -- (No message: one row, the outcome alone; RETURN NEXT starts no query for it.)
+    outcome := r.outcome;
+    RETURN NEXT;
 END
 $fn$;
 
 -- A group's cursor of a partition, locked, for an acknowledgement (queen.ack_head,
 -- queen.settle_pop_head): its newest version's ctid (the caller's UPDATE finds the row by it),
--- committed, acked_ahead, lease_id, leased_to, and whether the lease is live; all NULL when
+-- committed, acked_ahead, lease_id, leased_to, whether the lease is live, and the offset its
+-- delivery attempts are counted from (attempt_offset); all NULL when
 -- the group has no cursor there (or the tenant's is another).
 --
 -- The cursor is read newest version first: a backward scan of cursors_pkey, bounded by row
@@ -312,14 +442,14 @@ $fn$;
 CREATE OR REPLACE FUNCTION queen.cursor_for_update(
     p_tenant integer, p_partition uuid, p_group text,
     OUT tid tid, OUT committed bigint, OUT acked_ahead bigint[], OUT lease_id uuid,
-    OUT leased_to bigint, OUT lease_live boolean)
+    OUT leased_to bigint, OUT lease_live boolean, OUT attempt_offset bigint)
 LANGUAGE plpgsql
 SET enable_sort = off
 AS $fn$
 BEGIN
     SELECT c.ctid, c.committed, c.acked_ahead, c.lease_id, c.leased_to,
-           c.lease_expires_at > now()
-    INTO tid, committed, acked_ahead, lease_id, leased_to, lease_live
+           c.lease_expires_at > now(), c.attempt_offset
+    INTO tid, committed, acked_ahead, lease_id, leased_to, lease_live, attempt_offset
     FROM queen.cursors c
     WHERE (c.partition_id, c.consumer_group) >= (p_partition, p_group)
       AND (c.partition_id, c.consumer_group) <= (p_partition, p_group)
@@ -453,10 +583,35 @@ $fn$;
 -- or when the pop finds nothing, one 'empty' row ('fallback': the pop's case needs the general
 -- pop, and the acknowledgement has committed all the same). The queue's long polls are told
 -- (NOTIFY) when the partition is left free.
--- The settlement itself, for queen.settle_pop_head and queen.sweep_settle_and_pop (timers.sql):
--- true when it was applied (the cursor committed through p_through, its lease released, the
--- retries it passed dropped), false when the cursor is not as the batch's pop left it and
--- nothing was changed (the cursor stays locked until the transaction ends, as it did).
+
+-- The cursor such a settlement applies to, locked (queen.cursor_for_update): its newest
+-- version's ctid and attempt_offset while it is exactly as the batch's pop left it, both NULL
+-- otherwise (the cursor stays locked until the transaction ends all the same). For
+-- queen.settle_head and queen.pop_head_take.
+CREATE OR REPLACE FUNCTION queen.settle_cursor(
+    p_tenant integer, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint,
+    p_through bigint, OUT tid tid, OUT attempt_offset bigint)
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    cur record;
+BEGIN
+    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
+    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
+       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
+       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+        RETURN;
+    END IF;
+    tid := cur.tid;
+    attempt_offset := cur.attempt_offset;
+END
+$fn$;
+
+-- The settlement itself, for queen.settle_pop_head (queen.sweep_settle_and_pop has
+-- queen.pop_head_take write it): true when it was applied (the cursor committed through
+-- p_through, its lease released, the retries it passed dropped), false when the cursor is not
+-- as the batch's pop left it and nothing was changed (the cursor stays locked until the
+-- transaction ends, as it did).
 CREATE OR REPLACE FUNCTION queen.settle_head(
     p_tenant integer, p_group text, p_partition_id uuid, p_lease uuid, p_from bigint,
     p_through bigint)
@@ -468,11 +623,8 @@ AS $fn$
 DECLARE
     cur record;
 BEGIN
-    -- The cursor, newest version first, locked (queen.cursor_for_update).
-    cur := queen.cursor_for_update(p_tenant, p_partition_id, p_group);
-    IF cur.tid IS NULL OR cur.lease_id IS DISTINCT FROM p_lease OR cur.lease_live IS NOT TRUE
-       OR cur.leased_to IS DISTINCT FROM p_through OR cur.committed <> p_from - 1
-       OR coalesce(cardinality(cur.acked_ahead), 0) > 0 THEN
+    cur := queen.settle_cursor(p_tenant, p_group, p_partition_id, p_lease, p_from, p_through);
+    IF cur.tid IS NULL THEN
         RETURN false;
     END IF;
     UPDATE queen.cursors c

@@ -621,7 +621,7 @@ $fn$;
 
 -- A fired timer's frame meta: its message id (the id its pops hand out) and the timer's key
 -- and deliverAt (UTC, microseconds), as pops answer them. The one place of that shape for both
--- appends (queen.append_timer_frames, queen.sweep_due's one-partition fire); an SQL function
+-- appends (queen.append_timer_frames, queen.sweep_take's one-partition fire); an SQL function
 -- whose body is one expression, so the planner inlines it into the INSERT (STABLE, as to_char).
 CREATE OR REPLACE FUNCTION queen.timer_frame_meta(p_message_id uuid, p_key text,
                                                   p_deliver_at timestamptz) RETURNS jsonb
@@ -832,7 +832,7 @@ LANGUAGE sql IMMUTABLE AS $fn$ SELECT 0.001::float8 $fn$;
 -- pg_sequence_last_value (NULL until the first setval: then the sequence's START, 0), not a
 -- SELECT from the sequence: an expression PL/pgSQL evaluates without the executor, where the
 -- query was a plan of its own, started at every call (three a sweep). That plan also took
--- the settings of the session's first caller: made inside queen.sweep_due (sequential scans
+-- the settings of the session's first caller: made inside queen.sweep_take (sequential scans
 -- off, and a sequence can only be scanned so) it would cost 10^10, and PostgreSQL would
 -- compile it with JIT at every call after (some 20 ms each: seen while reordering the calls).
 CREATE OR REPLACE FUNCTION queen.sweep_floor() RETURNS timestamptz
@@ -923,8 +923,11 @@ CREATE OR REPLACE TRIGGER timers_visible_above_floor
 
 -- One sweep's work at the instant p_now: lock up to p_batch due rows, fire the leading run
 -- PostgreSQL can fire itself (when p_fire), claim the rest. Raises (data_exception, say) if a
--- payload taken for a direct fire cannot become a frame; the caller (queen.sweep_timers) runs
--- it inside an EXCEPTION block.
+-- payload taken for a direct fire cannot become a frame; the caller (queen.sweep_run) runs
+-- it inside an EXCEPTION block. Answers one composite value (called as an expression, it
+-- starts no executor of its own, as reading a set-returning function through a SELECT did):
+-- the instant and tenant of each timer fired, in the order of expiry, and the rows claimed for
+-- the broker as arrays of their columns (NULL when none).
 --
 -- Why the lock, the fire and the claims are all made here, by the one (sub)transaction of the
 -- caller's EXCEPTION block: so that a fired timer's row leaves an index entry the next scan can
@@ -939,13 +942,15 @@ CREATE OR REPLACE TRIGGER timers_visible_above_floor
 -- block, a subtransaction: each deleted row carried both the lock and the delete. If a payload
 -- cannot become a frame, the block is rolled back whole and the due rows are locked again and
 -- all claimed for the broker.
-CREATE OR REPLACE FUNCTION queen.sweep_due(
+CREATE OR REPLACE FUNCTION queen.sweep_take(
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
-    p_fire boolean, p_now timestamptz)
-RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
-               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
-               deliver_at timestamptz, attempts integer, due_at timestamptz,
-               next_due float8, db_now float8)
+    p_fire boolean, p_now timestamptz, p_floor timestamptz,
+    OUT fired_at timestamptz[], OUT fired_tenants integer[],
+    OUT claimed_tenants integer[], OUT claimed_queues text[], OUT claimed_keys text[],
+    OUT claimed_partitions text[], OUT claimed_txns text[], OUT claimed_payloads bytea[],
+    OUT claimed_zstd boolean[], OUT claimed_bytes integer[],
+    OUT claimed_deliver_at timestamptz[], OUT claimed_attempts integer[],
+    OUT claimed_due_at timestamptz[])
 LANGUAGE plpgsql
 -- Planned once per connection (its statements' parameters are ctids, arrays and instants whose
 -- values never change a good plan): the fire's DELETE was planned afresh at every sweep, a
@@ -960,10 +965,8 @@ DECLARE
     v_due timestamptz[];
     v_ctids tid[];
     v_direct integer;
-    v_fired timestamptz[] := '{}';
-    v_fired_tenants integer[] := '{}';  -- whose timer each fire was (a tenant's own figures)
     v_appended integer;
-    v_floor timestamptz := queen.sweep_floor();  -- nothing is pending below it
+    v_floor timestamptz := p_floor;  -- nothing is pending below it (queen.sweep_run)
     v_told boolean;
     v_directs boolean[];  -- whether each taken row can be fired here, in the order of expiry
     -- Each taken row's destination, in the order of expiry (the one-partition fire below).
@@ -975,6 +978,8 @@ DECLARE
     v_stamp timestamptz;
     v_delta bigint;
 BEGIN
+    fired_at := '{}';
+    fired_tenants := '{}';  -- whose timer each fire was (a tenant's own figures)
     -- In the order of expiry: deliver_at, the instant asked for. (A timer scheduled with a
     -- delay in the past has its visible_at raised to the clock of its write, not its due
     -- instant: queen.timers_visible_above_floor.)
@@ -1017,6 +1022,8 @@ BEGIN
     -- a timer's deliverAt; the bytes' move recorded; the queue's long polls woken. A partition
     -- not there yet (its first frames) or a batch bound for several goes through
     -- queen.append_timer_frames, as does a large batch (array_position below is quadratic).
+    -- (The partition's next_offset is moved in the statement that appends: one statement
+    -- less to start per cycle.)
     IF v_direct BETWEEN 1 AND 64
        AND v_tenants[1] = ALL (v_tenants[1:v_direct]) AND v_queues[1] = ALL (v_queues[1:v_direct])
        AND v_partitions[1] = ALL (v_partitions[1:v_direct]) THEN
@@ -1040,6 +1047,9 @@ BEGIN
                    g.txn, g.text::jsonb, octet_length(g.text), greatest(v_stamp, g.deliver_at),
                    queen.timer_frame_meta(g.message_id, g.timer_key, g.deliver_at)
             FROM gone g
+        ), bumped AS (
+            UPDATE queen.partitions p SET next_offset = p.next_offset + (SELECT count(*) FROM gone)
+            WHERE p.partition_id = v_partition
         )
         SELECT count(*), sum(octet_length(g.text) - g.payload_bytes)
         INTO v_appended, v_delta
@@ -1048,8 +1058,6 @@ BEGIN
             RAISE EXCEPTION 'a fire deleted % of its % locked timers', v_appended, v_direct
                 USING ERRCODE = 'serialization_failure';
         END IF;
-        UPDATE queen.partitions p SET next_offset = p.next_offset + v_appended
-        WHERE p.partition_id = v_partition;
         IF v_delta <> 0 THEN
             -- The bytes move from the timer rows to the log: usually a change of zero.
             INSERT INTO queen.usage_deltas (tenant_id, bytes) VALUES (v_tenants[1], v_delta);
@@ -1058,8 +1066,8 @@ BEGIN
         -- assignment, not PERFORM: a PERFORM is a query the executor starts and ends; an
         -- assignment's expression is evaluated without one.)
         v_told := pg_notify('queen_log', v_tenants[1] || ':' || v_queues[1]) IS NULL;
-        v_fired := v_due[1:v_direct];
-        v_fired_tenants := v_tenants[1:v_direct];
+        fired_at := v_due[1:v_direct];
+        fired_tenants := v_tenants[1:v_direct];
     ELSIF v_direct > 0 THEN
         -- ctid = ANY: a TID scan of just these rows whatever the planner estimates (joined
         -- to an unnest of the ctids, PostgreSQL 18 hashed the whole table every sweep).
@@ -1078,34 +1086,33 @@ BEGIN
                    array_agg(g.tenant_id), array_agg(g.queue), array_agg(g.timer_key),
                    array_agg(g.partition), array_agg(g.txn), array_agg(g.message_id),
                    array_agg(g.text), array_agg(g.payload_bytes), array_agg(g.deliver_at))
-        INTO v_fired, v_fired_tenants, v_appended
+        INTO fired_at, fired_tenants, v_appended
         FROM (SELECT * FROM gone
               ORDER BY gone.deliver_at, gone.tenant_id, gone.queue, gone.timer_key) g;
     ELSE
         -- Only claims (or nothing): losing them in a crash is harmless, so don't wait for
-        -- the disk. A fire keeps the synchronous commit.
-        PERFORM set_config('synchronous_commit', 'off', true);
+        -- the disk. A fire keeps the synchronous commit. (An assignment, as above.)
+        v_told := set_config('synchronous_commit', 'off', true) IS NULL;
     END IF;
 
-    RETURN QUERY
-    SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
-           NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
-           NULL::float8, NULL::float8
-    FROM unnest(v_fired, v_fired_tenants) AS f(at, tenant);
-
     IF v_direct < cardinality(v_ctids) THEN
-        RETURN QUERY
         WITH claimed AS (
             UPDATE queen.timers t
             SET visible_at = p_now + make_interval(secs => p_lease_ms / 1000.0),
                 claim_token = p_token, claimed_by = p_broker
             FROM unnest(v_ctids[v_direct + 1:], v_due[v_direct + 1:]) AS k(row_id, due_at)
             WHERE t.ctid = k.row_id
-            RETURNING false, t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
-                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at,
-                      NULL::float8, NULL::float8
+            RETURNING t.tenant_id, t.queue, t.timer_key, t.partition, t.txn, t.payload,
+                      t.payload_zstd, t.payload_bytes, t.deliver_at, t.attempts, k.due_at
         )
-        SELECT * FROM claimed;
+        SELECT array_agg(c.tenant_id), array_agg(c.queue), array_agg(c.timer_key),
+               array_agg(c.partition), array_agg(c.txn), array_agg(c.payload),
+               array_agg(c.payload_zstd), array_agg(c.payload_bytes), array_agg(c.deliver_at),
+               array_agg(c.attempts), array_agg(c.due_at)
+        INTO claimed_tenants, claimed_queues, claimed_keys, claimed_partitions, claimed_txns,
+             claimed_payloads, claimed_zstd, claimed_bytes, claimed_deliver_at,
+             claimed_attempts, claimed_due_at
+        FROM claimed c;
     END IF;
 END
 $fn$;
@@ -1122,7 +1129,7 @@ $fn$;
 -- tenant_id, queue and partition) and the database's clock. A row that cannot become a frame
 -- (a malformed stored payload, or any error but the database's own trouble) undoes the direct
 -- fire and falls back to claiming every row, so the broker spends that timer's attempt and
--- fires the others. The work itself is queen.sweep_due's.
+-- fires the others. The work itself is queen.sweep_take's (through queen.sweep_run).
 --
 -- p_not_before (epoch seconds, the database's clock; NULL: at once) is the instant the sweep
 -- was planned for, and the fire is staged just ahead of it and committed at it. An idle sweep
@@ -1136,18 +1143,28 @@ $fn$;
 -- millisecond finds it locked and answers too_late, as it does for any timer a broker is
 -- firing. What is due is decided by the instant the sweep was planned for (the rows due by
 -- then), not by the clock read after the wait.
-CREATE OR REPLACE FUNCTION queen.sweep_timers(
+-- The work is queen.sweep_run's, which answers one composite value: the fires, the claims as
+-- arrays of their columns, the clock row's values. Called as an expression it starts no
+-- executor of its own; queen.sweep_timers hands its answer out as rows, and the sweep of a
+-- steady flow (queen.sweep_settle_and_pop) calls it itself: each set-returning layer the rows
+-- went through (sweep_settle_and_pop, sweep_timers, the fire itself) was a query started and
+-- its rows materialised, per sweeper cycle.
+CREATE OR REPLACE FUNCTION queen.sweep_run(
     p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
-    p_fire boolean, p_not_before float8)
-RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
-               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
-               deliver_at timestamptz, attempts integer, due_at timestamptz,
-               next_due float8, db_now float8)
+    p_fire boolean, p_not_before float8,
+    OUT fired_at timestamptz[], OUT fired_tenants integer[],
+    OUT claimed_tenants integer[], OUT claimed_queues text[], OUT claimed_keys text[],
+    OUT claimed_partitions text[], OUT claimed_txns text[], OUT claimed_payloads bytea[],
+    OUT claimed_zstd boolean[], OUT claimed_bytes integer[],
+    OUT claimed_deliver_at timestamptz[], OUT claimed_attempts integer[],
+    OUT claimed_due_at timestamptz[],
+    OUT next_tenant integer, OUT next_queue text, OUT next_partition text,
+    OUT next_due float8, OUT db_now float8)
 LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
 DECLARE
     v_now timestamptz;
     v_floor timestamptz;
+    v_took record;  -- queen.sweep_take's answer
 BEGIN
     v_now := clock_timestamp();
     IF p_not_before IS NOT NULL THEN
@@ -1158,13 +1175,14 @@ BEGIN
                                        v_now + make_interval(secs => queen.sweep_lead_s())));
     END IF;
     -- (An assignment, not PERFORM: a PERFORM is a query the executor starts and ends, an
-    -- assignment's expression is evaluated without one.)
+    -- assignment's expression is evaluated without one.) The floor it answers is where the
+    -- fire's scan and the clock row's start (nothing is pending below it, and it is read
+    -- once, not again by each).
     v_floor := queen.advance_sweep_floor();
     BEGIN
-        -- (A set-returning plpgsql function hands back its rows only once it has finished:
-        -- if it raises, nothing of it has been returned.)
-        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
-                                                   p_max_payload, p_fire, v_now);
+        -- (Assigned only once the function has returned: if it raises, v_took is untouched.)
+        v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                   p_fire, v_now, v_floor);
     EXCEPTION WHEN OTHERS THEN
         -- Trouble of the database itself (connection, serialization failure or deadlock,
         -- resources, an operator, a read-only server, a lock timeout): the cycle fails, to be
@@ -1177,26 +1195,75 @@ BEGIN
         -- a \u0000 escape, bytes that are not UTF-8), a trigger's error. The block's locks,
         -- deletes and frames are gone; claim every due row for the broker, which fires them
         -- one by one if the batch fails again, and only the rows at fault spend an attempt.
-        RETURN QUERY SELECT * FROM queen.sweep_due(p_token, p_broker, p_batch, p_lease_ms,
-                                                   p_max_payload, false, v_now);
+        v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
+                                   false, v_now, v_floor);
     END;
+    fired_at := v_took.fired_at;
+    fired_tenants := v_took.fired_tenants;
+    IF v_took.claimed_due_at IS NOT NULL THEN
+        claimed_tenants := v_took.claimed_tenants;
+        claimed_queues := v_took.claimed_queues;
+        claimed_keys := v_took.claimed_keys;
+        claimed_partitions := v_took.claimed_partitions;
+        claimed_txns := v_took.claimed_txns;
+        claimed_payloads := v_took.claimed_payloads;
+        claimed_zstd := v_took.claimed_zstd;
+        claimed_bytes := v_took.claimed_bytes;
+        claimed_deliver_at := v_took.claimed_deliver_at;
+        claimed_attempts := v_took.claimed_attempts;
+        claimed_due_at := v_took.claimed_due_at;
+    END IF;
     -- Nothing it took was due later than v_now: return (then commit) no earlier than that.
     IF p_not_before IS NOT NULL THEN  -- (else v_now is the clock read at the start)
-        PERFORM queen.wait_until(extract(epoch FROM v_now)::float8);
+        v_now := queen.wait_until(extract(epoch FROM v_now)::float8);
     END IF;
 
     -- The clock row: the earliest timer left (when, and where it will land: the sweeper tells
     -- that queue's parked pops before the cycle that fires it, with no look-up of its own).
-    -- Its columns are this function's output variables, untouched until here (NULL), and
-    -- RETURN NEXT hands them back: no query of its own to start for the row, as RETURN QUERY
-    -- took. (No timer left: the SELECT sets them to NULL.)
+    -- (No timer left: the SELECT sets them to NULL.)
     SELECT t.tenant_id, t.queue, t.partition, extract(epoch FROM t.visible_at)::float8
-    INTO tenant_id, queue, partition, next_due
+    INTO next_tenant, next_queue, next_partition, next_due
     FROM queen.timers t
-    WHERE t.visible_at >= (SELECT queen.sweep_floor())
+    WHERE t.visible_at >= (SELECT v_floor)
     ORDER BY t.visible_at
     LIMIT 1;
     db_now := extract(epoch FROM clock_timestamp())::float8;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION queen.sweep_timers(
+    p_token uuid, p_broker text, p_batch integer, p_lease_ms integer, p_max_payload integer,
+    p_fire boolean, p_not_before float8)
+RETURNS TABLE (fired boolean, tenant_id integer, queue text, timer_key text, partition text,
+               txn text, payload bytea, payload_zstd boolean, payload_bytes integer,
+               deliver_at timestamptz, attempts integer, due_at timestamptz,
+               next_due float8, db_now float8)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+BEGIN
+    r := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
+                         p_not_before);
+    -- One row per fire, one per claim, then the clock row (RETURN NEXT: no query for it).
+    IF cardinality(r.fired_at) > 0 THEN
+        RETURN QUERY
+        SELECT true, f.tenant, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bytea,
+               NULL::boolean, NULL::integer, f.at, NULL::integer, NULL::timestamptz,
+               NULL::float8, NULL::float8
+        FROM unnest(r.fired_at, r.fired_tenants) AS f(at, tenant);
+    END IF;
+    IF r.claimed_due_at IS NOT NULL THEN
+        RETURN QUERY
+        SELECT false, c.*, NULL::float8, NULL::float8
+        FROM unnest(r.claimed_tenants, r.claimed_queues, r.claimed_keys, r.claimed_partitions,
+                    r.claimed_txns, r.claimed_payloads, r.claimed_zstd, r.claimed_bytes,
+                    r.claimed_deliver_at, r.claimed_attempts, r.claimed_due_at) AS c;
+    END IF;
+    tenant_id := r.next_tenant;
+    queue := r.next_queue;
+    partition := r.next_partition;
+    next_due := r.next_due;
+    db_now := r.db_now;
     RETURN NEXT;
 END
 $fn$;
@@ -1318,6 +1385,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     v_commit text := current_setting('synchronous_commit');
     v_rows jsonb;
+    v_sw record;  -- queen.sweep_run's answer
+    v_i integer;
+    v_pop record;  -- queen.pop_head_take's answer
+    v_outcome text;  -- the pop's outcome, and how many rows it answered
+    v_count integer;
     v_settled boolean := true;
     v_drained boolean := false;
     v_look float8;
@@ -1328,9 +1400,39 @@ BEGIN
     -- query is.)
     v_done := pg_try_advisory_xact_lock(1363170306, queen.fire_lock_key(p_lock_tenant,
                                                                          p_lock_queue));
-    RETURN QUERY SELECT s.*, NULL::jsonb
-                 FROM queen.sweep_timers(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
-                                         p_fire, p_not_before) AS s;
+    -- The sweep's rows, as queen.sweep_timers answers them, from queen.sweep_run's answer
+    -- (not through sweep_timers: one set-returning layer less).
+    v_sw := queen.sweep_run(p_token, p_broker, p_batch, p_lease_ms, p_max_payload, p_fire,
+                            p_not_before);
+    -- (A row per fire by RETURN NEXT of this function's output variables: a handful of
+    -- expressions, no query to start.)
+    FOR v_i IN 1..coalesce(cardinality(v_sw.fired_at), 0) LOOP
+        fired := true;
+        tenant_id := v_sw.fired_tenants[v_i];
+        deliver_at := v_sw.fired_at[v_i];
+        RETURN NEXT;
+    END LOOP;
+    fired := NULL;
+    deliver_at := NULL;
+    IF v_sw.claimed_due_at IS NOT NULL THEN
+        RETURN QUERY
+        SELECT false, c.*, NULL::float8, NULL::float8, NULL::jsonb
+        FROM unnest(v_sw.claimed_tenants, v_sw.claimed_queues, v_sw.claimed_keys,
+                    v_sw.claimed_partitions, v_sw.claimed_txns, v_sw.claimed_payloads,
+                    v_sw.claimed_zstd, v_sw.claimed_bytes, v_sw.claimed_deliver_at,
+                    v_sw.claimed_attempts, v_sw.claimed_due_at) AS c;
+    END IF;
+    -- The clock row (this function's output variables, NULL until here; RETURN NEXT).
+    tenant_id := v_sw.next_tenant;
+    queue := v_sw.next_queue;
+    partition := v_sw.next_partition;
+    next_due := v_sw.next_due;
+    db_now := v_sw.db_now;
+    RETURN NEXT;
+    tenant_id := NULL;
+    queue := NULL;
+    partition := NULL;
+    next_due := NULL;
     IF p_settle_partition IS NOT NULL AND p_pop_batch <= 0 THEN
         -- (No pop asked for: queen.settle_pop_head's own answer, then the pop alone if the
         -- settlement was not applied.)
@@ -1345,35 +1447,45 @@ BEGIN
             FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
                                 p_pop_batch, false, p_after) AS p;
         END IF;
+        v_outcome := v_rows->0->>'outcome';
+        v_count := jsonb_array_length(v_rows);
     ELSE
-        -- queen.settle_pop_head's two steps, not through it: the settlement (queen.settle_head),
-        -- then queen.pop_head, whose rows are what settle_pop_head answers after a settlement
-        -- (its NOTIFY of the queue is sent below whatever happens). One set-returning layer
-        -- and one statement less (the rows copied once, not twice, and no CTE to tell the
-        -- queue's long polls).
-        IF p_settle_partition IS NOT NULL THEN
-            v_settled := queen.settle_head(p_lock_tenant, p_pop_group, p_settle_partition,
-                                           p_settle_lease, p_settle_from, p_settle_through);
+        -- queen.settle_pop_head's two steps, not through it: the settlement, then the pop,
+        -- whose rows are what settle_pop_head answers after a settlement (its NOTIFY of the
+        -- queue is sent below whatever happens); both by queen.pop_head_take, which writes
+        -- the settlement in the pop's lease UPDATE when the pop takes that partition again,
+        -- and answers the rows' JSON (p_rows) as queen.pop_head's rows read by to_jsonb, the
+        -- same keys and values, made by its read of the frames (not read through pop_head: a
+        -- layer of set-returning function, its rows materialised, and a query of its own).
+        v_pop := queen.pop_head_take(p_lock_tenant, p_lock_queue, p_pop_group,
+                                     p_pop_partition, p_pop_batch, false, p_after,
+                                     p_settle_partition, p_settle_lease, p_settle_from,
+                                     p_settle_through, true);
+        v_settled := coalesce(v_pop.settled, true);  -- (nothing to settle: the pop alone)
+        v_outcome := v_pop.outcome;
+        IF v_outcome = 'messages' THEN
+            v_count := v_pop.taken;
+            v_rows := v_pop.json_rows;
         ELSE
-            v_settled := true;  -- (nothing to settle: the pop alone, as asked)
+            v_rows := jsonb_build_array(jsonb_build_object(
+                'outcome', v_outcome, 'partition_id', NULL, 'partition', NULL,
+                'lease_id', NULL, 'lease_expires_at', NULL, 'offset', NULL,
+                'transaction_id', NULL, 'payload', NULL, 'created_at', NULL, 'meta', NULL));
         END IF;
-        SELECT coalesce(jsonb_agg(to_jsonb(p)), '[]') INTO v_rows
-        FROM queen.pop_head(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition,
-                            p_pop_batch, false, p_after) AS p;
     END IF;
-    IF v_rows->0->>'outcome' = 'messages' AND jsonb_array_length(v_rows) < p_pop_batch THEN
+    IF v_outcome = 'messages' AND v_count < p_pop_batch THEN
         v_look := queen.next_look(p_lock_tenant, p_lock_queue, p_pop_group, p_pop_partition);
         v_drained := v_look IS NULL OR v_look > 0;
     END IF;
     v_done := pg_notify('queen_log', p_lock_tenant::text || ':' || p_lock_queue) IS NULL;
-    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_rows->0->>'outcome' = 'messages' THEN
+    IF (p_settle_partition IS NOT NULL AND v_settled) OR v_outcome = 'messages' THEN
         -- The acknowledgement and the pop's lease commit as the broker's settlements and pops
         -- do (p_ack_commit, the level of both under QUEEN_POP_COMMIT: 'off' for async, NULL
         -- as the server is configured), and so does the fire they share the transaction with.
         v_set := set_config('synchronous_commit', coalesce(p_ack_commit, v_commit), true);
     END IF;
-    -- The last row: this function's output variables, untouched until here (NULL) but these
-    -- two, handed back by RETURN NEXT (no query to start for it, as RETURN QUERY took).
+    -- The last row: this function's output variables, NULL again but these two, handed back
+    -- by RETURN NEXT (no query to start for it, as RETURN QUERY took).
     db_now := extract(epoch FROM clock_timestamp())::float8;
     popped := jsonb_build_object('rows', v_rows, 'settled', v_settled, 'pid', pg_backend_pid(),
                                  'drained', v_drained);

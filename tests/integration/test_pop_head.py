@@ -176,6 +176,39 @@ def test_no_queue_and_no_frames_are_empty_answers(database_url: str) -> None:
         assert log_store.pop_head(conn, tenant, request("q")).batch is None
 
 
+def test_a_cursor_another_consumer_holds_sends_the_pop_on_to_the_next_partition(
+    database_url: str,
+) -> None:
+    """Two partitions with frames for the group; another consumer's open transaction holds the
+    first one's cursor. The one-statement pop skips it and answers the second partition's
+    frames: it does not hand the pop to the general pop (nor answer nothing)."""
+    with connect(database_url) as conn, connect(database_url) as other:
+        tenant = tenant_of(conn)
+        for name in ("p-a", "p-b"):
+            with conn.transaction():
+                log_store.append(conn, tenant, [
+                    log_store.NewFrame("two", name, f"{name}-{i}", f"txn-{uuid.uuid4()}")
+                    for i in range(2)])
+            req = PopRequest(queue="two", partition=name, group=GROUP, batch=10, wait=False,
+                             timeout_ms=0, auto_ack=True)
+            general_pop(conn, tenant, req)  # the group's cursor there, past these frames
+            with conn.transaction():
+                log_store.append(conn, tenant, [
+                    log_store.NewFrame("two", name, f"{name}-new", f"txn-{uuid.uuid4()}")])
+        with other.transaction():
+            other.execute("SELECT 1 FROM queen.cursors c JOIN queen.partitions p "
+                          "USING (partition_id) WHERE p.name = 'p-a' AND c.consumer_group = %s "
+                          "FOR UPDATE", (GROUP,))
+            got = log_store.pop_head(conn, tenant, request("two"))
+            assert got is not None, "fell back to the general pop"
+            assert got.batch is not None
+            assert got.batch.partition == "p-b"
+            assert [log_store.payload_value(m) for m in got.batch.messages] == ["p-b-new"]
+        # Released: the first partition is served in its turn.
+        got = log_store.pop_head(conn, tenant, request("two"))
+        assert got is not None and got.batch is not None and got.batch.partition == "p-a"
+
+
 def test_consumers_racing_for_one_partition_get_every_message_once(database_url: str) -> None:
     """Eight connections pop (autoAck) one partition as fast as they can: a cursor another
     consumer advanced between the candidates and the lock must be skipped, not written."""

@@ -1,7 +1,7 @@
 """A sweeper cycle's statement under a steady flow (issue 32): a few timers bound for one
-partition that exists are fired by queen.sweep_due itself, not through the set-based
+partition that exists are fired by queen.sweep_take itself, not through the set-based
 queen.append_timer_frames, and a stream's settlement carried by the sweep is applied by
-queen.settle_head then queen.pop_head, not through queen.settle_pop_head
+queen.pop_head_take (written in the next lease's UPDATE), not through queen.settle_pop_head
 (schema/functions/timers.sql, log.sql). Both must write and answer exactly what the general
 paths do: dense offsets in the order of expiry, one createdAt never before a deliverAt, the
 frame's meta, the bytes' move, the queue's NOTIFY, and the fallback to claims when a payload
@@ -17,7 +17,7 @@ import psycopg
 
 from queen_trio.db.rows import DictConnection
 from queen_trio.log import store as log_store
-from queen_trio.log.rules import QUEUE_MODE_GROUP, PopRequest
+from queen_trio.log.rules import QUEUE_MODE_GROUP, Ack, PopRequest
 from queen_trio.timers import store
 
 from .test_timer_races import connect, default_tenant, sql, timer
@@ -161,9 +161,10 @@ def test_a_payload_that_cannot_become_a_frame_falls_back_to_claims_in_one_partit
 
 
 def test_a_settlement_carried_by_the_sweep_is_applied_before_its_pop(database_url: str) -> None:
-    """queen.sweep_settle_and_pop: the stream's last batch settled (queen.settle_head), then
-    the next pop (queen.pop_head), in the fire's transaction; a settlement that no longer
-    matches the cursor is not applied and the pop runs all the same."""
+    """queen.sweep_settle_and_pop: the stream's last batch settled, then the next pop, in the
+    fire's transaction, both by queen.pop_head_take: the settlement written in the new lease's
+    UPDATE of the same cursor; a settlement that no longer matches the cursor is not applied
+    and the pop runs all the same."""
     with connect(database_url, autocommit=True) as conn:
         tenant = default_tenant(conn)
         req = PopRequest(queue="carry", partition=None, group=QUEUE_MODE_GROUP, batch=10,
@@ -182,8 +183,19 @@ def test_a_settlement_carried_by_the_sweep_is_applied_before_its_pop(database_ur
             return store.sweep(conn, uuid.uuid4(), "test", 100, 60_000, max_payload=1 << 20,
                                fire_lock=lock, pop=req, settle=batch, drained=True)
 
-        swept, calls = _calls(conn, lambda: carried(first))
-        assert "settle_pop_head" not in calls and calls.get("settle_head") == 1
+        updates = ("SELECT n_tup_upd FROM pg_stat_xact_user_tables "
+                   "WHERE schemaname = 'queen' AND relname = 'cursors'")
+
+        def carried_counting_updates() -> tuple[store.SweepResult, int]:
+            before = conn.execute(updates).fetchone()["n_tup_upd"]
+            swept = carried(first)
+            return swept, conn.execute(updates).fetchone()["n_tup_upd"] - before
+
+        (swept, cursor_updates), calls = _calls(conn, carried_counting_updates)
+        assert "settle_pop_head" not in calls and "settle_head" not in calls
+        assert "pop_head" not in calls and calls.get("pop_head_take") == 1
+        # The settlement and the next lease are one new version of the cursor, not two.
+        assert cursor_updates == 1
         assert swept.settled is True and len(swept.fired) == 2
         assert swept.popped is not None and swept.popped.batch is not None
         second = swept.popped.batch
@@ -205,3 +217,41 @@ def test_a_settlement_carried_by_the_sweep_is_applied_before_its_pop(database_ur
         assert swept.popped is None or swept.popped.batch is None
         (cursor,) = sql(database_url, "SELECT committed, lease_expires_at FROM queen.cursors")
         assert (cursor["committed"], cursor["lease_expires_at"]) == (4, None)
+
+
+def test_a_carried_settlement_of_a_redelivered_batch_drops_its_retry_history(
+    database_url: str,
+) -> None:
+    """A batch handed out again after a failed ack has a retry history (queen.retries). Settled
+    whole by the sweep that pops the same partition's next frames (the settlement written in
+    the new lease's UPDATE), that history goes, as queen.settle_head drops it; the new frames
+    have none, so the pop takes them."""
+    with connect(database_url, autocommit=True) as conn:
+        tenant = default_tenant(conn)
+        req = PopRequest(queue="redo", partition=None, group=QUEUE_MODE_GROUP, batch=10,
+                         wait=False, timeout_ms=0, auto_ack=False)
+        lock = store.NextDue(tenant, "redo", "Default", 0.0)
+        store.schedule_many(conn, tenant, [timer("redo", f"a{i}", -100 + i, i)
+                                           for i in range(2)], notify_within_ms=0)
+        _sweep(conn)
+        with conn.transaction():
+            first = log_store.pop(conn, tenant, req).batch
+        assert first is not None and [m.offset for m in first.messages] == [0, 1]
+        with conn.transaction():
+            log_store.ack(conn, tenant, [
+                Ack(i, m.transaction_id, first.partition_id, "failed", QUEUE_MODE_GROUP,
+                    first.lease_id, "try again") for i, m in enumerate(first.messages)])
+        with conn.transaction():
+            again = log_store.pop(conn, tenant, req).batch
+        assert again is not None and [m.offset for m in again.messages] == [0, 1]
+        assert sql(database_url, "SELECT count(*) AS n FROM queen.retries")[0]["n"] > 0
+        store.schedule_many(conn, tenant, [timer("redo", f"b{i}", -100 + i, 10 + i)
+                                           for i in range(2)], notify_within_ms=0)
+        swept = store.sweep(conn, uuid.uuid4(), "test", 100, 60_000, max_payload=1 << 20,
+                            fire_lock=lock, pop=req, settle=again, drained=True)
+        assert swept.settled is True
+        assert swept.popped is not None and swept.popped.batch is not None
+        assert [m.offset for m in swept.popped.batch.messages] == [2, 3]
+        assert sql(database_url, "SELECT count(*) AS n FROM queen.retries")[0]["n"] == 0
+        (cursor,) = sql(database_url, "SELECT committed, leased_to FROM queen.cursors")
+        assert (cursor["committed"], cursor["leased_to"]) == (1, 3)
