@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -83,6 +84,7 @@ TRANSIENT = TRANSIENT_ERRORS
 # failure up to MAX_SLEEP: a failover's new primary is found within moments of its promotion,
 # while a database that stays down is asked at most every MAX_SLEEP.
 RETRY_FIRST_S = 0.05
+_UUID_MASK = (1 << 128) - 1
 
 
 #: Why a cycle starts when it does. "deadline", "max_sleep" and "notify" are the reasons counted
@@ -229,6 +231,9 @@ class Sweeper:
         # Claims whose release failed (the database was down): retried once it is back, so
         # their rows wait for the next cycle rather than for the whole lease.
         self._unreleased: list[uuid.UUID] = []
+        # Each cycle's claim token: a random one drawn at start, counted on from there (a
+        # uuid4 per cycle cost a getrandom(2) and its Python each, a hundred a second).
+        self._tokens = itertools.count(uuid.uuid4().int)
         self._clock_offset = 0.0
         # Timers the next sweep takes: sweeper_batch, grown after each full sweep while a
         # backlog drains (see next_batch).
@@ -426,7 +431,7 @@ class Sweeper:
         :meth:`_sweep_at`); the last one is returned. ``handover``: the parked pop reserved for
         the announced timer; the sweep pops for it, and it is handed the outcome (None if the
         sweep failed) before anything else."""
-        token = uuid.uuid4()
+        token = uuid.UUID(int=next(self._tokens) & _UUID_MASK)
         # A settlement the reserved pop carries (a stream's last batch, completed whole): the
         # sweep applies it before its pop.
         settle = None if handover is None else handover.settle
