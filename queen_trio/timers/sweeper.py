@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import itertools
 import logging
 import math
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -51,6 +53,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import trio
+from trio.testing import MockClock
 
 from ..config import ONE_MIB, Settings
 from ..db import MISSED, Database, Listener
@@ -257,14 +260,18 @@ class Sweeper:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self._listener.subscribe(NOTIFY_CHANNEL) as notifications:
+            alarm = _Alarm.open()
             self._alive = True
             task_status.started()
             try:
-                await self._loop(notifications)
+                await self._loop(notifications, alarm)
             finally:
                 self._alive = False
+                if alarm is not None:
+                    alarm.close()
 
-    async def _loop(self, notifications: trio.MemoryReceiveChannel) -> None:
+    async def _loop(self, notifications: trio.MemoryReceiveChannel,
+                    alarm: _Alarm | None = None) -> None:
         last_start = -math.inf  # trio clock: when the last cycle started
         plan = _FIRST
         failures = 0  # cycles in a row that met transient database trouble
@@ -272,7 +279,10 @@ class Sweeper:
         while True:
             plan = floored(plan, last_start, self._min_sleep)
             start_at = plan.start_at
-            await trio.sleep_until(start_at - _EARLY_SEND_S)
+            if alarm is None:
+                await trio.sleep_until(start_at - _EARLY_SEND_S)
+            else:
+                await alarm.sleep_until(start_at - _EARLY_SEND_S)
             if self._switches is not None and not self._switches.timers_fire:
                 # Paused by an operator: due timers stay pending (nothing is lost), and the
                 # sweeper waits for the resume rather than wake for them. Then it sweeps at once.
@@ -650,6 +660,63 @@ class Sweeper:
             except TRANSIENT:
                 pass
         self._unreleased.append(token)  # the next cycle tries again
+
+
+class _Alarm:
+    """The sweeper's sleep between cycles on a Linux timerfd: under a steady flow every cycle
+    starts after one (at the MIN_SLEEP floor), and trio's sleep, a cancel scope whose
+    deadline cancels it, cost the broker ~25 µs more CPU per wake-up than a descriptor
+    becoming readable (issue 32). It wakes as trio's would: after the delay counted in whole
+    milliseconds, rounded up (trio's wait on epoll counts them so)."""
+
+    def __init__(self, fd: int, settime: Any) -> None:
+        self.fd = fd
+        self._settime = settime
+        self._spec = (ctypes.c_long * 4)()  # struct itimerspec: interval 0, then the value
+
+    @classmethod
+    def open(cls) -> _Alarm | None:
+        """A timerfd on CLOCK_MONOTONIC (trio's clock counts from it), or None: not Linux,
+        a clock of trio's that is not the system's (a test's MockClock), or no timerfd."""
+        if sys.platform != "linux" or isinstance(trio.lowlevel.current_clock(),
+                                                 MockClock):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            create, settime = libc.timerfd_create, libc.timerfd_settime
+        except (OSError, AttributeError):
+            return None
+        settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        fd = create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+        return None if fd < 0 else cls(fd, settime)
+
+    async def sleep_until(self, deadline: float) -> None:
+        """:func:`trio.sleep_until`: a checkpoint, returning once ``deadline`` (trio clock)
+        has passed."""
+        delay = deadline - trio.current_time()
+        if delay <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        ms = math.ceil(delay * 1000)
+        spec = self._spec
+        spec[2], spec[3] = ms // 1000, ms % 1000 * 1_000_000
+        # (Arming it again also clears an expiry a cancelled sleep left unread.)
+        if self._settime(self.fd, 0, spec, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            try:
+                os.read(self.fd, 8)
+                return
+            except BlockingIOError:
+                continue
+
+    def close(self) -> None:
+        trio.lowlevel.notify_closing(self.fd)
+        os.close(self.fd)
+
+
+_CLOCK_MONOTONIC = 1
 
 
 def _drop_waiting(notifications: trio.MemoryReceiveChannel) -> None:
