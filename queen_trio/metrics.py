@@ -18,6 +18,7 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -31,6 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -199,6 +201,24 @@ class _FireLagHistogram(Collector):
         yield HistogramMetricFamily("queen_timers_fire_lag_seconds",
                                     "Fire commit minus deliver_at, on PostgreSQL's clock",
                                     buckets=cumulative, sum_value=total_seconds)
+
+
+def _remember_labels(metric: MetricWrapperBase) -> None:
+    """``metric.labels(*values)`` answered from a dict once a child exists (prometheus_client
+    validates the values and takes its lock on every call: a few of them per sweeper cycle).
+    Children are never removed here, so the one remembered stays the metric's."""
+    children: dict[tuple[Any, ...], Any] = {}
+    labels = metric.labels
+
+    def remembered(*values: Any, **named: Any) -> Any:
+        if named:
+            return labels(*values, **named)
+        child = children.get(values)
+        if child is None:
+            child = children[values] = labels(*values)
+        return child
+
+    metric.labels = remembered  # type: ignore[method-assign]
 
 
 class BrokerMetrics:
@@ -403,6 +423,9 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames:
+                _remember_labels(metric)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self._gc_pauses[generation].observe(seconds)

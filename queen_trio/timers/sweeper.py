@@ -301,8 +301,9 @@ class Sweeper:
                 assert self._announce_fire is not None
                 if not_before is None:
                     # The floor's cycle fires it (it was due sooner), as the cycle is sent.
-                    announced = dataclasses.replace(
-                        announced, due=self._db_instant(trio.current_time()) + _FLOOR_ANNOUNCE_S)
+                    announced = store.NextDue(
+                        announced.tenant_id, announced.queue, announced.partition,
+                        self._db_instant(trio.current_time()) + _FLOOR_ANNOUNCE_S)
                 handover = self._announce_fire(announced, start_at)
             if self._plan_fire is not None:
                 self._plan_fire(None, start_at)  # (sent: the next is planned when it returns)
