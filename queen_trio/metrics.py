@@ -190,6 +190,15 @@ class _FireLagHistogram(Collector):
             self._counts[bucket] += count
             self._sum += seconds * count
 
+    def observe_each(self, observed: list[tuple[int, float, int]]) -> None:
+        """:meth:`observe` of each (bucket, seconds, count), under the lock once."""
+        with self._lock:
+            counts, total = self._counts, 0.0
+            for bucket, seconds, count in observed:
+                counts[bucket] += count
+                total += seconds * count
+            self._sum += total
+
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
             counts, total_seconds = list(self._counts), self._sum
@@ -470,6 +479,20 @@ class BrokerMetrics:
         tally = self.tally(tenant_id)
         tally.fires += count
         tally.fire_lag[bucket] += count
+
+    def observe_fire_lags(self, tenant_id: int, lags: Iterable[tuple[float, int]]) -> None:
+        """:meth:`observe_fire_lag` of each (seconds, count) of a tenant, in one call (a
+        sweeper cycle's few timers under a steady flow each have their own lag)."""
+        observed = [(bisect.bisect_left(FIRE_LAG_BUCKETS, seconds), seconds, count)
+                    for seconds, count in lags]
+        self._fire_lag.observe_each(observed)
+        tally = self.tally(tenant_id)
+        buckets, fires = tally.fire_lag, 0
+        for bucket, _, count in observed:
+            buckets[bucket] += count
+            fires += count
+        self.fires += fires
+        tally.fires += fires
 
     def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
         """One answered HTTP request (``seconds`` None: its start was not recorded)."""

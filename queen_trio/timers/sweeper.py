@@ -593,9 +593,16 @@ class Sweeper:
         once per distinct (tenant, deliver_at) with its count: a batch's timers share a few
         instants (a burst's, one), and one observation per timer was half the event loop's
         CPU per timer while a burst drained."""
+        lags: dict[int, list[tuple[float, int]]] = {}
         for (tenant_id, at), n in collections.Counter(fired).items():
-            self._metrics.observe_fire_lag(tenant_id, max(0.0, committed_at_db - at.timestamp()),
-                                           n)
+            lag = (max(0.0, committed_at_db - at.timestamp()), n)
+            tenant = lags.get(tenant_id)
+            if tenant is None:
+                lags[tenant_id] = [lag]
+            else:
+                tenant.append(lag)
+        for tenant_id, observed in lags.items():  # (one call per tenant, not per lag)
+            self._metrics.observe_fire_lags(tenant_id, observed)
         self._fired += len(fired)
         self._metrics.timers_fired.inc(len(fired))
 
