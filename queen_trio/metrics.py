@@ -18,6 +18,7 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -31,6 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -188,6 +190,15 @@ class _FireLagHistogram(Collector):
             self._counts[bucket] += count
             self._sum += seconds * count
 
+    def observe_each(self, observed: list[tuple[int, float, int]]) -> None:
+        """:meth:`observe` of each (bucket, seconds, count), under the lock once."""
+        with self._lock:
+            counts, total = self._counts, 0.0
+            for bucket, seconds, count in observed:
+                counts[bucket] += count
+                total += seconds * count
+            self._sum += total
+
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
             counts, total_seconds = list(self._counts), self._sum
@@ -199,6 +210,24 @@ class _FireLagHistogram(Collector):
         yield HistogramMetricFamily("queen_timers_fire_lag_seconds",
                                     "Fire commit minus deliver_at, on PostgreSQL's clock",
                                     buckets=cumulative, sum_value=total_seconds)
+
+
+def _remember_labels(metric: MetricWrapperBase) -> None:
+    """``metric.labels(*values)`` answered from a dict once a child exists (prometheus_client
+    validates the values and takes its lock on every call: a few of them per sweeper cycle).
+    Children are never removed here, so the one remembered stays the metric's."""
+    children: dict[tuple[Any, ...], Any] = {}
+    labels = metric.labels
+
+    def remembered(*values: Any, **named: Any) -> Any:
+        if named:
+            return labels(*values, **named)
+        child = children.get(values)
+        if child is None:
+            child = children[values] = labels(*values)
+        return child
+
+    metric.labels = remembered  # type: ignore[method-assign]
 
 
 class BrokerMetrics:
@@ -403,6 +432,9 @@ class BrokerMetrics:
             self.timer_failures.labels(kind)
         for reason in ("notify", "deadline", "max_sleep"):
             self.sweeper_wakeups.labels(reason)
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames:
+                _remember_labels(metric)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self._gc_pauses[generation].observe(seconds)
@@ -447,6 +479,20 @@ class BrokerMetrics:
         tally = self.tally(tenant_id)
         tally.fires += count
         tally.fire_lag[bucket] += count
+
+    def observe_fire_lags(self, tenant_id: int, lags: Iterable[tuple[float, int]]) -> None:
+        """:meth:`observe_fire_lag` of each (seconds, count) of a tenant, in one call (a
+        sweeper cycle's few timers under a steady flow each have their own lag)."""
+        observed = [(bisect.bisect_left(FIRE_LAG_BUCKETS, seconds), seconds, count)
+                    for seconds, count in lags]
+        self._fire_lag.observe_each(observed)
+        tally = self.tally(tenant_id)
+        buckets, fires = tally.fire_lag, 0
+        for bucket, _, count in observed:
+            buckets[bucket] += count
+            fires += count
+        self.fires += fires
+        tally.fires += fires
 
     def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
         """One answered HTTP request (``seconds`` None: its start was not recorded)."""

@@ -48,6 +48,7 @@ import dataclasses
 import logging
 import math
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -56,12 +57,13 @@ from typing import Any
 import h11
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.events import Data, Response
 from hypercorn.protocol.events import Event as StreamEvent
-from hypercorn.protocol.events import Response
-from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import TrioSingleTask
+from wsproto import ConnectionState
 from wsproto.events import BytesMessage
 from wsproto.utilities import LocalProtocolError
 
@@ -78,6 +80,7 @@ _ORIGINAL_RESTART = TrioSingleTask.restart
 _LINGERING = "_queen_lingering"
 _CLOCK = "_queen_idle_clock"
 _HELD = "_queen_held_head"  # the encoded head of a sized answer, written with what follows
+_DIRECT = "_queen_direct_ws"  # the connection's WebSocket, diverted (DirectWebSocket.divert)
 
 
 async def _send_h11_event(self: Any, event: Any) -> None:
@@ -218,11 +221,100 @@ async def _write_now(self: Any, data: bytes) -> None:
 
 async def _read_data(self: Any) -> None:
     try:
-        await _ORIGINAL_READ(self)
+        if type(self.stream) is trio.SocketStream and not self.config.read_timeout:
+            await _read_socket(self, self.stream.socket.fileno())
+        else:
+            await _ORIGINAL_READ(self)
     finally:
         # The client closed (or the connection was closed): nothing is left to time out.
         with trio.CancelScope(shield=True):
             await self.idle_task.stop()
+
+
+async def _read_socket(self: Any, fd: int) -> None:
+    """hypercorn's ``TCPServer._read_data`` for a plain socket without a read timeout (the
+    default), cheaper per read: no cancel scope around each (``fail_after(inf)``), the socket
+    read once it is readable (trio's ``receive_some`` first tries, fails with EAGAIN, waits,
+    then reads again), and what a diverted WebSocket receives handed straight to its stream
+    (:meth:`DirectWebSocket.divert`) rather than through hypercorn's protocol layers, which
+    pass it through unchanged (a settlement per batch under a steady flow, issue 32). The
+    end of the stream, a reset or a local close ends the loop as hypercorn's does."""
+    while True:
+        try:
+            await trio.lowlevel.wait_readable(fd)
+            data = os.read(fd, MAX_RECV)
+        except BlockingIOError:
+            continue  # (woken without data after all)
+        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError):
+            break
+        ws = self.__dict__.get(_DIRECT)
+        if ws is not None and data and _passes_through(self.protocol, ws):
+            message = _whole_message(ws, data)
+            if message is not None:
+                await ws.app_put(message)  # (what WSStream.handle would have put)
+            else:
+                await ws.handle(Data(stream_id=ws.stream_id, data=data))
+        else:
+            await self.protocol.handle(RawData(data))
+        if not data:
+            break
+    await self.protocol.handle(Closed())
+
+
+def _passes_through(wrapper: Any, ws: WSStream) -> bool:
+    """Whether hypercorn's HTTP/1.1 protocol would hand what is read to ``ws`` unchanged:
+    upgraded (its connection an ``H11WSConnection``) with nothing buffered, ``ws`` its
+    stream."""
+    protocol = wrapper.protocol
+    return (type(protocol) is H11Protocol and protocol.stream is ws
+            and type(protocol.connection) is H11WSConnection and not protocol.connection.buffer)
+
+
+def _whole_message(ws: WSStream, data: bytes) -> dict[str, Any] | None:
+    """The ASGI message hypercorn's ``WSStream`` puts for ``data`` when ``data`` is exactly one
+    whole message in one frame from the client (FIN, no RSV bits, binary or text in valid
+    UTF-8, masked, its length in 7 or 16 bits and at most the configured message size) and
+    the WebSocket is open with no extension, nothing buffered by wsproto and no message in
+    progress: read here without wsproto's parser (its generators and the payload's copies:
+    a settlement per batch under a steady flow). None: anything else, which wsproto reads
+    and judges as before (a close, a ping, a fragment, a protocol error)."""
+    n = len(data)
+    if n < 6 or data[0] not in _WHOLE_OPCODES or not data[1] & 0x80:
+        return None
+    length = data[1] & 0x7F
+    if length == 126:
+        if n < 8:
+            return None
+        length, start = (data[2] << 8) | data[3], 8
+        if length < 126:
+            return None
+    elif length == 127:
+        return None
+    else:
+        start = 6
+    connection = getattr(ws, "connection", None)  # (set once accepted)
+    proto = getattr(connection, "_proto", None)
+    if (connection is None or n != start + length or length > ws.config.websocket_max_message_size
+            or connection.state is not ConnectionState.OPEN or proto is None or proto.client
+            or proto.extensions or ws.buffer.value is not None
+            or proto._message_decoder.opcode is not None):
+        return None
+    decoder = proto._frame_decoder
+    if decoder.header is not None or len(decoder.buffer):
+        return None
+    mask = data[start - 4:start] * ((length + 3) // 4)
+    payload = (int.from_bytes(data[start:], "little")
+               ^ int.from_bytes(mask[:length], "little")).to_bytes(length, "little")
+    if data[0] == 0x82:
+        return {"type": "websocket.receive", "bytes": payload, "text": None}
+    try:
+        text = payload.decode()
+    except UnicodeDecodeError:
+        return None  # (wsproto closes with 1007)
+    return {"type": "websocket.receive", "bytes": None, "text": text}
+
+
+_WHOLE_OPCODES = frozenset((0x81, 0x82))  # FIN, no RSV bits, text or binary
 
 
 async def _half_close(stream: Any) -> None:
@@ -293,6 +385,8 @@ class DirectWebSocket:
                 await app_put(message)
 
         self._ws.app_put = put
+        # (What the connection reads is handed to the WebSocket's stream directly: _read_socket.)
+        self._server.__dict__[_DIRECT] = self._ws
 
     async def send(self, data: bytes) -> bool:
         """Send ``data`` as one binary message; False: not sent here (not connected, or closed
@@ -300,12 +394,34 @@ class DirectWebSocket:
         ws = self._ws
         if ws.closed or ws.state is not ASGIWebsocketState.CONNECTED:
             return False
-        try:
-            frame = ws.connection.send(BytesMessage(data=data))
-        except LocalProtocolError:  # (closing: hypercorn drops it likewise)
-            return True
+        frame = _binary_frame(ws.connection, data)
+        if frame is None:
+            try:
+                frame = ws.connection.send(BytesMessage(data=data))
+            except LocalProtocolError:  # (closing: hypercorn drops it likewise)
+                return True
         await _write_now(self._server, frame)
         return True
+
+
+def _binary_frame(connection: Any, data: bytes) -> bytes | None:
+    """The frame wsproto's server side sends for ``data`` as one whole binary message (FIN,
+    opcode 2, unmasked, the length in 7, 16 or 64 bits), built without wsproto's four copies
+    of the payload; None when wsproto must build it: not open, a client's side (masked), an
+    extension (permessage-deflate) or a fragmented message in progress."""
+    proto = getattr(connection, "_proto", None)
+    if (connection.state is not ConnectionState.OPEN or proto is None or proto.client
+            or proto.extensions or proto._outbound_opcode is not None):
+        return None
+    n = len(data)
+    if n < 126:
+        return _HEAD_7[n] + data
+    if n < 65536:
+        return struct.pack("!BBH", 0x82, 126, n) + data
+    return struct.pack("!BBQ", 0x82, 127, n) + data
+
+
+_HEAD_7 = [bytes((0x82, n)) for n in range(126)]
 
 
 class _AtMostEvery(logging.Filter):

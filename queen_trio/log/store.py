@@ -405,20 +405,6 @@ def next_look_in_s(raw: DictConnection, tenant_id: int, req: PopRequest) -> floa
     return row["in_s"]
 
 
-def _head_outcome(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
-    """The outcome of queen.pop_head's rows as dicts of their values (the sweep's hand-over:
-    :func:`head_outcome_from_json`)."""
-    first = rows[0]
-    if first["outcome"] == "fallback":
-        return None
-    if first["outcome"] == "empty":
-        return PopOutcome(None)
-    messages = [Message(r["offset"], r["transaction_id"], r["payload"], r["created_at"], 0,
-                        r["meta"]) for r in rows]
-    return PopOutcome(PopBatch(req.queue, first["partition"], first["partition_id"], req.group,
-                               first["lease_id"], first["lease_expires_at"], messages))
-
-
 def _head_answer(req: PopRequest, rows: list[tuple[Any, ...]]) -> PopOutcome | None:
     """The outcome of a one-statement pop's answer (Q.pop_head, Q.settle_pop_head,
     Q.pop_head_after: the columns of Q.pop_answer), its rows read as tuples (a dict per row
@@ -441,15 +427,21 @@ def _head_answer(req: PopRequest, rows: list[tuple[Any, ...]]) -> PopOutcome | N
 
 
 def head_outcome_from_json(req: PopRequest, rows: list[dict[str, Any]]) -> PopOutcome | None:
-    """:func:`_head_outcome` of queen.pop_head's rows as the sweep hands them over, one jsonb
-    array (queen.sweep_timers_and_pop): the same values, from their JSON text."""
-    return _head_outcome(req, [{
-        **r,
-        "partition_id": _uuid_or_none(r["partition_id"]),
-        "lease_id": _uuid_or_none(r["lease_id"]),
-        "lease_expires_at": _time_or_none(r["lease_expires_at"]),
-        "created_at": _time_or_none(r["created_at"]),
-    } for r in rows])
+    """The outcome of queen.pop_head's rows as the sweep hands them over, one jsonb array
+    (queen.sweep_timers_and_pop): the values of :func:`_head_answer`'s columns, from their JSON
+    text (read straight from each row's dict: no copy of it with its values converted)."""
+    first = rows[0]
+    if first["outcome"] == "fallback":
+        return None
+    if first["outcome"] == "empty":
+        return PopOutcome(None)
+    make, instant = _make_message, _time_or_none
+    messages = [make(r["offset"], r["transaction_id"], r["payload"], instant(r["created_at"]),
+                     0, r["meta"]) for r in rows]
+    return PopOutcome(PopBatch(req.queue, first["partition"],
+                               uuid.UUID(first["partition_id"]), req.group,
+                               _uuid_or_none(first["lease_id"]),
+                               _time_or_none(first["lease_expires_at"]), messages))
 
 
 _META = msgspec.json.Decoder(dict[str, Any])

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import trio
 from quart import signals
-from wsproto.events import BytesMessage
+from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
 
 from queen_trio.api import stream as stream_module
 from queen_trio.client import Client
@@ -166,3 +166,95 @@ async def test_a_batch_larger_than_the_socket_takes_at_once_arrives_whole(
     finally:
         await stream.aclose()
     assert len(await queen.pop(queue, batch=12)) == 0
+
+
+async def test_a_settlement_in_fragments_pieces_and_text_is_read_as_one(
+    direct: bool, queen: Client, broker: BrokerHandle
+) -> None:
+    """What the connection reads is handed to the WebSocket straight away, a message whole in
+    one frame read without wsproto's parser (api/connections.py _whole_message): a settlement
+    sent in two fragments with a ping between them, its bytes split over two writes, and one
+    sent as a text message are each read as the one settlement they are, and the ping is
+    answered."""
+    queue = f"direct-frag-{direct}"
+    await queen.push_many(queue, list(range(6)))
+    before = _acks_applied(broker).get("completed", 0)
+    stream = await PopStream.open(broker.url, queue, None,
+                                  {"batch": 2, "inflight": 1, "timeout": 2000}, {}, 10)
+    pongs = 0
+    original = stream.ws.events
+
+    def counting() -> Any:
+        nonlocal pongs
+        for event in original():
+            pongs += isinstance(event, Pong)
+            yield event
+
+    stream.ws.events = counting  # type: ignore[method-assign]
+    try:
+        got = await _next(stream)
+        assert got.seq is not None and got.pop is not None
+        body = _compact(got.seq, got.pop, [m.transactionId for m in got.pop.messages])
+        wire = (stream.ws.send(BytesMessage(body[:7], message_finished=False))
+                + stream.ws.send(Ping(b"hi"))
+                + stream.ws.send(BytesMessage(body[7:], message_finished=True)))
+        await stream._send_raw(wire[:5])
+        await trio.sleep(0.05)  # (two reads on the broker's side)
+        await stream._send_raw(wire[5:])
+        got = await _next(stream)
+        assert got.seq is not None and got.pop is not None
+        assert [m.data for m in got.pop.messages] == [2, 3]
+        body = _compact(got.seq, got.pop, [m.transactionId for m in got.pop.messages])
+        await stream._write(TextMessage(body.decode()))
+        got = await _next(stream)
+        assert got.seq is not None and got.pop is not None
+        assert [m.data for m in got.pop.messages] == [4, 5]
+        await stream._write(BytesMessage(_compact(
+            got.seq, got.pop, [m.transactionId for m in got.pop.messages])))
+        await stream.stop()
+        with trio.fail_after(10):
+            while await stream.receive() is not None:
+                pass
+    finally:
+        await stream.aclose()
+    assert pongs == 1
+    assert _acks_applied(broker)["completed"] - before == 6
+
+
+async def test_a_text_message_not_in_utf8_closes_the_stream(
+    direct: bool, queen: Client, broker: BrokerHandle
+) -> None:
+    """A text frame whose bytes are not UTF-8, whole in one frame, is judged by wsproto as
+    before: the connection ends (hypercorn closes it without a close frame of its own), and
+    the batch out goes back at once."""
+    queue = f"direct-utf8-{direct}"
+    await queen.push_many(queue, [1, 2])
+    stream = await PopStream.open(broker.url, queue, None,
+                                  {"batch": 2, "inflight": 1, "timeout": 2000}, {}, 10)
+    codes = []
+    original = stream.ws.events
+
+    def closes() -> Any:
+        for event in original():
+            if isinstance(event, CloseConnection):
+                codes.append(event.code)
+            yield event
+
+    stream.ws.events = closes  # type: ignore[method-assign]
+    try:
+        got = await _next(stream)
+        assert got.seq is not None
+        mask = b"\x01\x02\x03\x04"
+        payload = b'{"seq":\xff}'
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        await stream._send_raw(bytes((0x81, 0x80 | len(payload))) + mask + masked)
+        with trio.fail_after(10):
+            while await stream.receive() is not None:
+                pass
+    finally:
+        await stream.aclose()
+    assert len(codes) == 1  # (the connection's end, as the client's wsproto reports it)
+    with trio.fail_after(10):
+        while not len(popped := await queen.pop(queue, batch=2)):
+            await trio.sleep(0.1)
+    assert [m.data for m in popped] == [1, 2]

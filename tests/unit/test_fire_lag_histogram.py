@@ -20,9 +20,11 @@ def exposition(registry: CollectorRegistry) -> dict[str, float]:
     return out
 
 
-def test_counted_lags_read_as_one_observation_per_timer() -> None:
+@pytest.mark.parametrize("together", [False, True], ids=["each", "together"])
+def test_counted_lags_read_as_one_observation_per_timer(together: bool) -> None:
     # Exactly on a bound (a lag equal to a bound counts in that bucket), between bounds,
-    # zero, and past the last bound; counts of one and of thousands.
+    # zero, and past the last bound; counts of one and of thousands. ``together``: a
+    # sweeper cycle's lags observed in one call (observe_fire_lags).
     lags = {0.0: 3, 0.0001: 1, 0.00011: 2, 0.001: 5000, 0.0295: 7, 1.0: 1, 2.5: 4999,
             27.3: 1000, 600.0: 2, 601.5: 3}
     reference = CollectorRegistry()
@@ -32,7 +34,10 @@ def test_counted_lags_read_as_one_observation_per_timer() -> None:
     for seconds, n in lags.items():
         for _ in range(n):
             histogram.observe(seconds)
-        metrics.observe_fire_lag(7, seconds, n)
+        if not together:
+            metrics.observe_fire_lag(7, seconds, n)
+    if together:
+        metrics.observe_fire_lags(7, list(lags.items()))
     ours, theirs = exposition(metrics.registry), exposition(reference)
     assert list(ours) == list(theirs)  # the same series, in the same order
     total_s = f"{NAME}_sum"
