@@ -91,6 +91,9 @@ def test_a_whole_message_reads_as_hypercorn_puts_it(event: Any) -> None:
     bytes((0xC2, 0x83)) + b"\0\0\0\0abc",  # RSV1 (compressed) without an extension
     bytes((0x81, 0x82)) + b"\0\0\0\0\xff\xfe",  # text, not UTF-8
     bytes((0x82, 0xFE, 0, 3)) + b"\0\0\0\0abc",  # a length not in its shortest form
+], ids=[  # (a client's frames carry a random mask: ids of their own, the same in every worker)
+    "fragment", "ping", "two messages", "64-bit length", "partial", "unmasked", "rsv1",
+    "bad utf-8", "long form of a short length",
 ])
 def test_anything_else_is_left_to_wsproto(data: bytes) -> None:
     assert _whole(_Stream(), data) is None
