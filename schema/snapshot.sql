@@ -817,12 +817,7 @@ BEGIN
 
     IF v_settle IS NOT NULL THEN
         -- The settlement alone: the pop took another partition, or nothing.
-        UPDATE queen.cursors c
-        SET committed = p_settle_through, lease_expires_at = NULL, updated_at = now()
-        WHERE c.ctid = stl.tid;
-        DELETE FROM queen.retries r
-        WHERE r.partition_id = v_settle AND r.consumer_group = p_group
-          AND r."offset" <= p_settle_through;
+        PERFORM queen.settle_write(stl.tid, v_settle, p_group, p_settle_through);
     END IF;
     IF outcome IS NULL THEN
         -- Nothing to pop (no candidate, or every candidate held by another consumer of the
@@ -1432,12 +1427,7 @@ BEGIN
     IF cur.tid IS NULL THEN
         RETURN false;
     END IF;
-    UPDATE queen.cursors c
-    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
-    WHERE c.ctid = cur.tid;
-    DELETE FROM queen.retries r
-    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
-      AND r."offset" <= p_through;
+    PERFORM queen.settle_write(cur.tid, p_partition_id, p_group, p_through);
     RETURN true;
 END
 $$;
@@ -1474,6 +1464,19 @@ BEGIN
     RETURN QUERY SELECT 'empty', NULL::uuid, NULL::text, NULL::uuid,
                         NULL::timestamptz, NULL::bigint, NULL::text, NULL::jsonb,
                         NULL::timestamptz, NULL::jsonb;
+END
+$$;
+
+CREATE FUNCTION queen.settle_write(p_tid tid, p_partition_id uuid, p_group text, p_through bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE queen.cursors c
+    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
+    WHERE c.ctid = p_tid;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
+      AND r."offset" <= p_through;
 END
 $$;
 

@@ -375,12 +375,7 @@ BEGIN
 
     IF v_settle IS NOT NULL THEN
         -- The settlement alone: the pop took another partition, or nothing.
-        UPDATE queen.cursors c
-        SET committed = p_settle_through, lease_expires_at = NULL, updated_at = now()
-        WHERE c.ctid = stl.tid;
-        DELETE FROM queen.retries r
-        WHERE r.partition_id = v_settle AND r.consumer_group = p_group
-          AND r."offset" <= p_settle_through;
+        PERFORM queen.settle_write(stl.tid, v_settle, p_group, p_settle_through);
     END IF;
     IF outcome IS NULL THEN
         -- Nothing to pop (no candidate, or every candidate held by another consumer of the
@@ -607,6 +602,25 @@ BEGIN
 END
 $fn$;
 
+-- A settlement written: the cursor (its newest version, locked by queen.settle_cursor) committed
+-- through p_through with its lease released, and the retry history of the frames it passed
+-- dropped. For queen.settle_head, and queen.pop_head_take when the pop that follows does not
+-- take the settled partition again (when it does, its lease UPDATE writes the settlement too).
+CREATE OR REPLACE FUNCTION queen.settle_write(
+    p_tid tid, p_partition_id uuid, p_group text, p_through bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    UPDATE queen.cursors c
+    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
+    WHERE c.ctid = p_tid;
+    DELETE FROM queen.retries r
+    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
+      AND r."offset" <= p_through;
+END
+$fn$;
+
 -- The settlement itself, for queen.settle_pop_head (queen.sweep_settle_and_pop has
 -- queen.pop_head_take write it): true when it was applied (the cursor committed through
 -- p_through, its lease released, the retries it passed dropped), false when the cursor is not
@@ -627,12 +641,7 @@ BEGIN
     IF cur.tid IS NULL THEN
         RETURN false;
     END IF;
-    UPDATE queen.cursors c
-    SET committed = p_through, lease_expires_at = NULL, updated_at = now()
-    WHERE c.ctid = cur.tid;
-    DELETE FROM queen.retries r
-    WHERE r.partition_id = p_partition_id AND r.consumer_group = p_group
-      AND r."offset" <= p_through;
+    PERFORM queen.settle_write(cur.tid, p_partition_id, p_group, p_through);
     RETURN true;
 END
 $fn$;
