@@ -185,13 +185,9 @@ class _FireLagHistogram(Collector):
         self._sum = 0.0
         self._lock = threading.Lock()  # a scrape sees whole batches (collect may run anywhere)
 
-    def observe(self, bucket: int, seconds: float, count: int) -> None:
-        with self._lock:
-            self._counts[bucket] += count
-            self._sum += seconds * count
-
     def observe_each(self, observed: list[tuple[int, float, int]]) -> None:
-        """:meth:`observe` of each (bucket, seconds, count), under the lock once."""
+        """``count`` observations of ``seconds`` in ``bucket``, for each (bucket, seconds,
+        count), under the lock once."""
         with self._lock:
             counts, total = self._counts, 0.0
             for bucket, seconds, count in observed:
@@ -252,12 +248,6 @@ class BrokerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        # Label children by (route, method, status) and (route, method): ``labels()`` costs
-        # more than the count itself, on every request. The registry holds the same children
-        # (it never forgets one), so this adds no series and nothing a scrape could see.
-        self._http_counted: dict[tuple[str, str, int], Counter] = {}
-        self._http_timed: dict[tuple[str, str], Histogram] = {}
-
         self.auth_refused = Counter(
             "queen_auth_refused",
             "Requests refused for their credentials: unauthorized (401), or throttled (429: "
@@ -473,16 +463,12 @@ class BrokerMetrics:
 
     def observe_fire_lag(self, tenant_id: int, seconds: float, count: int = 1) -> None:
         """``count`` timers of a tenant fired ``seconds`` after their deliver_at."""
-        bucket = bisect.bisect_left(FIRE_LAG_BUCKETS, seconds)  # the first bound >= seconds
-        self._fire_lag.observe(bucket, seconds, count)
-        self.fires += count
-        tally = self.tally(tenant_id)
-        tally.fires += count
-        tally.fire_lag[bucket] += count
+        self.observe_fire_lags(tenant_id, ((seconds, count),))
 
     def observe_fire_lags(self, tenant_id: int, lags: Iterable[tuple[float, int]]) -> None:
         """:meth:`observe_fire_lag` of each (seconds, count) of a tenant, in one call (a
         sweeper cycle's few timers under a steady flow each have their own lag)."""
+        # (bisect_left: the first bound >= seconds)
         observed = [(bisect.bisect_left(FIRE_LAG_BUCKETS, seconds), seconds, count)
                     for seconds, count in lags]
         self._fire_lag.observe_each(observed)
@@ -496,17 +482,10 @@ class BrokerMetrics:
 
     def count_http(self, route: str, method: str, status: int, seconds: float | None) -> None:
         """One answered HTTP request (``seconds`` None: its start was not recorded)."""
-        counter = self._http_counted.get((route, method, status))
-        if counter is None:
-            counter = self.http_requests.labels(route, method, str(status))
-            self._http_counted[(route, method, status)] = counter
-        counter.inc()
+        # (labels() remembers its children: _remember_labels)
+        self.http_requests.labels(route, method, str(status)).inc()
         if seconds is not None:
-            histogram = self._http_timed.get((route, method))
-            if histogram is None:
-                histogram = self.http_request_seconds.labels(route, method)
-                self._http_timed[(route, method)] = histogram
-            histogram.observe(seconds)
+            self.http_request_seconds.labels(route, method).observe(seconds)
 
     def watch(
         self,

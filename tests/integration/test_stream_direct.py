@@ -10,7 +10,6 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 from quart import signals
@@ -23,8 +22,20 @@ from queen_trio.server import BrokerHandle
 
 from . import test_sdk
 from .test_sdk_consume import _acks_applied
+from .test_stream_settlements import _compact, _next
 
 settings, queen = test_sdk.settings, test_sdk.queen  # the same fixtures
+
+
+async def _settle_and_stop(stream: PopStream, got: FromBroker) -> None:
+    """Settle the batch ``got`` whole, stop the stream and read it to its end."""
+    assert got.seq is not None and got.pop is not None
+    await stream._write(BytesMessage(_compact(
+        got.seq, got.pop, [m.transactionId for m in got.pop.messages])))
+    await stream.stop()
+    with trio.fail_after(10):
+        while await stream.receive() is not None:
+            pass
 
 
 @pytest.fixture(params=[True, False], ids=["direct", "quart"])
@@ -51,23 +62,6 @@ def through_quart() -> Iterator[collections.Counter[str]]:
     finally:
         signals.websocket_received.disconnect(received)
         signals.websocket_sent.disconnect(sent)
-
-
-async def _next(stream: PopStream) -> FromBroker:
-    with trio.fail_after(10):
-        while True:
-            got = await stream.receive()
-            assert got is not None, "the stream ended"
-            if not got.idle:
-                return got
-
-
-def _compact(seq: int, pop: Any, txns: list[str]) -> bytes:
-    first = pop.messages[0]
-    return msgspec.json.encode({
-        "seq": seq, "partitionId": first.partitionId, "leaseId": first.leaseId,
-        "consumerGroup": first.consumerGroup,
-        "acknowledgments": [{"transactionId": t} for t in txns]})
 
 
 async def test_a_stream_answers_the_same_read_and_written_on_hypercorns_side(
@@ -157,12 +151,7 @@ async def test_a_batch_larger_than_the_socket_takes_at_once_arrives_whole(
         got = await _next(stream)
         assert got.seq is not None and got.pop is not None
         assert [m.data for m in got.pop.messages] == payloads
-        await stream._write(BytesMessage(_compact(
-            got.seq, got.pop, [m.transactionId for m in got.pop.messages])))
-        await stream.stop()
-        with trio.fail_after(10):
-            while await stream.receive() is not None:
-                pass
+        await _settle_and_stop(stream, got)
     finally:
         await stream.aclose()
     assert len(await queen.pop(queue, batch=12)) == 0
@@ -209,12 +198,7 @@ async def test_a_settlement_in_fragments_pieces_and_text_is_read_as_one(
         got = await _next(stream)
         assert got.seq is not None and got.pop is not None
         assert [m.data for m in got.pop.messages] == [4, 5]
-        await stream._write(BytesMessage(_compact(
-            got.seq, got.pop, [m.transactionId for m in got.pop.messages])))
-        await stream.stop()
-        with trio.fail_after(10):
-            while await stream.receive() is not None:
-                pass
+        await _settle_and_stop(stream, got)
     finally:
         await stream.aclose()
     assert pongs == 1
