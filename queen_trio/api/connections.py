@@ -48,7 +48,6 @@ import dataclasses
 import logging
 import math
 import os
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -66,6 +65,8 @@ from hypercorn.trio.worker_context import TrioSingleTask
 from wsproto import ConnectionState
 from wsproto.events import BytesMessage
 from wsproto.utilities import LocalProtocolError
+
+from .. import wsframe
 
 # Long enough for a refused client to finish writing what it has in flight and read the answer;
 # short enough that a client who never stops sending holds its descriptor only briefly.
@@ -302,9 +303,7 @@ def _whole_message(ws: WSStream, data: bytes) -> dict[str, Any] | None:
     decoder = proto._frame_decoder
     if decoder.header is not None or len(decoder.buffer):
         return None
-    mask = data[start - 4:start] * ((length + 3) // 4)
-    payload = (int.from_bytes(data[start:], "little")
-               ^ int.from_bytes(mask[:length], "little")).to_bytes(length, "little")
+    payload = wsframe.xor(data[start:], data[start - 4:start])
     if data[0] == 0x82:
         return {"type": "websocket.receive", "bytes": payload, "text": None}
     try:
@@ -413,15 +412,7 @@ def _binary_frame(connection: Any, data: bytes) -> bytes | None:
     if (connection.state is not ConnectionState.OPEN or proto is None or proto.client
             or proto.extensions or proto._outbound_opcode is not None):
         return None
-    n = len(data)
-    if n < 126:
-        return _HEAD_7[n] + data
-    if n < 65536:
-        return struct.pack("!BBH", 0x82, 126, n) + data
-    return struct.pack("!BBQ", 0x82, 127, n) + data
-
-
-_HEAD_7 = [bytes((0x82, n)) for n in range(126)]
+    return wsframe.head(0x82, len(data), masked=False) + data
 
 
 class _AtMostEvery(logging.Filter):

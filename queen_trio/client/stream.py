@@ -34,7 +34,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from .. import strict_json
+from .. import strict_json, wsframe
 from ..models import codec
 from ..models import log as wire_log
 from . import calls
@@ -279,17 +279,8 @@ _PROTOCOL_ERROR = 1002
 
 def _frame(opcode: int, payload: bytes) -> bytes:
     """One whole client frame (RFC 6455 5.2): FIN, ``opcode``, masked ``payload``."""
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x80 | opcode, 0x80 | n))
-    elif n < 65536:
-        head = bytes((0x80 | opcode, 0xFE)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((0x80 | opcode, 0xFF)) + n.to_bytes(8, "big")
-    mask = os.urandom(4)  # a fresh key per frame, as the RFC asks of a client
-    masked = (int.from_bytes(payload, "little")
-              ^ int.from_bytes((mask * ((n >> 2) + 1))[:n], "little")).to_bytes(n, "little")
-    return head + mask + masked
+    key = os.urandom(4)  # a fresh key per frame, as the RFC asks of a client
+    return wsframe.head(0x80 | opcode, len(payload), masked=True) + key + wsframe.xor(payload, key)
 
 
 class NativePopStream(PopStream, asyncio.Protocol):
