@@ -13,9 +13,10 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
   sweeper's sleep (``--soon-ms``: the sweeper is woken for it), its cancel, one push, 10 ms
   apart (``--gap-ms``: 250 leaves every process's caches as cold as a broker called now and
   then finds them), sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
-  CPU per call of the client, the broker and PostgreSQL. ``--firing R``: the same while the
-  broker fires R timers a second, scheduled ahead in bundles onto another queue and consumed
-  by an SDK consumer process at its defaults (``bench.harness.sdk_consumer``), as in
+  CPU per call of the client, the broker and PostgreSQL. ``--client sync``: the same calls
+  through ``SyncClient`` (blocking) instead of the async ``Client``. ``--firing R``: the same
+  while the broker fires R timers a second, scheduled ahead in bundles onto another queue and
+  consumed by an SDK consumer process at its defaults (``bench.harness.sdk_consumer``), as in
   ``bench.peer_graphile``'s idle scenario; the timers fired are counted.
 - ``push``: pushes of one message each, ``--concurrency`` at once (50, as Queen's JS client's
   bootstrap test), first into ``--partitions`` new partitions, then into the same ones again:
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import subprocess
@@ -73,6 +75,10 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
         await q.push("warm", {"w": 1})
         if scenario == "routes":
             out = await _routes(q, url, args)
+        elif scenario == "single" and args.get("client") == "sync":
+            with queen_trio.SyncClient(url) as blocking:
+                blocking.timer("warm").key("w").delay("1h").payload({"w": 1}).schedule()
+                out = await _single(blocking, args)
         elif scenario == "single":
             out = await _single(q, args)
         elif scenario == "push":
@@ -147,15 +153,16 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
             await trio.sleep(gap_s)
             c, t = time.process_time(), time.perf_counter()
             if what == "schedule":
-                await q.timer("single").key(key).delay("1h").payload({"i": i}).schedule()
+                await _done(q.timer("single").key(key).delay("1h").payload({"i": i}).schedule())
             elif what == "schedule soon":
-                await q.timer("single").key(key + "s").delay(soon_ms).payload({"i": i}).schedule()
+                await _done(q.timer("single").key(key + "s").delay(soon_ms).payload(
+                    {"i": i}).schedule())
             elif what == "cancel":
-                await q.timer("single").key(key).cancel()
+                await _done(q.timer("single").key(key).cancel())
             elif what == "cancel soon":
-                await q.timer("single").key(key + "s").cancel()
+                await _done(q.timer("single").key(key + "s").cancel())
             else:
-                await q.push("single", {"i": i})
+                await _done(q.push("single", {"i": i}))
             lat[what].append(time.perf_counter() - t)
             cpu[what]["client"] += time.process_time() - c
             broker1, pg1 = parties()
@@ -173,6 +180,11 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 FIRING_QUEUE = "firing"
+async def _done(result: Any) -> Any:
+    """A call's result: awaited from the async Client, as it came from SyncClient."""
+    return await result if inspect.isawaitable(result) else result
+
+
 #: How long the ``single`` scenario's calls take per call (5 calls 10 ms apart and their
 #: round trips), to schedule enough timers to fire all along.
 _SINGLE_ROUND_S = 0.075
@@ -193,7 +205,7 @@ async def _firing_ahead(q: Any, args: dict[str, Any]) -> tuple[int, Any] | None:
     entries = [(f"fire-{args['tag']}-{i}", int((lead_s + i / rate) * 1000), {"i": i})
                for i in range(n)]
     for b in range(0, n, BUNDLE):
-        await q.transaction().schedule_many(FIRING_QUEUE, entries[b:b + BUNDLE]).commit()
+        await _done(q.transaction().schedule_many(FIRING_QUEUE, entries[b:b + BUNDLE]).commit())
 
     def due_by(now: float) -> int:
         return max(0, min(n, int((now - start - lead_s) * rate)))
@@ -377,6 +389,8 @@ def main() -> None:
                         help="single: the delay of a schedule due within the sweeper's sleep")
     parser.add_argument("--gap-ms", type=int, default=10,
                         help="single: the pause before each call (250: caches gone cold)")
+    parser.add_argument("--client", choices=("async", "sync"), default="async",
+                        help="single: the calls through Client (async) or SyncClient")
     parser.add_argument("--firing", type=int, default=0,
                         help="single: timers/s the broker fires meanwhile (0: none)")
     parser.add_argument("--partitions", type=int, default=1000)
@@ -388,7 +402,7 @@ def main() -> None:
     opts = parser.parse_args()
     sides = {"this": REPO, "baseline": opts.baseline.resolve()}
     report: dict[str, Any] = {"when": now_iso(), "revision": source_revision(),
-                              "firing_per_s": opts.firing,
+                              "firing_per_s": opts.firing, "client": opts.client,
                               "baseline": str(sides["baseline"]), "load_start": load(),
                               "rounds": []}
     with shared_server(opts.admin_url) as server:
@@ -418,7 +432,7 @@ def main() -> None:
                             args = {"tag": f"{side}{r}c{clients}", "calls": opts.calls,
                                     "pid": pid, "postmaster": server.postmaster_pid,
                                     "soon_ms": opts.soon_ms, "gap_ms": opts.gap_ms,
-                                    "firing": opts.firing,
+                                    "firing": opts.firing, "client": opts.client,
                                     "partitions": opts.partitions,
                                     "concurrency": opts.concurrency, "clients": clients,
                                     "seconds": opts.seconds}

@@ -18,23 +18,23 @@ from .durations import Duration
 from .locks import SyncLock
 from .models import Message, Page
 from .transport import Send
-
-_JSON = {"Content-Type": "application/json"}
+from .wire import Answer, LeanClient
 
 
 class SyncClient(BaseClient[Any]):
     """``with queen_trio.SyncClient(url) as queen: queen.timer(q)…schedule()``.
 
     Runs the same request building, retry policy and response parsing as :class:`Client`,
-    over a blocking :class:`httpx.Client`. Thread-safe for calls; do not call it from inside
-    an event loop's thread (it blocks).
+    over the same lean HTTP/1.1 client in its blocking mode (client/wire.py: blocking
+    sockets, no event loop to wake; ``https://`` through an :class:`httpx.Client`).
+    Thread-safe for calls; do not call it from inside an event loop's thread (it blocks).
     """
 
     is_async = False
 
     def __init__(self, urls: str | Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(urls, **options)
-        self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
+        self._http = LeanClient(headers=self._headers, timeout=self._timeout, blocking=True)
 
     def __enter__(self) -> SyncClient:
         return self
@@ -43,7 +43,7 @@ class SyncClient(BaseClient[Any]):
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        run_blocking(self._http.aclose())
 
     def _call(self, call: Call[Any]) -> Any:
         return run_blocking(self._execute(call))
@@ -51,10 +51,9 @@ class SyncClient(BaseClient[Any]):
     def _pages(self, fetch: Callable[[str | None], Call[Page[Any]]]) -> Iterator[Page[Any]]:
         return iterate_blocking(self._walk(fetch))
 
-    async def _send(self, step: Send) -> httpx.Response:  # blocks; never suspends
-        return self._http.request(step.method, step.url, params=step.params,
-                                  content=step.content, timeout=step.timeout,
-                                  headers=None if step.content is None else _JSON)
+    async def _send(self, step: Send) -> Answer | httpx.Response:  # blocks; never suspends
+        return await self._http.request(step.method, step.url, params=step.params,
+                                        content=step.content, timeout=step.timeout)
 
     async def _sleep(self, seconds: float) -> None:  # blocks; never suspends
         time.sleep(seconds)  # noqa: ASYNC251 - the point: this coroutine never suspends

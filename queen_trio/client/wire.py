@@ -35,8 +35,11 @@ import http
 import math
 import re
 import select
+import socket
+import threading
+import time
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 import anyio
@@ -54,6 +57,10 @@ _TRIO_STREAMS = "anyio._backends._trio"  # the module of anyio's socket streams 
 
 class _Closed(Exception):
     """End of stream before any byte of the answer."""
+
+
+class _TimedOut(Exception):
+    """A blocking connection's wait outlasted its exchange's deadline (:class:`_Deadline`)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -249,6 +256,130 @@ class _Pool:
         return raw
 
 
+@dataclasses.dataclass(eq=False)
+class _BlockingConnection(_Connection):
+    """A connection of the sync client (``LeanClient(blocking=True)``): a blocking socket,
+    each wait bounded by what is left of its exchange's deadline (:class:`_Deadline`). Its
+    coroutines never suspend, so the SDK's sync facade runs them to the end in one step
+    (client/blocking.py), and an idle process wakes from its own ``recv``, not through an
+    event loop's."""
+
+    deadline_at: float = math.inf  # time.monotonic()'s; set by the exchange's _Deadline
+
+    async def fill(self, *, wait: bool = False) -> None:
+        try:
+            self.direct.settimeout(self._left())
+            chunk = self.direct.recv(_CHUNK)
+        except TimeoutError:
+            raise _TimedOut from None
+        except OSError as exc:
+            raise _Closed from exc
+        if not chunk:
+            raise _Closed
+        self.buffer += chunk
+
+    async def send_at_once(self, data: bytes) -> bytes:
+        return data  # (all of it through send, under the write's deadline)
+
+    async def send(self, data: bytes) -> None:
+        try:
+            self.direct.settimeout(self._left())
+            self.direct.sendall(data)
+        except TimeoutError:  # (an OSError: the caller would take it for a closed socket)
+            raise _TimedOut from None
+
+    def cancel_scope(self, limit_s: float | None) -> _Deadline:
+        return _Deadline(self, self.deadline(limit_s))
+
+    def deadline(self, limit_s: float | None) -> float:
+        return math.inf if limit_s is None else time.monotonic() + limit_s
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(OSError):
+            self.direct.close()
+
+    def _left(self) -> float | None:
+        if self.deadline_at == math.inf:
+            return None
+        left = self.deadline_at - time.monotonic()
+        if left <= 0:
+            raise _TimedOut
+        return left
+
+
+class _Deadline:
+    """What a cancel scope is to :meth:`_Pool._exchange`, for a blocking connection: the
+    deadline its waits keep (``deadline``, movable), and a wait that outlasted it caught on
+    the way out, as a scope catches its own cancellation (the exchange then raises the
+    timeout of the phase it was in)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: _BlockingConnection, deadline: float) -> None:
+        self.conn = conn
+        conn.deadline_at = deadline
+
+    @property
+    def deadline(self) -> float:
+        return self.conn.deadline_at
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.conn.deadline_at = value
+
+    def __enter__(self) -> _Deadline:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        return kind is _TimedOut
+
+
+class _BlockingPool(_Pool):
+    """:class:`_Pool` over blocking sockets, for the sync client, whose calls may come from
+    several threads at once: the idle lists are taken from and given back under a lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    async def _take(self, address: tuple[str, int]) -> _Connection | None:
+        while True:
+            with self._lock:
+                conns = self._idle.get(address)
+                if not conns:
+                    return None
+                conn = conns.pop()
+            if not conn.closed_by_peer():
+                return conn
+            await conn.aclose()
+
+    async def _give_back(self, address: tuple[str, int], conn: _Connection) -> None:
+        with self._lock:
+            conns = self._idle.setdefault(address, [])
+            if len(conns) < _MAX_IDLE_PER_HOST and not conn.buffer:
+                conns.append(conn)
+                return
+        await conn.aclose()
+
+    async def aclose(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                await conn.aclose()
+
+    async def _connect(self, address: tuple[str, int], limit_s: float | None) -> _Connection:
+        try:
+            sock = socket.create_connection(address, timeout=limit_s)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"connecting to {address[0]}:{address[1]} timed out") \
+                from exc
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc)) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # (as anyio's)
+        return _BlockingConnection(cast(Any, None), direct=sock, _socket=sock)
+
+
 def _deadline(limit_s: float | None) -> float:
     return math.inf if limit_s is None else anyio.current_time() + limit_s
 
@@ -373,10 +504,15 @@ class LeanClient:
     ``url`` is absolute or relative to ``base_url``. Transport failures raise the same
     ``httpx.TransportError`` subclasses as httpx, so a retry policy written for httpx judges
     them alike.
+
+    ``blocking=True``: the sync client's (:class:`~queen_trio.client.SyncClient`). The same
+    requests and answers over blocking sockets, each wait bounded by the timeout, from any
+    thread; its coroutines never suspend, so they are run to the end in one step
+    (client/blocking.py) and need no event loop; ``https://`` goes to an ``httpx.Client``.
     """
 
     def __init__(self, base_url: str = "", *, headers: dict[str, str] | None = None,
-                 timeout: float | httpx.Timeout = 10.0) -> None:
+                 timeout: float | httpx.Timeout = 10.0, blocking: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = dict(headers or {})
         fixed = {"Accept": "*/*", "User-Agent": _USER_AGENT, **self._headers}
@@ -385,9 +521,11 @@ class LeanClient:
                 raise httpx.LocalProtocolError(f"illegal header {name!r}: {value!r}")
         self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
         self._timeout = timeout
-        self._pool = _Pool()
+        self._pool = _BlockingPool() if blocking else _Pool()
         self._origins: dict[str, tuple[tuple[str, int], str, str] | None] = {}
         self._fallback: httpx.AsyncClient | None = None
+        self._blocking_fallback: httpx.Client | None = None
+        self._blocking = blocking
         # The limits of the last timeout asked for (the same object call after call).
         self._limits: tuple[float | httpx.Timeout, _Limits] | None = None
 
@@ -443,6 +581,8 @@ class LeanClient:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+        if self._blocking_fallback is not None:
+            self._blocking_fallback.close()
         if self._fallback is not None:
             await self._fallback.aclose()
 
@@ -465,11 +605,16 @@ class LeanClient:
 
     async def _secure(self, method: str, url: str, params: dict[str, Any] | None,
                       content: bytes | None, limit: float | httpx.Timeout) -> httpx.Response:
+        headers = None if content is None else {"Content-Type": "application/json"}
+        if self._blocking:
+            if self._blocking_fallback is None:
+                self._blocking_fallback = httpx.Client(headers=self._headers)
+            return self._blocking_fallback.request(method, url, params=params, content=content,
+                                                   timeout=limit, headers=headers)
         if self._fallback is None:
             self._fallback = httpx.AsyncClient(headers=self._headers)
-        return await self._fallback.request(
-            method, url, params=params, content=content, timeout=limit,
-            headers=None if content is None else {"Content-Type": "application/json"})
+        return await self._fallback.request(method, url, params=params, content=content,
+                                            timeout=limit, headers=headers)
 
 
 def _version() -> str:
