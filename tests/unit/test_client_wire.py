@@ -219,7 +219,11 @@ async def test_the_blocking_client_serves_threads_at_once_on_kept_alive_connecti
         threads = [threading.Thread(target=calls, args=(t,)) for t in range(8)]
         for thread in threads:
             thread.start()
-        await trio.to_thread.run_sync(lambda: [thread.join() for thread in threads])
+        def join() -> None:
+            for thread in threads:
+                thread.join()
+
+        await trio.to_thread.run_sync(join)
         run_blocking(http.aclose())
         assert wrong == []
         assert 1 <= len(accepted) <= 8
