@@ -14,7 +14,9 @@ checkout (so a change to the SDK is measured too). Scenarios (``--scenario``, de
   apart (``--gap-ms``: 250 leaves every process's caches as cold as a broker called now and
   then finds them), sequential (an idle broker between calls): p50/p90/p99/max of each call, and the
   CPU per call of the client, the broker and PostgreSQL. ``--client sync``: the same calls
-  through ``SyncClient`` (blocking) instead of the async ``Client``. ``--firing R``: the same
+  through ``SyncClient`` (blocking) instead of the async ``Client``; ``--client raw``: the same
+  requests from a bare blocking socket (no SDK: ``json.dumps`` and a minimal read of the
+  answer), the floor any client could reach. ``--firing R``: the same
   while the broker fires R timers a second, scheduled ahead in bundles onto another queue and
   consumed by an SDK consumer process at its defaults (``bench.harness.sdk_consumer``), as in
   ``bench.peer_graphile``'s idle scenario; the timers fired are counted.
@@ -34,15 +36,18 @@ the table goes to stdout and the numbers to ``bench/results/sched_path.json`` (o
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import inspect
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +80,9 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
         await q.push("warm", {"w": 1})
         if scenario == "routes":
             out = await _routes(q, url, args)
+        elif scenario == "single" and args.get("client") == "raw":
+            with _RawClient(url) as raw:
+                out = await _single(raw, args)
         elif scenario == "single" and args.get("client") == "sync":
             with queen_trio.SyncClient(url) as blocking:
                 blocking.timer("warm").key("w").delay("1h").payload({"w": 1}).schedule()
@@ -180,6 +188,73 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 FIRING_QUEUE = "firing"
+class _RawClient:
+    """The ``single`` scenario's calls as a bare blocking socket makes them (``--client raw``):
+    the SDK's requests, spelled by hand, each answer read by its Content-Length and parsed
+    with ``json.loads``; what no client can go below."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host = host.encode()
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.spec: dict[str, Any] = {}
+
+    def __enter__(self) -> _RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def timer(self, queue: str) -> _RawClient:
+        self.spec = {"queue": queue}
+        return self
+
+    def key(self, key: str) -> _RawClient:
+        self.spec["key"] = key
+        return self
+
+    def delay(self, delay: str | int) -> _RawClient:
+        self.spec["delay_ms"] = 3_600_000 if delay == "1h" else int(delay)
+        return self
+
+    def payload(self, payload: Any) -> _RawClient:
+        self.spec["payload"] = payload
+        return self
+
+    def schedule(self) -> Any:
+        s = self.spec
+        return self._call("POST", "/api/v1/timers", {"operations": [{
+            "op": "schedule", "queue": s["queue"], "timerKey": s["key"],
+            "delayMs": s["delay_ms"], "txn": str(uuid.uuid4()),
+            "payload": base64.b64encode(json.dumps(s["payload"]).encode()).decode()}]})
+
+    def cancel(self) -> Any:
+        return self._call("DELETE", f"/api/v1/timers/{self.spec['queue']}/{self.spec['key']}")
+
+    def push(self, queue: str, payload: Any) -> Any:
+        return self._call("POST", "/api/v1/push", {"items": [{"queue": queue,
+                                                               "payload": payload}]})
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = b"" if body is None else json.dumps(body).encode()
+        typed = b"Content-Type: application/json\r\n" if data else b""
+        self.sock.sendall(b"%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (
+            method.encode(), path.encode(), self.host, typed, len(data), data))
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.sock.recv(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        if lines[0][9:12] not in (b"200", b"201"):
+            raise RuntimeError(f"{method} {path}: {lines[0]!r}")
+        size = next(int(line.split(b":")[1]) for line in lines
+                    if line.lower().startswith(b"content-length:"))
+        while len(rest) < size:
+            rest += self.sock.recv(65536)
+        return json.loads(rest)
+
+
 async def _done(result: Any) -> Any:
     """A call's result: awaited from the async Client, as it came from SyncClient."""
     return await result if inspect.isawaitable(result) else result
@@ -389,8 +464,9 @@ def main() -> None:
                         help="single: the delay of a schedule due within the sweeper's sleep")
     parser.add_argument("--gap-ms", type=int, default=10,
                         help="single: the pause before each call (250: caches gone cold)")
-    parser.add_argument("--client", choices=("async", "sync"), default="async",
-                        help="single: the calls through Client (async) or SyncClient")
+    parser.add_argument("--client", choices=("async", "sync", "raw"), default="async",
+                        help="single: the calls through Client (async), SyncClient, or a bare "
+                             "blocking socket (raw)")
     parser.add_argument("--firing", type=int, default=0,
                         help="single: timers/s the broker fires meanwhile (0: none)")
     parser.add_argument("--partitions", type=int, default=1000)
