@@ -1,4 +1,4 @@
-"""The hottest timer routes answered before Quart: a lone schedule and a lone cancel.
+"""The hottest lone calls answered before Quart: a schedule, a cancel, a push.
 
 Quart's request machinery (a request context, its hooks, two tasks per request, the Response
 object) costs the broker more CPU than a one-timer schedule's own work and its statement
@@ -6,12 +6,15 @@ object) costs the broker more CPU than a one-timer schedule's own work and its s
 in front of the Quart app as hypercorn's ASGI app and answers two routes itself:
 
 - ``POST /api/v1/timers`` with a ``Content-Length`` body of at most :data:`MAX_BODY` bytes;
-- ``DELETE /api/v1/timers/{queue}/{key}`` without a body or a query string.
+- ``DELETE /api/v1/timers/{queue}/{key}`` without a body or a query string;
+- ``POST /api/v1/push`` as the timers' POST, while the tenant is under its storage gate
+  (Quart refuses one over it before reading the body).
 
 It runs the very functions Quart's routes run (:func:`.timers.apply_batch`,
-:func:`.timers.cancel_one`), the same admission (:func:`.tenancy.admit_tenant`), body budget
-and timeout (:class:`.bodies.RequestBody`), error answers (:func:`.errors.exception_answer`,
-:func:`.errors.family_answer`) and metrics (``queen_http_requests`` by the routes' own rule).
+:func:`.timers.cancel_one`, :func:`.log.apply_push`), the same admission
+(:func:`.tenancy.admit_tenant`), body budget and timeout (:class:`.bodies.RequestBody`), error
+answers (:func:`.errors.exception_answer`, :func:`.errors.family_answer`) and metrics
+(``queen_http_requests`` by the routes' own rule).
 With QUEEN_AUTH=on the bearer token selects a cancel's tenant as Quart's hook does
 (:func:`.tenancy.bearer_tenant`). Whatever it would have to decide differently from Quart goes
 to Quart untouched, before anything is read or done: a schedule that could be refused before
@@ -43,6 +46,7 @@ from werkzeug.exceptions import RequestTimeout
 from ..context import BrokerContext
 from ..errors import RequestError
 from ..models import codec
+from ..models import log as log_models
 from . import bodies
 from .connections import ASGI_SEND
 from .errors import (
@@ -52,9 +56,11 @@ from .errors import (
     exception_answer,
     family_answer,
     http_error_answer,
+    object_via,
 )
+from .log import apply_push
 from .origin import HostPolicy
-from .tenancy import admit_tenant, bearer_tenant
+from .tenancy import admit_tenant, bearer_tenant, storage_gate
 from .timers import apply_batch, cancel_one
 from .transaction import apply_transaction
 
@@ -71,6 +77,7 @@ answered = 0
 inline_answered = 0
 
 _TIMERS = "/api/v1/timers"
+_PUSH = "/api/v1/push"
 _TRANSACTION = "/api/v1/transaction"
 #: The one query a transaction answered here may carry: the SDK's, for a bundle of timers.
 _COMPACT_QUERY = b"answer=compact"
@@ -95,6 +102,7 @@ class FastRoutes:
         rules = {rule.endpoint: rule.rule for rule in app.url_map.iter_rules()}
         self.batch_rule, self.cancel_rule = rules["timers.batch"], rules["timers.cancel"]
         self.transaction_rule = rules["transaction.transaction"]
+        self.push_rule = rules["log.push"]
 
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
                        send: ASGISendCallable) -> None:
@@ -117,6 +125,12 @@ class FastRoutes:
             length = self._plain(scope, body=True)
             if length is not None:
                 return functools.partial(self._batch, scope, length=length, whole=whole)
+        elif (method == "POST" and scope["path"] == _PUSH and self._never_refused_early()
+              and not self.broker.tenants.over_storage_gate(
+                  self.broker.tenants.default_tenant_id)):
+            length = self._plain(scope, body=True)
+            if length is not None:
+                return functools.partial(self._push, scope, length=length, whole=whole)
         elif (method == "POST" and scope["path"] == _TRANSACTION and whole is None
               and scope["query_string"] == _COMPACT_QUERY and self._never_refused_early()):
             length = self._plain(scope, body=True, query=_COMPACT_QUERY,
@@ -210,8 +224,32 @@ class FastRoutes:
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                      send: ASGISendCallable, *, length: int, whole: bytes | None = None
                      ) -> None:
-        """``whole``: the body, already read (answered on the connection's task): taken as
-        :meth:`_read` takes a last message, without its timeout's cancel scope."""
+        async def apply(tenant_id: int, raw: bytes) -> bytes:
+            return codec.encode(await apply_batch(self.broker, tenant_id, raw)) + b"\n"
+
+        await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
+                              path=_TIMERS, rule=self.batch_rule, family=_FAMILY)
+
+    async def _push(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                    send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
+        async def apply(tenant_id: int, raw: bytes) -> bytes:
+            # (The gate again: it may have closed since the request was routed here.)
+            storage_gate(self.broker, tenant_id)
+            body = object_via(raw, log_models.PUSH_DECODER)
+            ceiling = self.broker.tenants.message_ceiling(tenant_id)
+            return codec.encode(await apply_push(self.broker, tenant_id, body, ceiling)) + b"\n"
+
+        await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
+                              path=_PUSH, rule=self.push_rule, ok=201)
+
+    async def _with_body(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                         send: ASGISendCallable, *, length: int, whole: bytes | None,
+                         apply: Callable[[int, bytes], Awaitable[bytes]], path: str, rule: str,
+                         family: str | None = None, ok: int = 200) -> None:
+        """A POST whose body ``apply`` answers, for the request's tenant (``ok`` its status;
+        ``family``: the 400 code of the route's blueprint, install_family_errors). ``whole``:
+        the body, already read (answered on the connection's task): taken as :meth:`_read`
+        takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
         held = 0  # bytes of ``whole`` taken from the budget here
         body: bodies.RequestBody | None = None
@@ -234,20 +272,21 @@ class FastRoutes:
                     elif not await self._read(receive, body):
                         return  # the client went away: Quart answers nothing either
                     raw = body.whole()
-                answer: bytes | ErrorAnswer = codec.encode(
-                    await apply_batch(self.broker, tenant_id, raw)) + b"\n"
+                answer: bytes | ErrorAnswer = await apply(tenant_id, raw)
             finally:
                 if held:
                     self.budget.give(held)
                 if body is not None:
                     body.clear()
         except RequestError as exc:
-            answer = family_answer(_FAMILY, exception_answer(exc, "POST", _TIMERS))
+            answer = exception_answer(exc, "POST", path)
+            if family is not None:
+                answer = family_answer(family, answer)
         except RequestTimeout as exc:
-            answer = http_error_answer(exc, "POST", _TIMERS)
+            answer = http_error_answer(exc, "POST", path)
         except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
-            answer = exception_answer(exc, "POST", _TIMERS)
-        await self._answer(send, self.batch_rule, "POST", answer, started)
+            answer = exception_answer(exc, "POST", path)
+        await self._answer(send, rule, "POST", answer, started, ok)
 
     async def _transaction(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                            send: ASGISendCallable, *, length: int) -> None:

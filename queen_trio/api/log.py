@@ -9,6 +9,7 @@ import msgspec
 from msgspec import UNSET
 from quart import Blueprint, Response, request
 
+from ..context import BrokerContext
 from ..errors import ValidationError
 from ..formats import iso, iso_all, message_id
 from ..log import admin as log_admin
@@ -71,17 +72,24 @@ def pushed(index: int, a: store.Appended) -> models.Pushed:
 @log_routes.post("/push")
 async def push() -> Response:
     enforce_storage_gate()
+    body = await read_object_via(models.PUSH_DECODER)
+    return model_response(await apply_push(_broker(), current_tenant_id(), body,
+                                           message_ceiling()), status=201)
+
+
+async def apply_push(broker: BrokerContext, tenant: int, body: dict[str, Any], ceiling: int
+                     ) -> list[models.Pushed]:
+    """``POST /api/v1/push`` once the request is admitted, past the storage gate and its body
+    decoded (Quart's route, and :mod:`.fast`'s); answered 201, an empty push too (as Queen)."""
     # Only each payload's JSON text is kept past here, not the decoded body: one copy less of
     # a large message while it travels to PostgreSQL.
     frames = [
         store.NewFrame(i.queue, i.partition, None, i.transaction_id,
                        dedupe=i.client_transaction_id, payload_json=i.payload_json)
-        for i in rules.push_items(await read_object_via(models.PUSH_DECODER), message_ceiling())
+        for i in rules.push_items(body, ceiling)
     ]
     if not frames:
-        return _json([], status=201)  # as Queen answers an empty push
-    broker = _broker()
-    tenant = current_tenant_id()
+        return []
     notifier = broker.notifier
     # The common push is one statement; the general append takes the rest (encryption,
     # maxSize, a duplicate of a sealed frame).
@@ -94,7 +102,7 @@ async def push() -> Response:
         for key in store.wake_keys(tenant, frames):
             notifier.notify(store.NOTIFY_CHANNEL, key)
     broker.metrics.count_pushed(tenant, (a.status for a in appended))
-    return model_response([pushed(i, a) for i, a in enumerate(appended)], status=201)
+    return [pushed(i, a) for i, a in enumerate(appended)]
 
 
 # -- pop --------------------------------------------------------------------------------------

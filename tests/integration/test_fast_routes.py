@@ -339,3 +339,112 @@ async def test_a_request_read_whole_is_answered_alike_on_its_connection(
     assert [a[0][0] for a in runs[1][0][:len(REQUESTS)]] == [
         b"HTTP/1.1 %d " % s for s in (200, 200, 200, 400, 400, 403, 400, 200, 200, 200, 200,
                                        200, 400, 400)]
+
+
+# -- a lone push ------------------------------------------------------------------------------
+
+PUSH = "/api/v1/push"
+_MINTED = ("offset", "messageId", "message_id", "transactionId", "transaction_id")
+
+
+def _pushes(tag: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """Pushes onto "fp", run in order; ``tag`` keeps one run's transactionIds its own."""
+    raw_json = {"headers": {"content-type": "application/json"}}
+    return [
+        ("POST", PUSH, {"json": {"items": [{"queue": "fp", "payload": {"a": 1}}]}}),
+        ("POST", PUSH, {"json": {"items": [
+            {"queue": "fp", "partition": "p1", "payload": [1, "x"], "transactionId": f"{tag}-1"},
+            {"queue": "fp", "payload": None}]}}),
+        ("POST", PUSH, {"json": {"items": [  # a duplicate of the one before
+            {"queue": "fp", "partition": "p1", "payload": 2, "transactionId": f"{tag}-1"}]}}),
+        ("POST", PUSH, {"json": {"items": []}}),  # 201 [], as Queen
+        ("POST", PUSH, {"content": b"{", **raw_json}),  # 400 malformed_json
+        ("POST", PUSH, {"content": b'{"items":[{"queue":"fp","payload":1e999}]}', **raw_json}),
+        ("POST", PUSH, {"json": []}),  # 400 invalid_body
+        ("POST", PUSH, {"json": {"items": [{"queue": "bad$q", "payload": 1}]}}),
+        ("POST", PUSH, {"json": {"items": [{"queue": "fp"}]}}),  # 400 missing_field
+        ("POST", PUSH, {"json": {"items": "all"}}),  # 400 invalid_items
+    ]
+
+
+def _normal_push(value: Any) -> Any:
+    """A push answer with what each run mints (offsets, ids, its own transactionIds)
+    replaced by whether it is there."""
+    if isinstance(value, dict):
+        return {k: (v is not None) if k in _MINTED else _normal_push(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal_push(v) for v in value]
+    return value
+
+
+_PUSH_COUNTED = re.compile(r'^(queen_http_requests_total\{[^}]*route="/api/v1/push"[^}]*\}|'
+                           r'queen_messages_pushed_total\{[^}]*\}) (\S+)$', re.M)
+
+
+async def _push_counts(http: httpx.AsyncClient) -> Counter[str]:
+    text = (await http.get("/metrics")).text
+    return Counter({name: float(value) for name, value in _PUSH_COUNTED.findall(text)})
+
+
+async def test_a_push_is_answered_and_counted_as_quart_does(
+        http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
+    runs = []
+    for enabled in (False, True):
+        monkeypatch.setattr(fast, "ENABLED", enabled)
+        answered, before = fast.answered, await _push_counts(http)
+        answers = []
+        # (tags of one length: so are the answers)
+        for method, path, options in _pushes("run-f" if enabled else "run-q"):
+            r = await http.request(method, path, **options)
+            answers.append((r.status_code, _headers(r), _normal_push(r.json())))
+        after = await _push_counts(http)
+        after.subtract(before)
+        runs.append((answers, +after, fast.answered - answered))
+    assert runs[1][0] == runs[0][0]
+    assert runs[1][1] == runs[0][1]
+    assert (runs[0][2], runs[1][2]) == (0, len(_pushes("")))  # all of them took the fast path
+    answers = runs[1][0]
+    assert [a[0] for a in answers] == [201, 201, 201, 201, 400, 400, 400, 400, 400, 400]
+    assert [[i["status"] for i in a[2]] for a in answers[:4]] == [
+        ["queued"], ["queued", "queued"], ["duplicate"], []]
+    assert [a[2]["error"] for a in answers[4:]] == [
+        "malformed_json", "invalid_json_value", "invalid_body", "invalid_queue",
+        "missing_field", "invalid_items"]
+    assert runs[1][1]['queen_messages_pushed_total{status="duplicate"}'] == 1
+    # Each run stored its own three messages (the duplicate and the refused pushes none).
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        stored = conn.execute(
+            "SELECT count(*) AS n FROM queen.frames f JOIN queen.partitions p USING "
+            "(partition_id) JOIN queen.queues q USING (queue_id) WHERE q.name = 'fp'"
+        ).fetchone()
+    assert stored is not None and stored["n"] == 6
+
+
+async def test_a_push_over_the_storage_gate_goes_to_quart(
+        http: httpx.AsyncClient, broker: BrokerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quart refuses it before reading its body; the fast path leaves it to Quart."""
+    answered = fast.answered
+    tenants = broker.context.tenants
+    monkeypatch.setattr(tenants, "over_storage_gate", lambda tenant_id: True)
+    r = await http.post(PUSH, json={"items": [{"queue": "fp", "payload": 1}]})
+    assert (r.status_code, r.json()["error"]) == (403, "storage_full")
+    assert fast.answered == answered
+
+
+async def test_a_push_read_whole_is_answered_alike_on_its_connection(
+        broker: BrokerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = int(broker.url.rsplit(":", 1)[1])
+    runs = []
+    for inline in (False, True):
+        monkeypatch.setattr(fast, "INLINE", inline)
+        inline_before = fast.inline_answered
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        answers = [(status, fields, _normal_push(body))
+                   for request in _pushes("inl-1" if inline else "inl-0")
+                   for status, fields, body in await _exchange(stream, _raw_request(*request))]
+        await stream.aclose()
+        runs.append((answers, fast.inline_answered - inline_before))
+    assert runs[1][0] == runs[0][0]
+    assert (runs[0][1], runs[1][1]) == (0, len(_pushes("")))
+    assert [a[0] for a in runs[1][0]] == [b"HTTP/1.1 201 "] * 4 + [b"HTTP/1.1 400 "] * 6
