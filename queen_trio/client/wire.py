@@ -525,6 +525,7 @@ class LeanClient:
         self._origins: dict[str, tuple[tuple[str, int], str, str] | None] = {}
         self._fallback: httpx.AsyncClient | None = None
         self._blocking_fallback: httpx.Client | None = None
+        self._made_once = threading.Lock()
         self._blocking = blocking
         # The limits of the last timeout asked for (the same object call after call).
         self._limits: tuple[float | httpx.Timeout, _Limits] | None = None
@@ -607,8 +608,9 @@ class LeanClient:
                       content: bytes | None, limit: float | httpx.Timeout) -> httpx.Response:
         headers = None if content is None else {"Content-Type": "application/json"}
         if self._blocking:
-            if self._blocking_fallback is None:
-                self._blocking_fallback = httpx.Client(headers=self._headers)
+            with self._made_once:  # (calls may come from several threads at once)
+                if self._blocking_fallback is None:
+                    self._blocking_fallback = httpx.Client(headers=self._headers)
             return self._blocking_fallback.request(method, url, params=params, content=content,
                                                    timeout=limit, headers=headers)
         if self._fallback is None:

@@ -291,6 +291,33 @@ async def test_the_lean_client_writes_a_plain_http11_request_with_a_compact_json
     assert b"\r\nContent-Length: 0\r\n" in seen[2]
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["async", "blocking"])
+async def test_https_goes_through_httpx_with_the_same_request(
+        blocking: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``https://`` URL is left to httpx (``AsyncClient``; the blocking client's
+    ``Client``), with the client's headers, the query, the JSON body and its type."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={"ok": True})
+
+    made = httpx.Client if blocking else httpx.AsyncClient
+    monkeypatch.setattr(httpx, made.__name__, functools.partial(
+        made, transport=httpx.MockTransport(handler)))
+    http = LeanClient("https://broker.test", headers={"Authorization": "Bearer t0k"},
+                      blocking=blocking)
+    answer = await http.post("/api/v1/push", params={"a": "b c"}, json={"items": []})
+    await http.aclose()
+    assert (answer.status_code, answer.json()) == (201, {"ok": True})
+    (request,) = seen
+    assert (request.method, str(request.url)) == (
+        "POST", "https://broker.test/api/v1/push?a=b+c")
+    assert request.headers["authorization"] == "Bearer t0k"
+    assert request.headers["content-type"] == "application/json"
+    assert request.content == b'{"items":[]}'
+
+
 async def test_the_lean_client_refuses_nan_before_anything_is_sent() -> None:
     async with LeanClient("http://127.0.0.1:9") as http:  # nothing is ever connected
         with pytest.raises(ValueError):
