@@ -93,8 +93,7 @@ async def apply_push(broker: BrokerContext, tenant: int, body: dict[str, Any], c
     notifier = broker.notifier
     # The common push is one statement; the general append takes the rest (encryption,
     # maxSize, a duplicate of a sealed frame).
-    appended = await broker.db.run_autocommit(store.append_head, tenant, frames,
-                                              notify=notifier is None)
+    appended = await store.append_head(broker.db, tenant, frames, notify=notifier is None)
     if appended is None:
         appended = await broker.db.run_transaction(store.append, tenant, frames,
                                                    cipher=broker.cipher, notify=notifier is None)

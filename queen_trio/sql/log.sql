@@ -48,12 +48,13 @@ SELECT * FROM queen.take_partitions(%(tenant_id)s, %(queues)s::text[], %(names)s
 
 -- name: push_head
 -- The common push in one statement (schema/functions/push.sql); 'fallback' sends the broker
--- to its general append. Payloads travel in binary (%%b): quoting thousands of JSON texts
--- costs more than the insert.
-SELECT * FROM queen.push_head(%(tenant_id)s, %(queues)s::text[], %(names)s::text[],
-                              %(parts)s::integer[], %(txns)b::text[], %(dedupe)s::boolean[],
-                              %(payloads)b::text[], %(metas)b::text[], %(usage_offset)s,
-                              %(wake)s::text[])
+-- to its general append. Sent straight through libpq (log/store.py append_head), each array
+-- one text written in C (db/arrays.py pg_array), its columns read by position.
+SELECT outcome, idx, partition_id, "offset", held_meta, held_by
+FROM queen.push_head(%(tenant_id)s::integer, %(queues)s::text[], %(names)s::text[],
+                     %(parts)s::integer[], %(txns)s::text[], %(dedupe)s::boolean[],
+                     %(payloads)s::text[], %(metas)s::text[], %(usage_offset)s::bigint,
+                     %(wake)s::text[])
 
 -- name: existing_transactions
 -- Push de-duplication: sealed frames count too. A duplicate answers with the id of the message

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..db import queries
+from ..db.arrays import pg_array
 from ..db.bridge import LoneStatement
 from ..db.pool import Database
 from ..db.rows import DictConnection, one
@@ -92,27 +92,6 @@ def schedule(raw: DictConnection, tenant_id: int, s: Schedule, *, notify_within_
     (outcome,) = schedule_many(raw, tenant_id, [s], notify_within_ms=notify_within_ms,
                                cipher=cipher)
     return outcome
-
-
-_ENCODE = msgspec.json.Encoder().encode
-# After every escaped backslash is taken out: an escape other than \" that JSON writes and
-# PostgreSQL's array input would read otherwise (\n, \u0001…: a control character).
-_OTHER_ESCAPE = re.compile(rb'\\[^"]')
-
-
-def pg_array(values: list[Any]) -> str:
-    """``values`` (str, int, bool or None) as PostgreSQL's array input reads them, written in C:
-    a JSON array is one, but for its brackets, as long as JSON escaped nothing in its strings
-    but double quotes and backslashes (inside double quotes, array input takes the character
-    after a backslash as it is). A string JSON escapes otherwise (a control character) has
-    the array written here."""
-    raw = _ENCODE(values)
-    if b"\\" in raw and _OTHER_ESCAPE.search(raw.replace(b"\\\\", b"")):
-        return "{" + ",".join(
-            "NULL" if v is None else
-            '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(v, str)
-            else _ENCODE(v).decode() for v in values) + "}"
-    return "{" + raw[1:-1].decode() + "}"
 
 
 def timer_arrays(schedules: list[Schedule]) -> dict[str, str]:
