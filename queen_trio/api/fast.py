@@ -8,10 +8,11 @@ in front of the Quart app as hypercorn's ASGI app and answers two routes itself:
 - ``POST /api/v1/timers`` with a ``Content-Length`` body of at most :data:`MAX_BODY` bytes;
 - ``DELETE /api/v1/timers/{queue}/{key}`` without a body or a query string;
 - ``POST /api/v1/push`` as the timers' POST, while the tenant is under its storage gate
-  (Quart refuses one over it before reading the body).
+  (Quart refuses one over it before reading the body);
+- ``POST /api/v1/ack`` (one acknowledgement) as the timers' POST.
 
 It runs the very functions Quart's routes run (:func:`.timers.apply_batch`,
-:func:`.timers.cancel_one`, :func:`.log.apply_push`), the same admission
+:func:`.timers.cancel_one`, :func:`.log.apply_push`, :func:`.log.apply_ack`), the same admission
 (:func:`.tenancy.admit_tenant`), body budget and timeout (:class:`.bodies.RequestBody`), error
 answers (:func:`.errors.exception_answer`, :func:`.errors.family_answer`) and metrics
 (``queen_http_requests`` by the routes' own rule).
@@ -58,7 +59,7 @@ from .errors import (
     http_error_answer,
     object_via,
 )
-from .log import apply_push
+from .log import apply_ack, apply_push
 from .origin import HostPolicy
 from .tenancy import admit_tenant, bearer_tenant, storage_gate
 from .timers import apply_batch, cancel_one
@@ -78,6 +79,7 @@ inline_answered = 0
 
 _TIMERS = "/api/v1/timers"
 _PUSH = "/api/v1/push"
+_ACK = "/api/v1/ack"
 _TRANSACTION = "/api/v1/transaction"
 #: The one query a transaction answered here may carry: the SDK's, for a bundle of timers.
 _COMPACT_QUERY = b"answer=compact"
@@ -103,6 +105,7 @@ class FastRoutes:
         self.batch_rule, self.cancel_rule = rules["timers.batch"], rules["timers.cancel"]
         self.transaction_rule = rules["transaction.transaction"]
         self.push_rule = rules["log.push"]
+        self.ack_rule = rules["log.ack"]
 
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
                        send: ASGISendCallable) -> None:
@@ -131,6 +134,10 @@ class FastRoutes:
             length = self._plain(scope, body=True)
             if length is not None:
                 return functools.partial(self._push, scope, length=length, whole=whole)
+        elif method == "POST" and scope["path"] == _ACK and self._never_refused_early():
+            length = self._plain(scope, body=True)
+            if length is not None:
+                return functools.partial(self._ack, scope, length=length, whole=whole)
         elif (method == "POST" and scope["path"] == _TRANSACTION and whole is None
               and scope["query_string"] == _COMPACT_QUERY and self._never_refused_early()):
             length = self._plain(scope, body=True, query=_COMPACT_QUERY,
@@ -241,6 +248,15 @@ class FastRoutes:
 
         await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
                               path=_PUSH, rule=self.push_rule, ok=201)
+
+    async def _ack(self, scope: HTTPScope, receive: ASGIReceiveCallable,
+                   send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
+        async def apply(tenant_id: int, raw: bytes) -> bytes:
+            body = object_via(raw, log_models.ACK_DECODER)
+            return codec.encode(await apply_ack(self.broker, tenant_id, body)) + b"\n"
+
+        await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
+                              path=_ACK, rule=self.ack_rule)
 
     async def _with_body(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                          send: ASGISendCallable, *, length: int, whole: bytes | None,

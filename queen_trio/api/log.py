@@ -359,8 +359,12 @@ def ack_result(r: store.AckResult) -> models.AckResult:
 async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[store.AckResult]:
     """Apply acknowledgements, each with its verdict: the common case in one statement, the
     rest through the general ack."""
-    broker = _broker()
-    tenant = current_tenant_id()
+    return await settle_for(_broker(), current_tenant_id(), acks, sync_commit=sync_commit)
+
+
+async def settle_for(broker: BrokerContext, tenant: int, acks: list[rules.Ack], *,
+                     sync_commit: bool = True) -> list[store.AckResult]:
+    """:func:`settle` for ``tenant``, outside a request context (:mod:`.fast`)."""
     results = await broker.db.run_autocommit(_ack_head_noted, broker.wakeups, tenant, acks,
                                              sync_commit)
     if results is None:
@@ -392,7 +396,14 @@ def _ack_head_noted(raw: Any, wakeups: QueueWakeups, tenant: int, acks: list[rul
 async def ack() -> Response:
     """Always 200 once the body is valid: each acknowledgement says whether it was taken."""
     body = await read_object_via(models.ACK_DECODER)
-    return model_response([ack_result(r) for r in await settle([rules.ack(body, 0)])])
+    return model_response(await apply_ack(_broker(), current_tenant_id(), body))
+
+
+async def apply_ack(broker: BrokerContext, tenant: int, body: dict[str, Any]
+                    ) -> list[models.AckResult]:
+    """``POST /api/v1/ack`` once the request is admitted and its body decoded (Quart's route,
+    and :mod:`.fast`'s)."""
+    return [ack_result(r) for r in await settle_for(broker, tenant, [rules.ack(body, 0)])]
 
 
 @log_routes.post("/ack/batch")

@@ -448,3 +448,63 @@ async def test_a_push_read_whole_is_answered_alike_on_its_connection(
     assert runs[1][0] == runs[0][0]
     assert (runs[0][1], runs[1][1]) == (0, len(_pushes("")))
     assert [a[0] for a in runs[1][0]] == [b"HTTP/1.1 201 "] * 4 + [b"HTTP/1.1 400 "] * 6
+
+
+# -- a lone ack -------------------------------------------------------------------------------
+
+ACK = "/api/v1/ack"
+
+
+async def _acks(http: httpx.AsyncClient, tag: str) -> list[tuple[int, Any]]:
+    """A message of "fa" pushed, popped and acknowledged, then acknowledgements a consumer
+    gets wrong, each answer (status, JSON with ``tag`` spelled TAG)."""
+    txn = f"{tag}-a"
+    r = await http.post(PUSH, json={"items": [{"queue": "fa", "payload": 1, "transactionId": txn}]})
+    assert r.status_code == 201, r.text
+    popped = (await http.get("/api/v1/pop/queue/fa", params={"wait": "false"})).json()
+    (message,) = popped["messages"]
+    good = {"transactionId": txn, "partitionId": message["partitionId"],
+            "leaseId": message["leaseId"], "status": "completed"}
+    requests: list[dict[str, Any]] = [
+        {"json": good},
+        {"json": good},  # again: already acknowledged
+        {"json": {**good, "transactionId": f"{tag}-none"}},  # no such message
+        {"json": {**good, "leaseId": "00000000-0000-4000-8000-000000000000"}},
+        {"json": {**good, "status": "maybe"}},  # 400 invalid_status
+        {"json": {"partitionId": message["partitionId"]}},  # 400 missing_field
+        {"json": []},  # 400 invalid_body
+        {"content": b"{", "headers": {"content-type": "application/json"}},  # 400
+    ]
+    out = []
+    for options in requests:
+        r = await http.post(ACK, **options)
+        out.append((r.status_code, _headers(r), json.loads(r.text.replace(tag, "TAG"))))
+    return out
+
+
+async def test_an_ack_is_answered_and_counted_as_quart_does(
+        http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = re.compile(r'^(queen_http_requests_total\{[^}]*route="/api/v1/ack"[^}]*\}|'
+                         r'queen_acks_total\{[^}]*\}) (\S+)$', re.M)
+
+    async def counts() -> Counter[str]:
+        text = (await http.get("/metrics")).text
+        return Counter({name: float(value) for name, value in counted.findall(text)})
+
+    runs = []
+    for enabled in (False, True):
+        monkeypatch.setattr(fast, "ENABLED", enabled)
+        answered, before = fast.answered, await counts()
+        answers = await _acks(http, "run-f" if enabled else "run-q")
+        after = await counts()
+        after.subtract(before)
+        runs.append((answers, +after, fast.answered - answered))
+    assert runs[1][0] == runs[0][0]
+    assert runs[1][1] == runs[0][1] and runs[1][1]
+    assert runs[0][2] == 0 and runs[1][2] == 9  # its push and eight acks took the fast path
+    answers = runs[1][0]
+    assert [a[0] for a in answers] == [200] * 4 + [400] * 4
+    assert [a[2][0]["success"] for a in answers[:4]] == [True, True, False, False]
+    assert answers[1][2][0]["alreadyAcked"] is True
+    assert [a[2]["error"] for a in answers[4:]] == [
+        "invalid_status", "missing_field", "invalid_body", "malformed_json"]
