@@ -455,9 +455,9 @@ async def test_a_push_read_whole_is_answered_alike_on_its_connection(
 ACK = "/api/v1/ack"
 
 
-async def _acks(http: httpx.AsyncClient, tag: str) -> list[tuple[int, Any]]:
+async def _acks(http: httpx.AsyncClient, tag: str) -> list[tuple[int, Any, Any]]:
     """A message of "fa" pushed, popped and acknowledged, then acknowledgements a consumer
-    gets wrong, each answer (status, JSON with ``tag`` spelled TAG)."""
+    gets wrong, each answer (status, headers, JSON with ``tag`` spelled TAG)."""
     txn = f"{tag}-a"
     r = await http.post(PUSH, json={"items": [{"queue": "fa", "payload": 1, "transactionId": txn}]})
     assert r.status_code == 201, r.text
