@@ -39,14 +39,21 @@ class PauseObserver:
         self._metrics = metrics
         self._started: float | None = None
         self.collections = 0
+        self.unrecorded = 0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
-            self._metrics.observe_gc_pause(info["generation"], time.perf_counter() - self._started)
-            self._started = None
+            seconds, self._started = time.perf_counter() - self._started, None
             self.collections += 1
+            try:
+                self._metrics.observe_gc_pause(info["generation"], seconds)
+            except RecursionError:
+                # The collection ran in a frame at the stack's limit (a deeply nested body
+                # being parsed, which the parser then refuses): no room to record it. Python
+                # would print the error as "Exception ignored" into the broker's log.
+                self.unrecorded += 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
