@@ -166,6 +166,10 @@ class _Pool:
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        # What the idle lists are taken from and given back under: nothing here (one event
+        # loop's tasks cannot interleave between a look and a pop); a lock for the blocking
+        # pool, whose calls may come from several threads.
+        self._lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
     async def exchange(self, address: tuple[str, int], message: bytes, method: str,
                        limits: _Limits, request: httpx.Request | None = None) -> _Raw:
@@ -185,26 +189,30 @@ class _Pool:
                 from exc
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, {}
+        with self._lock:
+            idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
                 await conn.aclose()
 
     async def _take(self, address: tuple[str, int]) -> _Connection | None:
-        conns = self._idle.get(address)
-        while conns:
-            conn = conns.pop()
+        while True:
+            with self._lock:
+                conns = self._idle.get(address)
+                if not conns:
+                    return None
+                conn = conns.pop()
             if not conn.closed_by_peer():
                 return conn
             await conn.aclose()
-        return None
 
     async def _give_back(self, address: tuple[str, int], conn: _Connection) -> None:
-        conns = self._idle.setdefault(address, [])
-        if len(conns) < _MAX_IDLE_PER_HOST and not conn.buffer:
-            conns.append(conn)
-        else:
-            await conn.aclose()
+        with self._lock:
+            conns = self._idle.setdefault(address, [])
+            if len(conns) < _MAX_IDLE_PER_HOST and not conn.buffer:
+                conns.append(conn)
+                return
+        await conn.aclose()
 
     async def _connect(self, address: tuple[str, int], limit_s: float | None) -> _Connection:
         try:
@@ -341,32 +349,6 @@ class _BlockingPool(_Pool):
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.Lock()
-
-    async def _take(self, address: tuple[str, int]) -> _Connection | None:
-        while True:
-            with self._lock:
-                conns = self._idle.get(address)
-                if not conns:
-                    return None
-                conn = conns.pop()
-            if not conn.closed_by_peer():
-                return conn
-            await conn.aclose()
-
-    async def _give_back(self, address: tuple[str, int], conn: _Connection) -> None:
-        with self._lock:
-            conns = self._idle.setdefault(address, [])
-            if len(conns) < _MAX_IDLE_PER_HOST and not conn.buffer:
-                conns.append(conn)
-                return
-        await conn.aclose()
-
-    async def aclose(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for conn in conns:
-                await conn.aclose()
 
     async def _connect(self, address: tuple[str, int], limit_s: float | None) -> _Connection:
         try:
