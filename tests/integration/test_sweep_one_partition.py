@@ -160,22 +160,30 @@ def test_a_payload_that_cannot_become_a_frame_falls_back_to_claims_in_one_partit
     assert [f["offset"] for f in _frames(database_url, "bad")] == [0, 1]
 
 
+def _popped_after_a_sweep(conn: Any, queue: str, n: int) -> tuple[int, PopRequest,
+                                                                    store.NextDue, Any]:
+    """``n`` timers of ``queue`` fired by a sweep and popped as one batch (the stream's last
+    batch, still to settle): (tenant, the pop request, the queue's fire lock, the batch)."""
+    tenant = default_tenant(conn)
+    req = PopRequest(queue=queue, partition=None, group=QUEUE_MODE_GROUP, batch=10,
+                     wait=False, timeout_ms=0, auto_ack=False)
+    lock = store.NextDue(tenant, queue, "Default", 0.0)
+    store.schedule_many(conn, tenant, [timer(queue, f"a{i}", -100 + i, i) for i in range(n)],
+                        notify_within_ms=0)
+    _sweep(conn)
+    with conn.transaction():
+        first = log_store.pop(conn, tenant, req).batch
+    assert first is not None and [m.offset for m in first.messages] == list(range(n))
+    return tenant, req, lock, first
+
+
 def test_a_settlement_carried_by_the_sweep_is_applied_before_its_pop(database_url: str) -> None:
     """queen.sweep_settle_and_pop: the stream's last batch settled, then the next pop, in the
     fire's transaction, both by queen.pop_head_take: the settlement written in the new lease's
     UPDATE of the same cursor; a settlement that no longer matches the cursor is not applied
     and the pop runs all the same."""
     with connect(database_url, autocommit=True) as conn:
-        tenant = default_tenant(conn)
-        req = PopRequest(queue="carry", partition=None, group=QUEUE_MODE_GROUP, batch=10,
-                         wait=False, timeout_ms=0, auto_ack=False)
-        lock = store.NextDue(tenant, "carry", "Default", 0.0)
-        store.schedule_many(conn, tenant, [timer("carry", f"a{i}", -100 + i, i)
-                                           for i in range(3)], notify_within_ms=0)
-        _sweep(conn)
-        with conn.transaction():
-            first = log_store.pop(conn, tenant, req).batch
-        assert first is not None and [m.offset for m in first.messages] == [0, 1, 2]
+        tenant, req, lock, first = _popped_after_a_sweep(conn, "carry", 3)
         store.schedule_many(conn, tenant, [timer("carry", f"b{i}", -100 + i, 10 + i)
                                            for i in range(2)], notify_within_ms=0)
 
@@ -227,16 +235,7 @@ def test_a_carried_settlement_of_a_redelivered_batch_drops_its_retry_history(
     the new lease's UPDATE), that history goes, as queen.settle_head drops it; the new frames
     have none, so the pop takes them."""
     with connect(database_url, autocommit=True) as conn:
-        tenant = default_tenant(conn)
-        req = PopRequest(queue="redo", partition=None, group=QUEUE_MODE_GROUP, batch=10,
-                         wait=False, timeout_ms=0, auto_ack=False)
-        lock = store.NextDue(tenant, "redo", "Default", 0.0)
-        store.schedule_many(conn, tenant, [timer("redo", f"a{i}", -100 + i, i)
-                                           for i in range(2)], notify_within_ms=0)
-        _sweep(conn)
-        with conn.transaction():
-            first = log_store.pop(conn, tenant, req).batch
-        assert first is not None and [m.offset for m in first.messages] == [0, 1]
+        tenant, req, lock, first = _popped_after_a_sweep(conn, "redo", 2)
         with conn.transaction():
             log_store.ack(conn, tenant, [
                 Ack(i, m.transaction_id, first.partition_id, "failed", QUEUE_MODE_GROUP,
