@@ -88,6 +88,8 @@ _FAMILY = "timers_bad_request"  # the timers blueprint's 400 code (install_famil
 _JSON = (b"content-type", b"application/json")
 _DELEGATED_HEADERS = frozenset({b"origin", b"sec-fetch-site", b"transfer-encoding"})
 _Handler = Callable[[ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
+# A request's bookkeeping, done once its answer is written (FastRoutes._answer).
+_Later = list[Callable[[], None]]
 
 
 class FastRoutes:
@@ -231,15 +233,15 @@ class FastRoutes:
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                      send: ASGISendCallable, *, length: int, whole: bytes | None = None
                      ) -> None:
-        async def apply(tenant_id: int, raw: bytes) -> bytes:
-            return codec.encode(await apply_batch(self.broker, tenant_id, raw)) + b"\n"
+        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
+            return codec.encode(await apply_batch(self.broker, tenant_id, raw, later)) + b"\n"
 
         await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
                               path=_TIMERS, rule=self.batch_rule, family=_FAMILY)
 
     async def _push(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                     send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
-        async def apply(tenant_id: int, raw: bytes) -> bytes:
+        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
             # (The gate again: it may have closed since the request was routed here.)
             storage_gate(self.broker, tenant_id)
             body = object_via(raw, log_models.PUSH_DECODER)
@@ -251,7 +253,7 @@ class FastRoutes:
 
     async def _ack(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                    send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
-        async def apply(tenant_id: int, raw: bytes) -> bytes:
+        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
             body = object_via(raw, log_models.ACK_DECODER)
             return codec.encode(await apply_ack(self.broker, tenant_id, body)) + b"\n"
 
@@ -260,13 +262,15 @@ class FastRoutes:
 
     async def _with_body(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                          send: ASGISendCallable, *, length: int, whole: bytes | None,
-                         apply: Callable[[int, bytes], Awaitable[bytes]], path: str, rule: str,
+                         apply: Callable[[int, bytes, _Later], Awaitable[bytes]], path: str,
+                         rule: str,
                          family: str | None = None, ok: int = 200) -> None:
         """A POST whose body ``apply`` answers, for the request's tenant (``ok`` its status;
         ``family``: the 400 code of the route's blueprint, install_family_errors). ``whole``:
         the body, already read (answered on the connection's task): taken as :meth:`_read`
         takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
+        later: _Later = []
         held = 0  # bytes of ``whole`` taken from the budget here
         body: bodies.RequestBody | None = None
         try:
@@ -288,7 +292,7 @@ class FastRoutes:
                     elif not await self._read(receive, body):
                         return  # the client went away: Quart answers nothing either
                     raw = body.whole()
-                answer: bytes | ErrorAnswer = await apply(tenant_id, raw)
+                answer: bytes | ErrorAnswer = await apply(tenant_id, raw, later)
             finally:
                 if held:
                     self.budget.give(held)
@@ -302,7 +306,7 @@ class FastRoutes:
             answer = http_error_answer(exc, "POST", path)
         except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
             answer = exception_answer(exc, "POST", path)
-        await self._answer(send, rule, "POST", answer, started, ok)
+        await self._answer(send, rule, "POST", answer, started, ok, later)
 
     async def _transaction(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                            send: ASGISendCallable, *, length: int) -> None:
@@ -362,21 +366,29 @@ class FastRoutes:
     async def _cancel(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                       send: ASGISendCallable, *, queue: str, key: str) -> None:
         started = time.perf_counter()
+        later: _Later = []
         path = _CANCEL_PREFIX + queue + "/" + key
         try:
             tenant_id = await self._tenant(scope)
             answer: bytes | ErrorAnswer = codec.encode(await cancel_one(
-                self.broker, tenant_id, queue, key, None)) + b"\n"
+                self.broker, tenant_id, queue, key, None, later)) + b"\n"
         except RequestError as exc:
             answer = family_answer(_FAMILY, exception_answer(exc, "DELETE", path))
         except Exception as exc:  # noqa: BLE001 - answered as Quart's handler answers it
             answer = exception_answer(exc, "DELETE", path)
-        await self._answer(send, self.cancel_rule, "DELETE", answer, started)
+        await self._answer(send, self.cancel_rule, "DELETE", answer, started, later=later)
 
     async def _answer(self, send: ASGISendCallable, rule: str, method: str,
-                      answer: bytes | ErrorAnswer, started: float, ok: int = 200) -> None:
+                      answer: bytes | ErrorAnswer, started: float, ok: int = 200,
+                      later: _Later | None = None) -> None:
         """Send the answer as Quart's Response would (Content-Type, Content-Length, then the
-        error's own headers), and count it as the app's after-request hook does."""
+        error's own headers), and count it as the app's after-request hook does.
+
+        ``later``: the request's bookkeeping (its metrics), done once the answer is written
+        on the connection's task (:class:`_Written`): the client waits for none of it, and it
+        is done before anything else runs (no pass through the scheduler between the write
+        and it), so a metrics scrape that follows the answer still finds it counted.
+        Otherwise it is done before the answer leaves, as it was."""
         global answered
         answered += 1
         if isinstance(answer, ErrorAnswer):
@@ -387,7 +399,15 @@ class FastRoutes:
         else:
             status, content, extra = ok, answer, []
         headers = [_JSON, (b"content-length", str(len(content)).encode()), *extra]
-        self.broker.metrics.count_http(rule, method, status, time.perf_counter() - started)
+        chores = [] if later is None else later
+        chores.append(functools.partial(self.broker.metrics.count_http, rule, method, status,
+                                        time.perf_counter() - started))
+        written = getattr(send, "__self__", None)
+        if type(written) is _Written:
+            written.after = chores
+        else:
+            for chore in chores:
+                chore()
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
@@ -398,11 +418,12 @@ class _Written:
     body as one message, the answer written as hypercorn writes it (its head, with hypercorn's
     own headers after the app's, and the body in one write)."""
 
-    __slots__ = ("body", "protocol", "status", "headers")
+    __slots__ = ("after", "body", "protocol", "status", "headers")
 
     def __init__(self, protocol: H11Protocol, body: bytes) -> None:
         self.protocol, self.body = protocol, body
         self.status, self.headers = 500, b""
+        self.after: _Later = []  # done once the answer has been handed to the socket
 
     async def receive(self) -> Any:
         return {"type": "http.request", "body": self.body, "more_body": False}
@@ -417,6 +438,11 @@ class _Written:
         data = b"HTTP/1.1 %d \r\n%s\r\n%s" % (self.status, self.headers,
                                                 message.get("body", b""))
         rest = _write_at_once(self.protocol, data)
+        # Before any await: what a later request of this client could read (a metric) is up
+        # to date before this task lets another run; the client's whole answer, when the
+        # socket took only part of it, comes after that too.
+        for chore in self.after:
+            chore()
         if rest:
             await self.protocol.send(RawData(rest))
 

@@ -20,9 +20,10 @@ gate.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import count
 from typing import Any, TypeVar
@@ -120,10 +121,11 @@ async def batch() -> Response:
         _broker(), current_tenant_id(), raw.encode() if isinstance(raw, str) else raw))
 
 
-async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes
-                      ) -> models.TimerResults:
+async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes,
+                      later: list[Callable[[], None]] | None = None) -> models.TimerResults:
     """``POST /api/v1/timers`` once the request is admitted and its body read (Quart's route,
-    and :mod:`.fast`'s)."""
+    and :mod:`.fast`'s). ``later``: where the outcomes' counting goes to be done once the
+    answer is written (:mod:`.fast`), rather than now."""
     horizon_s = broker.settings.timers_max_horizon_s
     ceiling = broker.settings.timer_payload_ceiling(broker.tenants.message_ceiling(tenant_id))
     ops = rules.operations_from_bytes(raw, horizon_s=horizon_s, ceiling=ceiling)
@@ -137,7 +139,10 @@ async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes
         # (and DELETE is the route that cancels whatever the gate says).
         storage_gate(broker, tenant_id)
     outcomes = await _apply(broker, tenant_id, ops)
-    count_outcomes(outcomes, ops, broker.metrics)
+    if later is None:
+        count_outcomes(outcomes, ops, broker.metrics)
+    else:
+        later.append(functools.partial(count_outcomes, outcomes, ops, broker.metrics))
     return models.TimerResults(outcome_models(outcomes))
 
 
@@ -177,14 +182,19 @@ async def cancel(queue: str, key: str) -> Response:
 
 
 async def cancel_one(broker: BrokerContext, tenant_id: int, queue: str, key: str,
-                     txn: str | None) -> models.TimerResult:
+                     txn: str | None, later: list[Callable[[], None]] | None = None
+                     ) -> models.TimerResult:
     """``DELETE /api/v1/timers/{queue}/{key}`` once the request is admitted (Quart's route,
-    and :mod:`.fast`'s)."""
+    and :mod:`.fast`'s); ``later`` as :func:`apply_batch`'s."""
     if txn is not None:
         txn = log_rules.transaction_id(txn, "txn")
     outcome = await store.cancel_lone(
         broker.db, tenant_id, log_rules.queue_name(queue), rules.timer_key(key), txn)
-    broker.metrics.timers_cancelled.labels(outcome.status).inc()
+    counter = broker.metrics.timers_cancelled.labels(outcome.status)
+    if later is None:
+        counter.inc()
+    else:
+        later.append(counter.inc)
     return outcome_model(outcome)
 
 

@@ -40,8 +40,16 @@ _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,256}$")
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 
+def is_queue_name(value: str) -> bool:
+    return _QUEUE_RE.fullmatch(value) is not None
+
+
+def is_partition_name(value: str) -> bool:
+    return _PARTITION_RE.fullmatch(value) is not None
+
+
 def queue_name(value: Any, field: str = "queue") -> str:
-    if not isinstance(value, str) or not _QUEUE_RE.fullmatch(value):
+    if not isinstance(value, str) or not is_queue_name(value):
         raise ValidationError(
             "invalid_queue",
             f"{field} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'",
@@ -52,7 +60,7 @@ def queue_name(value: Any, field: str = "queue") -> str:
 def partition_name(value: Any, field: str = "partition") -> str:
     if value is None:
         return DEFAULT_PARTITION
-    if not isinstance(value, str) or not _PARTITION_RE.fullmatch(value):
+    if not isinstance(value, str) or not is_partition_name(value):
         raise ValidationError(
             "invalid_partition",
             f"{field} must be 1-256 characters of letters, digits or '_.:@=+-'",

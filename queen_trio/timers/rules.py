@@ -19,7 +19,8 @@ import dataclasses
 import io
 import json
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeGuard
 
 import msgspec
 import zstandard
@@ -263,7 +264,9 @@ def typed_operations(ops: list[TimerOp], where: str, *, horizon_s: int, ceiling:
     answers and the same refusals, at a fraction of the cost for a bundle: the names a bundle
     repeats (its queues, its partitions) are checked once, and its keys' and txns' characters
     in one pass over all of them. An operation the quick checks do not clear takes
-    :func:`typed_operation`, which accepts it or names what is wrong."""
+    :func:`typed_operation`, which accepts it or names what is wrong. A lone operation
+    (one schedule through the SDK) takes the quick checks too: its payload is then decoded
+    once, not twice."""
     keys_and_txns = [op.timer_key for op in ops]
     keys_and_txns += [op.txn for op in ops if isinstance(op.txn, str)]
     # One search and one encode for all of them: a control character or an unpaired
@@ -279,8 +282,9 @@ def typed_operations(ops: list[TimerOp], where: str, *, horizon_s: int, ceiling:
     for i, op in enumerate(ops):
         queue, key, txn, partition, delay = (op.queue, op.timer_key, op.txn, op.partition,
                                              op.delay_ms)
-        if (clean and op.op != "cancel" and queue in queues
-                and (partition is _ABSENT or partition in partitions)
+        if (clean and op.op != "cancel" and _valid(queue, queues, log_rules.is_queue_name)
+                and (partition is _ABSENT
+                     or _valid(partition, partitions, log_rules.is_partition_name))
                 # at most 128 characters: at most 512 UTF-8 bytes
                 and 0 < len(key) <= MAX_KEY_BYTES // 4
                 and isinstance(txn, str) and 0 < len(txn) <= log_rules.MAX_TRANSACTION_ID_LENGTH
@@ -301,6 +305,17 @@ def typed_operations(ops: list[TimerOp], where: str, *, horizon_s: int, ceiling:
                 partitions.add(parsed.partition)
         out.append(parsed)
     return out
+
+
+def _valid(name: object, seen: set[str], valid: Callable[[str], bool]) -> TypeGuard[str]:
+    """Whether ``name`` is a valid name by ``valid``, remembered in ``seen`` (a bundle repeats
+    its queues and partitions: each is checked once)."""
+    if name in seen:
+        return True
+    if type(name) is str and valid(name):
+        seen.add(name)
+        return True
+    return False
 
 
 def _quick_payloads(ops: list[TimerOp], ceiling: int) -> list[tuple[Any, bytes] | None]:

@@ -341,6 +341,34 @@ async def test_a_request_read_whole_is_answered_alike_on_its_connection(
                                        200, 400, 400)]
 
 
+async def test_an_answer_on_its_connection_is_counted_before_it_is_read(
+        broker: BrokerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answered on the connection's own task, a request's metrics are counted once its answer
+    is written (the client waits for none of it), yet before anything else runs: a scrape
+    sent on another connection as soon as the answer is read finds it counted, request by
+    request the same counts as when the fast routes answer through ASGI."""
+    port = int(broker.url.rsplit(":", 1)[1])
+    runs = []
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        for inline in (False, True):
+            monkeypatch.setattr(fast, "INLINE", inline)
+            inline_before = fast.inline_answered
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            deltas = []
+            for request in REQUESTS:
+                before = await _counts(http)
+                await _exchange(stream, _raw_request(*request))
+                after = await _counts(http)
+                after.subtract(before)
+                deltas.append(+after)
+            await stream.aclose()
+            assert fast.inline_answered - inline_before == (len(REQUESTS) if inline else 0)
+            runs.append(deltas)
+    assert runs[1] == runs[0]
+    assert all(runs[1])  # every request counted something at once
+    assert runs[1][0]['queen_timers_scheduled_total{status="scheduled"}'] == 1
+
+
 # -- a lone push ------------------------------------------------------------------------------
 
 PUSH = "/api/v1/push"

@@ -276,6 +276,47 @@ def test_a_batch_is_judged_per_operation_after_its_names_are_known(second: dict)
         assert fast is None
 
 
+_LONE = [*_BAD_AFTER_A_CLEAN_ONE, _op(), _op(partition="p"), _op(queue="q" * 128),
+         _op(queue="q" * 129), _op(queue="a/b"), _op(queue="q\n"), _op(partition="p" * 256),
+         _op(partition="p" * 257), _op(partition="p q"), _op(partition="p\n"),
+         _op(partition="a@b=c+d:e.f_g-h"), _op(queue="é")]
+
+
+@pytest.mark.parametrize("lone", _LONE)
+def test_a_lone_operation_is_judged_as_the_rules_judge_it(lone: dict) -> None:
+    """One operation alone (the SDK's single schedule) takes the quick checks too, its queue
+    and partition checked by name: the same operation or the same refusal, naming the same
+    place, as the strict decoder and the rules give."""
+    raw = json.dumps([{k: v for k, v in lone.items() if v is not _DROP}]).encode()
+    fast, precise = _both_paths(raw, lambda op: (
+        type(op), op.queue, op.key, op.txn, op.partition if hasattr(op, "partition") else None,
+        getattr(op, "payload", None), getattr(op, "json_bytes", None),
+        getattr(op, "delay_ms", None)))
+    if codec.fast(raw, BATCH_DECODER) is not codec.FALLBACK:  # the models took it
+        assert fast == precise
+    else:
+        assert fast is None
+
+
+def test_a_clean_lone_schedule_decodes_its_payload_once(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """The quick checks decode a clean lone schedule's payload; the precise path's decode
+    (payload_value) is not run for it a second time."""
+    calls: list[object] = []
+    real = rules.payload_value
+
+    def spy(*args: Any) -> tuple[Any, bytes]:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(rules, "payload_value", spy)
+    (op,) = rules.operations_from_bytes(json.dumps([_op(partition="p")]).encode(),
+                                        horizon_s=3600, ceiling=1024) or []
+    assert isinstance(op, rules.Schedule) and op.partition == "p"
+    assert op.json_bytes == '{"a":[1,2.5,"é"]}'.encode()
+    assert calls == []
+
+
 @pytest.mark.parametrize("payloads", [
     [b"1", b'{"a":[1,2.5,"\xc3\xa9"]}', b"null", b'"x"', b"[]", b"{}", b"-0.5", b"true"],
     [b"[1", b"2]", b"3,4"],  # no one of them JSON, though their array is, with 4 elements
