@@ -36,27 +36,24 @@ the table goes to stdout and the numbers to ``bench/results/sched_path.json`` (o
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import inspect
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.harness.brokers import free_port, stop_process, wait_healthy
+from bench.harness.brokers import side_broker, stop_process
 from bench.harness.cpu import PartyCpu
 from bench.harness.pg import shared_server
+from bench.harness.raw_client import RawClient
 from bench.harness.report import load, now_iso, save_json, source_revision
 from bench.harness.stats import distribution
 
@@ -81,7 +78,7 @@ async def _client(url: str, scenario: str, args: dict[str, Any]) -> dict[str, An
         if scenario == "routes":
             out = await _routes(q, url, args)
         elif scenario == "single" and args.get("client") == "raw":
-            with _RawClient(url) as raw:
+            with RawClient(url) as raw:
                 out = await _single(raw, args)
         elif scenario == "single" and args.get("client") == "sync":
             with queen_trio.SyncClient(url) as blocking:
@@ -188,72 +185,6 @@ async def _single(q: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 FIRING_QUEUE = "firing"
-class _RawClient:
-    """The ``single`` scenario's calls as a bare blocking socket makes them (``--client raw``):
-    the SDK's requests, spelled by hand, each answer read by its Content-Length and parsed
-    with ``json.loads``; what no client can go below."""
-
-    def __init__(self, url: str) -> None:
-        host, _, port = url.removeprefix("http://").partition(":")
-        self.host = host.encode()
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.spec: dict[str, Any] = {}
-
-    def __enter__(self) -> _RawClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
-
-    def timer(self, queue: str) -> _RawClient:
-        self.spec = {"queue": queue}
-        return self
-
-    def key(self, key: str) -> _RawClient:
-        self.spec["key"] = key
-        return self
-
-    def delay(self, delay: str | int) -> _RawClient:
-        self.spec["delay_ms"] = 3_600_000 if delay == "1h" else int(delay)
-        return self
-
-    def payload(self, payload: Any) -> _RawClient:
-        self.spec["payload"] = payload
-        return self
-
-    def schedule(self) -> Any:
-        s = self.spec
-        return self._call("POST", "/api/v1/timers", {"operations": [{
-            "op": "schedule", "queue": s["queue"], "timerKey": s["key"],
-            "delayMs": s["delay_ms"], "txn": str(uuid.uuid4()),
-            "payload": base64.b64encode(json.dumps(s["payload"]).encode()).decode()}]})
-
-    def cancel(self) -> Any:
-        return self._call("DELETE", f"/api/v1/timers/{self.spec['queue']}/{self.spec['key']}")
-
-    def push(self, queue: str, payload: Any) -> Any:
-        return self._call("POST", "/api/v1/push", {"items": [{"queue": queue,
-                                                               "payload": payload}]})
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        data = b"" if body is None else json.dumps(body).encode()
-        typed = b"Content-Type: application/json\r\n" if data else b""
-        self.sock.sendall(b"%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (
-            method.encode(), path.encode(), self.host, typed, len(data), data))
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += self.sock.recv(65536)
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        if lines[0][9:12] not in (b"200", b"201"):
-            raise RuntimeError(f"{method} {path}: {lines[0]!r}")
-        size = next(int(line.split(b":")[1]) for line in lines
-                    if line.lower().startswith(b"content-length:"))
-        while len(rest) < size:
-            rest += self.sock.recv(65536)
-        return json.loads(rest)
-
 
 async def _done(result: Any) -> Any:
     """A call's result: awaited from the async Client, as it came from SyncClient."""
@@ -395,26 +326,6 @@ def side_consumer(checkout: Path, url: str, firing: int) -> Iterator[None]:
     finally:
         stop_process(proc)
 
-
-@contextlib.contextmanager
-def side_broker(checkout: Path, database_url: str) -> Iterator[tuple[str, int]]:
-    """A broker of ``checkout`` on ``database_url``: (url, pid)."""
-    root = Path(tempfile.mkdtemp(prefix="queen-bench-sched-"))
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(checkout), "QUEEN_DATABASE_URL": database_url,
-           "QUEEN_PORT": str(port), "QUEEN_HOST": "127.0.0.1",
-           "QUEEN_DATA_DIR": str(root / "data"), "QUEEN_LOG_LEVEL": "WARNING"}
-    log_path = root / "broker.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], cwd=checkout,
-                                env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log_path)
-        yield url, proc.pid
-    finally:
-        stop_process(proc)
 
 
 def run_client(checkout: Path, url: str, scenario: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -195,3 +195,24 @@ def brokers(database_url: str, count: int = 1,
                 print(f"broker exited with {handle.exit_code}:\n{log_tail(handle.log_path)}",
                       file=sys.stderr)
         shutil.rmtree(root, ignore_errors=True)
+
+@contextlib.contextmanager
+def side_broker(checkout: Path, database_url: str) -> Iterator[tuple[str, int]]:
+    """A broker of ``checkout`` on ``database_url``: (url, pid)."""
+    root = Path(tempfile.mkdtemp(prefix="queen-bench-sched-"))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(checkout), "QUEEN_DATABASE_URL": database_url,
+           "QUEEN_PORT": str(port), "QUEEN_HOST": "127.0.0.1",
+           "QUEEN_DATA_DIR": str(root / "data"), "QUEEN_LOG_LEVEL": "WARNING"}
+    log_path = root / "broker.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "queen_trio", "serve"], cwd=checkout,
+                                env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log_path)
+        yield url, proc.pid
+    finally:
+        stop_process(proc)
+
