@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -69,13 +71,25 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         out["push"] = {"wall_s": round(wall, 2), "per_s": round(n / wall), **distribution(samples)}
         for phase, group in (("queue_drain", None), ("group_drain", "boot-group")):
+            handled_at: list[float] = []
             t0 = time.perf_counter()
-            stats = await q.consume(queue, lambda m: None, group=group, concurrency=10, batch=1,
+            stats = await q.consume(queue, functools.partial(_handled, handled_at),
+                                    group=group, concurrency=10, batch=1,
                                     idle_timeout=f"{IDLE_S}s")
             wall = time.perf_counter() - t0 - IDLE_S
+            handled_at.sort()
+            # The longest wait between two handled messages, and when it began: a drain far
+            # slower than its others shows here whether it stalled or just went slowly.
+            gap, gap_at = max(((b - a, a - t0) for a, b in itertools.pairwise(handled_at)),
+                              default=(0.0, 0.0))
             out[phase] = {"wall_s": round(wall, 2), "handled": stats.handled,
-                          "per_s": round(stats.handled / wall) if wall > 0 else None}
+                          "per_s": round(stats.handled / wall) if wall > 0 else None,
+                          "longest_gap_s": round(gap, 3), "longest_gap_at_s": round(gap_at, 2)}
     return out
+
+
+def _handled(handled_at: list[float], message: Any) -> None:
+    handled_at.append(time.perf_counter())
 
 
 def _scan(url: str, database_url: str, partitions: int) -> dict[str, Any]:
@@ -154,6 +168,11 @@ def run_client(checkout: Path, url: str, args: dict[str, Any]) -> dict[str, Any]
     if done.returncode != 0:
         raise RuntimeError(f"client failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # What the SDK warned of (a stream that fell silent, a refused settlement): the last few
+    # lines, kept with the round's numbers.
+    warnings = [line for line in done.stderr.splitlines() if line.strip()]
+    if warnings:
+        result["client_warnings"] = warnings[-20:]
     return result
 
 
