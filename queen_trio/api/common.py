@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -11,6 +13,20 @@ from quart import Response, current_app, jsonify
 
 from ..context import BrokerContext
 from ..models import codec
+
+#: A request's bookkeeping to be done once its answer is written (api/fast.py answers on the
+#: connection's task and runs it then).
+Chores = list[Callable[[], None]]
+#: Where a route function puts its counting: Chores, or None to count at once (Quart's routes).
+Later = Chores | None
+
+
+def count_later(later: Later, count: Callable[..., None], *args: Any) -> None:
+    """``count(*args)`` now, or once the answer is written when ``later`` collects it."""
+    if later is None:
+        count(*args)
+    else:
+        later.append(functools.partial(count, *args))
 
 
 def broker() -> BrokerContext:

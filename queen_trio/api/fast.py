@@ -49,6 +49,7 @@ from ..errors import RequestError
 from ..models import codec
 from ..models import log as log_models
 from . import bodies
+from .common import Chores
 from .connections import ASGI_SEND
 from .errors import (
     ErrorAnswer,
@@ -88,8 +89,6 @@ _FAMILY = "timers_bad_request"  # the timers blueprint's 400 code (install_famil
 _JSON = (b"content-type", b"application/json")
 _DELEGATED_HEADERS = frozenset({b"origin", b"sec-fetch-site", b"transfer-encoding"})
 _Handler = Callable[[ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
-# A request's bookkeeping, done once its answer is written (FastRoutes._answer).
-_Later = list[Callable[[], None]]
 
 
 class FastRoutes:
@@ -233,7 +232,7 @@ class FastRoutes:
     async def _batch(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                      send: ASGISendCallable, *, length: int, whole: bytes | None = None
                      ) -> None:
-        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
+        async def apply(tenant_id: int, raw: bytes, later: Chores) -> bytes:
             return codec.encode(await apply_batch(self.broker, tenant_id, raw, later)) + b"\n"
 
         await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
@@ -241,28 +240,29 @@ class FastRoutes:
 
     async def _push(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                     send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
-        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
+        async def apply(tenant_id: int, raw: bytes, later: Chores) -> bytes:
             # (The gate again: it may have closed since the request was routed here.)
             storage_gate(self.broker, tenant_id)
             body = object_via(raw, log_models.PUSH_DECODER)
             ceiling = self.broker.tenants.message_ceiling(tenant_id)
-            return codec.encode(await apply_push(self.broker, tenant_id, body, ceiling)) + b"\n"
+            return codec.encode(await apply_push(self.broker, tenant_id, body, ceiling,
+                                                 later)) + b"\n"
 
         await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
                               path=_PUSH, rule=self.push_rule, ok=201)
 
     async def _ack(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                    send: ASGISendCallable, *, length: int, whole: bytes | None = None) -> None:
-        async def apply(tenant_id: int, raw: bytes, later: _Later) -> bytes:
+        async def apply(tenant_id: int, raw: bytes, later: Chores) -> bytes:
             body = object_via(raw, log_models.ACK_DECODER)
-            return codec.encode(await apply_ack(self.broker, tenant_id, body)) + b"\n"
+            return codec.encode(await apply_ack(self.broker, tenant_id, body, later)) + b"\n"
 
         await self._with_body(scope, receive, send, length=length, whole=whole, apply=apply,
                               path=_ACK, rule=self.ack_rule)
 
     async def _with_body(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                          send: ASGISendCallable, *, length: int, whole: bytes | None,
-                         apply: Callable[[int, bytes, _Later], Awaitable[bytes]], path: str,
+                         apply: Callable[[int, bytes, Chores], Awaitable[bytes]], path: str,
                          rule: str,
                          family: str | None = None, ok: int = 200) -> None:
         """A POST whose body ``apply`` answers, for the request's tenant (``ok`` its status;
@@ -270,7 +270,7 @@ class FastRoutes:
         the body, already read (answered on the connection's task): taken as :meth:`_read`
         takes a last message, without its timeout's cancel scope."""
         started = time.perf_counter()
-        later: _Later = []
+        later: Chores = []
         held = 0  # bytes of ``whole`` taken from the budget here
         body: bodies.RequestBody | None = None
         try:
@@ -366,7 +366,7 @@ class FastRoutes:
     async def _cancel(self, scope: HTTPScope, receive: ASGIReceiveCallable,
                       send: ASGISendCallable, *, queue: str, key: str) -> None:
         started = time.perf_counter()
-        later: _Later = []
+        later: Chores = []
         path = _CANCEL_PREFIX + queue + "/" + key
         try:
             tenant_id = await self._tenant(scope)
@@ -380,7 +380,7 @@ class FastRoutes:
 
     async def _answer(self, send: ASGISendCallable, rule: str, method: str,
                       answer: bytes | ErrorAnswer, started: float, ok: int = 200,
-                      later: _Later | None = None) -> None:
+                      later: Chores | None = None) -> None:
         """Send the answer as Quart's Response would (Content-Type, Content-Length, then the
         error's own headers), and count it as the app's after-request hook does.
 
@@ -423,7 +423,7 @@ class _Written:
     def __init__(self, protocol: H11Protocol, body: bytes) -> None:
         self.protocol, self.body = protocol, body
         self.status, self.headers = 500, b""
-        self.after: _Later = []  # done once the answer has been handed to the socket
+        self.after: Chores = []  # done once the answer has been handed to the socket
 
     async def receive(self) -> Any:
         return {"type": "http.request", "body": self.body, "more_body": False}

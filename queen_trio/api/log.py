@@ -17,9 +17,9 @@ from ..log import longpoll, rules, store
 from ..log.wakeups import ParkLimit, QueueWakeups
 from ..models import log as models
 from ..sealing import PayloadCipher, opened
+from .common import Later, count_later, model_response
 from .common import broker as _broker
 from .common import json_response as _json
-from .common import model_response
 from .errors import ApiError, read_object_via
 from .tenancy import current_tenant_id, enforce_storage_gate, message_ceiling
 
@@ -77,10 +77,11 @@ async def push() -> Response:
                                            message_ceiling()), status=201)
 
 
-async def apply_push(broker: BrokerContext, tenant: int, body: dict[str, Any], ceiling: int
-                     ) -> list[models.Pushed]:
+async def apply_push(broker: BrokerContext, tenant: int, body: dict[str, Any], ceiling: int,
+                     later: Later = None) -> list[models.Pushed]:
     """``POST /api/v1/push`` once the request is admitted, past the storage gate and its body
-    decoded (Quart's route, and :mod:`.fast`'s); answered 201, an empty push too (as Queen)."""
+    decoded (Quart's route, and :mod:`.fast`'s); answered 201, an empty push too (as Queen).
+    ``later``: where its counting goes (:func:`.common.count_later`)."""
     # Only each payload's JSON text is kept past here, not the decoded body: one copy less of
     # a large message while it travels to PostgreSQL.
     frames = [
@@ -100,7 +101,7 @@ async def apply_push(broker: BrokerContext, tenant: int, body: dict[str, Any], c
     if notifier is not None:  # committed: wake the queues' pops without holding up others
         for key in store.wake_keys(tenant, frames):
             notifier.notify(store.NOTIFY_CHANNEL, key)
-    broker.metrics.count_pushed(tenant, (a.status for a in appended))
+    count_later(later, broker.metrics.count_pushed, tenant, [a.status for a in appended])
     return [pushed(i, a) for i, a in enumerate(appended)]
 
 
@@ -363,16 +364,18 @@ async def settle(acks: list[rules.Ack], *, sync_commit: bool = True) -> list[sto
 
 
 async def settle_for(broker: BrokerContext, tenant: int, acks: list[rules.Ack], *,
-                     sync_commit: bool = True) -> list[store.AckResult]:
-    """:func:`settle` for ``tenant``, outside a request context (:mod:`.fast`)."""
+                     sync_commit: bool = True, later: Later = None) -> list[store.AckResult]:
+    """:func:`settle` for ``tenant``, outside a request context (:mod:`.fast`); ``later``:
+    where its counting goes (:func:`.common.count_later`)."""
     results = await broker.db.run_autocommit(_ack_head_noted, broker.wakeups, tenant, acks,
                                              sync_commit)
     if results is None:
         results = await broker.db.run_transaction(store.ack, tenant, acks)
-    broker.metrics.count_acks(tenant, (r.status for r in results if r.applied))
+    count_later(later, broker.metrics.count_acks, tenant,
+                [r.status for r in results if r.applied])
     dead = sum(r.dead_lettered for r in results)
     if dead:
-        broker.metrics.dead_lettered.inc(dead)
+        count_later(later, broker.metrics.dead_lettered.inc, dead)
     return results
 
 
@@ -399,11 +402,12 @@ async def ack() -> Response:
     return model_response(await apply_ack(_broker(), current_tenant_id(), body))
 
 
-async def apply_ack(broker: BrokerContext, tenant: int, body: dict[str, Any]
-                    ) -> list[models.AckResult]:
+async def apply_ack(broker: BrokerContext, tenant: int, body: dict[str, Any],
+                    later: Later = None) -> list[models.AckResult]:
     """``POST /api/v1/ack`` once the request is admitted and its body decoded (Quart's route,
     and :mod:`.fast`'s)."""
-    return [ack_result(r) for r in await settle_for(broker, tenant, [rules.ack(body, 0)])]
+    return [ack_result(r) for r in await settle_for(broker, tenant, [rules.ack(body, 0)],
+                                                    later=later)]
 
 
 @log_routes.post("/ack/batch")

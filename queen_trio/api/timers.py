@@ -20,10 +20,9 @@ gate.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from itertools import count
 from typing import Any, TypeVar
@@ -38,8 +37,8 @@ from ..log import rules as log_rules
 from ..metrics import BrokerMetrics
 from ..models import timers as models
 from ..timers import rules, store
+from .common import Later, count_later, model_response
 from .common import broker as _broker
-from .common import model_response
 from .errors import install_family_errors, parse_json_body, read_json_object
 from .switches import require_timers_schedule
 from .tenancy import (
@@ -122,7 +121,7 @@ async def batch() -> Response:
 
 
 async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes,
-                      later: list[Callable[[], None]] | None = None) -> models.TimerResults:
+                      later: Later = None) -> models.TimerResults:
     """``POST /api/v1/timers`` once the request is admitted and its body read (Quart's route,
     and :mod:`.fast`'s). ``later``: where the outcomes' counting goes to be done once the
     answer is written (:mod:`.fast`), rather than now."""
@@ -139,10 +138,7 @@ async def apply_batch(broker: BrokerContext, tenant_id: int, raw: bytes,
         # (and DELETE is the route that cancels whatever the gate says).
         storage_gate(broker, tenant_id)
     outcomes = await _apply(broker, tenant_id, ops)
-    if later is None:
-        count_outcomes(outcomes, ops, broker.metrics)
-    else:
-        later.append(functools.partial(count_outcomes, outcomes, ops, broker.metrics))
+    count_later(later, count_outcomes, outcomes, ops, broker.metrics)
     return models.TimerResults(outcome_models(outcomes))
 
 
@@ -182,19 +178,14 @@ async def cancel(queue: str, key: str) -> Response:
 
 
 async def cancel_one(broker: BrokerContext, tenant_id: int, queue: str, key: str,
-                     txn: str | None, later: list[Callable[[], None]] | None = None
-                     ) -> models.TimerResult:
+                     txn: str | None, later: Later = None) -> models.TimerResult:
     """``DELETE /api/v1/timers/{queue}/{key}`` once the request is admitted (Quart's route,
     and :mod:`.fast`'s); ``later`` as :func:`apply_batch`'s."""
     if txn is not None:
         txn = log_rules.transaction_id(txn, "txn")
     outcome = await store.cancel_lone(
         broker.db, tenant_id, log_rules.queue_name(queue), rules.timer_key(key), txn)
-    counter = broker.metrics.timers_cancelled.labels(outcome.status)
-    if later is None:
-        counter.inc()
-    else:
-        later.append(counter.inc)
+    count_later(later, broker.metrics.timers_cancelled.labels(outcome.status).inc)
     return outcome_model(outcome)
 
 
