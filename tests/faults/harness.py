@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -195,7 +196,8 @@ class TimerBook:
     """What clients were told about each timer key, and what the log must therefore show.
 
     Each key must be driven by one client at a time (its answers then have a total order).
-    ``in_force[key]`` is the txn of the timer the broker last said is pending for that key.
+    ``in_force[key]`` is the txn of the timer the broker last said is pending (or being fired:
+    too_late) for that key.
     """
 
     def __init__(self) -> None:
@@ -205,15 +207,32 @@ class TimerBook:
         self.uncertain: set[str] = set()  # keys with an answer lost (5xx, transport error)
         self.txns_of: dict[str, set[str]] = {}
         self.answers: Counter[str] = Counter()
+        # Each key's answers in order (monotonic seconds, what, txn): a problem shows its story.
+        self.history: dict[str, list[tuple[float, str, str | None]]] = {}
+        self.key_of: dict[str, str] = {}
+
+    def _told(self, key: str, what: str, txn: str | None) -> None:
+        self.history.setdefault(key, []).append((time.monotonic(), what, txn))
+        if txn:
+            self.key_of[txn] = key
+
+    def story(self, txn: str) -> str:
+        """The answers given for the key ``txn`` was scheduled under, for a failure message."""
+        key = self.key_of.get(txn)
+        if key is None:
+            return f"  (no answer recorded for {txn})"
+        return "\n".join(f"  {key} @{at:.3f} {what} {t}" for at, what, t in self.history[key])
 
     def _note(self, key: str, txn: str | None) -> None:
         if txn:
             self.txns_of.setdefault(key, set()).add(txn)
+            self.key_of[txn] = key
 
     def scheduled(self, key: str, txn: str, status: str, answered_txn: str | None) -> None:
         """A schedule with client txn ``txn`` answered ``status``."""
         self.answers[f"schedule:{status}"] += 1
         self._note(key, txn)
+        self._told(key, f"schedule {txn} -> {status}", answered_txn)
         if key in self.uncertain:
             return
         prev = self.in_force.get(key)
@@ -228,14 +247,17 @@ class TimerBook:
             self.never.add(prev)
             self.in_force[key] = txn
         elif status == "too_late":
+            # prev is being fired, which is not yet a delivery: a fire that rolls back (a
+            # restart, a lost connection) hands the row back, and later answers say what
+            # became of it (SPEC "too_late": the window ends with the claim).
             assert prev is not None and answered_txn == prev, (key, prev, answered_txn)
-            self.must_fire.add(prev)
             self.never.add(txn)
         else:
             raise AssertionError(f"{key}: schedule answered {status!r}")
 
     def cancelled(self, key: str, status: str, answered_txn: str | None) -> None:
         self.answers[f"cancel:{status}"] += 1
+        self._told(key, f"cancel -> {status}", answered_txn)
         if key in self.uncertain:
             return
         prev = self.in_force.get(key)
@@ -248,8 +270,8 @@ class TimerBook:
                 self.must_fire.add(prev)
             self.in_force[key] = None
         elif status == "too_late":
+            # As for a schedule: prev stays in force until an answer or the log settles it.
             assert prev is not None, f"{key}: too_late, but nothing was pending"
-            self.must_fire.add(prev)
         else:
             raise AssertionError(f"{key}: cancel answered {status!r}")
 
@@ -258,6 +280,7 @@ class TimerBook:
         to "at most once, never both"."""
         self.answers[f"unknown:{why}"] += 1
         self._note(key, txn)
+        self._told(key, f"answer lost ({why})", txn)
         self.uncertain.add(key)
 
     def problems(self, log: Counter[str], pending: set[str]) -> list[str]:
@@ -270,7 +293,7 @@ class TimerBook:
                 out.append(f"txn {txn} is both in the log and pending")
         for txn in sorted(self.must_fire):
             if log[txn] != 1:
-                out.append(f"txn {txn} was reported gone (absent/too_late/replaced by a new "
+                out.append(f"txn {txn} was reported gone (absent, or replaced by a new "
                            f"schedule) but is in the log {log[txn]} times")
         for txn in sorted(self.never):
             if log[txn] or txn in pending:
@@ -301,7 +324,15 @@ async def pending_txns(url: str) -> set[str]:
 async def assert_ledger(url: str, book: TimerBook) -> Counter[str]:
     log, pending = await log_by_txn(url), await pending_txns(url)
     problems = book.problems(log, pending)
-    assert not problems, f"{len(problems)} problems, e.g.:\n" + "\n".join(problems[:15])
+    if problems:
+        txns = sorted({t for line in problems[:5] for t in line.split() if t in book.key_of})
+        dead = await asql(url, "SELECT transaction_id, error FROM queen.dead_letters "
+                               "WHERE transaction_id = ANY(%s)", [txns])
+        stories = "\n".join(book.story(t) for t in txns)
+        raise AssertionError(f"{len(problems)} problems, e.g.:\n" + "\n".join(problems[:15])
+                             + f"\nwhat the clients were told:\n{stories}"
+                             + f"\ndead letters of these txns: {dead}"
+                             + f"\nnow (monotonic): {time.monotonic():.3f}")
     return log
 
 

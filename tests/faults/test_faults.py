@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -240,10 +241,13 @@ async def test_postgres_stopped_and_started_during_a_burst_under_traffic(
 
             async def outage() -> None:
                 await trio.sleep(1.2)  # mid-burst
+                print(f"stopping PostgreSQL @{time.monotonic():.3f}")
                 await trio.to_thread.run_sync(server.stop)
+                print(f"stopped @{time.monotonic():.3f}")
                 down.set()
                 await trio.sleep(1.5)
                 await trio.to_thread.run_sync(server.start)
+                print(f"started @{time.monotonic():.3f}")
                 up.set()
 
             async with trio.open_nursery() as nursery:
