@@ -441,6 +441,10 @@ async def finish(side: Side, delivery: Delivery, why: str | None, out: dict[str,
     out["delivery"] = delivery_summary(delivery, await side.pending())
     samples = lags(delivery)
     out["lag"] = {k: v for k, v in quantiles(samples).items() if k != "cdf_ms"}
+    # Which timers were slowest (their keys carry their order): an outlier that is always
+    # the first of a round is the round's start, not the service.
+    out["slowest_ms"] = {key: round(lag * 1000, 2) for lag, key in sorted(
+        zip(samples, delivery.expected, strict=True), reverse=True)[:3]}
     out["_lags"] = samples  # pooled over rounds for the table; not saved
     out["load_avg_end"] = load()
     return out
