@@ -53,7 +53,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 import trio
-from trio.testing import MockClock
 
 from ..config import ONE_MIB, Settings
 from ..db import MISSED, Database, Listener
@@ -686,8 +685,12 @@ class _Alarm:
     def open(cls) -> _Alarm | None:
         """A timerfd on CLOCK_MONOTONIC (trio's clock counts from it), or None: not Linux,
         a clock of trio's that is not the system's (a test's MockClock), or no timerfd."""
-        if sys.platform != "linux" or isinstance(trio.lowlevel.current_clock(),
-                                                 MockClock):
+        # (trio.testing is looked up, not imported: it imports pytest, which a broker has no
+        # use for; a MockClock exists only if a test imported it.)
+        testing = sys.modules.get("trio.testing")
+        if sys.platform != "linux" or (
+                testing is not None
+                and isinstance(trio.lowlevel.current_clock(), testing.MockClock)):
             return None
         try:
             libc = ctypes.CDLL(None, use_errno=True)
