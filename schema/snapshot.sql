@@ -864,6 +864,32 @@ CREATE FUNCTION queen.pop_walk(p_tenant integer, p_queue text, p_group text, p_p
     LIMIT p_limit
 $$;
 
+CREATE FUNCTION queen.poppable_now(p_tenant integer, p_queue text, p_group text, p_partition text, p_after text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1
+        FROM queen.queues q
+        -- (LATERAL: the queue's index walked from the pointer, stopping at the 16th name; a
+        -- join let the generic plan read every partition of the queue first)
+        CROSS JOIN LATERAL (SELECT x.name
+                            FROM queen.partitions x
+                            WHERE x.queue_id = q.queue_id
+                              AND x.name > coalesce(p_after, '')  -- (names are never empty)
+                            ORDER BY x.name
+                            LIMIT 16) c
+        CROSS JOIN LATERAL queen.pop_walk(p_tenant, p_queue, p_group, c.name, NULL, 1) w
+        WHERE q.tenant_id = p_tenant AND q.name = p_queue AND p_partition IS NULL
+          AND w.delayed_processing_s = 0)
+        OR (p_partition IS NOT NULL AND EXISTS (
+            SELECT 1 FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, NULL, 1) w
+            WHERE w.delayed_processing_s = 0));
+END
+$$;
+
 CREATE FUNCTION queen.push_head(p_tenant integer, p_queues text[], p_names text[], p_part integer[], p_txns text[], p_dedupe boolean[], p_payloads text[], p_metas text[], p_usage_offset bigint, p_wake text[]) RETURNS TABLE(outcome text, idx integer, partition_id uuid, "offset" bigint, held_meta jsonb, held_by integer)
     LANGUAGE plpgsql
     AS $$

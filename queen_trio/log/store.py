@@ -402,7 +402,7 @@ def pop_head_after(raw: DictConnection, tenant_id: int, req: PopRequest, not_bef
         {"tenant_id": tenant_id, "name": req.queue, "group": req.group,
          "partition": req.partition, "batch": req.batch, "auto_ack": req.auto_ack,
          "synchronous_commit": pop_commit_level(sync_commit), "not_before": not_before,
-         "give_up": give_up, "look_after": False},
+         "give_up": give_up, "look_after": False, "after": None},
     ).fetchall()
     return _head_answer(req, rows)
 

@@ -113,7 +113,9 @@ SELECT pg_notify('queen_log', %(payload)s)
 -- (batch above 0) says when to look again (look_in_s, as next_look below): a pop that then
 -- parks needs no statement of its own for it. With look_after a pop that took messages
 -- says it on its first row too (settle_pop_head's, for a stream: whether anything else is
--- poppable for it); the other pops pass false.
+-- poppable for it): 0 at once when the pop's walk finds a partition poppable now
+-- (queen.poppable_now, from the rotation pointer), else next_look's answer; the other
+-- pops pass false.
 WITH commit_level AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s, current_setting('synchronous_commit')),
@@ -123,9 +125,13 @@ SELECT p.outcome, CASE WHEN p.ordinality = 1 THEN p.partition_id END AS partitio
        CASE WHEN p.ordinality = 1 THEN p.lease_id END AS lease_id,
        CASE WHEN p.ordinality = 1 THEN p.lease_expires_at END AS lease_expires_at, p."offset",
        p.transaction_id, p.payload::text AS payload, p.created_at, p.meta::text AS meta,
-       CASE WHEN (p.outcome = 'empty' AND %(batch)s > 0)
-                 OR (p.outcome = 'messages' AND p.ordinality = 1 AND %(look_after)s)
+       CASE WHEN p.outcome = 'empty' AND %(batch)s > 0
             THEN queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+            WHEN p.outcome = 'messages' AND p.ordinality = 1 AND %(look_after)s
+            THEN CASE WHEN queen.poppable_now(%(tenant_id)s, %(name)s, %(group)s,
+                                              %(partition)s, %(after)s) THEN 0::float8
+                      ELSE queen.next_look(%(tenant_id)s, %(name)s, %(group)s, %(partition)s)
+                 END
        END AS look_in_s
 FROM commit_level,
 

@@ -279,3 +279,66 @@ def test_a_pop_commits_without_waiting_for_the_wal_flush_unless_asked_to(
                 assert leased.batch is not None and leased.batch.lease_id is not None
                 assert conn.execute("SHOW synchronous_commit").fetchone()[
                     "synchronous_commit"] == level
+
+
+def _index_rows_read(conn: DictConnection, reader: DictConnection) -> int:
+    """Index entries read from the partitions and cursors tables so far, with what ``conn``
+    did counted (a backend sends its statistics in batches, at most once a second, unless
+    told to send them when its transaction ends)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    return one(reader.execute(
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint AS n FROM pg_stat_user_indexes "
+        "WHERE schemaname = 'queen' AND relname IN ('partitions', 'cursors')"))["n"]
+
+
+def test_a_stream_pop_that_took_messages_looks_again_without_reading_every_partition(
+        database_url: str) -> None:
+    """A stream's settlement and next pop (settle_pop_head, look_after) says whether anything
+    else is poppable. While a backlog of many partitions drains, it is: the answer is 0, found
+    by the pop's own walk, not by reading every partition with its cursor (queen.next_look
+    read all 5,000 of Queen's bootstrap test for every message of a group's first pass)."""
+    partitions = 300
+    with connect(database_url) as conn, connect(database_url) as stats:
+        tenant = tenant_of(conn)
+        with conn.transaction():
+            log_store.append(conn, tenant, [
+                log_store.NewFrame("wide", f"p-{i:04d}", i, f"txn-{i}")
+                for i in range(partitions)])
+        req = request("wide", batch=1)
+        first = general_pop(conn, tenant, req)  # the group's cursors, on every partition
+        assert first.batch is not None
+        handed = first.batch
+        for _ in range(3):
+            acks = [Ack(i, m.transaction_id, handed.partition_id, "completed", GROUP,
+                        handed.lease_id, None) for i, m in enumerate(handed.messages)]
+            before = _index_rows_read(conn, stats)
+            settled = log_store.settle_pop_head(conn, tenant, req, handed, acks, pop=True,
+                                                look_after=True)
+            read = _index_rows_read(conn, stats) - before
+            assert settled is not None and settled.popped is not None
+            popped = settled.popped
+            assert popped.batch is not None and popped.looked
+            assert popped.look_in_s == 0  # another partition holds a message for the group
+            assert read < partitions / 3, f"{read} index entries read for one pop"
+            handed = popped.batch
+
+
+def test_a_stream_pop_that_took_the_last_message_says_nothing_is_left(
+        database_url: str) -> None:
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "q", ["a", "b"])
+        req = request("q", batch=1)
+        first = general_pop(conn, tenant, req)
+        assert first.batch is not None
+        acks = [Ack(0, first.batch.messages[0].transaction_id, first.batch.partition_id,
+                    "completed", GROUP, first.batch.lease_id, None)]
+        settled = log_store.settle_pop_head(conn, tenant, req, first.batch, acks, pop=True,
+                                            look_after=True)
+        assert settled is not None and settled.popped is not None
+        popped = settled.popped
+        assert popped.batch is not None and [log_store.payload_value(m)
+                                             for m in popped.batch.messages] == ["b"]
+        # Its own lease holds the last message; nothing else will become poppable
+        # unannounced before that lease ends (the queue's leaseTime, 300 s).
+        assert popped.looked and popped.look_in_s is not None and popped.look_in_s > 200
