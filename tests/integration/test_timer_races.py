@@ -453,7 +453,17 @@ async def _wait_until_no_timers(url: str, within: float, brokers: list[BrokerPro
                                 "queen.sweep_floor() AS floor, clock_timestamp() AS now "
                                 "FROM queen.timers"))[0]
         details = "\n".join(f"--- {b.name} (alive={b.alive}):\n{b.stderr(2000)}" for b in brokers)
-        raise AssertionError(f"timers still pending after {within}s: {left}\n{details}") from None
+        # Who holds or waits for what: a sweeper whose every statement times out is blocked
+        # or starved, and this says which.
+        sessions = await asql(url, """
+            SELECT a.pid, a.application_name, a.state, a.wait_event_type, a.wait_event,
+                   round(extract(epoch FROM clock_timestamp() - a.query_start)::numeric, 2)
+                       AS running_s,
+                   pg_blocking_pids(a.pid) AS blocked_by, left(a.query, 80) AS query
+            FROM pg_stat_activity a
+            WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()""")
+        raise AssertionError(f"timers still pending after {within}s: {left}\n{details}\n"
+                             "--- sessions:\n" + "\n".join(map(str, sessions))) from None
 
 
 @pytest.mark.slow
