@@ -209,12 +209,10 @@ class TimerBook:
         self.answers: Counter[str] = Counter()
         # Each key's answers in order (monotonic seconds, what, txn): a problem shows its story.
         self.history: dict[str, list[tuple[float, str, str | None]]] = {}
-        self.key_of: dict[str, str] = {}
+        self.key_of: dict[str, str] = {}  # every txn noted, by its key (_note)
 
     def _told(self, key: str, what: str, txn: str | None) -> None:
         self.history.setdefault(key, []).append((time.monotonic(), what, txn))
-        if txn:
-            self.key_of[txn] = key
 
     def story(self, txn: str) -> str:
         """The answers given for the key ``txn`` was scheduled under, for a failure message."""
