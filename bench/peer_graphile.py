@@ -1,4 +1,5 @@
-"""queen-trio beside graphile-worker on one PostgreSQL server: issue 32's side-by-side runs.
+"""queen-trio beside graphile-worker and Procrastinate on one PostgreSQL server: issue 32's
+side-by-side runs.
 
 Parties (each unit on a fresh database of the same server, its processes started for it):
 
@@ -9,7 +10,13 @@ Parties (each unit on a fresh database of the same server, its processes started
 * ``graphile-default`` / ``graphile-tuned``: one graphile-worker ``run()`` in a Node process
   (``bench/peers/graphile/peer.mjs worker``; profiles there: ``tuned`` is concurrency 16,
   pollInterval 10 ms, pool 18, localQueue 500, completeJobBatchDelay 0), jobs added with
-  ``addJobs`` in bundles of 500 by another Node process (``peer.mjs add``).
+  ``addJobs`` in bundles of 500 by another Node process (``peer.mjs add``);
+* ``procrastinate-default`` / ``procrastinate-tuned``: one Procrastinate worker in a Python
+  process of its own (``bench.fire_lag.peer_procrastinate``; ``tuned`` is graphile-worker
+  tuned's profile spelled for it: concurrency 16, a poll every 10 ms, pool 18), jobs deferred
+  from this process through its synchronous connector (``batch_defer_jobs`` of 500, or
+  ``defer_job`` of one), each at its due instant (``schedule_at``). Procrastinate is a dev
+  extra; where it is not installed its parties are left out and the run says so.
 
 Before every unit the server is settled (:meth:`bench.harness.pg.Server.settle`: a
 CHECKPOINT, then a wait for its processes to go quiet), so that no party pays in its window for
@@ -21,6 +28,8 @@ Scenarios (``--scenario``), rounds A/B interleaved (the party order reverses eve
 * ``schedule``: N far-future timers/jobs in bundles of 500, one caller, after 2 untimed
   bundles: timers/s and CPU per timer of the caller, the broker and PostgreSQL. Graphile rows:
   ``addJobs`` plain, and with a ``jobKey`` per job (a keyed upsert, what our timers are);
+  Procrastinate: ``batch_defer_jobs``. A peer's schedule rows run when one of its parties is
+  chosen;
 * ``burst``: N due at one instant, drained by the one consumer/worker: handled/s from the due
   instant to the last handler start, the first-to-last rate, CPU per timer;
 * ``steady``: R/s due for S seconds (scheduled ahead): lag (due -> handler start) p50/p90/
@@ -30,7 +39,8 @@ Scenarios (``--scenario``), rounds A/B interleaved (the party order reverses eve
   (``bench.harness.spacing``): lag p50/p90/p99/max.
 
 Lag is the handler's start (its first act: a timestamp) minus the due instant: for ours the
-``deliverAt`` the broker answered, for graphile the job's ``runAt``. One machine, one clock.
+``deliverAt`` the broker answered, for graphile the job's ``runAt``, for Procrastinate its
+``scheduled_at``. One machine, one clock.
 
     npm ci --prefix bench/peers/graphile        # once: graphile-worker, pinned
     python -m bench.peer_graphile               # moderate sizes, 2 rounds (about 15 min)
@@ -69,6 +79,7 @@ from typing import Any, Protocol
 import trio
 
 import queen_trio
+from bench.fire_lag import peer_procrastinate
 from bench.harness import pg_statements
 from bench.harness.api import epoch
 from bench.harness.brokers import brokers
@@ -86,8 +97,13 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PEER_DIR = Path(__file__).resolve().parent / "peers" / "graphile"
 PEER_JS = PEER_DIR / "peer.mjs"
 SCENARIOS = ("schedule", "burst", "steady", "idle")
-PARTIES = ("ours", "graphile-default", "graphile-tuned")
-SCHEDULE_PARTIES = ("ours", "graphile", "graphile-jobkey")
+PARTIES = ("ours", "graphile-default", "graphile-tuned", "procrastinate-default",
+           "procrastinate-tuned")
+SCHEDULE_PARTIES = ("ours", "graphile", "graphile-jobkey", "procrastinate")
+# The peers, each with its parties' common prefix: its columns in the table, the party its
+# ratio column is over, its schedule rows, and the schedule row its ratio is over.
+PEERS = {"graphile": ("graphile-tuned", ("graphile", "graphile-jobkey"), "graphile"),
+         "procrastinate": ("procrastinate-tuned", ("procrastinate",), "procrastinate")}
 QUEUE = "peers32"
 CALIBRATION_QUEUE = "peers32-calibration"
 CALIBRATION_BUNDLES = 3
@@ -397,6 +413,54 @@ class Graphile:
             return {str(k) for (k,) in rows}
 
 
+class Procrastinate:
+    """Jobs deferred from this process through Procrastinate's synchronous connector, one
+    statement a bundle (or a job), called on the event loop's thread: the call's time is its
+    own, as the SDK's and addJobs' are (a worker thread's hand-over would add to it)."""
+
+    def __init__(self, client: peer_procrastinate.PeerClient, delivery: Delivery,
+                 capped: bool) -> None:
+        self.client, self.delivery, self.capped = client, delivery, capped
+        self.call_s: list[float] = []  # each defer call's round trip
+
+    async def calibrate(self) -> float:
+        far = time.time() + FAR_DELAY_MS / 1000
+        for b in range(1 + CALIBRATION_BUNDLES):
+            if b == 1:
+                t0 = time.perf_counter()
+            self.client.defer_at([(f"cal-{b}-{i}", far) for i in range(BUNDLE)],
+                                 peer_procrastinate.SIDE_QUEUE)
+            await trio.lowlevel.checkpoint()
+        rate = CALIBRATION_BUNDLES * BUNDLE / (time.perf_counter() - t0)
+        await self.client.drop_side()  # (its fetch would walk them: see drop_side)
+        return rate
+
+    async def schedule(self, make_jobs: Callable[[], Sequence[Job]]) -> None:
+        jobs = list(make_jobs())
+        i = 0
+        while i < len(jobs):
+            if jobs[i][2] is not None:  # paced: alone, at its instant, as one call
+                await trio.sleep(max(0.0, (jobs[i][2] or 0.0) - time.time()))
+                group = [jobs[i]]
+            else:
+                group = [j for j in jobs[i:i + BUNDLE] if j[2] is None]
+            sent = time.perf_counter()
+            deferred = self.client.defer_at([(key, due) for key, due, _ in group])
+            self.call_s.append(time.perf_counter() - sent)
+            await trio.lowlevel.checkpoint()
+            if deferred != len(group):
+                raise RuntimeError(f"Procrastinate deferred {deferred} of {len(group)} jobs")
+            for key, due, _ in group:  # (scheduled_at is the instant given, to the µs)
+                self.delivery.schedule_answer({"timerKey": key, "deliverAt": wire_time(due)})
+            i += len(group)
+
+    async def analyze(self) -> None:
+        await trio.to_thread.run_sync(graphile_sql, self.client.dsn, "ANALYZE")
+
+    async def pending(self) -> set[str]:
+        return await trio.to_thread.run_sync(self.client.pending_keys)
+
+
 def job_frame(key: str, due: float, started: float) -> dict[str, Any]:
     """A started job in the shape of a popped timer frame (``Delivery`` reads it)."""
     return {"timer": {"key": key, "deliverAt": wire_time(due)}, "createdAt": wire_time(started)}
@@ -607,6 +671,27 @@ async def graphile_schedule(dsn: str, cpu: TreeCpu, n: int, job_key: bool) -> di
             "cpu_ms_per_timer": per_timer_ms(seconds, n)}
 
 
+async def procrastinate_schedule(client: peer_procrastinate.PeerClient, cpu: TreeCpu, n: int
+                                 ) -> dict[str, Any]:
+    far = time.time() + FAR_DELAY_MS / 1000
+    for b in range(2):  # untimed: the pool's connections and the statement warm
+        client.defer_at([(f"warm-{b}-{i}", far) for i in range(BUNDLE)])
+    latencies = []
+    before, t0 = cpu.snapshot(), time.perf_counter()
+    for b in range(0, n, BUNDLE):
+        sent = time.perf_counter()
+        client.defer_at([(f"s-{i:07d}", far) for i in range(b, min(n, b + BUNDLE))])
+        latencies.append(time.perf_counter() - sent)
+    elapsed = time.perf_counter() - t0
+    seconds = TreeCpu.seconds(before, cpu.snapshot())
+    scheduled = await trio.to_thread.run_sync(
+        graphile_sql, client.dsn, "SELECT count(*) FROM procrastinate_jobs "
+                                  "WHERE status = 'todo' AND args->>'key' LIKE 's-%'")
+    return {"timers": n, "scheduled": scheduled, "seconds": round(elapsed, 3),
+            "timers_per_s": round(n / elapsed), "bundle_ms": distribution(latencies),
+            "cpu_ms_per_timer": per_timer_ms(seconds, n)}
+
+
 # -- one party, one scenario, on a fresh database -----------------------------------------
 
 
@@ -652,6 +737,33 @@ async def graphile_unit(scenario: str, party: str, dsn: str, postmaster: int | N
     return result
 
 
+async def procrastinate_unit(scenario: str, party: str, dsn: str, postmaster: int | None,
+                             sizes: Sizes) -> dict[str, Any]:
+    trees = {"postgres": [postmaster] if postmaster else []}
+    client = peer_procrastinate.PeerClient(dsn)
+    try:
+        client.apply_schema()  # (graphile-worker's worker and adder install theirs)
+        if scenario == "schedule":
+            return await procrastinate_schedule(client, TreeCpu(trees), sizes.schedule_timers)
+        delivery = Delivery(scenario)
+        worker = peer_procrastinate.PeerWorker(dsn, party.removeprefix("procrastinate-"))
+        worker.on_job = lambda key, due, started: delivery.receive(
+            [job_frame(key, due, started)], started)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            assert worker.pid is not None
+            cpu = TreeCpu({**trees, "worker": [worker.pid]})
+            # Capped, both: one job per fetch, so a backlog drains at the rate its fetches
+            # take; what is not started within Sizes.wait_capped_s counts as not started in
+            # time (a measure of the peer, not a failure of the run).
+            result = await DRIVERS[scenario](Procrastinate(client, delivery, capped=True), cpu,
+                                             sizes)
+            nursery.cancel_scope.cancel()
+        return result
+    finally:
+        client.close()
+
+
 def timers_of(scenario: str, sizes: Sizes) -> int:
     """How many timers a unit of ``scenario`` measures."""
     return {"schedule": sizes.schedule_timers, "burst": sizes.burst_timers,
@@ -675,6 +787,9 @@ def run_unit(server: Server, scenario: str, party: str, sizes: Sizes,
                 if handle.exit_code not in (0, None):
                     failures.add(scenario, "broker exit", f"exit {handle.exit_code}: "
                                                           f"{handle.log_errors[:5]}")
+            elif party.startswith("procrastinate"):
+                result = trio.run(procrastinate_unit, scenario, party, db,
+                                  server.postmaster_pid, sizes)
             else:
                 result = trio.run(graphile_unit, scenario, party, db, server.postmaster_pid,
                                   sizes)
@@ -734,13 +849,32 @@ def cpu_of(*parties: str) -> Callable[[dict[str, Any]], Any]:
     return get
 
 
+LABELS = {"ours": "ours", "graphile-default": "graphile default",
+          "graphile-tuned": "graphile tuned", "procrastinate-default": "procrastinate default",
+          "procrastinate-tuned": "procrastinate tuned"}
+
+
+def peers_in(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
+    """The peers (keys of PEERS) some party or schedule row of ``results`` belongs to."""
+    names = {p for by_party in results.values() for p in by_party}
+    return [peer for peer in PEERS if any(n.startswith(peer) for n in names)]
+
+
 def table(results: dict[str, dict[str, list[dict[str, Any]]]],
           lag_by: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    """Markdown rows: a row per measure, a column per party, ours over graphile tuned (for
-    schedule: over plain addJobs). Rates and costs: median of the rounds (min–max); lags:
+    """Markdown rows: a row per measure, a column per party (ours, then each peer's present in
+    ``results``), then ours over each peer's tuned party (for schedule: over its plain
+    schedule row). Rates and costs: median of the rounds (min–max); lags:
     ``lag_by[scenario][party]``, quantiles of every round's samples together."""
-    lines = ["| measure | ours | graphile default | graphile tuned | ours / tuned |",
-             "|---|--:|--:|--:|--:|"]
+    peers = peers_in(results)
+    ran = {p for by_party in results.values() for p in by_party}
+    # A column per party that ran, and the tuned one of a peer that only scheduled.
+    parties = ["ours", *(p for p in PARTIES[1:] if p in ran or any(
+        p == PEERS[peer][0] and not any(q.startswith(peer) for q in ran & set(PARTIES))
+        for peer in peers))]
+    lines = ["| measure | " + " | ".join(LABELS[p] for p in parties) + " | "
+             + " | ".join(f"ours / {LABELS[PEERS[peer][0]]}" for peer in peers) + " |",
+             "|---|" + "--:|" * (len(parties) + len(peers))]
 
     def vals(scenario: str, party: str, get: Callable[[dict[str, Any]], Any]) -> list[Any]:
         return [get(r) for r in results.get(scenario, {}).get(party, []) if "error" not in r]
@@ -752,16 +886,30 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
     def rate(r: dict[str, Any]) -> Any:
         return r.get("timers_per_s")
 
+    def row(label: str, cells: list[str], ratios: list[str]) -> str:
+        return f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |"
+
     if "schedule" in results:
+        calls = {"graphile": "graphile: addJobs; with jobKey "
+                             + median_range(vals("schedule", "graphile-jobkey", rate)),
+                 "procrastinate": "procrastinate: batch_defer_jobs"}
         for label, get in (
-                (f"schedule, bundles of 500: timers/s (graphile: addJobs; with jobKey "
-                 f"{median_range(vals('schedule', 'graphile-jobkey', rate))})", rate),
+                (f"schedule, bundles of 500: timers/s ({'; '.join(calls[p] for p in peers)})",
+                 rate),
                 ("schedule: CPU ms per timer, caller + broker + PostgreSQL",
                  cpu_of("client", "broker", "postgres"))):
-            lines.append(f"| {label} | {median_range(vals('schedule', 'ours', get))} | "
-                         f"{median_range(vals('schedule', 'graphile', get))} | (same) | "
-                         f"{ratio(med('schedule', 'ours', get), med('schedule', 'graphile', get))}"
-                         " |")
+            cells = []
+            for party in parties:
+                peer = next((peer for peer in peers if party.startswith(peer)), None)
+                if peer is None:
+                    cells.append(median_range(vals("schedule", party, get)))
+                else:  # the peer's schedule row, once under its first party
+                    first = party == next(p for p in parties if p.startswith(peer))
+                    cells.append(median_range(vals("schedule", PEERS[peer][2], get)) if first
+                                 else "(same)")
+            lines.append(row(label, cells, [
+                ratio(med("schedule", "ours", get), med("schedule", PEERS[peer][2], get))
+                for peer in peers]))
     every = cpu_of("postgres", "broker", "consumer", "worker")
     rows: list[tuple[str, str, Callable[[dict[str, Any]], Any]]] = [
         ("burst", "burst: handled/s, due instant → last handler start",
@@ -774,25 +922,27 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
     for scenario, label, get in rows:
         if scenario not in results:
             continue
-        cells = [median_range(vals(scenario, p, get)) for p in PARTIES]
-        lines.append(f"| {label} | {' | '.join(cells)} | "
-                     f"{ratio(med(scenario, 'ours', get), med(scenario, 'graphile-tuned', get))} |")
+        lines.append(row(label, [median_range(vals(scenario, p, get)) for p in parties], [
+            ratio(med(scenario, "ours", get), med(scenario, PEERS[peer][0], get))
+            for peer in peers]))
     for scenario, label in (("steady", "steady: lag p50 / p90 / p99 / max ms"),
                             ("burst", "burst: lag p50 / p90 / p99 / max ms"),
                             ("idle", "idle: lag p50 / p90 / p99 / max ms")):
         if scenario not in results:
             continue
-        q = {p: lag_by.get(scenario, {}).get(p, {}) for p in PARTIES}
-        lines.append(f"| {label} | {' | '.join(lag_cell(q[p]) for p in PARTIES)} | "
-                     f"p99 {ratio(q['ours'].get('p99'), q['graphile-tuned'].get('p99'))} |")
+        q = {p: lag_by.get(scenario, {}).get(p, {}) for p in parties}
+        lines.append(row(label, [lag_cell(q[p]) for p in parties], [
+            f"p99 {ratio(q['ours'].get('p99'), q.get(PEERS[peer][0], {}).get('p99'))}"
+            for peer in peers]))
     if "idle" in results:
         def call_p50(r: dict[str, Any]) -> Any:
             return (r.get("schedule_call_ms") or {}).get("p50")
 
-        tuned = ratio(med("idle", "ours", call_p50), med("idle", "graphile-tuned", call_p50))
-        lines.append("| idle: one schedule call, p50 ms (SDK single call / addJobs of one) | "
-                     + " | ".join(median_range(vals("idle", p, call_p50)) for p in PARTIES)
-                     + f" | {tuned} |")
+        lines.append(row("idle: one schedule call, p50 ms (SDK single call / addJobs of one / "
+                         "defer_job)", [median_range(vals("idle", p, call_p50)) for p in parties],
+                         [ratio(med("idle", "ours", call_p50), med("idle", PEERS[peer][0],
+                                                                    call_p50))
+                          for peer in peers]))
     for scenario in ("burst", "steady", "idle"):
         if scenario not in results:
             continue
@@ -808,8 +958,8 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]],
                     f"{sum(d.get('duplicates', 0) for d in rs)}"
                     + (f", not started in time {late:,}" if late else ""))
 
-        lines.append(f"| {scenario}: handled (all rounds) | "
-                     f"{' | '.join(handled(p) for p in PARTIES)} | |")
+        lines.append(row(f"{scenario}: handled (all rounds)", [handled(p) for p in parties],
+                         [""] * len(peers)))
     return lines
 
 
@@ -843,7 +993,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scenario", nargs="+", action="extend", choices=SCENARIOS,
                         metavar="NAME", help=f"some of {', '.join(SCENARIOS)} (default: all)")
     parser.add_argument("--parties", nargs="+", choices=PARTIES, default=None,
-                        help="for burst/steady/idle (default: all three)")
+                        help="for burst/steady/idle, and whose schedule rows run (default: "
+                             "all)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes, one round")
     size.add_argument("--smoke", action="store_true", help="tiny sizes (the e2e test)")
@@ -888,12 +1039,19 @@ def main(argv: list[str] | None = None) -> int:
                                                "steady_rate", "steady_seconds", "idle_timers")
                  if getattr(args, k) is not None}
     sizes = dataclasses.replace(sizes, **overrides)
-    why = missing()
-    if why:
-        print(f"graphile-worker peer unavailable: {why}", file=sys.stderr)
-        return 2
     chosen = [s for s in SCENARIOS if s in (args.scenario or SCENARIOS)]
     parties = [p for p in PARTIES if p in (args.parties or PARTIES)]
+    graphile_missing = missing()
+    if graphile_missing and any(p.startswith("graphile") for p in parties):
+        print(f"graphile-worker peer unavailable: {graphile_missing}", file=sys.stderr)
+        return 2
+    procrastinate_missing = peer_procrastinate.missing()
+    if procrastinate_missing and any(p.startswith("procrastinate") for p in parties):
+        print(f"Procrastinate's parties left out: {procrastinate_missing}", file=sys.stderr)
+        parties = [p for p in parties if not p.startswith("procrastinate")]
+    # A peer's schedule rows run when one of its parties does.
+    scheduling = [p for p in SCHEDULE_PARTIES if p == "ours" or any(
+        p.startswith(peer) and any(q.startswith(peer) for q in parties) for peer in PEERS)]
     command = " ".join(["python -m bench.peer_graphile", *(sys.argv[1:] if argv is None
                                                            else argv)])
     failures = Failures()
@@ -913,14 +1071,18 @@ def main(argv: list[str] | None = None) -> int:
                 "started_at": now_iso(), "cpu_count": os.cpu_count(),
                 "python": sys.version.split()[0], "postgresql": server.settings(),
                 "postgresql_server": server.description,
-                "graphile_worker": graphile_version(), "node": _node_version(),
-                "graphile_profiles": graphile_profiles(), "uptime_at_start": _uptime(),
-                "sizes": dataclasses.asdict(sizes)}
-        print("queen-trio beside graphile-worker, one PostgreSQL server")
+                "graphile_worker": graphile_missing or graphile_version(),
+                "node": _node_version(),
+                "graphile_profiles": {} if graphile_missing else graphile_profiles(),
+                "procrastinate": procrastinate_missing or peer_procrastinate.version(),
+                "procrastinate_profiles": {p: peer_procrastinate.PROFILES[p]
+                                           for p in ("default", "tuned")},
+                "uptime_at_start": _uptime(), "sizes": dataclasses.asdict(sizes)}
+        print("queen-trio beside graphile-worker and Procrastinate, one PostgreSQL server")
         for key, value in info.items():
             print(f"  {key:<18} {value}", flush=True)
         for scenario in chosen:
-            who = list(SCHEDULE_PARTIES) if scenario == "schedule" else parties
+            who = scheduling if scenario == "schedule" else parties
             for r in range(sizes.rounds):
                 order = who if r % 2 == 0 else list(reversed(who))
                 for party in order:
@@ -958,11 +1120,14 @@ def write(out_dir: Path, name: str, info: dict[str, Any],
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1, default=json_default)
                                           + "\n")
     text = [f"# {info['command']}", f"# checkout {info['checkout']}, {info['postgresql']}, "
-            f"graphile-worker {info['graphile_worker']} on Node {info['node']}",
+            f"graphile-worker {info['graphile_worker']} on Node {info['node']}, "
+            f"Procrastinate {info.get('procrastinate', '-')}",
             f"# started {info['started_at']}, {info['elapsed_s']} s; uptime at start: "
             f"{info['uptime_at_start']}", f"# uptime at end: {info['uptime_at_end']}",
             f"# sizes {info['sizes']}",
-            f"# graphile profiles {json.dumps(info['graphile_profiles'])}", "", *rows, "",
+            f"# graphile profiles {json.dumps(info['graphile_profiles'])}",
+            f"# procrastinate profiles {json.dumps(info.get('procrastinate_profiles'))}", "",
+            *rows, "",
             "Per unit (a fresh database and fresh processes each; rounds A/B interleaved):"]
     for scenario, by_party in results.items():
         for party, rounds in by_party.items():
@@ -984,6 +1149,8 @@ def _uptime() -> str:
 def _node_version() -> str:
     import subprocess
 
+    if node() is None:
+        return "-"
     return subprocess.run([node() or "node", "--version"], capture_output=True,
                           text=True).stdout.strip()
 

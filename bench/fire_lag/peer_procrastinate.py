@@ -6,12 +6,15 @@ process (``python -m bench.fire_lag.peer_procrastinate --dsn URL --profile NAME`
 broker, and reports every job it starts on stdout as ``key<TAB>scheduled_at<TAB>started``
 (epoch seconds), so the suite sees arrivals live and can check exactly-once by key.
 
-Two profiles (see PROFILES): ``default`` is Procrastinate as installed (one job at a time, a poll
+Profiles (see PROFILES): ``default`` is Procrastinate as installed (one job at a time, a poll
 every 5 s, LISTEN/NOTIFY on — which wakes the worker only when a job is *inserted*, so a job
 scheduled for later waits for the next poll); ``best`` is tuned for latency (LISTEN/NOTIFY on,
-the poll interval at 1 ms, 16 concurrent jobs and a pool large enough for them).
+the poll interval at 1 ms, 16 concurrent jobs and a pool large enough for them). ``bench.fire_lag``
+runs those two (LAG_PROFILES). ``tuned`` is graphile-worker's tuned profile spelled for
+Procrastinate (16 concurrent jobs, a poll every 10 ms, a pool of 18): ``bench.peer_graphile``'s
+throughput-per-core runs (issue 32) put it beside graphile-worker tuned.
 
-Procrastinate is an optional dependency (``pip install -e '.[bench]'``); ``missing()`` says why
+Procrastinate is a dev extra (``pip install -e '.[dev]'``); ``missing()`` says why
 the peer cannot run, and nothing here imports it at module import time.
 """
 
@@ -43,7 +46,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "best": {"worker": {"concurrency": 16, "fetch_job_polling_interval": 0.001,
                         "listen_notify": True},
              "pool": {"min_size": 18, "max_size": 18}},
+    # As graphile-worker tuned in bench.peer_graphile (concurrency 16, pollInterval 10 ms, a
+    # pool of 18): the same CPU-for-latency trade, for the CPU-per-timer comparison.
+    "tuned": {"worker": {"concurrency": 16, "fetch_job_polling_interval": 0.01,
+                         "listen_notify": True},
+              "pool": {"min_size": 18, "max_size": 18}},
 }
+LAG_PROFILES = ("default", "best")  # what bench.fire_lag runs
 
 
 def missing() -> str | None:
@@ -51,7 +60,7 @@ def missing() -> str | None:
     try:
         import procrastinate  # noqa: F401
     except ImportError as exc:
-        return f"procrastinate is not installed ({exc}); pip install -e '.[bench]'"
+        return f"procrastinate is not installed ({exc}); pip install -e '.[dev]'"
     return None
 
 
@@ -132,6 +141,25 @@ class PeerClient:
         self.app.job_manager.batch_defer_jobs(jobs)
         return [(key, job.scheduled_at.timestamp()) for (key, _), job in zip(entries, jobs,
                                                                              strict=True)]
+
+    def defer_at(self, entries: list[tuple[str, float]], queue: str = QUEUE) -> int:
+        """(key, due epoch s) each, at its instant, in one statement (``batch_defer_jobs``;
+        one job: ``defer_job``, what a caller deferring one job runs), from this thread: the
+        jobs deferred."""
+        jobs = [self.task.configure(schedule_at=datetime.datetime.fromtimestamp(due, datetime.UTC),
+                                    queue=queue).make_new_job(key=key) for key, due in entries]
+        if len(jobs) == 1:
+            return int(self.app.job_manager.defer_job(jobs[0]).id is not None)
+        return sum(job.id is not None for job in self.app.job_manager.batch_defer_jobs(jobs))
+
+    def pending_keys(self, queue: str = QUEUE) -> set[str]:
+        """Keys of the jobs of ``queue`` not finished (waiting, or in flight)."""
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute("SELECT args->>'key' FROM procrastinate_jobs WHERE queue_name = "
+                                "%s AND status IN ('todo', 'doing')", (queue,))
+            return {str(k) for (k,) in rows}
 
     async def defer(self, entries: list[tuple[str, int]], queue: str = QUEUE
                     ) -> list[tuple[str, float]]:

@@ -31,7 +31,7 @@ QUEEN_SWEEPER_MIN_SLEEP_MS in {1, 5, 10, 25} x QUEEN_SWEEPER_BATCH in {100, 500,
 Writes bench/results/fire_lag.json (merged: a scenario run replaces only its own entry),
 fire_lag_explore.json, the PNG plots, and the generated section of docs/performance.md.
 
-    pip install -e '.[bench]'                  # procrastinate + matplotlib (optional)
+    pip install -e '.[dev,bench]'              # procrastinate (dev) + matplotlib (bench)
     python -m bench.fire_lag                   # everything (about 12 minutes here)
     python -m bench.fire_lag --scenario idle --quick
     python -m bench.fire_lag --explore
@@ -719,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
                 beside = unit.split("-")[0] in WITH_PEER
                 parties = (["ours", *(OURS_BESIDE if beside else ()),
                             *(PARTY_ENV if unit == "burst" else ())]
-                           + ([f"peer-{p}" for p in peer.PROFILES]
+                           + ([f"peer-{p}" for p in peer.LAG_PROFILES]
                               if not peer_missing and beside else []))
                 for party in parties:
                     print(f"[fire_lag] {unit} {party}: running ...", file=sys.stderr, flush=True)
@@ -771,7 +771,7 @@ def save(path: Path, info: dict[str, Any], sizes: Sizes, scenarios: dict[str, An
     summary.update(machine=info, sizes=dataclasses.asdict(sizes),
                    peer={"skipped": peer_missing,
                          "version": None if peer_missing else peer.version(),
-                         "profiles": peer.PROFILES},
+                         "profiles": {p: peer.PROFILES[p] for p in peer.LAG_PROFILES}},
                    failures={"total": failures.total(), "counts": failures.counts,
                              "examples": failures.examples})
     stamp(summary, started)
