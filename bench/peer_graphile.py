@@ -12,7 +12,7 @@ Parties (each unit on a fresh database of the same server, its processes started
   pollInterval 10 ms, pool 18, localQueue 500, completeJobBatchDelay 0), jobs added with
   ``addJobs`` in bundles of 500 by another Node process (``peer.mjs add``);
 * ``procrastinate-default`` / ``procrastinate-tuned``: one Procrastinate worker in a Python
-  process of its own (``bench.fire_lag.peer_procrastinate``; ``tuned`` is graphile-worker
+  process of its own (``bench.harness.peer_procrastinate``; ``tuned`` is graphile-worker
   tuned's profile spelled for it: concurrency 16, a poll every 10 ms, pool 18), jobs deferred
   from this process through its synchronous connector (``batch_defer_jobs`` of 500, or
   ``defer_job`` of one), each at its due instant (``schedule_at``). Procrastinate is a dev
@@ -79,8 +79,7 @@ from typing import Any, Protocol
 import trio
 
 import queen_trio
-from bench.fire_lag import peer_procrastinate
-from bench.harness import pg_statements
+from bench.harness import peer_procrastinate, pg_statements
 from bench.harness.api import epoch
 from bench.harness.brokers import brokers
 from bench.harness.collector import collector_paused

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from bench.fire_lag import peer_procrastinate as peer
+from bench.harness import peer_procrastinate as peer
 from bench.harness.api import Api
 from bench.harness.metrics import Metrics, merge
 from bench.harness.report import Failures

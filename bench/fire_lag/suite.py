@@ -21,7 +21,7 @@ the ``deliverAt`` the broker returned (and the broker's histogram
 ``queen_timers_fire_lag_seconds``: fire commit minus deliver_at on PostgreSQL's clock); the peer
 = job start time minus ``scheduled_at``. All parties run on this machine and read one clock.
 The peer runs idle, steady and burst at Procrastinate's default settings and at its best
-latency settings (see ``bench.fire_lag.peer_procrastinate.PROFILES``); a peer that has not
+latency settings (see ``bench.harness.peer_procrastinate.PROFILES``); a peer that has not
 started a job by the end of the scenario's wait has it counted as not started in time (shown
 as "> wait"), never as lost.
 
@@ -59,9 +59,9 @@ from typing import Any
 import httpx
 import trio
 
-from bench.fire_lag import peer_procrastinate as peer
 from bench.fire_lag import report
 from bench.fire_lag.parties import Ours, Peer, arrival_lags
+from bench.harness import peer_procrastinate as peer
 from bench.harness.api import API, REQUEST_TIMEOUT_S, Api, epoch, event
 from bench.harness.brokers import brokers
 from bench.harness.collector import collector_paused

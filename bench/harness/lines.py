@@ -2,7 +2,7 @@
 further stdout line handed to ``on_line`` as it arrives, stopped with SIGTERM (killed if it
 is still there 10 s later). Its stderr goes to a temporary file whose tail the report shows.
 
-``bench.harness.sdk_consumer`` (our SDK's consumer) and ``bench.fire_lag.peer_procrastinate``
+``bench.harness.sdk_consumer`` (our SDK's consumer) and ``bench.harness.peer_procrastinate``
 (the peer's worker) run this way beside the brokers of ``bench.fire_lag``."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import peer_graphile
-from bench.fire_lag import peer_procrastinate
+from bench.harness import peer_procrastinate
 from tests.pgserver import Databases
 
 pytestmark = pytest.mark.slow

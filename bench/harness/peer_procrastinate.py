@@ -2,7 +2,7 @@
 
 A timer there is a job deferred with ``schedule_in``; its lag is the job's start time (the
 worker's ``context.start_timestamp``) minus its ``scheduled_at``. The worker runs in its own
-process (``python -m bench.fire_lag.peer_procrastinate --dsn URL --profile NAME``), like our
+process (``python -m bench.harness.peer_procrastinate --dsn URL --profile NAME``), like our
 broker, and reports every job it starts on stdout as ``key<TAB>scheduled_at<TAB>started``
 (epoch seconds), so the suite sees arrivals live and can check exactly-once by key.
 
@@ -93,7 +93,7 @@ def _make_app(connector: Any) -> Any:
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fire_lag.peer_procrastinate")
+    parser = argparse.ArgumentParser(prog="python -m bench.harness.peer_procrastinate")
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="default")
     args = parser.parse_args(argv)
@@ -195,7 +195,7 @@ class PeerWorker(LineProcess):
     (stopped with SIGTERM first: graceful, it unregisters the worker)."""
 
     def __init__(self, dsn: str, profile: str) -> None:
-        super().__init__("bench.fire_lag.peer_procrastinate", ["--dsn", dsn, "--profile", profile],
+        super().__init__("bench.harness.peer_procrastinate", ["--dsn", dsn, "--profile", profile],
                          what="peer worker", log_prefix=f"queen-bench-peer-{profile}-")
         self.dsn = dsn
         self.profile = profile
