@@ -313,7 +313,9 @@ class Settings:
         help="timers per claim while a backlog drains: after a full claim the next takes 4 "
         "times as many, up to this (never fewer than `QUEEN_SWEEPER_BATCH`). A burst of "
         "50,000 fired in batches of 5,000 costs PostgreSQL about a fifth less CPU per timer "
-        "than in batches of 500, and a tenth of the commits (`bench.sweep_cost`)")
+        "than in batches of 500, and a tenth of the commits (`bench.sweep_cost`). A claim or "
+        "its fire that runs longer than `QUEEN_SWEEPER_LEASE_MS` is cancelled, and the "
+        "claims after it take half as many")
     sweeper_backoff_ms: int = integer(
         1000, lo=0, hi=3_600_000,
         help="first retry delay after a permanent failure (doubles, ≤ 60 s)")

@@ -51,6 +51,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_ERRORS)
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a statement the server cancelled (SQLSTATE 57014): its
+    ``statement_timeout`` ran out, or an operator cancelled it. Transient, but the same work
+    asked for again may take as long again."""
+    return isinstance(exc, pg.QueryCanceled)
+
+
 #: Counts one error of a background service that was not transient trouble, by the service's
 #: name (the broker's: BrokerMetrics.count_background_error).
 CountError = Callable[[str], None]

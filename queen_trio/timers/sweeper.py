@@ -57,7 +57,7 @@ import trio
 from ..config import ONE_MIB, Settings
 from ..db import MISSED, Database, Listener
 from ..db.rows import DictConnection
-from ..db.transient import TRANSIENT_ERRORS, describe, survived
+from ..db.transient import TRANSIENT_ERRORS, describe, survived, timed_out
 from ..log import store as log_store
 from ..log.rules import PopRequest
 from ..log.wakeups import ParkedPop
@@ -154,6 +154,22 @@ def next_batch(batch: int, taken: int, base: int, backlog: int) -> int:
     return max(base, min(batch * 4, backlog))
 
 
+def narrowed(asked: int) -> int:
+    """The most timers a sweep may ask for after a sweep that asked for ``asked`` (or the fire
+    of what it claimed) ran into its statement timeout, the lease: half as many, at least one.
+    Asking for as many again would time out again, every cycle, and nothing would fire."""
+    return max(1, asked // 2)
+
+
+def widened(cap: int, top: int, *, full: bool, slowest_s: float, lease_s: float) -> int:
+    """The cap after a cycle that succeeded: twice ``cap`` (at most ``top``) when its sweep
+    took all it asked for (a backlog is still there) and none of its statements used more
+    than a quarter of the lease; else ``cap``."""
+    if full and slowest_s * 4 < lease_s:
+        return min(top, cap * 2)
+    return cap
+
+
 def retry_delay(failures: int, *, max_sleep: float, first: float = RETRY_FIRST_S) -> float:
     """How long the sweeper waits before its next cycle after ``failures`` cycles in a row
     failed on transient database trouble (``failures`` >= 1): ``first``, doubling, at most
@@ -238,8 +254,15 @@ class Sweeper:
         self._tokens = itertools.count(uuid.uuid4().int)
         self._clock_offset = 0.0
         # Timers the next sweep takes: sweeper_batch, grown after each full sweep while a
-        # backlog drains (see next_batch).
+        # backlog drains (see next_batch), never above _cap.
         self._batch = settings.sweeper_batch
+        # The most a sweep asks for: lowered after a statement ran into its timeout (the
+        # lease; see narrowed), raised again by cycles that had time to spare (widened).
+        self._top = max(settings.sweeper_batch, settings.sweeper_backlog_batch)
+        self._cap = self._top
+        self._asked = self._batch  # what the last sweep asked for
+        self._took_all = False  # ... and whether it took that many
+        self._slowest_s = 0.0  # the longest statement (a sweep or a fire) of this cycle
         # The last cycle's batch came back full: a backlog is draining (see _sweep).
         self._draining = False
 
@@ -306,6 +329,7 @@ class Sweeper:
                 handover = self._announce_fire(announced, start_at)
             if self._plan_fire is not None:
                 self._plan_fire(None, start_at)  # (sent: the next is planned when it returns)
+            self._slowest_s = 0.0
             try:
                 with self._fire_mark():
                     result = await self._cycle(not_before=not_before, announced=announced,
@@ -316,8 +340,15 @@ class Sweeper:
                 delay = retry_delay(failures, max_sleep=self._max_sleep)
                 if isinstance(exc, TRANSIENT):
                     self._metrics.timer_failures.labels("transient").inc()
+                    narrower = ""
+                    if timed_out(exc):
+                        # (statement_timeout, the lease: the database is slower than this
+                        # batch allows)
+                        self._cap = narrowed(self._asked)
+                        self._batch = min(self._batch, self._cap)
+                        narrower = f"; sweeps now ask for at most {self._cap} timers"
                     log.warning("sweeper cycle failed (transient, no attempt spent; next try "
-                                "in %.0f ms): %s", delay * 1000,
+                                "in %.0f ms%s): %s", delay * 1000, narrower,
                                 str(exc).strip().splitlines()[0])
                 else:
                     # Not tied to a row (a row's own failure spends its attempt in the fire):
@@ -327,6 +358,10 @@ class Sweeper:
                     notifications, Plan(trio.current_time() + delay, None, "max_sleep"))
                 continue
             failures = 0
+            if self._cap < self._top:
+                self._cap = widened(self._cap, self._top, full=self._took_all,
+                                    slowest_s=self._slowest_s,
+                                    lease_s=self._settings.sweeper_lease_ms / 1000)
             # (Against the base batch: a grown sweep that took less than it asked for is
             # followed by one more at once, which finds the last of the backlog, or nothing.)
             full = len(result.fired) + len(result.rows) >= self._settings.sweeper_batch
@@ -452,7 +487,13 @@ class Sweeper:
             # the announcement on, and a release that fails too (the database still away)
             # must free it at once, not leave it waiting out HANDOVER_WAIT_S.
             while self._unreleased:
-                await self._db.run_transaction(store.release, self._unreleased[0])
+                try:
+                    await self._db.run_transaction(store.release, self._unreleased[0])
+                except TRANSIENT as exc:
+                    if not timed_out(exc):
+                        raise
+                    # (Too many rows to hand back within the lease: the lease hands them
+                    # back as it ends, and asking again would cut off every cycle here.)
                 self._unreleased.pop(0)
             sent = True
             swept = await self._sweep(token, not_before, announced, for_timer, handover,
@@ -523,20 +564,25 @@ class Sweeper:
         """One sweep, from this task (see :meth:`_sweep_at`), answered with the local time it
         returned."""
         s = self._settings
-        batch = self._batch
+        batch = self._asked = self._batch
+        sent = time.monotonic()
         result = await store.sweep_lone(self._db, token, self.owner, batch, s.sweeper_lease_ms,
                                         max_payload=self._max_payload, not_before=not_before,
                                         fire_lock=announced, pop=pop, settle=settle,
                                         drained=drained, pop_sync=s.pop_commit_sync)
         returned_at = time.time()
-        self._next_batch_after(batch, result)
+        self._next_batch_after(batch, result, time.monotonic() - sent)
         return result, returned_at
 
-    def _next_batch_after(self, batch: int, result: SweepResult) -> None:
-        """The next sweep's batch, from what a sweep of ``batch`` found (a backlog: larger)."""
+    def _next_batch_after(self, batch: int, result: SweepResult, took_s: float) -> None:
+        """The next sweep's batch, from what a sweep of ``batch`` found (a backlog: larger)
+        in ``took_s``, within the cap."""
         s = self._settings
-        self._batch = next_batch(batch, len(result.fired) + len(result.rows), s.sweeper_batch,
-                                 s.sweeper_backlog_batch)
+        taken = len(result.fired) + len(result.rows)
+        self._took_all = taken >= batch
+        self._slowest_s = max(self._slowest_s, took_s)
+        self._batch = min(self._cap, next_batch(batch, taken, s.sweeper_batch,
+                                                s.sweeper_backlog_batch))
 
     def _sweep_at(
         self, raw: DictConnection, not_before: float | None, token: uuid.UUID,
@@ -552,13 +598,14 @@ class Sweeper:
         slice_ends = time.monotonic() + _DRAIN_SLICE_S
         swept = []
         while True:
-            batch = self._batch
+            batch = self._asked = self._batch
+            sent = time.monotonic()
             result = store.sweep(raw, token, self.owner, batch, s.sweeper_lease_ms,
                                  max_payload=self._max_payload, not_before=not_before,
                                  fire_lock=announced, pop=pop, settle=settle,
                                  drained=drained, pop_sync=s.pop_commit_sync)
             swept.append((result, time.time()))
-            self._next_batch_after(batch, result)
+            self._next_batch_after(batch, result, time.monotonic() - sent)
             not_before = announced = pop = settle = None
             drained = False
             if (len(result.fired) < batch or result.rows or time.monotonic() >= slice_ends
@@ -613,12 +660,15 @@ class Sweeper:
         fired = None
         # The one commit that must finish: a shutdown waits for it (bounded), so a fire is
         # either committed or rolled back, never abandoned half-way.
+        sent = time.monotonic()
         with trio.move_on_after(_FIRE_TIMEOUT_S, shield=True):
             try:
                 fired = await self._fire_batch(token, rows, budget)
             except TRANSIENT:
                 await self._release(token)
                 raise
+            finally:
+                self._slowest_s = max(self._slowest_s, time.monotonic() - sent)
         if fired is None:
             log.warning("a fire of %d claimed timers did not finish within %.0f s; they are "
                         "fired again once their lease ends", len(rows), _FIRE_TIMEOUT_S)
@@ -664,8 +714,9 @@ class Sweeper:
             try:
                 await self._db.run_transaction(store.release, token)
                 return
-            except TRANSIENT:
-                pass
+            except TRANSIENT as exc:
+                if timed_out(exc):
+                    return  # the lease hands them back as it ends (see _cycle)
         self._unreleased.append(token)  # the next cycle tries again
 
 

@@ -619,6 +619,26 @@ async def test_a_broker_killed_mid_burst_loses_and_duplicates_nothing(
     print(f"\nat SIGKILL: {at_kill}")
 
 
+@pytest.mark.slow
+async def test_a_backlog_too_large_for_the_lease_still_drains(database_url: str) -> None:
+    """A sweep's statements must end within the lease (the sweeper connections'
+    statement_timeout). A backlog grows the batch until a sweep, or the broker's fire of what it
+    claimed, runs out of that time; asked for as many again, every cycle timed out again and
+    nothing more fired (20,000 timers under a 300 ms lease stayed at 19,000 for a minute). After
+    a timeout the sweeper asks for half as many."""
+    total = 20_000
+    keys = [f"n{i}" for i in range(total)]
+    # A backlog batch no sweep of these payloads can claim and fire in 100 ms.
+    env = {"QUEEN_SWEEPER_LEASE_MS": "100", "QUEEN_SWEEPER_BATCH": "200",
+           "QUEEN_SWEEPER_BACKLOG_BATCH": "20000"}
+    async with running_brokers(database_url, 1, env=env, names=["A"]) as (a,):
+        await trio.to_thread.run_sync(_schedule_burst, database_url, "narrow", keys, "broker")
+        await _wait_until_no_timers(database_url, 60, [a])
+        assert_exactly_once(await trio.to_thread.run_sync(fired_keys, database_url), set(keys))
+        assert "sweeps now ask for at most" in a.stderr()
+        assert await a.terminate() == 0, a.stderr()
+
+
 SWEEPER_IN_TRANSACTION = (
     "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
     "AND application_name = 'queen-trio-sweeper' AND xact_start IS NOT NULL"

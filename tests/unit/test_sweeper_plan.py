@@ -28,9 +28,11 @@ from queen_trio.timers.sweeper import (
     Plan,
     Sweeper,
     floored,
+    narrowed,
     next_batch,
     next_plan,
     retry_delay,
+    widened,
 )
 
 MIN_SLEEP = 0.010
@@ -66,6 +68,21 @@ def test_a_backlog_is_swept_in_growing_batches_and_an_ordinary_cycle_at_the_base
     assert next_batch(500, 120, 500, 5000) == 500
     # A backlog batch below the base never shrinks the sweep.
     assert next_batch(500, 500, 500, 100) == 500
+
+
+def test_a_sweep_cut_off_by_its_timeout_halves_the_batch_and_roomy_cycles_double_it_back() -> None:
+    # A statement that ran out of the lease: half as many next time, down to one timer.
+    assert narrowed(3200) == 1600
+    assert narrowed(3) == 1 and narrowed(1) == 1
+    lease = 0.3
+    # Back up only while a backlog is there and the slowest statement left room (< lease/4).
+    assert widened(1600, 5000, full=True, slowest_s=0.05, lease_s=lease) == 3200
+    assert widened(3200, 5000, full=True, slowest_s=0.05, lease_s=lease) == 5000
+    assert widened(1600, 5000, full=True, slowest_s=0.08, lease_s=lease) == 1600
+    assert widened(1600, 5000, full=False, slowest_s=0.01, lease_s=lease) == 1600
+    # The cap bounds what next_batch grows a backlog's sweeps to (as the sweeper applies it).
+    cap, batch = narrowed(3200), 800
+    assert min(cap, next_batch(batch, batch, 200, 5000)) == 1600
 
 
 def test_without_timers_the_next_cycle_is_max_sleep_away() -> None:
