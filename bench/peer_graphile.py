@@ -722,16 +722,35 @@ async def graphile_unit(scenario: str, party: str, dsn: str, postmaster: int | N
     if scenario == "schedule":
         return await graphile_schedule(dsn, TreeCpu(trees), sizes.schedule_timers,
                                        party == "graphile-jobkey")
+    return await beside_worker(
+        scenario, GraphileWorker(dsn, party.removeprefix("graphile-")),
+        lambda delivery: Graphile(dsn, delivery, capped=party == "graphile-default"), trees,
+        sizes)
+
+
+class JobWorker(Protocol):
+    """A peer's worker process: ``on_job(key, due, started)`` for every job it starts."""
+
+    on_job: Callable[[str, float, float], None]
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+async def beside_worker(scenario: str, worker: JobWorker, side: Callable[[Delivery], Side],
+                        trees: dict[str, list[int]], sizes: Sizes) -> dict[str, Any]:
+    """``scenario`` driven through ``side(delivery)`` while ``worker`` runs, its CPU counted
+    as the party "worker"."""
     delivery = Delivery(scenario)
-    worker = GraphileWorker(dsn, party.removeprefix("graphile-"))
     worker.on_job = lambda key, due, started: delivery.receive(
         [job_frame(key, due, started)], started)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         assert worker.pid is not None
         cpu = TreeCpu({**trees, "worker": [worker.pid]})
-        side = Graphile(dsn, delivery, capped=party == "graphile-default")
-        result = await DRIVERS[scenario](side, cpu, sizes)
+        result = await DRIVERS[scenario](side(delivery), cpu, sizes)
         nursery.cancel_scope.cancel()
     return result
 
@@ -744,21 +763,12 @@ async def procrastinate_unit(scenario: str, party: str, dsn: str, postmaster: in
         client.apply_schema()  # (graphile-worker's worker and adder install theirs)
         if scenario == "schedule":
             return await procrastinate_schedule(client, TreeCpu(trees), sizes.schedule_timers)
-        delivery = Delivery(scenario)
-        worker = peer_procrastinate.PeerWorker(dsn, party.removeprefix("procrastinate-"))
-        worker.on_job = lambda key, due, started: delivery.receive(
-            [job_frame(key, due, started)], started)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            assert worker.pid is not None
-            cpu = TreeCpu({**trees, "worker": [worker.pid]})
-            # Capped, both: one job per fetch, so a backlog drains at the rate its fetches
-            # take; what is not started within Sizes.wait_capped_s counts as not started in
-            # time (a measure of the peer, not a failure of the run).
-            result = await DRIVERS[scenario](Procrastinate(client, delivery, capped=True), cpu,
-                                             sizes)
-            nursery.cancel_scope.cancel()
-        return result
+        # Capped, both: one job per fetch, so a backlog drains at the rate its fetches take;
+        # what is not started within Sizes.wait_capped_s counts as not started in time (a
+        # measure of the peer, not a failure of the run).
+        return await beside_worker(
+            scenario, peer_procrastinate.PeerWorker(dsn, party.removeprefix("procrastinate-")),
+            lambda delivery: Procrastinate(client, delivery, capped=True), trees, sizes)
     finally:
         client.close()
 
