@@ -1,4 +1,5 @@
-"""The peer in ``bench.fire_lag``: Procrastinate, a PostgreSQL job queue for Python.
+"""Procrastinate, a PostgreSQL job queue for Python: the peer of ``bench.fire_lag`` and one
+of ``bench.peer_graphile``'s.
 
 A timer there is a job deferred with ``schedule_in``; its lag is the job's start time (the
 worker's ``context.start_timestamp``) minus its ``scheduled_at``. The worker runs in its own
@@ -166,14 +167,6 @@ class PeerClient:
         """(key, delayMs) -> (key, scheduled_at epoch), in one statement."""
         return await trio.to_thread.run_sync(self._defer, entries, queue)
 
-    def _pending(self, queue: str) -> int:
-        import psycopg
-
-        with psycopg.connect(self.dsn) as conn:
-            row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE queue_name = %s "
-                               "AND status IN ('todo', 'doing')", (queue,)).fetchone()
-        return int(row[0]) if row else -1
-
     def _drop_side(self) -> None:
         import psycopg
 
@@ -187,7 +180,8 @@ class PeerClient:
         await trio.to_thread.run_sync(self._drop_side)
 
     async def pending(self, queue: str = QUEUE) -> int:
-        return await trio.to_thread.run_sync(self._pending, queue)
+        """How many jobs of ``queue`` are not finished (:meth:`pending_keys`)."""
+        return len(await trio.to_thread.run_sync(self.pending_keys, queue))
 
 
 class PeerWorker(LineProcess):
