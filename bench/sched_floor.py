@@ -155,7 +155,6 @@ def _serve(kind: str, url: str, port: int) -> None:
     trio.run(main)
 
 
-
 class _Direct:
     """The rungs with no HTTP: this process straight to PostgreSQL through libpq."""
 
