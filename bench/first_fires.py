@@ -35,44 +35,44 @@ WARM_TIMERS = 2
 _WAIT_S = 30.0  # how long past the last due instant a round waits for its handlers
 
 
-async def _fires(url: str, timers: int, spacing_s: float, delay_ms: int, warm: bool
-                 ) -> list[float]:
-    """Handler lags in ms, in firing order, of ``timers`` timers on a new queue."""
+async def _through(q: Any, queue: str, handle: Any, timers: int, spacing_s: float,
+                   delay_ms: int, due: dict[int, float]) -> None:
+    """``timers`` timers on ``queue`` through the SDK, ``spacing_s`` apart, each due
+    ``delay_ms`` after its schedule (its due instant into ``due``), while one ``consume()`` at
+    its defaults hands them to ``handle``. A timer never handled ends this after a bound,
+    instead of waiting for ever."""
     import trio
 
+    with trio.move_on_after(1.0 + timers * spacing_s + delay_ms / 1000 + _WAIT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: q.consume(queue, handle, max_messages=timers))
+            await trio.sleep(1.0)  # (the stream parked, as a user's consumer is)
+            for i in range(timers):
+                held = await q.timer(queue).key(f"t{i}").delay(delay_ms).payload(
+                    {"i": i}).schedule()
+                due[i] = held.deliver_at.timestamp()
+                await trio.sleep(spacing_s)
+
+
+async def _fires(url: str, timers: int, spacing_s: float, delay_ms: int, warm: bool
+                 ) -> list[float]:
+    """Handler lags in ms, in firing order, of ``timers`` timers on a new queue (fewer if
+    some were never handled)."""
     import queen_trio
 
     due: dict[int, float] = {}
     lags: list[float] = []
+
+    async def ignore(message: Any) -> None:
+        pass
+
+    async def handle(message: Any) -> None:
+        lags.append((time.time() - due[message.data["i"]]) * 1000)
+
     async with queen_trio.Client(url) as q:
         if warm:
-            async def ignore(message: Any) -> None:
-                pass
-
-            with trio.move_on_after(1.0 + WARM_TIMERS * spacing_s + delay_ms / 1000 + _WAIT_S):
-                async with trio.open_nursery() as nursery:  # (bounded as below)
-                    nursery.start_soon(lambda: q.consume("warm-up", ignore,
-                                                         max_messages=WARM_TIMERS))
-                    await trio.sleep(1.0)  # (the stream parked, as a user's consumer is)
-                    for i in range(WARM_TIMERS):
-                        await q.timer("warm-up").key(f"w{i}").delay(delay_ms).payload(
-                            {"i": i}).schedule()
-                        await trio.sleep(spacing_s)
-
-        async def handle(message: Any) -> None:
-            lags.append((time.time() - due[message.data["i"]]) * 1000)
-
-        # (A timer never handled ends the round short by this bound, with fewer lags than
-        # timers, instead of waiting for ever.)
-        with trio.move_on_after(1.0 + timers * spacing_s + delay_ms / 1000 + _WAIT_S):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: q.consume("first", handle, max_messages=timers))
-                await trio.sleep(1.0)
-                for i in range(timers):
-                    held = await q.timer("first").key(f"f{i}").delay(delay_ms).payload(
-                        {"i": i}).schedule()
-                    due[i] = held.deliver_at.timestamp()
-                    await trio.sleep(spacing_s)
+            await _through(q, "warm-up", ignore, WARM_TIMERS, spacing_s, delay_ms, {})
+        await _through(q, "first", handle, timers, spacing_s, delay_ms, due)
     return lags
 
 

@@ -211,19 +211,16 @@ async def _ladder(urls: dict[str, str], db: str, calls: int, gaps_s: list[float]
     try:
         async with queen_trio.Client(urls["broker"]) as sdk:
             async def call(rung: str, key: str) -> None:
-                if rung == "insert":
-                    direct.insert(key, json.dumps({"k": key}).encode())
-                elif rung == "statement":
-                    direct.statement(key, json.dumps({"k": key}).encode())
+                if rung in ("insert", "statement"):
+                    getattr(direct, rung)(key, json.dumps({"k": key}).encode())
                 elif rung == "procrastinate":
                     assert peer.defer_at([(key, time.time() + 3600)], queue="floor") == 1
-                elif rung == "sync-sdk":
-                    sync_sdk.timer("floor").key(key).delay("1h").payload({"k": key}).schedule()
-                elif rung == "sdk":
-                    await sdk.timer("floor").key(key).delay("1h").payload({"k": key}).schedule()
-                else:
-                    raws[rung].timer("floor").key(key).delay("1h").payload(
+                else:  # the HTTP rungs: the SDK's builder, or the bare client's copy of it
+                    client = {"sdk": sdk, "sync-sdk": sync_sdk}.get(rung) or raws[rung]
+                    answer = client.timer("floor").key(key).delay("1h").payload(
                         {"k": key}).schedule()
+                    if rung == "sdk":
+                        await answer
 
             rungs = [r for r in RUNGS if r != "procrastinate" or peer is not None]
             for rung in rungs:  # untimed: connections opened, statements prepared and warm
@@ -233,7 +230,7 @@ async def _ladder(urls: dict[str, str], db: str, calls: int, gaps_s: list[float]
                 mine = samples[f"{gap_s * 1000:g}"] = {rung: [] for rung in rungs}
                 for i in range(calls):
                     if i % 300 == 299:  # (hypercorn closes a connection after 1,000 requests)
-                        raws["broker"].__exit__()
+                        raws["broker"].close()
                         raws["broker"] = RawClient(urls["broker"])
                     for rung in rungs:
                         await trio.sleep(gap_s)
@@ -243,7 +240,7 @@ async def _ladder(urls: dict[str, str], db: str, calls: int, gaps_s: list[float]
     finally:
         sync_sdk.close()
         for raw in raws.values():
-            raw.__exit__()
+            raw.close()
         if peer is not None:
             peer.close()
         direct.close()

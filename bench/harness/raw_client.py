@@ -26,6 +26,9 @@ class RawClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         self.sock.close()
 
     def timer(self, queue: str) -> RawClient:
