@@ -52,19 +52,46 @@ def machine_busy_ticks() -> float:
 
 def proc_stats() -> dict[int, tuple[int, float, float]]:
     """pid -> (ppid, own utime + stime, reaped children's cutime + cstime), in ticks, for
-    every readable process."""
+    every readable process: a consistent reading. /proc is read one process at a time, and a
+    child that exits and is reaped while the walk goes on either is read by neither (its
+    parent, a lower pid, was read before the reap, and the child is gone by its turn) or is
+    read twice (alive, then in its parent's reaped total): a whole backend's CPU lost or
+    counted twice, and a PostgreSQL server's figure went down between two snapshots. So the
+    reaped totals are read again after the walk, and the walk is made again if one has
+    changed (a few times at most)."""
+    stats = _read_stats()
+    for _ in range(5):
+        # (Every process, not only those with children now: one may have just reaped its
+        # last.)
+        if all(_reaped(pid) in (None, stat[2]) for pid, stat in stats.items()):
+            break
+        stats = _read_stats()
+    return stats
+
+
+def _read_stats() -> dict[int, tuple[int, float, float]]:
     stats = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-        stats[int(entry.name)] = (int(fields[1]), float(own), float(reaped))
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None:
+                stats[int(entry.name)] = stat
     return stats
+
+
+def _reaped(pid: int) -> float | None:
+    stat = _stat(pid)
+    return None if stat is None else stat[2]
+
+
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+    return int(fields[1]), float(own), float(reaped)
 
 
 def children_of(stats: dict[int, tuple[int, float, float]]) -> dict[int, list[int]]:
