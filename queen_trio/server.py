@@ -58,6 +58,7 @@ from .switches import RuntimeSwitches
 from .tenants import store as tenant_store
 from .tenants.directory import TenantDirectory
 from .timers import store as timer_store
+from .timers import warmup as timer_warmup
 from .timers.batcher import ScheduleBatcher
 from .timers.pending import pending_gauge
 from .timers.sweeper import Sweeper
@@ -117,10 +118,13 @@ async def run_broker(
     # broker frozen mid-fire (SIGSTOP, a stalled VM) has its transaction ended by the server
     # within one lease, so another broker can take the rows over.
     lease = str(settings.sweeper_lease_ms)
+    # Each new connection runs the fire and pop paths once, rolled back, before its first use:
+    # PostgreSQL builds a backend's plans the first time it runs them, and otherwise a fresh
+    # broker's first fires (and each connection replaced for its age) paid for that.
     new_pool = functools.partial(
         Database, acquire_timeout_s=settings.db_pool_wait_ms / 1000,
         max_lifetime_s=settings.db_max_lifetime_s, max_idle_s=settings.db_max_idle_s,
-        on_read_only=read_only)
+        on_read_only=read_only, on_connect=timer_warmup.warm)
     sweeper_db = new_pool(url, max_size=2, application_name="queen-trio-sweeper",
                           session_settings={"idle_in_transaction_session_timeout": lease,
                                             "statement_timeout": lease})

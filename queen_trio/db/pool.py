@@ -78,7 +78,8 @@ class Database:
     FIFO order, for at most ``acquire_timeout_s`` (None: without end). A connection that failed,
     was cancelled mid-call, or was left inside a transaction is discarded rather than returned;
     one older than ``max_lifetime_s`` is closed when it comes back, one idle longer than
-    ``max_idle_s`` at the pool's next use (None: never).
+    ``max_idle_s`` at the pool's next use (None: never). ``on_connect`` runs on each new
+    connection, in the thread that opened it, before its first use (the broker's warm-up).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Database:
         application_name: str = "queen-trio",
         session_settings: dict[str, str] | None = None,
         on_read_only: Callable[[str], None] | None = None,
+        on_connect: Callable[[psycopg.Connection[Any]], object] | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
@@ -107,6 +109,9 @@ class Database:
         self._max_idle_s = math.inf if max_idle_s is None else max_idle_s
         self._application_name = application_name
         self._session_settings = dict(session_settings or {})
+        # Run on each new connection before its first use, in the thread that opened it (the
+        # broker's warm-up of its plans: queen_trio/timers/warmup.py).
+        self._on_connect = on_connect
         self._slots = trio.Semaphore(max_size)
         self._threads = trio.CapacityLimiter(max_size + 2)
         self._idle: list[Connection] = []
@@ -359,6 +364,8 @@ class Database:
             )
             for name, value in self._session_settings.items():
                 raw.execute("SELECT set_config(%s, %s, false)", (name, value))
+            if self._on_connect is not None:
+                self._on_connect(raw)
             return raw
 
         try:

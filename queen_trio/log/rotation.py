@@ -36,3 +36,9 @@ def served(tenant_id: int, queue: str, group: str, partition: str) -> None:
             del _after[next(iter(_after))]
         except (KeyError, StopIteration, RuntimeError):
             pass  # another thread changed it meanwhile: the next call trims
+
+
+def forget(tenant_id: int, queue: str, group: str) -> None:
+    """Drop what the group's pops of the queue left here (a queue that never was: a
+    connection's warm-up, queen_trio/timers/warmup.py)."""
+    _after.pop((tenant_id, queue, group), None)

@@ -1165,6 +1165,8 @@ DECLARE
     v_now timestamptz;
     v_floor timestamptz;
     v_took record;  -- queen.sweep_take's answer
+    -- Set (tenant:queue) only by a new connection's warm-up (queen_trio/timers/warmup.py).
+    v_warm text := current_setting('queen.warm_up_queue', true);
 BEGIN
     v_now := clock_timestamp();
     IF p_not_before IS NOT NULL THEN
@@ -1178,7 +1180,18 @@ BEGIN
     -- assignment's expression is evaluated without one.) The floor it answers is where the
     -- fire's scan and the clock row's start (nothing is pending below it, and it is read
     -- once, not again by each).
-    v_floor := queen.advance_sweep_floor();
+    IF v_warm IS NULL OR v_warm = '' THEN
+        v_floor := queen.advance_sweep_floor();
+    ELSE
+        -- The warm-up, in a transaction it rolls back: its sweeps take what is due between
+        -- the first and the last of its own timers (scheduled by one statement: microseconds
+        -- apart), and never move the floor. A floor set by a transaction that deleted rows it
+        -- then put back would stand above them, and no sweep would see them again.
+        SELECT min(t.visible_at), max(t.visible_at) INTO v_floor, v_now
+        FROM queen.timers t
+        WHERE t.tenant_id = split_part(v_warm, ':', 1)::integer
+          AND t.queue = substr(v_warm, strpos(v_warm, ':') + 1);
+    END IF;
     BEGIN
         -- (Assigned only once the function has returned: if it raises, v_took is untouched.)
         v_took := queen.sweep_take(p_token, p_broker, p_batch, p_lease_ms, p_max_payload,
