@@ -16,6 +16,8 @@ does; 10: one call soon after another), on one database:
   metrics, no framework: the floor of any Python broker.
 - ``trio``: the same on trio (its sockets, libpq non-blocking, ``wait_readable``): what trio's
   wake-ups add.
+- ``hypercorn``: the same statement in a bare ASGI app served by hypercorn on trio, the HTTP
+  stack the broker is built on, with no Quart and no broker logic: what that stack adds.
 - ``broker``: this checkout's broker, called by a bare blocking client (``bench.sched_path``'s
   ``--client raw``: the SDK's request spelled by hand).
 - ``sync-sdk``: the broker through the SDK's ``SyncClient``.
@@ -47,8 +49,9 @@ from bench.harness.stats import distribution
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "sched_floor.json"
-RUNGS = ("insert", "statement", "procrastinate", "blocking", "trio", "broker", "sync-sdk", "sdk")
-SERVERS = ("blocking", "trio")  # the minimal HTTP servers, each in its own process
+RUNGS = ("insert", "statement", "procrastinate", "blocking", "trio", "hypercorn", "broker",
+         "sync-sdk", "sdk")
+SERVERS = ("blocking", "trio", "hypercorn")  # the minimal HTTP servers, each in its own process
 
 # The broker's lone schedule statement (queen_trio/sql/timer_store.sql: schedule_one).
 _STATEMENT = (b"SELECT ord, status, txn, message_id::text, deliver_at FROM queen.schedule_timer("
@@ -94,10 +97,13 @@ def _serve(kind: str, url: str, port: int) -> None:
         return _values(tenant, op["queue"], op["timerKey"], op["txn"], op["delayMs"],
                        base64.b64decode(op["payload"]))
 
-    def answer(result: Any) -> bytes:
+    def body_of(result: Any) -> bytes:
         assert result.status == pq.ExecStatus.TUPLES_OK, result.error_message
-        body = json.dumps({"results": [{"status": result.get_value(0, 1).decode(),
+        return json.dumps({"results": [{"status": result.get_value(0, 1).decode(),
                                         "txn": result.get_value(0, 2).decode()}]}).encode()
+
+    def answer(result: Any) -> bytes:
+        body = body_of(result)
         return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
@@ -147,7 +153,38 @@ def _serve(kind: str, url: str, port: int) -> None:
                 body, buffer = whole
                 await stream.send_all(answer(await execute(params(body))))
 
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The same on hypercorn: a bare ASGI app (lifespan answered, one route)."""
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        out = body_of(await execute(params(body)))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
     async def main() -> None:
+        if kind == "hypercorn":
+            from hypercorn.config import Config
+            from hypercorn.trio import serve
+
+            config = Config()
+            config.bind = [f"127.0.0.1:{port}"]
+            config.accesslog = None
+            config.keep_alive_timeout = 600  # (a pass over every rung at 250 ms takes seconds)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, app, config)
+                print("ready", flush=True)
+            return
         listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
         print("ready", flush=True)
         await trio.serve_listeners(handle, listeners)
@@ -205,7 +242,7 @@ async def _ladder(urls: dict[str, str], db: str, calls: int, gaps_s: list[float]
 
     direct = _Direct(db)
     peer = _procrastinate(db)
-    raws = {name: RawClient(urls[name]) for name in ("blocking", "trio", "broker")}
+    raws = {name: RawClient(urls[name]) for name in (*SERVERS, "broker")}
     sync_sdk = queen_trio.SyncClient(urls["broker"])
     samples: dict[str, dict[str, list[float]]] = {}
     try:
@@ -230,8 +267,9 @@ async def _ladder(urls: dict[str, str], db: str, calls: int, gaps_s: list[float]
                 mine = samples[f"{gap_s * 1000:g}"] = {rung: [] for rung in rungs}
                 for i in range(calls):
                     if i % 300 == 299:  # (hypercorn closes a connection after 1,000 requests)
-                        raws["broker"].close()
-                        raws["broker"] = RawClient(urls["broker"])
+                        for name in ("hypercorn", "broker"):
+                            raws[name].close()
+                            raws[name] = RawClient(urls[name])
                     for rung in rungs:
                         await trio.sleep(gap_s)
                         t = time.perf_counter()

@@ -24,6 +24,6 @@ def test_every_rung_is_called_and_timed_at_each_gap(databases: Databases) -> Non
             assert d["n"] == 3, rung
             assert 0 < d["p50"] <= d["max"], rung
     # each timed call of a rung that schedules a timer left one pending, at both gaps
-    assert out["timers"] == {rung: 6 for rung in ("blocking", "broker", "sdk", "statement",
-                                                  "sync-sdk", "trio")}
+    assert out["timers"] == {rung: 6 for rung in ("blocking", "broker", "hypercorn", "sdk",
+                                                  "statement", "sync-sdk", "trio")}
     assert out["calls"] == 3 and len(out["load"]) == 2
