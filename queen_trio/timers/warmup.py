@@ -58,14 +58,17 @@ _SCOPE = "SELECT set_config('queen.warm_up_queue', %(scope)s, true)"
 
 def warm(raw: psycopg.Connection[Any]) -> float:
     """Run the fire and pop paths once on ``raw`` (an autocommit connection, outside any
-    transaction), leaving nothing: the seconds it took. Never raises for the database's
-    answer: a warm-up that fails is logged at DEBUG."""
+    transaction), leaving nothing: the seconds it took. Never raises: a warm-up the database
+    refused (a read-only server, a lock timeout) is logged at DEBUG, anything else at
+    WARNING with its traceback, and the connection is used all the same."""
     started = time.perf_counter()
     try:
         with raw.transaction(force_rollback=True):
             _paths(raw)
     except psycopg.Error as exc:
         log.debug("warm-up of a new connection failed: %s", exc)
+    except Exception:
+        log.warning("warm-up of a new connection failed", exc_info=True)
     took = time.perf_counter() - started
     log.debug("warmed a new connection in %.1f ms", took * 1000)
     return took

@@ -119,6 +119,22 @@ def test_a_failed_warm_up_leaves_the_connection_usable(raw: psycopg.Connection[A
     assert raw.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 
+def test_a_bug_in_the_warm_up_is_logged_and_leaves_nothing(
+        raw: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store, "sweep", broken)
+    before = _rows(raw)
+    with caplog.at_level(logging.DEBUG, logger=warmup.__name__):
+        warmup.warm(raw)
+    (failed,) = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failed.levelno == logging.WARNING and failed.exc_info is not None
+    assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert _rows(raw) == before
+
+
 def test_without_a_default_tenant_it_does_nothing(raw: psycopg.Connection[Any]) -> None:
     raw.execute("UPDATE queen.tenants SET name = 'renamed' WHERE name = 'default'")
     before = _rows(raw)
