@@ -366,8 +366,9 @@ def pop_commit_level(sync_commit: bool) -> str | None:
 def pop_head(raw: DictConnection, tenant_id: int, req: PopRequest, *,
              sync_commit: bool = True) -> PopOutcome | None:
     """The common pop in one statement (it may run in autocommit); None when the case needs
-    :func:`pop` (a first pop, an expired lease, sealed or retried frames, delayedProcessing,
-    a cursor behind log_start), in which case nothing was changed.
+    :func:`pop` (a named group's first pop, an expired lease, sealed or retried frames,
+    delayedProcessing, a cursor behind log_start), in which case nothing was changed but the
+    queue-mode cursors it created (as the general pop would have).
 
     ``sync_commit=False``: the commit does not wait for the WAL flush (a database crash may
     forget this pop, so its messages would be delivered again; nothing is lost). True leaves

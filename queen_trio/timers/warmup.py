@@ -7,10 +7,11 @@ runs them. On a fresh broker that first time was the user's: the first timer it 
 every pool connection the broker replaces for its age starts cold again.
 
 So each new connection runs the paths once, in a transaction rolled back whole: three timers on
-a queue of its own (the first fire, which creates the queue's partition, then the common fire
-into a partition that exists), a streaming consumer's pop and settlement in the sweep, the
-pops and settlements of the API, a lone schedule and its cancel, and the look-up of the next
-timer. Nothing of it is ever visible: rows, frames, NOTIFYs and usage all go with the rollback.
+a queue of its own (the first fire, which creates the queue's partition and the consumer's
+cursor, then the common fire into a partition that exists), a streaming consumer's pop and
+settlement in the sweep, the pops and settlements of the API, a lone schedule and its cancel,
+and the look-up of the next timer. Nothing of it is ever visible: rows, frames, NOTIFYs and
+usage all go with the rollback.
 
 Its sweeps leave other queues' timers alone, and the sweep floor too. They run under
 ``queen.warm_up_queue`` (queen.sweep_run): each takes only what is due between the first and
@@ -113,20 +114,23 @@ def _fire_and_pop(raw: DictConnection, tenant_id: int, queue: str) -> None:
                             fire_lock=lock, pop=req, settle=settle, drained=settle is None)
         return None if swept.popped is None else swept.popped.batch
 
-    # The first fire creates the partition, and the stream's pop finds no cursor there; the
-    # API's pops create it. (The general pop takes nothing: within one transaction a frame
-    # is younger than the transaction's clock, and that pop waits for it to mature.)
-    sweep()
-    if log_store.pop_head(raw, tenant_id, req) is None:
-        log_store.pop(raw, tenant_id, req)
-    # The common fire, into a partition that exists, popping the first frame; then one that
-    # settles that batch and pops the next in the same statement; then the API's settlement.
-    handed = sweep()
-    if handed is not None:
-        handed = sweep(settle=handed)
-    if handed is not None:
-        acks = [Ack(0, m.transaction_id, handed.partition_id, "completed", handed.group,
-                    handed.lease_id, None) for m in handed.messages]
-        log_store.settle_pop_head(raw, tenant_id, req, handed, acks, pop=True)
+    # The first fire creates the partition, and the stream's pop creates its cursor there
+    # (queue mode) and takes the frame. The API's pops (the common one, and the general one
+    # a named group's first pop takes) find it leased; its settlement completes it.
+    first = sweep()
+    log_store.pop_head(raw, tenant_id, req)
+    log_store.pop(raw, tenant_id, req)
+    if first is not None:
+        log_store.settle_pop_head(raw, tenant_id, req, first, _completed(first), pop=True)
+    # The common fire, into a partition that exists, popping its frame; then one that settles
+    # that batch and pops the next in the same statement.
+    second = sweep()
+    if second is not None:
+        sweep(settle=second)
     store.next_due(raw)
     store.cancel(raw, tenant_id, lone.queue, lone.key, None)
+
+
+def _completed(batch: log_store.PopBatch) -> list[Ack]:
+    return [Ack(0, m.transaction_id, batch.partition_id, "completed", batch.group,
+                batch.lease_id, None) for m in batch.messages]

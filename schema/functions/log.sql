@@ -192,11 +192,12 @@ $fn$;
 -- before, from a cursor with nothing acked out of order and no expired lease to account for.
 -- queen.pop_head serves exactly that case in one statement (run in autocommit): pick a
 -- partition, lock the group's cursor, read the frames, take the lease (or, with autoAck,
--- advance the cursor). Anything else (a group's first pop of a partition, an expired lease
--- with frames it handed out, frames sealed into segments or with a retry history,
+-- advance the cursor). Queue mode's first pop of a partition creates its cursors first, as
+-- the general pop would. Anything else (a named group's first pop of a partition, an expired
+-- lease with frames it handed out, frames sealed into segments or with a retry history,
 -- delayedProcessing or windowBuffer, a cursor behind log_start, a batch handed out again after
--- a nack) answers 'fallback' having changed nothing, and the broker runs its general pop
--- (queen_trio/log/store.py) instead.
+-- a nack) answers 'fallback' having changed nothing but such cursors, and the broker runs its
+-- general pop (queen_trio/log/store.py) instead.
 --
 -- The work is queen.pop_head_take's, which answers the batch as arrays in one composite value
 -- (called as an expression, it needs no executor of its own); queen.pop_head hands them out as
@@ -265,7 +266,7 @@ BEGIN
     -- to sleep 100 ms). The loop fetches them ten at a time, so the first costs no more.
     FOR cand IN
         SELECT w.partition_id AS pid, w.name AS pname, w.log_start, w.next_offset,
-               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s
+               w.lease_time_s, w.delayed_processing_s, w.window_buffer_s, w.queue_id
         FROM queen.pop_walk(p_tenant, p_queue, p_group, p_partition, p_after, 32, v_settle,
                             p_settle_through) w
     LOOP
@@ -301,13 +302,44 @@ BEGIN
             FOR UPDATE SKIP LOCKED;
             v_set := set_config('enable_sort', v_sort, true);
             IF NOT FOUND THEN
-                IF NOT EXISTS (SELECT 1 FROM queen.cursors c
-                               WHERE c.partition_id = cand.pid
-                                 AND c.consumer_group = p_group) THEN
-                    v_fallback := true;  -- the group's first pop here: the broker creates it
+                IF EXISTS (SELECT 1 FROM queen.cursors c
+                           WHERE c.partition_id = cand.pid AND c.consumer_group = p_group) THEN
+                    CONTINUE;  -- another consumer of the group holds (or is taking) it
+                END IF;
+                -- The group's first pop here. A named group's cursors are the broker's to
+                -- create (its subscription decides where they start). Queue mode's start
+                -- before log_start, always: created here as the general pop creates them
+                -- (queen_trio/sql/log.sql seed_cursors: on every partition of the queue that
+                -- has none, in partition order, under the same turn, claim_cursor_creation).
+                -- The first message of a new partition then reaches a consumer in this
+                -- statement, the sweep's own pop included, not through the general pop's
+                -- transaction after a fallback (about 10 ms more for a timer's first fire
+                -- into a new queue, bench.first_fires).
+                IF p_group <> '__QUEUE_MODE__'
+                   OR NOT pg_try_advisory_xact_lock(1363170308,
+                                                    hashtext(cand.queue_id::text || ':'
+                                                             || p_group)) THEN
+                    v_fallback := true;
                     EXIT;
                 END IF;
-                CONTINUE;  -- another consumer of the group holds (or is taking) it
+                INSERT INTO queen.cursors (partition_id, consumer_group, tenant_id, committed)
+                SELECT p.partition_id, p_group, p_tenant, p.log_start - 1
+                FROM queen.partitions p
+                WHERE p.queue_id = cand.queue_id
+                  AND NOT EXISTS (SELECT 1 FROM queen.cursors c
+                                  WHERE c.partition_id = p.partition_id
+                                    AND c.consumer_group = p_group)
+                ORDER BY p.partition_id
+                ON CONFLICT (partition_id, consumer_group) DO NOTHING;
+                SELECT c.ctid, c.committed, c.acked_ahead, c.lease_expires_at, c.leased_to,
+                       c.attempt_offset
+                INTO v_tid, v_committed, v_ahead, v_held_until, v_leased_to, v_attempt
+                FROM queen.cursors c
+                WHERE c.partition_id = cand.pid AND c.consumer_group = p_group
+                FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    CONTINUE;  -- (created and taken meanwhile by another consumer: as held)
+                END IF;
             END IF;
         END IF;
         -- (A lease last started where this one would: a redelivery, whose deliveryAttempt

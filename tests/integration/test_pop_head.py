@@ -16,7 +16,7 @@ from queen_trio.db.rows import DictConnection, one
 from queen_trio.log import housekeeping
 from queen_trio.log import store as log_store
 from queen_trio.log.housekeeping import SealPolicy
-from queen_trio.log.rules import Ack, PopRequest, QueueOptions
+from queen_trio.log.rules import QUEUE_MODE_GROUP, Ack, PopRequest, QueueOptions
 
 GROUP = "workers"
 
@@ -342,3 +342,39 @@ def test_a_stream_pop_that_took_the_last_message_says_nothing_is_left(
         # Its own lease holds the last message; nothing else will become poppable
         # unannounced before that lease ends (the queue's leaseTime, 300 s).
         assert popped.looked and popped.look_in_s is not None and popped.look_in_s > 200
+
+
+def test_queue_modes_first_pop_of_a_partition_creates_its_cursor(database_url: str) -> None:
+    """Queue mode starts every partition before log_start: its first pop there is served by
+    the one statement, which creates the cursor where the general pop would. A named group's
+    first pop still goes to the general pop (its subscription decides where it starts)."""
+    with connect(database_url) as conn:
+        tenant = tenant_of(conn)
+        push(conn, tenant, "qm", ["a", "b"])
+        with conn.transaction():
+            log_store.append(conn, tenant, [log_store.NewFrame("qm", "p2", "x", "txn-x")])
+        queue_mode = PopRequest(queue="qm", partition=None, group=QUEUE_MODE_GROUP, batch=1,
+                                wait=False, timeout_ms=0, auto_ack=False)
+
+        got = log_store.pop_head(conn, tenant, queue_mode)
+
+        assert got is not None and got.batch is not None
+        assert [(m.offset, log_store.payload_value(m)) for m in got.batch.messages] == [
+            (0, "a")]
+        # A cursor on every partition of the queue (a message is owed to queue mode from its
+        # first pop on), the popped one leased.
+        rows = conn.execute(
+            "SELECT p.name, c.committed, c.leased_to, c.lease_id, c.attempt_offset "
+            "FROM queen.cursors c JOIN queen.partitions p USING (partition_id) "
+            "WHERE c.consumer_group = %s ORDER BY p.name", (QUEUE_MODE_GROUP,)).fetchall()
+        assert rows == [
+            {"name": "Default", "committed": -1, "leased_to": 0,
+             "lease_id": got.batch.lease_id, "attempt_offset": 0},
+            {"name": "p2", "committed": -1, "leased_to": None, "lease_id": None,
+             "attempt_offset": None}]
+        # The next pop takes the other partition; the named group's first pop is the broker's.
+        other = log_store.pop_head(conn, tenant, queue_mode)
+        assert other is not None and other.batch is not None
+        assert [log_store.payload_value(m) for m in other.batch.messages] == ["x"]
+        assert log_store.pop_head(conn, tenant, request("qm")) is None
+        assert conn.execute("SELECT count(*) AS n FROM queen.cursors").fetchone() == {"n": 2}

@@ -61,18 +61,20 @@ def test_warm_up_runs_each_path_and_leaves_nothing(
 
     took = warmup.warm(raw)
 
-    # The paths as a streaming consumer meets them: the first fire finds no cursor (the
-    # API's pops create it), the next fire pops the first frame, the one after settles that
-    # batch and pops the second, and the API's settlement pops the third.
+    # The paths as a streaming consumer meets them: the first fire creates the partition and
+    # the consumer's cursor and hands it the frame; the API's pops find that batch leased and
+    # its settlement completes it; the next fire pops its frame, and the last settles that
+    # batch and pops its own, in the same statement.
     sweeps = [r for name, r in seen if name == "sweep"]
     assert [len(s.fired) for s in sweeps] == [1, 1, 1]
-    assert sweeps[0].popped is None
-    assert sweeps[1].popped is not None and sweeps[1].popped.batch is not None
+    assert all(s.popped is not None and s.popped.batch is not None for s in sweeps)
     assert sweeps[2].settled is True
-    assert sweeps[2].popped is not None and sweeps[2].popped.batch is not None
+    head = next(r for name, r in seen if name == "pop_head")
+    assert head is not None and head.batch is None  # (leased: nothing to pop, no fallback)
+    general = next(r for name, r in seen if name == "pop")
+    assert general.batch is None
     settled = next(r for name, r in seen if name == "settle_pop_head")
     assert settled is not None and [a.status for a in settled.results] == ["completed"]
-    assert settled.popped is not None and settled.popped.batch is not None
     cancelled = next(r for name, r in seen if name == "cancel")
     assert cancelled.status == "cancelled"  # (the lone schedule's timer)
     assert 0 < took < 5
