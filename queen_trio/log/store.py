@@ -478,14 +478,18 @@ def _time_or_none(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
+def batch_acks(batch: PopBatch, status: str) -> list[Ack]:
+    """One acknowledgement of ``status`` for each message of ``batch``, under its lease."""
+    return [Ack(i, m.transaction_id, batch.partition_id, status, batch.group, batch.lease_id,
+                None) for i, m in enumerate(batch.messages)]
+
+
 def release_batch(raw: DictConnection, tenant_id: int, batch: PopBatch) -> None:
     """Hand a leased batch back whole, no retry spent (its consumer has gone before it got
     it): the messages are delivered again from the group's cursor at the next pop."""
     if batch.lease_id is None:
         return  # autoAck: nothing is held
-    results = ack(raw, tenant_id, [Ack(i, m.transaction_id, batch.partition_id, "retry",
-                                       batch.group, batch.lease_id, None)
-                                   for i, m in enumerate(batch.messages)])
+    results = ack(raw, tenant_id, batch_acks(batch, "retry"))
     if any(r.applied for r in results):  # (its lease was live: no other pop has leased since)
         raw.execute(Q.undo_attempt, {"partition_id": batch.partition_id, "group": batch.group})
 

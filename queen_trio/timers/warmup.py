@@ -38,7 +38,7 @@ from ..db import queries
 from ..db.rows import DictConnection
 from ..log import rotation
 from ..log import store as log_store
-from ..log.rules import QUEUE_MODE_GROUP, Ack, PopRequest
+from ..log.rules import QUEUE_MODE_GROUP, PopRequest
 from . import store
 from .rules import Schedule
 
@@ -121,7 +121,8 @@ def _fire_and_pop(raw: DictConnection, tenant_id: int, queue: str) -> None:
     log_store.pop_head(raw, tenant_id, req)
     log_store.pop(raw, tenant_id, req)
     if first is not None:
-        log_store.settle_pop_head(raw, tenant_id, req, first, _completed(first), pop=True)
+        log_store.settle_pop_head(raw, tenant_id, req, first,
+                                  log_store.batch_acks(first, "completed"), pop=True)
     # The common fire, into a partition that exists, popping its frame; then one that settles
     # that batch and pops the next in the same statement.
     second = sweep()
@@ -129,8 +130,3 @@ def _fire_and_pop(raw: DictConnection, tenant_id: int, queue: str) -> None:
         sweep(settle=second)
     store.next_due(raw)
     store.cancel(raw, tenant_id, lone.queue, lone.key, None)
-
-
-def _completed(batch: log_store.PopBatch) -> list[Ack]:
-    return [Ack(0, m.transaction_id, batch.partition_id, "completed", batch.group,
-                batch.lease_id, None) for m in batch.messages]
